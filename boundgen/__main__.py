@@ -1,0 +1,5 @@
+import sys
+
+from boundgen.cli.main import main
+
+sys.exit(main())

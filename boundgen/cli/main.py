@@ -1,0 +1,62 @@
+"""`boundgen` command line: one module per subcommand, each exposing `register(subparsers)`.
+
+Only the CLI and `server/` read flags and the environment; everything below takes arguments.
+"""
+
+import argparse
+import importlib
+import os
+import sys
+
+from boundgen.errors import BoundgenError
+
+# Subcommand modules, in the order `boundgen --help` lists them.
+COMMANDS = (
+    "boundgen.cli.demo_model",
+    "boundgen.cli.score",
+    "boundgen.cli.beam",
+    "boundgen.cli.build",
+    "boundgen.cli.serve",
+    "boundgen.cli.bench",
+    "boundgen.cli.demo",
+)
+
+
+def make_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="boundgen",
+        description="Bounded-generation inference for small Qwen2/Qwen3 models: score and fixed beam search.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for name in COMMANDS:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name == name:  # subcommand not written yet
+                continue
+            raise
+        module.register(sub)
+    return parser
+
+
+def main(argv=None) -> int:
+    parser = make_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.run(args) or 0)
+    except BoundgenError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # an internal error: say so plainly, traceback only on request
+        if os.environ.get("BOUNDGEN_DEBUG"):
+            raise
+        print(f"internal error: {type(exc).__name__}: {exc} (set BOUNDGEN_DEBUG=1 for a traceback)", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,122 @@
+"""Load an HF checkpoint directory into `QwenModel`: config.json + safetensors, never pickle.
+
+HF tensor names map one to one onto ours, except q/k/v and gate/up, which are concatenated
+into the fused `qkv_proj` / `gate_up_proj`. Every expected tensor must be present with its
+expected shape; an unexpected tensor is an error (it would mean a model we do not implement).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from boundgen.errors import ConfigError
+from boundgen.model.config import ModelConfig
+from boundgen.model.qwen import QwenModel
+from boundgen.ops import rope as rope_op
+from boundgen.ops.lowering import Ops
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def parse_dtype(name: str) -> torch.dtype:
+    if name not in DTYPES:
+        raise ConfigError(f"unsupported dtype {name!r}; expected one of {', '.join(DTYPES)}")
+    return DTYPES[name]
+
+
+def read_config(model_dir: str | Path) -> ModelConfig:
+    path = Path(model_dir) / "config.json"
+    if not path.is_file():
+        raise ConfigError(f"{model_dir} is not a model directory: config.json not found")
+    try:
+        raw = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{path} is not valid JSON: {exc}") from None
+    return ModelConfig.from_hf_dict(raw)
+
+
+def read_tensors(model_dir: str | Path) -> dict[str, torch.Tensor]:
+    """All tensors of model.safetensors, or of the shards a model.safetensors.index.json lists."""
+    model_dir = Path(model_dir)
+    single = model_dir / "model.safetensors"
+    index = model_dir / "model.safetensors.index.json"
+    if single.is_file():
+        files = [single]
+    elif index.is_file():
+        weight_map = json.loads(index.read_text()).get("weight_map", {})
+        files = [model_dir / name for name in sorted(set(weight_map.values()))]
+    else:
+        raise ConfigError(f"{model_dir} has no model.safetensors or model.safetensors.index.json "
+                          "(pickled .bin checkpoints are not loaded, by design)")
+    tensors = {}
+    for file in files:
+        if not file.is_file():
+            raise ConfigError(f"weight shard {file.name} listed in the index is missing")
+        with safe_open(str(file), framework="pt") as f:
+            for name in f.keys():
+                tensors[name] = f.get_tensor(name)
+    return tensors
+
+
+def hf_to_boundgen(cfg: ModelConfig, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Rename (and fuse) HF tensors into QwenModel's state dict, checking names and shapes."""
+    remaining = dict(tensors)
+
+    def take(name: str, shape: tuple) -> torch.Tensor:
+        if name not in remaining:
+            raise ConfigError(f"checkpoint is missing tensor {name} (expected shape {list(shape)})")
+        t = remaining.pop(name)
+        if tuple(t.shape) != tuple(shape):
+            raise ConfigError(f"checkpoint tensor {name} has shape {list(t.shape)}, expected {list(shape)}")
+        return t
+
+    H, D, V, I = cfg.hidden_size, cfg.head_dim, cfg.vocab_size, cfg.intermediate_size
+    out = {"embed_tokens": take("model.embed_tokens.weight", (V, H)), "norm": take("model.norm.weight", (H,))}
+    for i in range(cfg.num_layers):
+        p, q = f"model.layers.{i}.", f"layers.{i}."
+        out[q + "input_layernorm"] = take(p + "input_layernorm.weight", (H,))
+        out[q + "post_attention_layernorm"] = take(p + "post_attention_layernorm.weight", (H,))
+        sizes = {"q_proj": cfg.q_size, "k_proj": cfg.kv_size, "v_proj": cfg.kv_size}
+        out[q + "self_attn.qkv_proj.weight"] = torch.cat(
+            [take(f"{p}self_attn.{n}.weight", (s, H)) for n, s in sizes.items()])
+        if cfg.qkv_bias:
+            out[q + "self_attn.qkv_proj.bias"] = torch.cat(
+                [take(f"{p}self_attn.{n}.bias", (s,)) for n, s in sizes.items()])
+        out[q + "self_attn.o_proj.weight"] = take(p + "self_attn.o_proj.weight", (H, cfg.q_size))
+        if cfg.o_bias:
+            out[q + "self_attn.o_proj.bias"] = take(p + "self_attn.o_proj.bias", (H,))
+        if cfg.qk_norm:
+            out[q + "self_attn.q_norm"] = take(p + "self_attn.q_norm.weight", (D,))
+            out[q + "self_attn.k_norm"] = take(p + "self_attn.k_norm.weight", (D,))
+        out[q + "mlp.gate_up_proj.weight"] = torch.cat(
+            [take(p + "mlp.gate_proj.weight", (I, H)), take(p + "mlp.up_proj.weight", (I, H))])
+        out[q + "mlp.down_proj.weight"] = take(p + "mlp.down_proj.weight", (H, I))
+    if cfg.tie_word_embeddings:
+        remaining.pop("lm_head.weight", None)  # some tied checkpoints store the copy anyway
+    else:
+        out["lm_head"] = take("lm_head.weight", (V, H))
+    # Rotary caches some exporters write are derived data, not parameters.
+    for name in [n for n in remaining if n.endswith("rotary_emb.inv_freq")]:
+        remaining.pop(name)
+    if remaining:
+        names = sorted(remaining)
+        shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+        raise ConfigError(f"checkpoint has tensors this {cfg.family} model does not use: {shown}")
+    return out
+
+
+def load_model(model_dir: str | Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
+               ops: Ops | None = None) -> QwenModel:
+    cfg = read_config(model_dir)
+    state = hf_to_boundgen(cfg, read_tensors(model_dir))
+    with torch.device("meta"):
+        model = QwenModel(cfg, ops)
+    state = {k: v.to(device=device, dtype=dtype) for k, v in state.items()}
+    model.load_state_dict(state, strict=True, assign=True)
+    model.inv_freq = rope_op.inv_freq(cfg.head_dim, cfg.rope_theta).to(device)
+    model.requires_grad_(False)
+    return model.eval()

@@ -1,0 +1,140 @@
+"""Qwen2 / Qwen3 decoder in packed layout: tokens [T], no padding, no batch dimension.
+
+Two entry points, both plain torch plus `ops`:
+- `prefill(tokens, positions, cu_seqlens)`: packed block-diagonal causal pass over B sequences
+  of T tokens in all; returns final-normed hidden states [T, H] and, if asked, each layer's K/V.
+- `decode(tokens, positions, prefix_kv, suffix_kv, step)`: one step of W beams over a shared
+  prompt K/V and per-beam suffix K/V; writes this step's K/V into suffix slot `step`.
+
+Parameter names follow HF's, except that q/k/v and gate/up projections are fused at load
+(`qkv_proj`, `gate_up_proj`): one matmul each, as every fast path wants.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from boundgen.model.config import ModelConfig
+from boundgen.ops import rope as rope_op
+from boundgen.ops.lowering import REFERENCE, Ops
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.qkv_proj = nn.Linear(cfg.hidden_size, cfg.q_size + 2 * cfg.kv_size, bias=cfg.qkv_bias)
+        self.o_proj = nn.Linear(cfg.q_size, cfg.hidden_size, bias=cfg.o_bias)
+        if cfg.qk_norm:
+            self.q_norm = nn.Parameter(torch.ones(cfg.head_dim))
+            self.k_norm = nn.Parameter(torch.ones(cfg.head_dim))
+
+    def project(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ops: Ops):
+        """x [T, H] -> q [T, Nq, D], k [T, Nkv, D], v [T, Nkv, D] with qk-norm and RoPE applied."""
+        cfg = self.cfg
+        qkv = self.qkv_proj(x)
+        q, k, v = qkv.split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
+        q = q.reshape(-1, cfg.num_heads, cfg.head_dim)
+        k = k.reshape(-1, cfg.num_kv_heads, cfg.head_dim)
+        v = v.reshape(-1, cfg.num_kv_heads, cfg.head_dim)
+        if cfg.qk_norm:
+            q = ops.rmsnorm(q, self.q_norm, cfg.rms_norm_eps)
+            k = ops.rmsnorm(k, self.k_norm, cfg.rms_norm_eps)
+        return ops.rope(q, cos, sin), ops.rope(k, cos, sin), v
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.inter = cfg.intermediate_size
+        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).split([self.inter, self.inter], dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class Layer(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.input_layernorm = nn.Parameter(torch.ones(cfg.hidden_size))
+        self.self_attn = Attention(cfg)
+        self.post_attention_layernorm = nn.Parameter(torch.ones(cfg.hidden_size))
+        self.mlp = MLP(cfg)
+
+    def attn_in(self, h, cos, sin, ops: Ops):
+        return self.self_attn.project(ops.rmsnorm(h, self.input_layernorm, self.cfg.rms_norm_eps), cos, sin, ops)
+
+    def attn_out(self, h, attn, ops: Ops):
+        h = h + self.self_attn.o_proj(attn.reshape(attn.shape[0], -1))
+        return h + self.mlp(ops.rmsnorm(h, self.post_attention_layernorm, self.cfg.rms_norm_eps))
+
+
+class QwenModel(nn.Module):
+    def __init__(self, cfg: ModelConfig, ops: Ops | None = None):
+        super().__init__()
+        self.cfg = cfg
+        self.ops = ops or REFERENCE.resolve()
+        self.scale = cfg.head_dim ** -0.5
+        self.embed_tokens = nn.Parameter(torch.zeros(cfg.vocab_size, cfg.hidden_size))
+        self.layers = nn.ModuleList(Layer(cfg) for _ in range(cfg.num_layers))
+        self.norm = nn.Parameter(torch.ones(cfg.hidden_size))
+        if not cfg.tie_word_embeddings:
+            self.lm_head = nn.Parameter(torch.zeros(cfg.vocab_size, cfg.hidden_size))
+        self.register_buffer("inv_freq", rope_op.inv_freq(cfg.head_dim, cfg.rope_theta), persistent=False)
+
+    @property
+    def lm_head_weight(self) -> torch.Tensor:
+        """[V, H] rows of the LM head (the embedding when tied)."""
+        return self.embed_tokens if self.cfg.tie_word_embeddings else self.lm_head
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed_tokens.dtype
+
+    def _embed(self, tokens, positions):
+        h = F.embedding(tokens, self.embed_tokens)
+        cos, sin = rope_op.cos_sin(positions, self.inv_freq, h.dtype)
+        return h, cos, sin
+
+    def prefill(self, tokens: torch.Tensor, positions: torch.Tensor, cu_seqlens: torch.Tensor,
+                keep_kv: bool = False):
+        """tokens/positions [T], cu_seqlens [B+1] int32 -> (hidden [T, H], kv or None).
+
+        kv, when kept, is (k, v) each [n_layers, T, Nkv, D].
+        """
+        ops = self.ops
+        h, cos, sin = self._embed(tokens, positions)
+        ks, vs = [], []
+        for layer in self.layers:
+            q, k, v = layer.attn_in(h, cos, sin, ops)
+            if keep_kv:
+                ks.append(k)
+                vs.append(v)
+            h = layer.attn_out(h, ops.packed_attention(q, k, v, cu_seqlens, self.scale), ops)
+        h = ops.rmsnorm(h, self.norm, self.cfg.rms_norm_eps)
+        return h, ((torch.stack(ks), torch.stack(vs)) if keep_kv else None)
+
+    def decode(self, tokens: torch.Tensor, positions: torch.Tensor, prefix_k: torch.Tensor,
+               prefix_v: torch.Tensor, suffix_k: torch.Tensor, suffix_v: torch.Tensor, step: int):
+        """One beam step. tokens/positions [W]; prefix_k/v [n_layers, L_p, Nkv, D];
+        suffix_k/v [n_layers, W, S, Nkv, D], slot `step` written in place with this step's K/V,
+        slots [0, step] attended. Returns final-normed hidden [W, H]."""
+        ops = self.ops
+        h, cos, sin = self._embed(tokens, positions)
+        for i, layer in enumerate(self.layers):
+            q, k, v = layer.attn_in(h, cos, sin, ops)
+            suffix_k[i, :, step] = k
+            suffix_v[i, :, step] = v
+            attn = ops.prefix_attention(q, prefix_k[i], prefix_v[i], suffix_k[i, :, : step + 1],
+                                        suffix_v[i, :, : step + 1], self.scale)
+            h = layer.attn_out(h, attn, ops)
+        return ops.rmsnorm(h, self.norm, self.cfg.rms_norm_eps)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [M, H] -> logits [M, V] in the model dtype (as HF computes them)."""
+        return F.linear(hidden, self.lm_head_weight)

@@ -1,0 +1,57 @@
+"""Choice of implementation per replaceable op.
+
+Each op module in `ops/` defines `reference` (the semantics, plain torch) and
+`IMPLEMENTATIONS` (lowering name -> callable with the reference's signature). An `OpLowering`
+names one lowering per op; `resolve()` turns it into the callables the model calls. The build
+records the lowering in the artifact's manifest.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import asdict, dataclass, fields
+from typing import Callable
+
+from boundgen.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class OpLowering:
+    rmsnorm: str = "torch"
+    rope: str = "torch"
+    packed_attention: str = "torch"
+    prefix_attention: str = "torch"
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, raw: dict | None) -> "OpLowering":
+        raw = dict(raw or {})
+        names = {f.name for f in fields(cls)}
+        unknown = sorted(set(raw) - names)
+        if unknown:
+            raise ConfigError(f"unknown ops in lowering: {', '.join(unknown)}; known: {', '.join(sorted(names))}")
+        return cls(**raw)
+
+    def resolve(self) -> "Ops":
+        return Ops(**{f.name: implementation(f.name, getattr(self, f.name)) for f in fields(self)})
+
+
+@dataclass(frozen=True)
+class Ops:
+    rmsnorm: Callable
+    rope: Callable
+    packed_attention: Callable
+    prefix_attention: Callable
+
+
+def implementation(op: str, lowering: str) -> Callable:
+    module = importlib.import_module(f"boundgen.ops.{op}")
+    table = module.IMPLEMENTATIONS
+    if lowering not in table:
+        raise ConfigError(f"op {op} has no lowering {lowering!r}; available: {', '.join(sorted(table))}")
+    return table[lowering]
+
+
+REFERENCE = OpLowering()

@@ -1,0 +1,32 @@
+"""What an engine returns to its caller (server, CLI, bench). Plain numpy, no torch."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass
+class ScoreResult:
+    scores: np.ndarray  # [N, num_labels] float32: softmax over label-token logits per sample
+    label_token_ids: list[int]
+    timings: dict[str, float] = field(default_factory=dict)  # seconds: "pre", "model", "post"
+    topk_ids: np.ndarray | None = None  # [N, k] int32 when the program has top-k enabled
+    topk_probs: np.ndarray | None = None  # [N, k] float32
+
+
+@dataclass
+class BeamResult:
+    token_ids: np.ndarray  # [W, N_gen] int32, -1 after a stop token
+    scores: np.ndarray  # [W] float32, sum of FP32 log-probs (length_penalty applied), best first
+    finished: np.ndarray  # [W] bool: ended with a stop token
+    texts: list[str]  # [W] decoded generated tokens (stop token and padding left out)
+    timings: dict[str, float] = field(default_factory=dict)
+
+    def candidates(self) -> list[dict]:
+        """The CLI's JSON candidates: generated ids (no padding), text, score."""
+        out = []
+        for ids, text, score in zip(self.token_ids, self.texts, self.scores):
+            out.append({"token_ids": [int(t) for t in ids if t >= 0], "text": text, "score": float(score)})
+        return out
