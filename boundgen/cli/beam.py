@@ -1,0 +1,54 @@
+"""`boundgen beam`: fixed beam search, from a model directory or a built artifact."""
+
+from __future__ import annotations
+
+from boundgen.cli.common import (add_precision_args, check_model_path, is_artifact, parse_id_list, print_json,
+                                 resolve_dtype)
+from boundgen.errors import ConfigError, InvalidInput
+from boundgen.programs.spec import MAX_STEPS, MAX_WIDTH
+
+
+def register(sub):
+    p = sub.add_parser("beam", help="fixed beam search: W candidates of N generated tokens with scores",
+                       description='Prints JSON {"candidates": [{"token_ids": [...], "text": "...", "score": s}, ...]}, '
+                                   "W candidates, best first; score is the sum of FP32 log-probabilities.")
+    p.add_argument("model", metavar="MODEL_DIR", help="HF model directory or boundgen artifact directory")
+    p.add_argument("--width", type=int, default=None, help=f"beam width W, 1..{MAX_WIDTH}")
+    p.add_argument("--steps", type=int, default=None, help=f"tokens to generate N, 1..{MAX_STEPS}")
+    p.add_argument("--text", default=None, metavar="T", help="the prompt")
+    p.add_argument("--max-tokens", type=int, default=1024, help="prompt token limit (default 1024)")
+    p.add_argument("--template", default="{text}", help="prompt template with a {text} placeholder")
+    p.add_argument("--stop-token-ids", default=None, metavar="IDS",
+                   help="comma-separated stop token ids, or 'none' (default: generation_config.json eos_token_id)")
+    p.add_argument("--length-penalty", type=float, default=0.0, help="HF length_penalty (default 0.0: plain sums)")
+    p.add_argument("--min-new-tokens", type=int, default=0, help="suppress stop tokens before this many tokens")
+    add_precision_args(p)
+    p.set_defaults(run=run)
+
+
+def run(args):
+    check_model_path(args.model)
+    if args.text is None:
+        raise InvalidInput("no prompt given: pass --text")
+    if is_artifact(args.model):
+        import boundgen
+
+        engine = boundgen.load(args.model)
+        for flag, value, built in (("--width", args.width, engine.spec.width), ("--steps", args.steps, engine.spec.steps)):
+            if value is not None and value != built:
+                raise ConfigError(f"artifact {args.model} was built with {flag} {built}, not {value}")
+    else:
+        engine = _eager(args)
+    print_json({"candidates": engine.beam(args.text).candidates()})
+
+
+def _eager(args):
+    from boundgen.programs.spec import BeamSpec
+    from boundgen.runtime.eager import default_stop_tokens, eager_engine
+
+    if args.width is None or args.steps is None:
+        raise ConfigError("pass --width W and --steps N")
+    stops = default_stop_tokens(args.model) if args.stop_token_ids is None else parse_id_list(args.stop_token_ids)
+    spec = BeamSpec(width=args.width, steps=args.steps, stop_token_ids=stops, length_penalty=args.length_penalty,
+                    min_new_tokens=args.min_new_tokens, max_prompt_tokens=args.max_tokens, template=args.template)
+    return eager_engine(args.model, spec, resolve_dtype(args), args.device)

@@ -1,0 +1,59 @@
+"""`boundgen score`: label probabilities for samples, from a model directory or a built artifact."""
+
+from __future__ import annotations
+
+from boundgen.cli.common import add_precision_args, check_model_path, is_artifact, print_json, resolve_dtype
+from boundgen.errors import ConfigError, InvalidInput
+
+
+def register(sub):
+    p = sub.add_parser("score", help="score samples: softmax over label tokens at each sample's last token",
+                       description="Prints JSON {\"label_token_ids\": [...], \"scores\": [[p, ...], ...]}.")
+    p.add_argument("model", metavar="MODEL_DIR", help="HF model directory or boundgen artifact directory")
+    p.add_argument("--labels", nargs="+", default=None, metavar="LABEL",
+                   help='label texts, each exactly one token (e.g. " yes" " no")')
+    p.add_argument("--text", action="append", default=[], metavar="T", help="a sample (repeat for more)")
+    p.add_argument("--max-tokens", type=int, default=1024, help="token limit per sample (default 1024)")
+    p.add_argument("--template", default="{text}", help="prompt template with a {text} placeholder")
+    p.add_argument("--topk", type=int, default=0, help="also return the top-k next tokens over the vocabulary")
+    p.add_argument("--head", default=None, metavar="FILE", help="MLP head safetensors file instead of labels")
+    add_precision_args(p)
+    p.set_defaults(run=run)
+
+
+def run(args):
+    check_model_path(args.model)
+    if not args.text:
+        raise InvalidInput("no samples given: pass at least one --text")
+    if is_artifact(args.model):
+        import boundgen
+
+        engine = boundgen.load(args.model)
+        if args.labels is not None and tuple(args.labels) != tuple(engine.spec.labels):
+            raise ConfigError(f"artifact {args.model} was built for labels {list(engine.spec.labels)}, "
+                              f"not {args.labels}")
+    else:
+        engine = _eager(args)
+    result = engine.score(args.text)
+    out = {"label_token_ids": result.label_token_ids, "scores": result.scores.tolist()}
+    if result.topk_ids is not None:
+        out["topk_ids"], out["topk_probs"] = result.topk_ids.tolist(), result.topk_probs.tolist()
+    print_json(out)
+
+
+def _eager(args):
+    from boundgen.programs.spec import ScoreSpec
+    from boundgen.runtime.eager import eager_engine, label_token_ids
+    from boundgen.text.tokenizer import Tokenizer
+
+    if not args.labels and not args.head:
+        raise ConfigError("pass --labels (label texts, each one token) or --head FILE")
+    if args.max_tokens < 1:
+        raise ConfigError(f"--max-tokens must be positive, got {args.max_tokens}")
+    labels = tuple(args.labels or ())
+    ids = label_token_ids(Tokenizer.from_dir(args.model), labels)
+    n = len(args.text)
+    spec = ScoreSpec(labels=labels, label_token_ids=ids, head_path=args.head, topk=args.topk, max_samples=n,
+                     max_tokens_per_sample=args.max_tokens, max_total_tokens=n * args.max_tokens,
+                     template=args.template)
+    return eager_engine(args.model, spec, resolve_dtype(args), args.device)

@@ -1,0 +1,17 @@
+"""Build the nn.Module for a spec over a loaded model."""
+
+from __future__ import annotations
+
+from boundgen.model.qwen import QwenModel
+from boundgen.programs.beam import BeamProgram
+from boundgen.programs.head import MLPHead
+from boundgen.programs.score import ScoreProgram
+from boundgen.programs.spec import BeamSpec, ScoreSpec
+
+
+def make_program(model: QwenModel, spec: ScoreSpec | BeamSpec):
+    if isinstance(spec, ScoreSpec):
+        head = MLPHead.load(spec.head_path, model.cfg.hidden_size) if spec.head_path else None
+        return ScoreProgram(model, list(spec.label_token_ids), topk=spec.topk, head=head).eval()
+    return BeamProgram(model, spec.width, spec.steps, list(spec.stop_token_ids), spec.length_penalty,
+                       spec.min_new_tokens).eval()

@@ -1,0 +1,48 @@
+"""Score program: one packed prefill over all samples of a request, read each sample's last token.
+
+Inputs (packed, no padding): tokens [T] int64, positions [T] int64, cu_seqlens [B+1] int32.
+Outputs, FP32:
+- label mode: probs [B, L] = softmax over the label tokens' next-token logits at each sample's
+  last token. Only the L label rows of the LM head are multiplied (B x H x L FLOPs, not x V).
+- head mode: the MLP head's output [B, C] over the last-token hidden state (see programs/head.py).
+- with `topk` > 0 also (topk_ids [B, k] int64, topk_probs [B, k]) over the full vocabulary.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from boundgen.model.qwen import QwenModel
+from boundgen.programs.head import MLPHead
+
+
+class ScoreProgram(nn.Module):
+    def __init__(self, model: QwenModel, label_token_ids: list[int] | None = None, topk: int = 0,
+                 head: MLPHead | None = None):
+        super().__init__()
+        if head is None and not label_token_ids:
+            raise ValueError("a score program needs label token ids or an MLP head")
+        if topk < 0 or topk > model.cfg.vocab_size:
+            raise ValueError(f"topk must be in [0, {model.cfg.vocab_size}], got {topk}")
+        self.model = model
+        self.head = head
+        self.topk = topk
+        ids = torch.tensor(list(label_token_ids or []), dtype=torch.int64)
+        self.register_buffer("label_token_ids", ids, persistent=False)
+
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, cu_seqlens: torch.Tensor):
+        hidden, _ = self.model.prefill(tokens, positions, cu_seqlens)  # [T, H]
+        last = hidden[cu_seqlens[1:].to(torch.int64) - 1]  # [B, H]
+        if self.head is not None:
+            out = (self.head(last),)
+        else:
+            label_rows = self.model.lm_head_weight[self.label_token_ids]  # [L, H]
+            label_logits = F.linear(last, label_rows)  # [B, L], model dtype as the full LM head would give
+            out = (torch.softmax(label_logits.to(torch.float32), dim=-1),)
+        if self.topk:
+            probs = torch.softmax(self.model.logits(last).to(torch.float32), dim=-1)  # [B, V]
+            top_probs, top_ids = torch.topk(probs, self.topk, dim=-1)
+            out = out + (top_ids, top_probs)
+        return out

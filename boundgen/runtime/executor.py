@@ -1,0 +1,56 @@
+"""`DagEngine`: the Engine implementation. A DAG, a pool of request contexts, per-node timings."""
+
+from __future__ import annotations
+
+import time
+from typing import Sequence
+
+from boundgen.errors import InvalidInput
+from boundgen.runtime.context import ContextPool
+from boundgen.runtime.dag import Dag
+from boundgen.runtime.engine import Engine, EngineSpec
+from boundgen.runtime.results import BeamResult, ScoreResult
+
+# Which node's time counts as what in a result's timings (seconds).
+PHASES = {"tokenize": "pre", "model": "model", "encode_scores": "post", "encode_beams": "post"}
+
+
+class DagEngine(Engine):
+    def __init__(self, spec: EngineSpec, dag: Dag, pool: ContextPool, warmup_inputs: list[dict] = ()):
+        self.spec, self.dag, self.pool = spec, dag, pool
+        self._warmup_inputs = list(warmup_inputs)
+
+    def _run(self, **inputs):
+        timings: dict[str, float] = {}
+        start = time.perf_counter()
+        ctx = self.pool.acquire()
+        acquired = time.perf_counter()
+        try:
+            out = self.dag.run(ctx, timings, **inputs)["result"]
+        finally:
+            self.pool.release(ctx)
+        phases = {"context_wait": acquired - start}
+        for node, seconds in timings.items():
+            key = PHASES.get(node, node)
+            phases[key] = phases.get(key, 0.0) + seconds
+        phases["total"] = time.perf_counter() - start
+        out.timings = phases
+        return out
+
+    def score(self, texts: Sequence[str]) -> ScoreResult:
+        if self.spec.task != "score":
+            return super().score(texts)
+        if isinstance(texts, str):
+            raise InvalidInput("score takes a list of texts, got a single string")
+        return self._run(texts=list(texts))
+
+    def beam(self, text: str) -> BeamResult:
+        if self.spec.task != "beam":
+            return super().beam(text)
+        if not isinstance(text, str):
+            raise InvalidInput(f"beam takes one prompt text, got {type(text).__name__}")
+        return self._run(text=text)
+
+    def warmup(self) -> None:
+        for inputs in self._warmup_inputs:
+            self._run(**inputs)

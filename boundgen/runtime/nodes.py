@@ -1,0 +1,107 @@
+"""The node kinds of boundgen's two DAGs.
+
+score:  texts -> [tokenize] -> tokens, positions, cu_seqlens -> [model] -> probs -> [encode_scores] -> result
+beam:   text  -> [tokenize] -> tokens, positions, cu_seqlens -> [model] -> token_ids, scores, finished,
+        beam_indices -> [encode_beams] -> result
+
+CPU nodes check request bounds and do text work; the model node calls a runner (the AOTI
+package, or the eager program) on the context's stream, with a bounded number of executors.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import torch
+
+from boundgen.errors import InvalidInput
+from boundgen.runtime.dag import Node, NodeSpec
+from boundgen.runtime.results import BeamResult, ScoreResult
+
+PACKED = ("tokens", "positions", "cu_seqlens")
+BEAM_OUTPUTS = ("token_ids", "scores", "finished", "beam_indices")
+
+
+class TokenizeNode(Node):
+    """Check request bounds, apply the template, tokenize into the context's packed buffers."""
+
+    def __init__(self, tokenizer, spec, input_name: str):
+        self.tokenizer, self.bounds = tokenizer, spec
+        self.spec = NodeSpec("tokenize", "cpu", (input_name,), PACKED)
+        self.single = input_name == "text"
+
+    def run(self, ctx, **inputs):
+        texts = [inputs["text"]] if self.single else list(inputs["texts"])
+        b = self.bounds
+        if not texts:
+            raise InvalidInput("the request has no samples")
+        if len(texts) > b.max_samples:
+            raise InvalidInput(f"the request has {len(texts)} samples; this model accepts at most {b.max_samples}")
+        batch = self.tokenizer.encode_packed(texts, max_tokens_per_sample=b.max_tokens_per_sample,
+                                             template=b.template)
+        total = int(batch.tokens.shape[0])
+        if total > b.max_total_tokens:
+            raise InvalidInput(f"the request has {total} tokens in all; this model accepts at most {b.max_total_tokens}")
+        tokens, positions, cu = ctx.stage(batch.tokens, batch.positions, batch.cu_seqlens)
+        return {"tokens": tokens, "positions": positions, "cu_seqlens": cu}
+
+
+class ModelNode(Node):
+    """Calls the compiled (or eager) program; at most `executors` calls run at once."""
+
+    def __init__(self, runner, outputs: tuple[str, ...], executors: int = 1):
+        self.runner = runner
+        self.spec = NodeSpec("model", "model", PACKED, outputs)
+        self._slots = threading.Semaphore(max(1, executors))
+
+    def run(self, ctx, tokens, positions, cu_seqlens):
+        with self._slots, ctx.stream_scope():
+            out = self.runner(tokens, positions, cu_seqlens)
+        return dict(zip(self.spec.outputs, out))
+
+
+def _to_host(ctx, *tensors):
+    """Copy results to the CPU; the only synchronisation point of a request."""
+    with ctx.stream_scope():
+        host = [t.to("cpu", non_blocking=False) for t in tensors]
+    return [h.numpy() for h in host]
+
+
+class ScoreEncodeNode(Node):
+    def __init__(self, label_token_ids, topk: bool):
+        self.label_token_ids = [int(i) for i in label_token_ids]
+        inputs = ("probs", "topk_ids", "topk_probs") if topk else ("probs",)
+        self.spec = NodeSpec("encode_scores", "cpu", inputs, ("result",))
+
+    def run(self, ctx, probs, topk_ids=None, topk_probs=None):
+        host = _to_host(ctx, probs, *([topk_ids, topk_probs] if topk_ids is not None else []))
+        result = ScoreResult(scores=host[0].astype(np.float32, copy=False), label_token_ids=self.label_token_ids)
+        if len(host) == 3:
+            result.topk_ids, result.topk_probs = host[1].astype(np.int32), host[2].astype(np.float32)
+        return {"result": result}
+
+
+class BeamEncodeNode(Node):
+    def __init__(self, tokenizer, stop_token_ids):
+        self.tokenizer = tokenizer
+        self.stop = set(int(t) for t in stop_token_ids)
+        self.spec = NodeSpec("encode_beams", "cpu", BEAM_OUTPUTS, ("result",))
+
+    def run(self, ctx, token_ids, scores, finished, beam_indices):
+        ids, sc, fin = _to_host(ctx, token_ids, scores, finished)
+        texts = self.tokenizer.decode_batch(
+            [[int(t) for t in row if t >= 0 and int(t) not in self.stop] for row in ids])
+        return {"result": BeamResult(token_ids=ids.astype(np.int32), scores=sc.astype(np.float32, copy=False),
+                                     finished=fin.astype(bool), texts=texts)}
+
+
+def score_nodes(tokenizer, spec, runner, executors: int = 1):
+    outputs = ("probs",) + (("topk_ids", "topk_probs") if spec.topk else ())
+    return ("texts",), [TokenizeNode(tokenizer, spec, "texts"), ModelNode(runner, outputs, executors),
+                        ScoreEncodeNode(spec.label_token_ids, bool(spec.topk))], ("result",)
+
+
+def beam_nodes(tokenizer, spec, runner, executors: int = 1):
+    return ("text",), [TokenizeNode(tokenizer, spec, "text"), ModelNode(runner, BEAM_OUTPUTS, executors),
+                       BeamEncodeNode(tokenizer, spec.stop_token_ids)], ("result",)
