@@ -1,0 +1,87 @@
+"""The CLI contract: JSON outputs equal HF transformers on a demo checkpoint; bad input is a clear error."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from boundgen.cli.main import main
+from boundgen.model.demo import write_demo_checkpoint
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("cli") / "tiny-qwen3"
+    write_demo_checkpoint(path, "tiny-qwen3", seed=3)
+    return str(path)
+
+
+def run_cli(*args):
+    proc = subprocess.run([sys.executable, "-m", "boundgen", *args], capture_output=True, text=True, timeout=300)
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+def test_score_matches_hf(model_dir):
+    texts = ["Is this query relevant to the document?", "hello", "多语言 text ✓"]
+    args = ["score", model_dir, "--labels", " yes", " no", "--dtype", "float32"]
+    for t in texts:
+        args += ["--text", t]
+    code, out, err = run_cli(*args)
+    assert code == 0, err
+    got = json.loads(out)
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    ids = [tok.encode(label, add_special_tokens=False)[0] for label in (" yes", " no")]
+    assert got["label_token_ids"] == ids
+    with torch.no_grad():
+        for text, row in zip(texts, got["scores"]):
+            logits = hf(torch.tensor([tok.encode(text)])).logits[0, -1]
+            ref = torch.softmax(logits[ids].float(), -1)
+            assert torch.allclose(torch.tensor(row), ref, rtol=1e-4, atol=1e-6)
+
+
+def test_beam_matches_hf(model_dir):
+    prompt = "Generative retrieval for: running shoes"
+    code, out, err = run_cli("beam", model_dir, "--width", "8", "--steps", "4", "--text", prompt,
+                             "--dtype", "float32")
+    assert code == 0, err
+    cands = json.loads(out)["candidates"]
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    ids = torch.tensor([tok.encode(prompt)])
+    with torch.no_grad():
+        ref = hf.generate(ids, num_beams=8, num_return_sequences=8, max_new_tokens=4, min_new_tokens=4,
+                          length_penalty=0.0, do_sample=False, output_scores=True, return_dict_in_generate=True)
+    assert [c["token_ids"] for c in cands] == ref.sequences[:, ids.shape[1]:].tolist()
+    assert torch.allclose(torch.tensor([c["score"] for c in cands]), ref.sequences_scores, atol=1e-4)
+    assert cands[0]["text"] == tok.decode(cands[0]["token_ids"])
+
+
+@pytest.mark.parametrize("args,message", [
+    (["score", "{m}", "--labels", " yes"], "no samples"),
+    (["score", "{m}", "--labels", " yes", "--text", "ok", "--text", "   "], "sample 1 is empty or whitespace"),
+    (["score", "{m}", "--labels", " yes", "--text", "one two three four five six", "--max-tokens", "3"],
+     "sample 0 has 6 tokens"),
+    (["score", "{m}", "--labels", " yes please", "--text", "x"], "exactly one token"),
+    (["score", "{m}", "--labels", "", "--text", "x"], "label"),
+    (["beam", "{m}", "--width", "0", "--steps", "2", "--text", "x"], "beam width must be an integer in [1, 400]"),
+    (["beam", "{m}", "--width", "401", "--steps", "2", "--text", "x"], "beam width must be an integer in [1, 400]"),
+    (["beam", "{m}", "--width", "4", "--steps", "6", "--text", "x"], "in [1, 5]"),
+    (["beam", "{m}", "--width", "4", "--steps", "2", "--text", ""], "empty"),
+    (["beam", "{m}", "--width", "4", "--steps", "2"], "no prompt"),
+    (["score", "/nonexistent/model", "--labels", " yes", "--text", "x"], "not a directory"),
+])
+def test_bad_input_is_a_clear_error(model_dir, capsys, args, message):
+    code = main([a.replace("{m}", model_dir) for a in args])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.startswith("error: ") and message in err, err
+    assert "Traceback" not in err
+
+
+def test_error_exit_code_in_a_real_process(model_dir):
+    code, out, err = run_cli("beam", model_dir, "--width", "4", "--steps", "9", "--text", "x")
+    assert code == 2 and out == "" and "Traceback" not in err and "steps" in err
