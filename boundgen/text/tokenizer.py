@@ -1,0 +1,166 @@
+"""Text <-> token ids, straight into the packed layout the model consumes.
+
+A request's samples are checked (non-empty, within the per-sample token bound: never truncated),
+templated, encoded in one `encode_batch` call, and written back to back:
+
+    tokens     [T]    int64   sample 0's ids, then sample 1's, ...   T = sum(lengths)
+    positions  [T]    int64   0..L_i-1 within each sample
+    cu_seqlens [B+1]  int32   0, L_0, L_0+L_1, ..., T
+
+With `out=PackedBuffers` (allocated once per request context, pinned if wanted) the ids are
+copied into those buffers and the batch holds views of their first T / B+1 entries.
+
+Added tokens written in the text (e.g. "<|im_end|>") encode to their ids, as with HF's
+Qwen tokenizer; no BOS/EOS is added.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import chain
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+from tokenizers import Tokenizer as HFTokenizer
+
+from boundgen.errors import ConfigError, InvalidInput
+from boundgen.text.template import Template
+
+
+@dataclass
+class PackedBatch:
+    tokens: torch.Tensor  # [T] int64
+    positions: torch.Tensor  # [T] int64
+    cu_seqlens: torch.Tensor  # [B+1] int32
+    lengths: list[int]  # [B] tokens per sample
+
+    @property
+    def num_samples(self) -> int:
+        return len(self.lengths)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.tokens.shape[0])
+
+
+@dataclass
+class PackedBuffers:
+    """Preallocated CPU buffers for `encode_packed(out=...)`: capacity max_tokens / max_samples."""
+    tokens: torch.Tensor  # [T_max] int64
+    positions: torch.Tensor  # [T_max] int64
+    cu_seqlens: torch.Tensor  # [B_max+1] int32
+
+    @classmethod
+    def allocate(cls, max_tokens: int, max_samples: int, pin_memory: bool = False) -> "PackedBuffers":
+        def empty(n, dtype):
+            return torch.empty(n, dtype=dtype, pin_memory=pin_memory)
+        return cls(empty(max_tokens, torch.int64), empty(max_tokens, torch.int64), empty(max_samples + 1, torch.int32))
+
+    @property
+    def max_tokens(self) -> int:
+        return int(self.tokens.shape[0])
+
+    @property
+    def max_samples(self) -> int:
+        return int(self.cu_seqlens.shape[0]) - 1
+
+
+class Tokenizer:
+    """HF `tokenizers` pipeline loaded from a tokenizer.json."""
+
+    def __init__(self, backend: HFTokenizer):
+        self.backend = backend
+
+    @classmethod
+    def from_dir(cls, path: str | Path) -> "Tokenizer":
+        """Load `tokenizer.json` from a model or artifact directory."""
+        file = Path(path) / "tokenizer.json"
+        if not file.is_file():
+            raise ConfigError(f"{path} has no tokenizer.json")
+        try:
+            return cls(HFTokenizer.from_file(str(file)))
+        except Exception as exc:
+            raise ConfigError(f"{file} is not a valid tokenizers file: {exc}") from None
+
+    @property
+    def vocab_size(self) -> int:
+        """Ids the tokenizer knows, added tokens included (the model's embedding may have more rows)."""
+        return self.backend.get_vocab_size(with_added_tokens=True)
+
+    # ---- encoding -------------------------------------------------------------------------
+
+    def encode_packed(self, texts: Sequence[str], max_tokens_per_sample: int, template: str | Template = "{text}",
+                      out: PackedBuffers | None = None) -> PackedBatch:
+        """Validate, template and encode B samples into one packed batch."""
+        if isinstance(texts, str) or not isinstance(texts, Sequence):
+            raise InvalidInput(f"texts must be a list of strings, got {type(texts).__name__}")
+        if not texts:
+            raise InvalidInput("no samples: a request needs at least one text")
+        names = [f"sample {i}" for i in range(len(texts))]
+        return self._encode(texts, max_tokens_per_sample, template, out, names)
+
+    def encode_one(self, text: str, max_tokens: int, template: str | Template = "{text}",
+                   out: PackedBuffers | None = None) -> PackedBatch:
+        """One prompt (beam search) as a packed batch of B=1, with the same checks."""
+        return self._encode([text], max_tokens, template, out, names=["the prompt"])
+
+    def _encode(self, texts, max_tokens, template, out, names) -> PackedBatch:
+        if not isinstance(max_tokens, int) or max_tokens <= 0:
+            raise ConfigError(f"max tokens per sample must be a positive integer, got {max_tokens!r}")
+        template = template if isinstance(template, Template) else Template(template)
+        for name, text in zip(names, texts):
+            if not isinstance(text, str):
+                raise InvalidInput(f"{name} must be a string, got {type(text).__name__}")
+            if not text.strip():
+                raise InvalidInput(f"{name} is empty or whitespace only; every text needs content")
+        if out is not None and len(texts) > out.max_samples:
+            raise InvalidInput(f"request has {len(texts)} samples; at most {out.max_samples} are accepted")
+        rendered = texts if template.is_identity else [template.render(t) for t in texts]
+        encodings = self.backend.encode_batch(list(rendered), add_special_tokens=False)
+        lengths = [len(e.ids) for e in encodings]
+        for name, n in zip(names, lengths):
+            if n > max_tokens:
+                raise InvalidInput(f"{name} has {n} tokens, more than the limit of {max_tokens} tokens per sample"
+                                   + ("" if template.is_identity else " (template included)"))
+        total = sum(lengths)
+        if out is not None and total > out.max_tokens:
+            raise InvalidInput(f"request has {total} tokens in all; at most {out.max_tokens} are accepted")
+
+        tokens = np.fromiter(chain.from_iterable(e.ids for e in encodings), dtype=np.int64, count=total)
+        cu = np.zeros(len(lengths) + 1, dtype=np.int32)
+        np.cumsum(lengths, out=cu[1:])
+        positions = np.arange(total, dtype=np.int64) - np.repeat(cu[:-1].astype(np.int64), lengths)
+        if out is None:
+            return PackedBatch(torch.from_numpy(tokens), torch.from_numpy(positions), torch.from_numpy(cu), lengths)
+        batch = PackedBatch(out.tokens[:total], out.positions[:total], out.cu_seqlens[: len(lengths) + 1], lengths)
+        batch.tokens.copy_(torch.from_numpy(tokens))
+        batch.positions.copy_(torch.from_numpy(positions))
+        batch.cu_seqlens.copy_(torch.from_numpy(cu))
+        return batch
+
+    def token_id(self, text: str) -> int:
+        """The id of a label that must be exactly one token, e.g. " yes"."""
+        ids = self.backend.encode(text, add_special_tokens=False).ids
+        if len(ids) != 1:
+            pieces = " + ".join(f"{self.decode([i], skip_special_tokens=False)!r} ({i})" for i in ids)
+            raise InvalidInput(f"label {text!r} is {len(ids)} tokens" + (f": {pieces}" if ids else "")
+                               + "; a label must be exactly one token (mind the leading space, e.g. ' yes')")
+        return ids[0]
+
+    # ---- decoding -------------------------------------------------------------------------
+
+    def decode(self, ids, skip_special_tokens: bool = True) -> str:
+        """ids (list, tensor or array) -> text. Ids past the tokenizer's vocabulary decode to nothing."""
+        return self.backend.decode(_id_list(ids), skip_special_tokens=skip_special_tokens)
+
+    def decode_batch(self, batch, skip_special_tokens: bool = True) -> list[str]:
+        return self.backend.decode_batch([_id_list(ids) for ids in batch], skip_special_tokens=skip_special_tokens)
+
+
+def _id_list(ids) -> list[int]:
+    ids = ids.tolist() if hasattr(ids, "tolist") else [int(i) for i in ids]
+    if ids and min(ids) < 0:
+        raise InvalidInput(f"token ids must be non-negative, got {min(ids)} (strip padding before decoding)")
+    return ids
