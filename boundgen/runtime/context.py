@@ -20,7 +20,8 @@ class RequestContext:
         self.host = {
             "tokens": torch.empty(max_total_tokens, dtype=torch.int64, pin_memory=pin),
             "positions": torch.empty(max_total_tokens, dtype=torch.int64, pin_memory=pin),
-            "cu_seqlens": torch.empty(max_samples + 1, dtype=torch.int32, pin_memory=pin),
+            # +2: room for the filler sequence that bucketed padding adds (runtime/graphs.py)
+            "cu_seqlens": torch.empty(max_samples + 2, dtype=torch.int32, pin_memory=pin),
         }
         if device.type == "cuda":
             self.dev = {k: torch.empty_like(v, device=device) for k, v in self.host.items()}

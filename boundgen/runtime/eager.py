@@ -19,6 +19,7 @@ from boundgen.runtime.context import ContextPool, RequestContext
 from boundgen.runtime.dag import Dag
 from boundgen.runtime.engine import EngineSpec
 from boundgen.runtime.executor import DagEngine
+from boundgen.runtime.graphs import GraphRunner
 from boundgen.runtime.nodes import beam_nodes, score_nodes
 from boundgen.text.tokenizer import Tokenizer
 
@@ -59,10 +60,17 @@ class EagerRunner:
 
 
 def make_dag_engine(name, spec, tokenizer, runner, device: str, dtype: str, contexts: int = 1,
-                    executors: int = 1) -> DagEngine:
-    """Assemble the static DAG and the context pool around a runner (eager or compiled)."""
+                    executors: int = 1, cuda_graphs: bool = False, token_bucket: int = 256) -> DagEngine:
+    """Assemble the static DAG and the context pool around a runner (eager or compiled).
+
+    With `cuda_graphs` on a CUDA device the runner is wrapped in a GraphRunner and score
+    batches are padded to multiples of `token_bucket` tokens (runtime/graphs.py)."""
+    use_graphs = cuda_graphs and device.startswith("cuda")
+    if use_graphs:
+        runner = GraphRunner(runner)
+    bucket = token_bucket if use_graphs and isinstance(spec, ScoreSpec) else 0
     make = score_nodes if isinstance(spec, ScoreSpec) else beam_nodes
-    inputs, nodes, outputs = make(tokenizer, spec, runner, executors)
+    inputs, nodes, outputs = make(tokenizer, spec, runner, executors, bucket)
     dev = torch.device(device)
     pool = ContextPool([RequestContext(spec.max_total_tokens, spec.max_samples, dev) for _ in range(contexts)])
     warm = [{"texts": ["warm up"]}] if isinstance(spec, ScoreSpec) else [{"text": "warm up"}]
@@ -70,11 +78,12 @@ def make_dag_engine(name, spec, tokenizer, runner, device: str, dtype: str, cont
 
 
 def eager_engine(model_dir, spec: ScoreSpec | BeamSpec, dtype: str = "float32", device: str = "cpu",
-                 name: str | None = None, lowering: OpLowering | None = None, contexts: int = 1) -> DagEngine:
+                 name: str | None = None, lowering: OpLowering | None = None, contexts: int = 1,
+                 cuda_graphs: bool = False) -> DagEngine:
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise ConfigError("--device cuda was asked for, but no CUDA device is available")
     tokenizer = Tokenizer.from_dir(model_dir)
     model = load_model(model_dir, parse_dtype(dtype), device, (lowering or OpLowering()).resolve())
     program = make_program(model, spec)
     return make_dag_engine(name or Path(model_dir).name, spec, tokenizer, EagerRunner(program), device, dtype,
-                           contexts)
+                           contexts, cuda_graphs=cuda_graphs)

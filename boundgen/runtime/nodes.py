@@ -17,6 +17,7 @@ import torch
 
 from boundgen.errors import InvalidInput
 from boundgen.runtime.dag import Node, NodeSpec
+from boundgen.runtime.graphs import bucket_size, pad_batch
 from boundgen.runtime.results import BeamResult, ScoreResult
 
 PACKED = ("tokens", "positions", "cu_seqlens")
@@ -24,12 +25,17 @@ BEAM_OUTPUTS = ("token_ids", "scores", "finished", "beam_indices")
 
 
 class TokenizeNode(Node):
-    """Check request bounds, apply the template, tokenize into the context's packed buffers."""
+    """Check request bounds, apply the template, tokenize into the context's packed buffers.
 
-    def __init__(self, tokenizer, spec, input_name: str):
+    With `token_bucket`, score batches are padded (see runtime/graphs.py) so that CUDA graphs
+    are reused: tokens up to a multiple of the bucket, sequences up to max_samples + 1.
+    """
+
+    def __init__(self, tokenizer, spec, input_name: str, token_bucket: int = 0):
         self.tokenizer, self.bounds = tokenizer, spec
-        self.spec = NodeSpec("tokenize", "cpu", (input_name,), PACKED)
+        self.spec = NodeSpec("tokenize", "cpu", (input_name,), PACKED + ("num_samples",))
         self.single = input_name == "text"
+        self.token_bucket = token_bucket
 
     def run(self, ctx, **inputs):
         texts = [inputs["text"]] if self.single else list(inputs["texts"])
@@ -43,8 +49,12 @@ class TokenizeNode(Node):
         total = int(batch.tokens.shape[0])
         if total > b.max_total_tokens:
             raise InvalidInput(f"the request has {total} tokens in all; this model accepts at most {b.max_total_tokens}")
-        tokens, positions, cu = ctx.stage(batch.tokens, batch.positions, batch.cu_seqlens)
-        return {"tokens": tokens, "positions": positions, "cu_seqlens": cu}
+        tokens, positions, cu = batch.tokens, batch.positions, batch.cu_seqlens
+        if self.token_bucket:
+            padded = bucket_size(total, self.token_bucket, b.max_total_tokens)
+            tokens, positions, cu = pad_batch(tokens, positions, cu, padded, b.max_samples + 1)
+        tokens, positions, cu = ctx.stage(tokens, positions, cu)
+        return {"tokens": tokens, "positions": positions, "cu_seqlens": cu, "num_samples": len(texts)}
 
 
 class ModelNode(Node):
@@ -71,11 +81,12 @@ def _to_host(ctx, *tensors):
 class ScoreEncodeNode(Node):
     def __init__(self, label_token_ids, topk: bool):
         self.label_token_ids = [int(i) for i in label_token_ids]
-        inputs = ("probs", "topk_ids", "topk_probs") if topk else ("probs",)
+        inputs = ("num_samples", "probs") + (("topk_ids", "topk_probs") if topk else ())
         self.spec = NodeSpec("encode_scores", "cpu", inputs, ("result",))
 
-    def run(self, ctx, probs, topk_ids=None, topk_probs=None):
-        host = _to_host(ctx, probs, *([topk_ids, topk_probs] if topk_ids is not None else []))
+    def run(self, ctx, num_samples, probs, topk_ids=None, topk_probs=None):
+        outputs = [probs] + ([topk_ids, topk_probs] if topk_ids is not None else [])
+        host = _to_host(ctx, *[t[:num_samples] for t in outputs])  # padding rows dropped
         result = ScoreResult(scores=host[0].astype(np.float32, copy=False), label_token_ids=self.label_token_ids)
         if len(host) == 3:
             result.topk_ids, result.topk_probs = host[1].astype(np.int32), host[2].astype(np.float32)
@@ -96,12 +107,12 @@ class BeamEncodeNode(Node):
                                      finished=fin.astype(bool), texts=texts)}
 
 
-def score_nodes(tokenizer, spec, runner, executors: int = 1):
+def score_nodes(tokenizer, spec, runner, executors: int = 1, token_bucket: int = 0):
     outputs = ("probs",) + (("topk_ids", "topk_probs") if spec.topk else ())
-    return ("texts",), [TokenizeNode(tokenizer, spec, "texts"), ModelNode(runner, outputs, executors),
+    return ("texts",), [TokenizeNode(tokenizer, spec, "texts", token_bucket), ModelNode(runner, outputs, executors),
                         ScoreEncodeNode(spec.label_token_ids, bool(spec.topk))], ("result",)
 
 
-def beam_nodes(tokenizer, spec, runner, executors: int = 1):
+def beam_nodes(tokenizer, spec, runner, executors: int = 1, token_bucket: int = 0):
     return ("text",), [TokenizeNode(tokenizer, spec, "text"), ModelNode(runner, BEAM_OUTPUTS, executors),
                        BeamEncodeNode(tokenizer, spec.stop_token_ids)], ("result",)

@@ -1,0 +1,78 @@
+"""CUDA graphs per shape bucket for the model node.
+
+Small models at our sizes are launch-bound: a request is hundreds of short kernels. A graph
+per input shape, captured on first use and replayed afterwards, removes the launch cost.
+Inputs are views into a request context's preallocated device buffers, so their addresses are
+stable per context; graphs are cached per (context buffer, shape), share one memory pool per
+context (a context runs one request at a time), and their outputs stay valid until the
+context's next request, after the CPU has copied them.
+
+Score requests have a different token count each time; `pad_batch` rounds the packed batch up
+to a bucket with one filler sequence, and the sample count up to the bound with empty
+sequences, so a handful of graphs covers every request. The filler never changes real
+samples' results: attention is block-diagonal per sequence.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+
+
+def bucket_size(num_tokens: int, bucket: int, max_tokens: int) -> int:
+    """Smallest multiple of `bucket` >= num_tokens, capped at max_tokens."""
+    return min(-(-num_tokens // bucket) * bucket, max_tokens)
+
+
+def pad_batch(tokens: torch.Tensor, positions: torch.Tensor, cu_seqlens: torch.Tensor, padded_tokens: int,
+              padded_samples: int):
+    """Append a filler sequence of `padded_tokens - T` tokens and empty sequences up to
+    `padded_samples` sequences in all (filler included). Returns new CPU tensors."""
+    n, b = tokens.shape[0], cu_seqlens.shape[0] - 1
+    fill = padded_tokens - n
+    tokens = torch.cat((tokens, torch.zeros(fill, dtype=tokens.dtype)))
+    positions = torch.cat((positions, torch.arange(fill, dtype=positions.dtype)))
+    extra = padded_samples - b
+    cu = torch.cat((cu_seqlens, torch.full((extra,), padded_tokens, dtype=cu_seqlens.dtype)))
+    return tokens, positions, cu
+
+
+class GraphRunner:
+    """Wraps a runner; replays a captured graph for each (context buffer, input shapes) seen."""
+
+    def __init__(self, runner, max_graphs: int = 64):
+        self.runner = runner
+        self.max_graphs = max_graphs
+        self._graphs: dict = {}
+        self._pools: dict = {}
+        self._capture_lock = threading.Lock()
+
+    def __call__(self, tokens: torch.Tensor, positions: torch.Tensor, cu_seqlens: torch.Tensor):
+        if tokens.device.type != "cuda":
+            return self.runner(tokens, positions, cu_seqlens)
+        key = (tokens.data_ptr(), positions.data_ptr(), cu_seqlens.data_ptr(), tokens.shape[0], cu_seqlens.shape[0])
+        entry = self._graphs.get(key)
+        if entry is None:
+            if len(self._graphs) >= self.max_graphs:
+                return self.runner(tokens, positions, cu_seqlens)
+            entry = self._capture(key, tokens, positions, cu_seqlens)
+        graph, outputs = entry
+        graph.replay()
+        return outputs
+
+    def _capture(self, key, tokens, positions, cu_seqlens):
+        stream = torch.cuda.current_stream()
+        with self._capture_lock:
+            self.runner(tokens, positions, cu_seqlens)  # warm-up: lazy initialisation outside the graph
+            stream.synchronize()
+            pool = self._pools.setdefault(key[0], torch.cuda.graph_pool_handle())
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool, stream=stream, capture_error_mode="thread_local"):
+                outputs = self.runner(tokens, positions, cu_seqlens)
+            self._graphs[key] = (graph, outputs)
+        return graph, outputs
+
+    @property
+    def num_graphs(self) -> int:
+        return len(self._graphs)
