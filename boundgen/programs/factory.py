@@ -10,8 +10,11 @@ from boundgen.programs.spec import BeamSpec, ScoreSpec
 
 
 def make_program(model: QwenModel, spec: ScoreSpec | BeamSpec):
+    """The program for `spec`, its buffers (label ids, stop ids, head) on the model's device."""
     if isinstance(spec, ScoreSpec):
         head = MLPHead.load(spec.head_path, model.cfg.hidden_size) if spec.head_path else None
-        return ScoreProgram(model, list(spec.label_token_ids), topk=spec.topk, head=head).eval()
-    return BeamProgram(model, spec.width, spec.steps, list(spec.stop_token_ids), spec.length_penalty,
-                       spec.min_new_tokens).eval()
+        program = ScoreProgram(model, list(spec.label_token_ids), topk=spec.topk, head=head)
+    else:
+        program = BeamProgram(model, spec.width, spec.steps, list(spec.stop_token_ids), spec.length_penalty,
+                              spec.min_new_tokens)
+    return program.to(model.embed_tokens.device).eval()
