@@ -1,0 +1,125 @@
+"""`boundgen demo`: the README's first command. On CPU, end to end: write a tiny random-weight
+Qwen3 checkpoint (real vocabulary), build a score and a beam artifact, serve both, query them
+with tritonclient over HTTP and gRPC, print results and latencies, stop the server."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+
+from boundgen.errors import BoundgenError
+
+SCORE_TEXTS = ["query: running shoes | item: lightweight trail running shoe", "query: running shoes | item: desk lamp",
+               "query: 咖啡 | item: 拿铁咖啡"]
+BEAM_PROMPT = "query: running shoes -> item id:"
+
+
+def register(sub):
+    p = sub.add_parser("demo", help="build, serve and query a tiny demo model on CPU (the README's first command)",
+                       description=__doc__)
+    p.add_argument("--out", default="out/demo", help="working directory (default out/demo)")
+    p.add_argument("--requests", type=int, default=20, help="requests per protocol for the latency lines")
+    p.set_defaults(run=run)
+
+
+def _step(msg):
+    print(f"[demo] {msg}", flush=True)
+
+
+def _boundgen(*args):
+    cmd = [sys.executable, "-m", "boundgen", *args]
+    _step("$ boundgen " + " ".join(f'"{a}"' if " " in a or not a else a for a in args))
+    if subprocess.run(cmd).returncode != 0:
+        raise BoundgenError(f"`boundgen {args[0]}` failed (see its output above)")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_ready(proc, http_port, timeout_s=300):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise BoundgenError(f"the server exited with status {proc.returncode} before it was ready")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/v2/health/ready", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.5)
+    raise BoundgenError(f"the server was not ready within {timeout_s} s")
+
+
+def run(args):
+    out = Path(args.out)
+    model, score_art, beam_art = out / "tiny-qwen3", out / "score-art", out / "beam-art"
+    if not (model / "config.json").is_file():
+        _boundgen("demo-model", str(model), "--preset", "tiny-qwen3", "--seed", "0")
+    if not (score_art / "manifest.json").is_file():
+        _boundgen("build", str(model), "--task", "score", "--labels", " yes", " no", "--name", "demo-score",
+                  "--max-samples", "16", "--max-tokens-per-sample", "128", "--max-total-tokens", "512",
+                  "--out", str(score_art))
+    if not (beam_art / "manifest.json").is_file():
+        _boundgen("build", str(model), "--task", "beam", "--width", "8", "--steps", "4", "--name", "demo-beam",
+                  "--max-prompt-tokens", "128", "--out", str(beam_art))
+    http_port, grpc_port = _free_port(), _free_port()
+    cmd = [sys.executable, "-m", "boundgen", "serve", str(score_art), str(beam_art), "--http-port", str(http_port),
+           "--grpc-port", str(grpc_port)]
+    _step(f"starting the server: HTTP :{http_port}, gRPC :{grpc_port}")
+    proc = subprocess.Popen(cmd, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        _wait_ready(proc, http_port)
+        _step("server ready")
+        _query(http_port, grpc_port, args.requests)
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        _step(f"server stopped (exit status {proc.returncode})")
+    return 0
+
+
+def _query(http_port, grpc_port, n):
+    import tritonclient.grpc as grpcclient
+    import tritonclient.http as httpclient
+
+    clients = {"HTTP": (httpclient, httpclient.InferenceServerClient(f"127.0.0.1:{http_port}")),
+               "gRPC": (grpcclient, grpcclient.InferenceServerClient(f"127.0.0.1:{grpc_port}"))}
+    for proto, (mod, client) in clients.items():
+        def infer(model, texts, outputs):
+            inp = mod.InferInput("TEXT", [len(texts)], "BYTES")
+            inp.set_data_from_numpy(np.array([t.encode() for t in texts], dtype=object))
+            return client.infer(model, [inp], outputs=[mod.InferRequestedOutput(o) for o in outputs])
+
+        res = infer("demo-score", SCORE_TEXTS, ["SCORES"])
+        _step(f"{proto} score  (labels ' yes', ' no'):")
+        for text, row in zip(SCORE_TEXTS, res.as_numpy("SCORES")):
+            print(f"    {row.round(4).tolist()}  {text}")
+        res = infer("demo-beam", [BEAM_PROMPT], ["TOKEN_IDS", "SCORES", "TEXT_OUT"])
+        _step(f"{proto} beam   (W=8, N=4), best 3 of 8 for {BEAM_PROMPT!r}:")
+        for ids, score, text in list(zip(res.as_numpy("TOKEN_IDS"), res.as_numpy("SCORES"),
+                                         res.as_numpy("TEXT_OUT")))[:3]:
+            print(f"    {score:9.4f}  {ids.tolist()}  {text.decode()!r}")
+        for model, texts, outs in (("demo-score", SCORE_TEXTS, ["SCORES"]), ("demo-beam", [BEAM_PROMPT], ["SCORES"])):
+            times = []
+            for _ in range(n):
+                t0 = time.perf_counter()
+                infer(model, texts, outs)
+                times.append((time.perf_counter() - t0) * 1e3)
+            _step(f"{proto} {model}: {n} requests, mean {np.mean(times):.1f} ms, "
+                  f"p50 {np.percentile(times, 50):.1f} ms, max {max(times):.1f} ms (CPU, tiny model)")
