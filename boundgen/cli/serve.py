@@ -1,0 +1,65 @@
+"""`boundgen serve`: KServe v2 over HTTP and gRPC for one or more built artifacts."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from boundgen.errors import ConfigError
+
+DESCRIPTION = """\
+Serves built artifacts with the KServe v2 / Open Inference Protocol over HTTP and gRPC
+(tritonclient works unmodified). Model name = artifact name. Each model admits at most
+--max-inflight requests at once and queues at most --max-queue more; a full queue answers
+429 / RESOURCE_EXHAUSTED, a deadline that passes in the queue 504 / DEADLINE_EXCEEDED.
+A request's deadline is its gRPC deadline or its `timeout` parameter (microseconds, as
+Triton), else --default-timeout-ms. /v2/health/ready answers 200 once every artifact is
+loaded and warmed up. SIGTERM: stop admitting (503 / UNAVAILABLE), finish admitted
+requests, exit 0. Prometheus metrics at GET /metrics. See docs/serving.md."""
+
+
+def register(sub):
+    p = sub.add_parser("serve", help="serve artifacts over KServe v2 HTTP and gRPC", description=DESCRIPTION,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("artifacts", nargs="+", metavar="ARTIFACT_DIR", help="artifact directories built by `boundgen build`")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; 0.0.0.0 for all)")
+    p.add_argument("--http-port", type=int, default=8000, help="HTTP port (default 8000; 0 picks a free one)")
+    p.add_argument("--grpc-port", type=int, default=8001, help="gRPC port (default 8001; 0 picks a free one)")
+    p.add_argument("--max-inflight", type=int, default=None, metavar="N",
+                   help="requests running at once per model (default: the artifact's engine concurrency)")
+    p.add_argument("--max-queue", type=int, default=32, metavar="N",
+                   help="requests waiting per model beyond those; more get 429 at once (default 32)")
+    p.add_argument("--default-timeout-ms", type=float, default=1000.0, metavar="MS",
+                   help="deadline of a request that brings none (default 1000)")
+    p.add_argument("--max-body-bytes", type=int, default=4 << 20, metavar="B",
+                   help="largest HTTP body / gRPC message; larger ones get 400 (default 4194304)")
+    p.add_argument("--api-key", default=None, metavar="KEY",
+                   help="require 'Authorization: Bearer KEY' (HTTP header, gRPC metadata 'authorization') on "
+                        "every route except /v2/health/live and /v2/health/ready (gRPC ServerLive, ServerReady); "
+                        "default: the environment variable BOUNDGEN_API_KEY, else no key")
+    p.add_argument("--drain-timeout-s", type=float, default=30.0, metavar="S",
+                   help="on SIGTERM, longest wait for admitted requests before exiting (default 30)")
+    p.set_defaults(run=run)
+
+
+def config_from_args(args):
+    from boundgen.server.config import API_KEY_ENV, ServerConfig
+
+    api_key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV) or None
+    try:
+        return ServerConfig(host=args.host, http_port=args.http_port, grpc_port=args.grpc_port,
+                            max_inflight=args.max_inflight, max_queue=args.max_queue,
+                            default_timeout_ms=args.default_timeout_ms, max_body_bytes=args.max_body_bytes,
+                            api_key=api_key, drain_timeout_s=args.drain_timeout_s)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def run(args, engine_factory=None):
+    """Serve until SIGTERM / SIGINT; `engine_factory(path) -> Engine` replaces `boundgen.load` (tests)."""
+    from boundgen.server.app import default_engine_factory, serve
+
+    for path in args.artifacts:
+        if not os.path.isdir(path):
+            raise ConfigError(f"{path} is not a directory (expected an artifact built by `boundgen build`)")
+    return serve(args.artifacts, config_from_args(args), engine_factory or default_engine_factory)

@@ -1,0 +1,177 @@
+"""Admission control for one model: in-flight bound, bounded FIFO queue, deadlines, cancellation.
+
+    arrive -> [closed?      503 Unavailable]
+           -> [deadline passed?  504]
+           -> slot free and nobody queued?  run now
+           -> queue full?   429 Overloaded (at once)
+           -> wait in FIFO until a slot is handed over, or the deadline passes (504, never run),
+              or the client goes away (its queue place is freed)
+    run    -> on a worker thread (one per slot, so an admitted request starts at once);
+              just before the engine is called the deadline is checked again: a request whose
+              remaining time is shorter than the model's recent compute time (a moving average)
+              cannot make it and gets 504 without running, leaving the slot to one that can;
+              an answer ready after the deadline is dropped with 504.
+
+A slot is held until the engine call returns, even when the client has gone: engine work
+cannot be interrupted, and releasing early would let the next request wait, unseen and
+without a deadline, inside the thread pool. Time is `time.monotonic()` seconds throughout.
+All methods except the worker-thread body run on the event loop thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable, TypeVar
+
+from boundgen.server.status import DeadlineExceeded, Overloaded, Unavailable
+
+T = TypeVar("T")
+ESTIMATE_WEIGHT = 0.2  # of the newest engine call in the moving average of compute time
+
+
+class _Abandoned(Exception):
+    """The client went away before its admitted request reached a worker thread."""
+
+
+class Admission:
+    def __init__(self, model: str, max_inflight: int, max_queue: int,
+                 on_queue_wait: Callable[[float], None] = lambda s: None,
+                 on_compute: Callable[[float], None] = lambda s: None):
+        if max_inflight < 1 or max_queue < 0:
+            raise ValueError(f"model {model}: need max_inflight >= 1 and max_queue >= 0, "
+                             f"got {max_inflight} and {max_queue}")
+        self.model, self.max_inflight, self.max_queue = model, max_inflight, max_queue
+        self._on_queue_wait, self._on_compute = on_queue_wait, on_compute
+        self._pool = ThreadPoolExecutor(max_inflight, thread_name_prefix=f"boundgen-{model}")
+        self._inflight = 0
+        self._waiters: deque[asyncio.Future] = deque()
+        self._closed = False
+        self._idle: asyncio.Event | None = None
+        self._compute_estimate = 0.0  # seconds: moving average of successful engine calls
+
+    @property
+    def inflight(self) -> int:
+        return self._inflight
+
+    @property
+    def queued(self) -> int:
+        return len(self._waiters)
+
+    async def run(self, fn: Callable[[], T], deadline: float) -> T:
+        """Run `fn()` on a worker thread once admitted; raises Unavailable, Overloaded or DeadlineExceeded."""
+        await self._acquire(deadline)
+        cancelled = threading.Event()
+        try:
+            future = asyncio.get_running_loop().run_in_executor(self._pool, self._compute, fn, deadline, cancelled)
+        except BaseException:
+            self._release()
+            raise
+        future.add_done_callback(self._computed)
+        try:
+            result = await asyncio.shield(future)
+        except asyncio.CancelledError:
+            cancelled.set()  # not started yet: it will not start; running: its answer is dropped
+            raise
+        late = time.monotonic() - deadline
+        if late > 0:
+            raise DeadlineExceeded(f"model {self.model} finished {late * 1e3:.1f} ms after the request's deadline; "
+                                   "the answer was dropped")
+        return result
+
+    def close(self) -> None:
+        """Stop admitting: new requests get 503; queued and running ones finish."""
+        self._closed = True
+
+    async def wait_idle(self) -> None:
+        """Return once nothing is running or queued."""
+        if self._inflight == 0 and not self._waiters:
+            return
+        self._idle = self._idle or asyncio.Event()
+        await self._idle.wait()
+
+    def shutdown(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    # ---- internals ------------------------------------------------------------------------
+
+    async def _acquire(self, deadline: float) -> None:
+        if self._closed:
+            raise Unavailable(f"model {self.model} is shutting down and admits no new requests")
+        arrived = time.monotonic()
+        if arrived >= deadline:
+            raise DeadlineExceeded("the request's deadline had already passed when it arrived")
+        if self._inflight < self.max_inflight and not self._waiters:
+            self._inflight += 1
+            self._on_queue_wait(0.0)
+            return
+        if len(self._waiters) >= self.max_queue:
+            raise Overloaded(f"model {self.model} is at capacity ({self._inflight} requests running, "
+                             f"{len(self._waiters)} queued; limits {self.max_inflight} and {self.max_queue}); "
+                             "retry later")
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        try:
+            async with asyncio.timeout(deadline - time.monotonic()):
+                await waiter
+        except BaseException as exc:
+            if waiter.done() and not waiter.cancelled():
+                self._release()  # the slot was handed over just as we gave up: pass it on
+            else:
+                waiter.cancel()
+                self._remove(waiter)
+            self._on_queue_wait(time.monotonic() - arrived)
+            if isinstance(exc, TimeoutError):
+                raise DeadlineExceeded(f"the deadline passed after {(time.monotonic() - arrived) * 1e3:.1f} ms "
+                                       f"queued for model {self.model}; the request was not run") from None
+            raise
+        self._on_queue_wait(time.monotonic() - arrived)
+
+    def _compute(self, fn: Callable[[], T], deadline: float, cancelled: threading.Event) -> T:
+        """Worker thread: the last check before the engine, then the engine call."""
+        if cancelled.is_set():
+            raise _Abandoned()
+        start = time.monotonic()
+        left, needs = deadline - start, self._compute_estimate
+        if left <= 0:
+            raise DeadlineExceeded(f"the deadline passed {-left * 1e3:.1f} ms before model {self.model} "
+                                   "could start; the request was not run")
+        if left < needs:
+            raise DeadlineExceeded(f"{left * 1e3:.1f} ms were left before the deadline and model {self.model} "
+                                   f"needs about {needs * 1e3:.1f} ms; the request was not run")
+        try:
+            result = fn()
+        finally:
+            seconds = time.monotonic() - start
+            self._on_compute(seconds)
+        # A benign race between worker threads: each update is a plain float store.
+        self._compute_estimate = seconds if not needs else needs + ESTIMATE_WEIGHT * (seconds - needs)
+        return result
+
+    def _computed(self, future: asyncio.Future) -> None:
+        if not future.cancelled():
+            future.exception()  # retrieved here, in case the client is gone and nobody awaits it
+        self._release()
+
+    def _release(self) -> None:
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)  # the slot passes to the oldest live waiter
+                return
+        self._inflight -= 1
+        self._check_idle()
+
+    def _remove(self, waiter: asyncio.Future) -> None:
+        try:
+            self._waiters.remove(waiter)
+        except ValueError:
+            pass
+        self._check_idle()
+
+    def _check_idle(self) -> None:
+        if self._idle is not None and self._inflight == 0 and not self._waiters:
+            self._idle.set()

@@ -1,0 +1,234 @@
+"""Server lifecycle: listen, load, warm up, ready, drain on SIGTERM, exit.
+
+    start()   bind HTTP and gRPC (live at once, ready 503); print the "listening" line
+    load()    engine_factory(dir) for each artifact on a loader thread, then engine.warmup();
+              only then ready (HTTP 200 / gRPC ready=true)
+    drain()   stop admitting (503 / UNAVAILABLE), let running and queued requests finish
+              (bounded by config.drain_timeout_s)
+    stop()    close listeners, worker threads and engines
+
+`serve()` runs all of it until SIGTERM or SIGINT and returns the exit code (0 after a drain);
+the CLI calls it. `BackgroundServer` runs the same in a thread of the calling process.
+Engines come from an injectable factory (default `boundgen.load`) so tests can serve fakes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+import threading
+from pathlib import Path
+from typing import Callable, Sequence
+
+import grpc
+from aiohttp import web
+
+from boundgen.errors import BoundgenError
+from boundgen.runtime.engine import Engine
+from boundgen.server.config import ServerConfig
+from boundgen.server.kserve_grpc import GrpcFrontend
+from boundgen.server.kserve_http import HttpFrontend
+from boundgen.server.metrics import ServerMetrics
+from boundgen.server.models import ModelSet
+
+log = logging.getLogger("boundgen.server")
+
+EngineFactory = Callable[[Path], Engine]
+LISTENING = "boundgen serve: listening"  # the stdout line launch.py waits for
+
+
+def default_engine_factory(artifact_dir: Path) -> Engine:
+    import boundgen
+
+    return boundgen.load(artifact_dir)
+
+
+class Server:
+    def __init__(self, artifact_dirs: Sequence[str | Path], config: ServerConfig,
+                 engine_factory: EngineFactory = default_engine_factory, out=sys.stdout):
+        if not artifact_dirs:
+            raise ValueError("serve needs at least one artifact directory")
+        self.artifact_dirs = [Path(d) for d in artifact_dirs]
+        self.config, self.engine_factory, self.out = config, engine_factory, out
+        self.metrics = ServerMetrics()
+        self.models = ModelSet(config, self.metrics)
+        self.http_port: int | None = None
+        self.grpc_port: int | None = None
+        self._runner: web.AppRunner | None = None
+        self._grpc: grpc.aio.Server | None = None
+
+    def say(self, message: str) -> None:
+        print(message, file=self.out, flush=True)
+
+    async def start(self) -> None:
+        cfg = self.config
+        self._runner = web.AppRunner(HttpFrontend(self.models, cfg).app(), handler_cancellation=True,
+                                     access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, cfg.host, cfg.http_port, reuse_address=True)
+        await site.start()
+        self.http_port = self._runner.addresses[0][1]
+        frontend = GrpcFrontend(self.models, cfg)
+        self._grpc = grpc.aio.server(options=frontend.options())
+        self._grpc.add_generic_rpc_handlers((frontend.handler(),))
+        self.grpc_port = self._grpc.add_insecure_port(f"{_grpc_host(cfg.host)}:{cfg.grpc_port}")
+        if self.grpc_port == 0:
+            raise BoundgenError(f"cannot listen for gRPC on {cfg.host}:{cfg.grpc_port}")
+        await self._grpc.start()
+        self.say(f"{LISTENING} http={cfg.host}:{self.http_port} grpc={cfg.host}:{self.grpc_port}")
+
+    async def load(self) -> None:
+        """Load and warm up every artifact off the event loop, then become ready."""
+        for path in self.artifact_dirs:
+            self.say(f"boundgen serve: loading {path}")
+            engine = await _in_daemon_thread(self.engine_factory, path)
+            model = self.models.add(engine)
+            await _in_daemon_thread(engine.warmup)
+            spec = engine.spec
+            self.say(f"boundgen serve: model {spec.name} ({spec.task}) loaded and warmed up, "
+                     f"max in flight {model.admission.max_inflight}, queue {model.admission.max_queue}")
+        self.models.set_ready()
+        self.say(f"boundgen serve: ready, models: {', '.join(self.models.models)}")
+
+    async def drain(self) -> None:
+        self.models.start_draining()
+        self.say("boundgen serve: draining (new requests get 503 / UNAVAILABLE)")
+        if not await self.models.wait_idle(self.config.drain_timeout_s):
+            self.say(f"boundgen serve: requests still running after {self.config.drain_timeout_s} s; stopping anyway")
+
+    async def stop(self) -> None:
+        if self._grpc is not None:
+            await self._grpc.stop(grace=1.0)
+        if self._runner is not None:
+            await self._runner.cleanup()
+        self.models.close()
+        self.say("boundgen serve: stopped")
+
+    async def serve(self, stop: asyncio.Event) -> int:
+        """Start, load, serve until `stop` is set, drain, stop. Returns the exit code."""
+        await self.start()
+        try:
+            loading = asyncio.ensure_future(self.load())
+            stopping = asyncio.ensure_future(stop.wait())
+            await asyncio.wait({loading, stopping}, return_when=asyncio.FIRST_COMPLETED)
+            if loading.done() and loading.exception() is not None:
+                stopping.cancel()
+                raise loading.exception()
+            if not loading.done():  # asked to stop while loading: nothing admitted yet
+                loading.cancel()
+                self.models.start_draining()
+                return 0
+            await stopping
+            await self.drain()
+            return 0
+        finally:
+            await self.stop()
+
+
+def _grpc_host(host: str) -> str:
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host
+
+
+async def _in_daemon_thread(fn, *args):
+    """Run a blocking call on a daemon thread, so that a stop during a long load does not wait for it."""
+    loop = asyncio.get_running_loop()
+    future = loop.create_future()
+
+    def target():
+        try:
+            result = fn(*args)
+        except BaseException as exc:  # handed to the awaiting coroutine
+            loop.call_soon_threadsafe(lambda: future.done() or future.set_exception(exc))
+        else:
+            loop.call_soon_threadsafe(lambda: future.done() or future.set_result(result))
+
+    threading.Thread(target=target, name="boundgen-loader", daemon=True).start()
+    return await future
+
+
+def serve(artifact_dirs: Sequence[str | Path], config: ServerConfig,
+          engine_factory: EngineFactory = default_engine_factory) -> int:
+    """Run a server in this process until SIGTERM / SIGINT; the exit code (0 after a clean drain)."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+
+    async def main() -> int:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        return await Server(artifact_dirs, config, engine_factory).serve(stop)
+
+    return asyncio.run(main())
+
+
+class BackgroundServer:
+    """A server on its own event loop in a daemon thread of this process (demo, bench, notebooks).
+
+        with BackgroundServer([artifact_dir], ServerConfig(http_port=0, grpc_port=0)) as srv:
+            srv.http_url, srv.grpc_url   # "127.0.0.1:PORT" as tritonclient takes them
+    """
+
+    def __init__(self, artifact_dirs: Sequence[str | Path], config: ServerConfig,
+                 engine_factory: EngineFactory = default_engine_factory, out=sys.stdout):
+        self.server = Server(artifact_dirs, config, engine_factory, out)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._thread: threading.Thread | None = None
+        self._started = threading.Event()
+        self._error: BaseException | None = None
+        self.exit_code: int | None = None
+
+    @property
+    def http_url(self) -> str:
+        return f"{self.server.config.host}:{self.server.http_port}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"{self.server.config.host}:{self.server.grpc_port}"
+
+    def start(self, timeout_s: float = 600.0) -> "BackgroundServer":
+        """Start and return once the models are loaded and warmed up (ready)."""
+        self._thread = threading.Thread(target=self._run, name="boundgen-server", daemon=True)
+        self._thread.start()
+        if not self._started.wait(timeout_s):
+            raise TimeoutError(f"the server was not ready within {timeout_s} s")
+        if self._error is not None:
+            raise self._error
+        return self
+
+    def stop(self, timeout_s: float = 60.0) -> int | None:
+        """Drain and stop; the server's exit code."""
+        if self._loop is not None and self._stop is not None and self._thread.is_alive():
+            self._loop.call_soon_threadsafe(self._stop.set)
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+        return self.exit_code
+
+    def __enter__(self) -> "BackgroundServer":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def _run(self) -> None:
+        async def main():
+            self._loop, self._stop = asyncio.get_running_loop(), asyncio.Event()
+            watcher = asyncio.ensure_future(self._signal_ready())
+            try:
+                self.exit_code = await self.server.serve(self._stop)
+            finally:
+                watcher.cancel()
+
+        try:
+            asyncio.run(main())
+        except BaseException as exc:
+            self._error = exc
+        finally:
+            self._started.set()
+
+    async def _signal_ready(self) -> None:
+        while not self.server.models.ready:
+            await asyncio.sleep(0.01)
+        self._started.set()

@@ -1,0 +1,41 @@
+"""Server settings: one frozen dataclass, checked at construction. Only the CLI fills it from flags."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+API_KEY_ENV = "BOUNDGEN_API_KEY"
+API_KEY_HEADER = "Authorization"  # "Authorization: Bearer KEY" (HTTP header; gRPC metadata key "authorization")
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    host: str = "127.0.0.1"
+    http_port: int = 8000  # 0: any free port (printed when listening)
+    grpc_port: int = 8001  # 0: any free port
+    max_inflight: int | None = None  # per model; None: the engine's own concurrency
+    max_queue: int = 32  # per model: requests waiting for an in-flight slot
+    default_timeout_ms: float = 1000.0  # deadline of a request that brings none
+    max_body_bytes: int = 4 << 20  # HTTP body / gRPC message
+    api_key: str | None = None  # required on every route but /v2/health/{live,ready} when set
+    drain_timeout_s: float = 30.0  # SIGTERM: longest wait for running and queued requests
+
+    def __post_init__(self):
+        for name in ("http_port", "grpc_port"):
+            port = getattr(self, name)
+            if not 0 <= port <= 65535:
+                raise ValueError(f"{name} must be in 0..65535, got {port}")
+        if self.http_port and self.http_port == self.grpc_port:
+            raise ValueError(f"HTTP and gRPC need different ports, both are {self.http_port}")
+        if self.max_inflight is not None and self.max_inflight < 1:
+            raise ValueError(f"max_inflight must be >= 1, got {self.max_inflight}")
+        if self.max_queue < 0:
+            raise ValueError(f"max_queue must be >= 0, got {self.max_queue}")
+        if self.default_timeout_ms <= 0:
+            raise ValueError(f"default_timeout_ms must be > 0, got {self.default_timeout_ms}")
+        if self.max_body_bytes < 1024:
+            raise ValueError(f"max_body_bytes must be >= 1024, got {self.max_body_bytes}")
+        if self.api_key is not None and not self.api_key:
+            raise ValueError("api_key must not be empty (leave it unset to serve without a key)")
+        if self.drain_timeout_s < 0:
+            raise ValueError(f"drain_timeout_s must be >= 0, got {self.drain_timeout_s}")

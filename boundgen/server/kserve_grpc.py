@@ -1,0 +1,185 @@
+"""KServe v2 over gRPC (grpc.aio): `inference.GRPCInferenceService`, as unmodified tritonclient calls it.
+
+Implemented: ServerLive, ServerReady (no API key), ModelReady, ServerMetadata, ModelMetadata,
+ModelInfer; other Triton methods answer UNIMPLEMENTED. Inputs come in `raw_input_contents`
+(tritonclient's default) or typed `contents`; outputs go back in `raw_output_contents`. The
+request deadline is the gRPC deadline, tightened by a `timeout` parameter (microseconds).
+A client that cancels, or whose deadline passes, has its handler cancelled, which frees its
+queue place (admission.py). An oversized message is INVALID_ARGUMENT, like HTTP's 400.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+
+import grpc
+
+import boundgen
+from boundgen.errors import InvalidInput
+from boundgen.server import kserve_pb as pb
+from boundgen.server.auth import check_api_key
+from boundgen.server.config import ServerConfig
+from boundgen.server.kserve_http import EXTENSIONS
+from boundgen.server.models import ModelSet
+from boundgen.server.served import VERSION
+from boundgen.server.status import status_of
+from boundgen.server.tensors import Tensor, check_header, from_grpc_contents, from_raw, to_raw
+
+log = logging.getLogger("boundgen.server")
+
+PUBLIC_METHODS = frozenset({"ServerLive", "ServerReady"})
+
+
+class _Undecodable:
+    """What the request deserializer hands the handler instead of a message it refused."""
+
+    def __init__(self, reason: str):
+        self.reason = reason
+        self.model_name = ""
+
+
+def parse_infer_request(request) -> list[Tensor]:
+    raw = request.raw_input_contents
+    if raw and len(raw) != len(request.inputs):
+        raise InvalidInput(f"raw_input_contents has {len(raw)} entries for {len(request.inputs)} inputs; "
+                           "send one per input, in order")
+    tensors = []
+    for i, inp in enumerate(request.inputs):
+        name, datatype, shape = check_header(inp.name, inp.datatype, list(inp.shape))
+        if raw:
+            if inp.HasField("contents"):
+                raise InvalidInput(f"input {name} has contents and raw_input_contents; send one")
+            tensors.append(from_raw(name, datatype, shape, raw[i]))
+        else:
+            tensors.append(from_grpc_contents(name, datatype, shape, inp.contents))
+    return tensors
+
+
+def _expired(context) -> bool:
+    remaining = context.time_remaining()
+    return remaining is not None and remaining <= 0
+
+
+def _param_value(p):
+    kind = p.WhichOneof("parameter_choice")
+    return None if kind is None else getattr(p, kind)
+
+
+def _set_param(p, value) -> None:
+    if isinstance(value, bool):
+        p.bool_param = value
+    elif isinstance(value, int):
+        p.int64_param = value
+    elif isinstance(value, float):
+        p.double_param = value
+    elif isinstance(value, str):
+        p.string_param = value
+    else:
+        p.string_param = json.dumps(value)
+
+
+class GrpcFrontend:
+    def __init__(self, models: ModelSet, config: ServerConfig):
+        self.models, self.config = models, config
+
+    def handler(self) -> grpc.GenericRpcHandler:
+        def unary(fn, request_cls, deserializer=None):
+            return grpc.unary_unary_rpc_method_handler(
+                fn, request_deserializer=deserializer or request_cls.FromString,
+                response_serializer=lambda m: m.SerializeToString())
+
+        return grpc.method_handlers_generic_handler(pb.SERVICE, {
+            "ServerLive": unary(self.server_live, pb.ServerLiveRequest),
+            "ServerReady": unary(self.server_ready, pb.ServerReadyRequest),
+            "ModelReady": unary(self.model_ready, pb.ModelReadyRequest),
+            "ServerMetadata": unary(self.server_metadata, pb.ServerMetadataRequest),
+            "ModelMetadata": unary(self.model_metadata, pb.ModelMetadataRequest),
+            "ModelInfer": unary(self.model_infer, pb.ModelInferRequest, self._decode_infer),
+        })
+
+    def options(self) -> list[tuple[str, int]]:
+        """Channel options: let messages somewhat over the limit through, so that ModelInfer can
+        answer INVALID_ARGUMENT itself; beyond that gRPC refuses them with RESOURCE_EXHAUSTED."""
+        limit = self.config.max_body_bytes
+        return [("grpc.max_receive_message_length", max(2 * limit, limit + (1 << 20))),
+                ("grpc.max_send_message_length", -1)]
+
+    def _decode_infer(self, data: bytes):
+        if len(data) > self.config.max_body_bytes:
+            return _Undecodable(f"the request is {len(data)} bytes, over the server's limit of "
+                                f"{self.config.max_body_bytes} (--max-body-bytes)")
+        try:
+            return pb.ModelInferRequest.FromString(data)
+        except Exception as exc:  # protobuf's DecodeError
+            return _Undecodable(f"the request is not a valid ModelInferRequest: {exc}")
+
+    async def _abort(self, context, exc: BaseException):
+        status = status_of(exc)
+        if status.outcome == "internal_error":
+            log.error("internal error", exc_info=exc)
+        await context.abort(status.grpc, status.message)
+
+    def _check_key(self, context) -> None:
+        metadata = dict(context.invocation_metadata() or ())
+        check_api_key(self.config.api_key, metadata.get("authorization"))
+
+    async def server_live(self, request, context):
+        return pb.ServerLiveResponse(live=True)
+
+    async def server_ready(self, request, context):
+        return pb.ServerReadyResponse(ready=self.models.ready)
+
+    async def server_metadata(self, request, context):
+        try:
+            self._check_key(context)
+        except Exception as exc:
+            await self._abort(context, exc)
+        return pb.ServerMetadataResponse(name="boundgen", version=boundgen.__version__, extensions=list(EXTENSIONS))
+
+    async def model_ready(self, request, context):
+        try:
+            self._check_key(context)
+            self.models.get(request.name, request.version)
+        except Exception as exc:
+            await self._abort(context, exc)
+        return pb.ModelReadyResponse(ready=self.models.ready)
+
+    async def model_metadata(self, request, context):
+        try:
+            self._check_key(context)
+            meta = self.models.get(request.name, request.version).metadata()
+        except Exception as exc:
+            await self._abort(context, exc)
+        response = pb.ModelMetadataResponse(name=meta["name"], versions=meta["versions"], platform=meta["platform"])
+        for specs, field in ((meta["inputs"], response.inputs), (meta["outputs"], response.outputs)):
+            for t in specs:
+                field.add(name=t["name"], datatype=t["datatype"], shape=t["shape"])
+        for key, value in meta["parameters"].items():
+            _set_param(response.parameters[key], value)
+        return response
+
+    async def model_infer(self, request, context):
+        arrived = time.monotonic()
+        try:
+            with self.models.observe("grpc", request.model_name, lambda: _expired(context)):
+                return await self._infer(request, context, arrived)
+        except Exception as exc:
+            await self._abort(context, exc)
+
+    async def _infer(self, request, context, arrived: float):
+        self._check_key(context)
+        if isinstance(request, _Undecodable):
+            raise InvalidInput(request.reason)
+        tensors = parse_infer_request(request)
+        timeout = request.parameters["timeout"] if "timeout" in request.parameters else None
+        deadline = self.models.deadline(arrived, None if timeout is None else _param_value(timeout),
+                                        context.time_remaining())
+        requested = [o.name for o in request.outputs] or None
+        outputs = await self.models.infer(request.model_name, request.model_version, tensors, requested, deadline)
+        response = pb.ModelInferResponse(model_name=request.model_name, model_version=VERSION, id=request.id)
+        for t in outputs:
+            response.outputs.add(name=t.name, datatype=t.datatype, shape=list(t.shape))
+            response.raw_output_contents.append(to_raw(t))
+        return response

@@ -1,0 +1,229 @@
+"""KServe v2 over HTTP (aiohttp): routes, the JSON body and the binary tensor extension.
+
+    GET  /v2/health/live                      200 while the process runs (no API key)
+    GET  /v2/health/ready                     200 once loaded and warmed up, else 503 (no API key)
+    GET  /v2                                  server metadata
+    GET  /v2/models/{m}[/versions/1]          model metadata: inputs, outputs, shape bounds
+    GET  /v2/models/{m}[/versions/1]/ready    200 ready, 503 not ready, 400 unknown model
+    POST /v2/models/{m}[/versions/1]/infer    inference
+    GET  /metrics                             Prometheus text format
+
+Binary extension: the header `Inference-Header-Content-Length: N` says the body is N bytes of
+JSON followed by raw tensor data; each input with `parameters.binary_data_size` takes its bytes
+from there in order. Outputs come back binary when requested (`parameters.binary_data` per
+output, or request-level `parameters.binary_data_output`), JSON otherwise. Errors are
+`{"error": "..."}` with the status of status.py.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+import boundgen
+from boundgen.errors import InvalidInput
+from boundgen.server.auth import check_api_key
+from boundgen.server.config import ServerConfig
+from boundgen.server.metrics import CONTENT_TYPE
+from boundgen.server.models import ModelSet
+from boundgen.server.served import VERSION
+from boundgen.server.status import status_of
+from boundgen.server.tensors import Tensor, check_header, from_json, from_raw, to_json, to_raw
+
+log = logging.getLogger("boundgen.server")
+
+HEADER_LENGTH = "Inference-Header-Content-Length"
+PUBLIC_PATHS = frozenset({"/v2/health/live", "/v2/health/ready"})
+EXTENSIONS = ("binary_tensor_data",)
+
+
+@dataclass
+class HttpInferRequest:
+    id: str | None
+    tensors: list[Tensor]
+    outputs: list[str] | None  # requested names; None: all
+    binary: dict[str, bool] = field(default_factory=dict)  # per requested output: raw bytes, not JSON?
+    binary_default: bool = False  # for outputs not in `binary`
+    parameters: dict[str, Any] = field(default_factory=dict)
+
+
+def _params(obj: dict, where: str) -> dict:
+    params = obj.get("parameters", {})
+    if not isinstance(params, dict):
+        raise InvalidInput(f"{where}: 'parameters' must be a JSON object")
+    return params
+
+
+def parse_infer_body(body: bytes, header_length: str | None) -> HttpInferRequest:
+    """An inference request from an HTTP body (JSON, or JSON + binary tensor data)."""
+    binary = memoryview(b"")
+    if header_length is not None:
+        try:
+            n = int(header_length)
+        except ValueError:
+            raise InvalidInput(f"header {HEADER_LENGTH} must be an integer, got {header_length!r}") from None
+        if not 0 <= n <= len(body):
+            raise InvalidInput(f"header {HEADER_LENGTH} says {n} bytes of JSON, the body has {len(body)}")
+        body, binary = body[:n], memoryview(body)[n:]
+    try:
+        obj = json.loads(body)
+    except UnicodeDecodeError:
+        raise InvalidInput("the request's JSON is not valid UTF-8") from None
+    except (ValueError, RecursionError) as exc:
+        raise InvalidInput(f"the request body is not valid JSON: {exc}") from None
+    if not isinstance(obj, dict):
+        raise InvalidInput("the request body must be a JSON object with 'inputs'")
+    inputs = obj.get("inputs")
+    if not isinstance(inputs, list):
+        raise InvalidInput("the request needs 'inputs', a list of tensors")
+    tensors, offset = [], 0
+    for i, inp in enumerate(inputs):
+        if not isinstance(inp, dict):
+            raise InvalidInput(f"inputs[{i}] must be a JSON object")
+        name, datatype, shape = check_header(inp.get("name"), inp.get("datatype"), inp.get("shape"))
+        size = _params(inp, f"input {name}").get("binary_data_size")
+        if size is not None:
+            if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+                raise InvalidInput(f"input {name}: binary_data_size must be a non-negative integer, got {size!r}")
+            if "data" in inp:
+                raise InvalidInput(f"input {name} has both 'data' and binary_data_size; send one")
+            if offset + size > len(binary):
+                raise InvalidInput(f"input {name}: binary_data_size {size} runs past the end of the binary data "
+                                   f"({len(binary) - offset} bytes left)")
+            tensors.append(from_raw(name, datatype, shape, binary[offset:offset + size]))
+            offset += size
+        elif "data" in inp:
+            tensors.append(from_json(name, datatype, shape, inp["data"]))
+        else:
+            raise InvalidInput(f"input {name} has neither 'data' nor parameters.binary_data_size")
+    if offset != len(binary):
+        raise InvalidInput(f"{len(binary) - offset} bytes of binary data are not claimed by any input")
+    parameters = _params(obj, "request")
+    default_binary = parameters.get("binary_data_output", False) is True
+    outputs, flags = None, {}
+    if obj.get("outputs") is not None:
+        if not isinstance(obj["outputs"], list):
+            raise InvalidInput("'outputs' must be a list of {\"name\": ...} objects")
+        outputs = []
+        for i, out in enumerate(obj["outputs"]):
+            if not isinstance(out, dict) or not isinstance(out.get("name"), str):
+                raise InvalidInput(f"outputs[{i}] must be an object with a string 'name'")
+            out_params = _params(out, f"output {out['name']}")
+            if "classification" in out_params:
+                raise InvalidInput(f"output {out['name']}: the classification extension is not supported")
+            outputs.append(out["name"])
+            flags[out["name"]] = out_params.get("binary_data", default_binary) is True
+    request_id = obj.get("id")
+    if request_id is not None and not isinstance(request_id, str):
+        raise InvalidInput("'id' must be a string")
+    return HttpInferRequest(request_id, tensors, outputs, flags, default_binary, parameters)
+
+
+def encode_infer_response(model: str, request: HttpInferRequest, outputs: list[Tensor]) -> web.Response:
+    entries, chunks = [], []
+    for t in outputs:
+        entry = {"name": t.name, "datatype": t.datatype, "shape": list(t.shape)}
+        if request.binary.get(t.name, request.binary_default):
+            raw = to_raw(t)
+            entry["parameters"] = {"binary_data_size": len(raw)}
+            chunks.append(raw)
+        else:
+            entry["data"] = to_json(t)
+        entries.append(entry)
+    head = {"model_name": model, "model_version": VERSION, "outputs": entries}
+    if request.id is not None:
+        head["id"] = request.id
+    head_bytes = json.dumps(head, separators=(",", ":")).encode()
+    if not chunks:
+        return web.Response(body=head_bytes, content_type="application/json")
+    return web.Response(body=head_bytes + b"".join(chunks), content_type="application/octet-stream",
+                        headers={HEADER_LENGTH: str(len(head_bytes))})
+
+
+def error_response(exc: BaseException) -> web.Response:
+    status = status_of(exc)
+    if status.outcome == "internal_error":
+        log.error("internal error", exc_info=exc)
+    headers = {"WWW-Authenticate": "Bearer"} if status.http == 401 else None
+    return web.json_response({"error": status.message}, status=status.http, headers=headers)
+
+
+class HttpFrontend:
+    def __init__(self, models: ModelSet, config: ServerConfig):
+        self.models, self.config = models, config
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=self.config.max_body_bytes, middlewares=[self._auth])
+        app.router.add_get("/v2/health/live", self.live)
+        app.router.add_get("/v2/health/ready", self.ready)
+        app.router.add_get("/v2", self.server_metadata)
+        app.router.add_get("/metrics", self.metrics)
+        for prefix in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
+            app.router.add_get(prefix, self.model_metadata)
+            app.router.add_get(prefix + "/ready", self.model_ready)
+            app.router.add_post(prefix + "/infer", self.infer)
+        return app
+
+    @web.middleware
+    async def _auth(self, request: web.Request, handler):
+        if request.path not in PUBLIC_PATHS:
+            try:
+                check_api_key(self.config.api_key, request.headers.get("Authorization"))
+            except Exception as exc:
+                return error_response(exc)
+        return await handler(request)
+
+    async def live(self, request: web.Request) -> web.Response:
+        return web.Response(status=200)
+
+    async def ready(self, request: web.Request) -> web.Response:
+        return web.Response(status=200 if self.models.ready else 503)
+
+    async def server_metadata(self, request: web.Request) -> web.Response:
+        return web.json_response({"name": "boundgen", "version": boundgen.__version__, "extensions": list(EXTENSIONS)})
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        return web.Response(body=self.models.metrics.render(), headers={"Content-Type": CONTENT_TYPE})
+
+    async def model_metadata(self, request: web.Request) -> web.Response:
+        try:
+            model = self.models.get(request.match_info["model"], request.match_info.get("version", ""))
+        except Exception as exc:
+            return error_response(exc)
+        return web.json_response(model.metadata())
+
+    async def model_ready(self, request: web.Request) -> web.Response:
+        try:
+            self.models.get(request.match_info["model"], request.match_info.get("version", ""))
+        except Exception as exc:
+            return error_response(exc)
+        return web.Response(status=200 if self.models.ready else 503)
+
+    async def infer(self, request: web.Request) -> web.Response:
+        arrived = time.monotonic()
+        name, version = request.match_info["model"], request.match_info.get("version", "")
+        try:
+            with self.models.observe("http", name):
+                body = await self._read_body(request)
+                parsed = parse_infer_body(body, request.headers.get(HEADER_LENGTH))
+                deadline = self.models.deadline(arrived, parsed.parameters.get("timeout"))
+                outputs = await self.models.infer(name, version, parsed.tensors, parsed.outputs, deadline)
+                return encode_infer_response(name, parsed, outputs)
+        except Exception as exc:
+            return error_response(exc)
+
+    async def _read_body(self, request: web.Request) -> bytes:
+        limit = self.config.max_body_bytes
+        if request.content_length is not None and request.content_length > limit:
+            raise InvalidInput(f"the request body is {request.content_length} bytes, over the server's limit "
+                               f"of {limit} (--max-body-bytes)")
+        try:
+            return await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            raise InvalidInput(f"the request body is over the server's limit of {limit} bytes "
+                               "(--max-body-bytes)") from None

@@ -1,0 +1,123 @@
+"""The models a server holds and its lifecycle state; the part of the request path that HTTP
+and gRPC share: model lookup, deadlines, per-request metrics.
+
+State: loading -> ready -> draining. Only `ready` admits requests; `draining` (after SIGTERM)
+answers new ones 503 / UNAVAILABLE while already admitted ones finish.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from typing import Any, Callable, Iterator, Sequence
+
+from boundgen.errors import ConfigError, InvalidInput
+from boundgen.runtime.engine import Engine
+from boundgen.server.config import ServerConfig
+from boundgen.server.metrics import ServerMetrics
+from boundgen.server.served import VERSION, ServedModel
+from boundgen.server.status import Unavailable, status_of
+from boundgen.server.tensors import Tensor
+
+LOADING, READY, DRAINING = "loading", "ready", "draining"
+
+
+class ModelSet:
+    def __init__(self, config: ServerConfig, metrics: ServerMetrics):
+        self.config, self.metrics = config, metrics
+        self.models: dict[str, ServedModel] = {}
+        self.state = LOADING
+
+    # ---- lifecycle ------------------------------------------------------------------------
+
+    def add(self, engine: Engine) -> ServedModel:
+        name = engine.spec.name
+        if name in self.models:
+            raise ConfigError(f"two artifacts are both named {name!r}; rebuild one with --name")
+        model = ServedModel(engine, self.metrics, self.config.max_inflight, self.config.max_queue)
+        self.models[name] = model
+        return model
+
+    def set_ready(self) -> None:
+        self.state = READY
+        self.metrics.ready.set(1)
+
+    def start_draining(self) -> None:
+        self.state = DRAINING
+        self.metrics.ready.set(0)
+        for model in self.models.values():
+            model.admission.close()
+
+    async def wait_idle(self, timeout_s: float) -> bool:
+        """Wait until no request is running or queued; False if `timeout_s` passed first."""
+        waits = [m.admission.wait_idle() for m in self.models.values()]
+        try:
+            async with asyncio.timeout(timeout_s):
+                await asyncio.gather(*waits)
+        except TimeoutError:
+            return False
+        return True
+
+    def close(self) -> None:
+        for model in self.models.values():
+            model.close()
+
+    @property
+    def ready(self) -> bool:
+        return self.state == READY
+
+    # ---- requests -------------------------------------------------------------------------
+
+    def get(self, name: str, version: str = "") -> ServedModel:
+        """The model a request names; 400 for an unknown one, 503 unless the server is ready."""
+        if self.state == LOADING:
+            raise Unavailable("the server is still loading its models")
+        model = self.models.get(name)
+        if model is None:
+            known = ", ".join(sorted(self.models)) or "none"
+            raise InvalidInput(f"unknown model {name!r}; this server serves: {known}")
+        if version not in ("", VERSION):
+            raise InvalidInput(f"model {name} has only version {VERSION}, not {version!r}")
+        return model
+
+    def deadline(self, arrived: float, timeout_us: Any = None, remaining_s: float | None = None) -> float:
+        """A request's deadline (monotonic seconds): the tightest of its `timeout` parameter
+        (microseconds, as Triton; 0 means none), its gRPC deadline, else the server default."""
+        budgets = []
+        if timeout_us is not None:
+            if not isinstance(timeout_us, int) or isinstance(timeout_us, bool) or timeout_us < 0:
+                raise InvalidInput(f"parameter 'timeout' must be a non-negative integer (microseconds), "
+                                   f"got {timeout_us!r}")
+            if timeout_us > 0:
+                budgets.append(timeout_us / 1e6)
+        if remaining_s is not None:
+            budgets.append(remaining_s)
+        if not budgets:
+            budgets.append(self.config.default_timeout_ms / 1e3)
+        return arrived + min(budgets)
+
+    async def infer(self, name: str, version: str, tensors: Sequence[Tensor], requested: Sequence[str] | None,
+                    deadline: float) -> list[Tensor]:
+        if self.state == DRAINING:
+            raise Unavailable("the server is shutting down and admits no new requests")
+        return await self.get(name, version).infer(tensors, requested, deadline)
+
+    @contextlib.contextmanager
+    def observe(self, protocol: str, name: str, expired: Callable[[], bool] = lambda: False) -> Iterator[None]:
+        """Count one inference request by model and outcome, and time it end to end. A request
+        cancelled under us counts as deadline_exceeded if `expired()` (gRPC deadline), else cancelled."""
+        start = time.monotonic()
+        label = name if name in self.models else ""
+        outcome = "internal_error"
+        try:
+            yield
+            outcome = "success"
+        except asyncio.CancelledError:
+            outcome = "deadline_exceeded" if expired() else "cancelled"
+            raise
+        except Exception as exc:
+            outcome = status_of(exc).outcome
+            raise
+        finally:
+            self.metrics.observe_request(label, protocol, outcome, time.monotonic() - start)

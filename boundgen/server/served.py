@@ -1,0 +1,52 @@
+"""One served model: its engine, tensor signature and admission controller."""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Sequence
+
+from boundgen.runtime.engine import Engine
+from boundgen.server.admission import Admission
+from boundgen.server.metrics import ServerMetrics
+from boundgen.server.signature import Signature
+from boundgen.server.tensors import Tensor
+
+PLATFORM = "boundgen"
+VERSION = "1"  # every model has exactly one version
+
+
+def engine_concurrency(engine: Engine) -> int:
+    """How many requests the engine runs at once: the manifest's setting, else its context pool's size."""
+    value = engine.spec.extra.get("concurrency") or getattr(getattr(engine, "pool", None), "size", None)
+    return int(value) if value else 1
+
+
+class ServedModel:
+    def __init__(self, engine: Engine, metrics: ServerMetrics, max_inflight: int | None, max_queue: int):
+        self.engine = engine
+        self.name = engine.spec.name
+        self.signature = Signature(engine.spec)
+        self.metrics = metrics
+        self.admission = Admission(self.name, max_inflight or engine_concurrency(engine), max_queue,
+                                   metrics.queue_observer(self.name), metrics.compute_observer(self.name))
+        metrics.track_model(self.name, lambda: self.admission.inflight, lambda: self.admission.queued)
+
+    def metadata(self) -> dict:
+        def tensors(specs):
+            return [{"name": t.name, "datatype": t.datatype, "shape": list(t.shape)} for t in specs]
+
+        return {"name": self.name, "versions": [VERSION], "platform": PLATFORM,
+                "inputs": tensors(self.signature.inputs), "outputs": tensors(self.signature.outputs),
+                "parameters": self.signature.parameters()}
+
+    async def infer(self, tensors: Sequence[Tensor], requested: Sequence[str] | None, deadline: float) -> list[Tensor]:
+        """Check, admit, run and encode one request; raises InvalidInput or a status.ServeError."""
+        names = self.signature.check_outputs(requested)
+        call = self.signature.parse(tensors)
+        result = await self.admission.run(partial(call, self.engine), deadline)
+        self.metrics.observe_stages(self.name, result.timings)
+        return self.signature.encode(result, names)
+
+    def close(self) -> None:
+        self.admission.shutdown()
+        self.engine.close()

@@ -1,0 +1,135 @@
+"""A served model's tensor interface, derived from its `EngineSpec`: metadata, input checks,
+engine results to output tensors.
+
+    score:  TEXT BYTES [N], 1 <= N <= max_samples  ->  SCORES FP32 [N, num_labels]
+    beam:   TEXT BYTES [1]                         ->  TOKEN_IDS INT32 [W, N_gen], SCORES FP32 [W],
+                                                       TEXT_OUT BYTES [W]
+
+Checks here are the ones that need no tokenizer (names, datatypes, shapes, sample count,
+UTF-8); token limits are the engine's, which raises `InvalidInput` naming sample and limit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from boundgen.errors import InvalidInput
+from boundgen.runtime.engine import Engine, EngineSpec
+from boundgen.runtime.results import BeamResult, ScoreResult
+from boundgen.server.tensors import Tensor
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    datatype: str
+    shape: tuple[int, ...]  # -1: a dimension bounded by the model's parameters
+
+
+@dataclass(frozen=True)
+class EngineCall:
+    """A validated request, ready to run on a worker thread."""
+
+    task: str
+    texts: tuple[str, ...]
+
+    def __call__(self, engine: Engine) -> ScoreResult | BeamResult:
+        if self.task == "score":
+            return engine.score(list(self.texts))
+        return engine.beam(self.texts[0])
+
+
+class Signature:
+    def __init__(self, spec: EngineSpec):
+        if spec.task not in ("score", "beam"):
+            raise ValueError(f"model {spec.name}: unknown task {spec.task!r}")
+        self.spec = spec
+        if spec.task == "score":
+            self.inputs = (TensorSpec("TEXT", "BYTES", (-1,)),)
+            self.outputs = (TensorSpec("SCORES", "FP32", (-1, len(spec.label_token_ids))),)
+        else:
+            self.inputs = (TensorSpec("TEXT", "BYTES", (1,)),)
+            self.outputs = (TensorSpec("TOKEN_IDS", "INT32", (spec.width, spec.steps)),
+                            TensorSpec("SCORES", "FP32", (spec.width,)),
+                            TensorSpec("TEXT_OUT", "BYTES", (spec.width,)))
+
+    @property
+    def max_samples(self) -> int:
+        return self.spec.max_samples if self.spec.task == "score" else 1
+
+    def parameters(self) -> dict:
+        """Task and shape bounds, as listed in the model metadata."""
+        s = self.spec
+        if s.task == "score":
+            return {"task": "score", "max_samples": s.max_samples, "max_tokens_per_sample": s.max_tokens_per_sample,
+                    "max_total_tokens": s.max_total_tokens, "labels": list(s.labels),
+                    "label_token_ids": list(s.label_token_ids)}
+        return {"task": "beam", "max_prompt_tokens": s.max_tokens_per_sample, "width": s.width, "steps": s.steps}
+
+    def check_outputs(self, requested: Sequence[str] | None) -> tuple[str, ...]:
+        """The output names to return, in order; all of them when none were requested."""
+        known = [t.name for t in self.outputs]
+        if not requested:
+            return tuple(known)
+        for name in requested:
+            if name not in known:
+                raise InvalidInput(f"model {self.spec.name} has no output {name!r}; its outputs are {', '.join(known)}")
+        if len(set(requested)) != len(requested):
+            raise InvalidInput(f"an output was requested twice: {list(requested)}")
+        return tuple(requested)
+
+    def parse(self, tensors: Sequence[Tensor]) -> EngineCall:
+        name = self.spec.name
+        by_name = {}
+        for t in tensors:
+            if t.name != "TEXT":
+                raise InvalidInput(f"model {name} has no input {t.name!r}; its only input is TEXT (BYTES)")
+            if t.name in by_name:
+                raise InvalidInput(f"input {t.name} was given twice")
+            by_name[t.name] = t
+        text = by_name.get("TEXT")
+        if text is None:
+            raise InvalidInput(f"model {name} needs input TEXT (BYTES), the request has none")
+        if text.datatype != "BYTES":
+            raise InvalidInput(f"input TEXT must be BYTES, got {text.datatype}")
+        self._check_shape(text.shape)
+        texts = []
+        for i, item in enumerate(text.data):
+            try:
+                texts.append(item.decode("utf-8"))
+            except UnicodeDecodeError as exc:
+                raise InvalidInput(f"TEXT[{i}] is not valid UTF-8 (byte {item[exc.start]:#04x} at offset {exc.start})") from None
+        return EngineCall(self.spec.task, tuple(texts))
+
+    def _check_shape(self, shape: tuple[int, ...]) -> None:
+        if self.spec.task == "beam":
+            if shape != (1,):
+                raise InvalidInput(f"input TEXT of beam model {self.spec.name} must have shape [1] (one prompt), "
+                                   f"got {list(shape)}")
+            return
+        if len(shape) != 1:
+            raise InvalidInput(f"input TEXT must have shape [N] (one text per sample), got {list(shape)}")
+        n, limit = shape[0], self.spec.max_samples
+        if n == 0:
+            raise InvalidInput(f"input TEXT is empty: a score request needs 1 to {limit} samples")
+        if n > limit:
+            raise InvalidInput(f"input TEXT has {n} samples, over the limit of {limit} for model {self.spec.name}")
+
+    def encode(self, result: ScoreResult | BeamResult, names: Sequence[str]) -> list[Tensor]:
+        """The requested output tensors of an engine result."""
+        if isinstance(result, ScoreResult):
+            scores = np.ascontiguousarray(result.scores, dtype=np.float32)
+            all_outputs = {"SCORES": Tensor("SCORES", "FP32", tuple(scores.shape), scores.reshape(-1))}
+        else:
+            ids = np.ascontiguousarray(result.token_ids, dtype=np.int32)
+            scores = np.ascontiguousarray(result.scores, dtype=np.float32)
+            texts = [t.encode("utf-8") for t in result.texts]
+            all_outputs = {
+                "TOKEN_IDS": Tensor("TOKEN_IDS", "INT32", tuple(ids.shape), ids.reshape(-1)),
+                "SCORES": Tensor("SCORES", "FP32", tuple(scores.shape), scores.reshape(-1)),
+                "TEXT_OUT": Tensor("TEXT_OUT", "BYTES", (len(texts),), texts),
+            }
+        return [all_outputs[n] for n in names]

@@ -1,0 +1,77 @@
+"""What a failed request tells its client: one error class per outcome, with its HTTP status and gRPC code.
+
+`InvalidInput` (boundgen/errors.py) is raised by the tensor decoding, the model signature and
+the engine alike; the server maps it here to 400 / INVALID_ARGUMENT. Everything else a
+request can hit is a `ServeError` below. The `outcome` names are the `outcome` label of the
+request counter in metrics.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import grpc
+
+from boundgen.errors import InvalidInput
+
+
+class ServeError(Exception):
+    """A request the server answers with an error status; the message is shown to the client."""
+
+    outcome = "internal_error"
+
+
+class Overloaded(ServeError):
+    """The model's queue is full: rejected at once, never queued."""
+
+    outcome = "rejected"
+
+
+class DeadlineExceeded(ServeError):
+    """The request's deadline passed before it could be answered."""
+
+    outcome = "deadline_exceeded"
+
+
+class Unavailable(ServeError):
+    """The server is still loading, or draining before shutdown."""
+
+    outcome = "unavailable"
+
+
+class Unauthenticated(ServeError):
+    """The API key is missing or wrong."""
+
+    outcome = "unauthenticated"
+
+
+@dataclass(frozen=True)
+class Status:
+    http: int
+    grpc: grpc.StatusCode
+    outcome: str
+    message: str
+
+
+_CODES = {
+    "invalid_input": (400, grpc.StatusCode.INVALID_ARGUMENT),
+    "rejected": (429, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    "deadline_exceeded": (504, grpc.StatusCode.DEADLINE_EXCEEDED),
+    "unavailable": (503, grpc.StatusCode.UNAVAILABLE),
+    "unauthenticated": (401, grpc.StatusCode.UNAUTHENTICATED),
+    "internal_error": (500, grpc.StatusCode.INTERNAL),
+}
+
+
+def status_of(exc: BaseException) -> Status:
+    """The status a client gets for `exc`; unexpected exceptions become 500 / INTERNAL."""
+    if isinstance(exc, InvalidInput):
+        outcome, message = "invalid_input", str(exc)
+    elif isinstance(exc, ServeError):
+        outcome, message = exc.outcome, str(exc)
+    elif isinstance(exc, NotImplementedError):  # Engine's answer to the wrong task
+        outcome, message = "invalid_input", str(exc)
+    else:
+        outcome, message = "internal_error", f"internal error: {type(exc).__name__}: {exc}"
+    http, code = _CODES[outcome]
+    return Status(http, code, outcome, message)

@@ -1,0 +1,84 @@
+"""Server test fixtures: fake artifacts, server processes on loopback (always killed), clients.
+
+Every server is a real `boundgen serve` process (through tests/server/fake_serve.py, which only
+swaps the engine factory) on free ports it picks itself; start-up is bounded by READY_TIMEOUT_S.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from boundgen.runtime.engine import EngineSpec
+from boundgen.server.launch import ServerProcess
+from tests.server.fake_engine import write_fake_artifact
+
+REPO = Path(__file__).resolve().parents[2]
+READY_TIMEOUT_S = 60.0
+FAKE_SERVE = [sys.executable, "-m", "tests.server.fake_serve"]
+
+SCORE_SPEC = EngineSpec(name="fscore", task="score", max_samples=4, max_tokens_per_sample=8, max_total_tokens=32,
+                        labels=(" yes", " no"), label_token_ids=(9693, 902))
+BEAM_SPEC = EngineSpec(name="fbeam", task="beam", max_samples=1, max_tokens_per_sample=8, max_total_tokens=8,
+                       width=3, steps=2)
+
+
+@pytest.fixture(scope="session")
+def launch(tmp_path_factory):
+    """launch(dirs, args=(), env=None, wait_ready=True, command=FAKE_SERVE) -> a started ServerProcess,
+    killed at the end of the session if the test did not stop it."""
+    started: list[ServerProcess] = []
+
+    def start(dirs, args=(), env=None, wait_ready=True, command=FAKE_SERVE):
+        server = ServerProcess(dirs, args=list(args), command=command, env=env, cwd=REPO,
+                               ready_timeout_s=READY_TIMEOUT_S)
+        started.append(server)
+        return server.start(wait_ready=wait_ready)
+
+    yield start
+    for server in started:
+        server.kill()
+
+
+@pytest.fixture(scope="session")
+def fake_dirs(tmp_path_factory):
+    """Fake score and beam artifacts without sleep, and the log their engines write."""
+    root = tmp_path_factory.mktemp("fake")
+    log = root / "calls.jsonl"
+    return {"score": write_fake_artifact(root / "fscore", SCORE_SPEC, log=log),
+            "beam": write_fake_artifact(root / "fbeam", BEAM_SPEC, log=log), "log": log, "root": root}
+
+
+@pytest.fixture(scope="session")
+def fake_server(launch, fake_dirs):
+    """One shared server for endpoint and bad-input tests (64 KiB body limit)."""
+    server = launch([fake_dirs["score"], fake_dirs["beam"]], args=["--max-body-bytes", "65536",
+                                                                   "--max-inflight", "2"])
+    yield server
+    assert server.stop() == 0
+
+
+def metric(server, key: str) -> float:
+    """The value of one sample line of /metrics, e.g. 'boundgen_queue_depth{model="fscore"}'."""
+    import urllib.request
+
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    with opener.open(f"http://{server.http_url}/metrics", timeout=10) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith(key + " "):
+                return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def wait_metric(server, key: str, value: float, timeout_s: float = 10.0) -> None:
+    """Poll /metrics until `key` equals `value` (bounded)."""
+    import time
+
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        if metric(server, key) == value:
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"{key} did not reach {value} within {timeout_s} s (now {metric(server, key)})")

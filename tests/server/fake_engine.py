@@ -1,0 +1,129 @@
+"""A fake Engine for server tests: deterministic outputs computed from the inputs, a settable
+compute time, and a log of every call that reached it.
+
+Configured by `fake.json` in a directory that stands in for an artifact:
+    {"spec": {EngineSpec fields}, "sleep_s": 0.0, "log": "/path/calls.jsonl", "gate": "/path/file"}
+- a text containing `sleep=S` makes its call sleep S seconds instead of `sleep_s`;
+- a text containing `hold=PATH` makes its call wait until the file PATH exists (bounded), so
+  tests can keep a request running for exactly as long as they need;
+- `warmup()` blocks until the file `gate` exists (bounded), so tests can hold a server in "loading";
+- "tokens" are whitespace-separated words; the limits and messages mirror the real tokenizer's.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import threading
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+
+from boundgen.errors import InvalidInput
+from boundgen.runtime.engine import Engine, EngineSpec
+from boundgen.runtime.results import BeamResult, ScoreResult
+
+SLEEP = re.compile(r"sleep=([0-9.]+)")
+HOLD = re.compile(r"hold=(\S+)")
+HOLD_LIMIT_S = 60.0
+
+
+def _h(text: str) -> int:
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:4], "little")
+
+
+def write_fake_artifact(directory: Path, spec: EngineSpec, sleep_s: float = 0.0, log: Path | None = None,
+                        gate: Path | None = None) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    config = {"spec": asdict(spec), "sleep_s": sleep_s, "log": str(log) if log else None,
+              "gate": str(gate) if gate else None}
+    (directory / "fake.json").write_text(json.dumps(config))
+    return directory
+
+
+class FakeEngine(Engine):
+    def __init__(self, spec: EngineSpec, sleep_s: float = 0.0, log: str | None = None, gate: str | None = None):
+        self.spec, self.sleep_s, self.log, self.gate = spec, sleep_s, log, gate
+        self._lock = threading.Lock()
+
+    @classmethod
+    def from_dir(cls, path) -> "FakeEngine":
+        config = json.loads((Path(path) / "fake.json").read_text())
+        spec = config["spec"]
+        spec = EngineSpec(**{**spec, "labels": tuple(spec["labels"]), "label_token_ids": tuple(spec["label_token_ids"])})
+        return cls(spec, config["sleep_s"], config["log"], config["gate"])
+
+    # ---- Engine -------------------------------------------------------------------------
+
+    def score(self, texts):
+        if self.spec.task != "score":
+            return super().score(texts)
+        self._check(texts)
+        start = self._compute(texts)
+        logits = np.array([[(_h(t) >> (4 * j)) % 97 / 10.0 for j in range(len(self.spec.label_token_ids))]
+                           for t in texts], dtype=np.float64)
+        probs = np.exp(logits - logits.max(axis=1, keepdims=True))
+        probs = (probs / probs.sum(axis=1, keepdims=True)).astype(np.float32)
+        self._record(texts, start)
+        return ScoreResult(probs, list(self.spec.label_token_ids), {"pre": 0.0, "model": time.monotonic() - start})
+
+    def beam(self, text):
+        if self.spec.task != "beam":
+            return super().beam(text)
+        self._check([text])
+        start = self._compute([text])
+        w, n, h = self.spec.width, self.spec.steps, _h(text)
+        ids = ((h + 31 * np.arange(w)[:, None] + 7 * np.arange(n)[None, :]) % 1000).astype(np.int32)
+        scores = (-0.5 * np.arange(w) - (h % 10) / 10.0).astype(np.float32)
+        texts = [f"{text[:6]}→{i}" for i in range(w)]
+        self._record([text], start)
+        return BeamResult(ids, scores, np.zeros(w, dtype=bool), texts, {"model": time.monotonic() - start})
+
+    def warmup(self) -> None:
+        if self.gate:
+            _wait_for_file(self.gate)
+
+    # ---- helpers ------------------------------------------------------------------------
+
+    def _check(self, texts) -> None:
+        limit = self.spec.max_tokens_per_sample
+        for i, text in enumerate(texts):
+            if not text.strip():
+                raise InvalidInput(f"sample {i} is empty or whitespace only; every text needs content")
+            n = len(text.split())
+            if n > limit:
+                raise InvalidInput(f"sample {i} has {n} tokens, more than the limit of {limit} tokens per sample")
+
+    def _compute(self, texts) -> float:
+        start = time.monotonic()
+        asked = [float(m.group(1)) for t in texts for m in SLEEP.finditer(t)]
+        seconds = max(asked) if asked else self.sleep_s
+        if seconds:
+            time.sleep(seconds)
+        for path in [m.group(1) for t in texts for m in HOLD.finditer(t)]:
+            _wait_for_file(path)
+        return start
+
+    def _record(self, texts, start: float) -> None:
+        if self.log:
+            line = json.dumps({"texts": list(texts), "start": start, "end": time.monotonic()})
+            with self._lock, open(self.log, "a") as f:
+                f.write(line + "\n")
+
+
+def _wait_for_file(path: str) -> None:
+    end = time.monotonic() + HOLD_LIMIT_S
+    while not Path(path).exists():
+        if time.monotonic() > end:
+            raise RuntimeError(f"fake engine: file {path} never appeared")
+        time.sleep(0.01)
+
+
+def read_log(path: Path) -> list[dict]:
+    """The calls a fake engine completed (one dict per call: texts, start, end in monotonic seconds)."""
+    if not Path(path).exists():
+        return []
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line]

@@ -1,0 +1,39 @@
+"""Test-only entry: `python -m tests.server.fake_serve DIR [...] [boundgen serve flags]`.
+
+The real `boundgen serve` (same flags, same server) with engines from FakeEngine.from_dir,
+or, for a directory holding `eager.json`, a real eager engine over a checkpoint (see
+tests/server/real.py), so server tests need no compiled artifact.
+"""
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from boundgen.cli import serve
+from boundgen.errors import BoundgenError
+from tests.server.fake_engine import FakeEngine
+
+
+def engine_factory(path):
+    path = Path(path)
+    if (path / "eager.json").exists():
+        from tests.server.real import eager_engine_from_config
+
+        return eager_engine_from_config(json.loads((path / "eager.json").read_text()))
+    return FakeEngine.from_dir(path)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="fake_serve")
+    serve.register(parser.add_subparsers())
+    args = parser.parse_args(["serve", *(sys.argv[1:] if argv is None else argv)])
+    try:
+        return serve.run(args, engine_factory=engine_factory)
+    except BoundgenError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

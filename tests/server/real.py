@@ -1,0 +1,20 @@
+"""Real engines for server tests: the eager engine over a tiny demo checkpoint (no compile),
+described by an `eager.json` in a directory that stands in for an artifact."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+def write_eager_artifact(directory: Path, model_dir: Path, spec: dict, name: str) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "eager.json").write_text(json.dumps({"model_dir": str(model_dir), "spec": spec, "name": name}))
+    return directory
+
+
+def eager_engine_from_config(config: dict):
+    from boundgen.programs.spec import spec_from_dict
+    from boundgen.runtime.eager import eager_engine
+
+    return eager_engine(config["model_dir"], spec_from_dict(config["spec"]), name=config["name"])

@@ -1,0 +1,186 @@
+"""Admission control in-process: FIFO hand-over, queue bound, deadlines, cancellation, drain.
+
+Blocking work is held on threading.Events, so no test depends on how fast anything runs."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+
+from boundgen.server.admission import Admission
+from boundgen.server.status import DeadlineExceeded, Overloaded, Unavailable
+
+LONG = 30.0  # a deadline no test reaches
+
+
+def run(coro):
+    return asyncio.run(asyncio.wait_for(coro, 20.0))
+
+
+def now():
+    return asyncio.get_running_loop().time()
+
+
+class Work:
+    """A blocking job that records it ran and waits for `release`."""
+
+    def __init__(self, log, name):
+        self.log, self.name = log, name
+        self.started, self.release = threading.Event(), threading.Event()
+
+    def __call__(self):
+        self.log.append(self.name)
+        self.started.set()
+        assert self.release.wait(10.0)
+        return self.name
+
+
+async def wait_until(predicate, what):
+    for _ in range(2000):
+        if predicate():
+            return
+        await asyncio.sleep(0.005)
+    raise AssertionError(f"never: {what}")
+
+
+def test_fifo_and_queue_bound():
+    async def main():
+        adm, log = Admission("m", max_inflight=1, max_queue=2), []
+        a, b, c = Work(log, "a"), Work(log, "b"), Work(log, "c")
+        ta = asyncio.create_task(adm.run(a, now() + LONG))
+        await asyncio.to_thread(a.started.wait, 10.0)
+        tb = asyncio.create_task(adm.run(b, now() + LONG))
+        tc = asyncio.create_task(adm.run(c, now() + LONG))
+        await wait_until(lambda: adm.queued == 2, "two queued")
+        with pytest.raises(Overloaded, match="at capacity"):
+            await adm.run(Work(log, "d"), now() + LONG)
+        for w in (a, b, c):
+            w.release.set()
+        assert await asyncio.gather(ta, tb, tc) == ["a", "b", "c"]
+        assert log == ["a", "b", "c"] and adm.inflight == 0 and adm.queued == 0
+        adm.shutdown()
+
+    run(main())
+
+
+def test_deadline_in_queue_never_runs():
+    async def main():
+        adm, log = Admission("m", max_inflight=1, max_queue=4), []
+        a = Work(log, "a")
+        ta = asyncio.create_task(adm.run(a, now() + LONG))
+        await asyncio.to_thread(a.started.wait, 10.0)
+        with pytest.raises(DeadlineExceeded, match="not run"):
+            await adm.run(Work(log, "late"), now() + 0.05)
+        assert adm.queued == 0
+        a.release.set()
+        await ta
+        assert log == ["a"]
+        adm.shutdown()
+
+    run(main())
+
+
+def test_answer_after_deadline_is_dropped():
+    async def main():
+        adm, log = Admission("m", max_inflight=1, max_queue=0), []
+        w = Work(log, "slow")
+        task = asyncio.create_task(adm.run(w, now() + 0.05))
+        await asyncio.to_thread(w.started.wait, 10.0)
+        await asyncio.sleep(0.1)
+        w.release.set()
+        with pytest.raises(DeadlineExceeded, match="after the request's deadline"):
+            await task
+        adm.shutdown()
+
+    run(main())
+
+
+def test_request_that_cannot_finish_in_time_is_not_started():
+    async def main():
+        adm, log = Admission("m", max_inflight=1, max_queue=0), []
+        slow = Work(log, "slow")
+        task = asyncio.create_task(adm.run(slow, now() + LONG))
+        await asyncio.to_thread(slow.started.wait, 10.0)
+        await asyncio.sleep(0.2)  # the engine call takes >= 0.2 s: the estimate learns it
+        slow.release.set()
+        await task
+        with pytest.raises(DeadlineExceeded, match="needs about"):
+            await adm.run(Work(log, "hopeless"), now() + 0.05)
+        assert log == ["slow"]
+        adm.shutdown()
+
+    run(main())
+
+
+def test_past_deadline_is_refused_on_arrival():
+    async def main():
+        adm = Admission("m", 1, 1)
+        with pytest.raises(DeadlineExceeded, match="already passed"):
+            await adm.run(lambda: None, now() - 1.0)
+        adm.shutdown()
+
+    run(main())
+
+
+def test_cancel_while_queued_frees_the_place():
+    async def main():
+        adm, log = Admission("m", max_inflight=1, max_queue=1), []
+        a, c = Work(log, "a"), Work(log, "c")
+        ta = asyncio.create_task(adm.run(a, now() + LONG))
+        await asyncio.to_thread(a.started.wait, 10.0)
+        tb = asyncio.create_task(adm.run(Work(log, "b"), now() + LONG))
+        await wait_until(lambda: adm.queued == 1, "b queued")
+        tb.cancel()
+        await wait_until(lambda: adm.queued == 0, "b's place freed")
+        tc = asyncio.create_task(adm.run(c, now() + LONG))  # would be 429 if b still held the place
+        await wait_until(lambda: adm.queued == 1, "c queued")
+        a.release.set()
+        c.release.set()
+        assert await ta == "a" and await tc == "c"
+        assert log == ["a", "c"]
+        adm.shutdown()
+
+    run(main())
+
+
+def test_cancel_while_running_holds_the_slot_until_the_engine_returns():
+    async def main():
+        adm, log = Admission("m", max_inflight=1, max_queue=1), []
+        a, b = Work(log, "a"), Work(log, "b")
+        ta = asyncio.create_task(adm.run(a, now() + LONG))
+        await asyncio.to_thread(a.started.wait, 10.0)
+        ta.cancel()
+        await asyncio.sleep(0.05)
+        assert adm.inflight == 1  # the engine call is still running
+        tb = asyncio.create_task(adm.run(b, now() + LONG))
+        await wait_until(lambda: adm.queued == 1, "b waits for a's slot")
+        a.release.set()
+        b.release.set()
+        assert await tb == "b"
+        assert adm.inflight == 0
+        adm.shutdown()
+
+    run(main())
+
+
+def test_close_rejects_new_and_lets_admitted_finish():
+    async def main():
+        adm, log = Admission("m", max_inflight=1, max_queue=1), []
+        a, b = Work(log, "a"), Work(log, "b")
+        ta = asyncio.create_task(adm.run(a, now() + LONG))
+        await asyncio.to_thread(a.started.wait, 10.0)
+        tb = asyncio.create_task(adm.run(b, now() + LONG))
+        await wait_until(lambda: adm.queued == 1, "b queued")
+        adm.close()
+        with pytest.raises(Unavailable):
+            await adm.run(lambda: None, now() + LONG)
+        idle = asyncio.create_task(adm.wait_idle())
+        a.release.set()
+        b.release.set()
+        assert await ta == "a" and await tb == "b"
+        await asyncio.wait_for(idle, 5.0)
+        adm.shutdown()
+
+    run(main())

@@ -1,0 +1,130 @@
+"""Lifecycle: live at once, ready only after load + warm-up, SIGTERM drains and exits 0;
+the optional API key; start-up errors."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import urllib.error
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+import tritonclient.grpc as tgrpc
+import tritonclient.http as thttp
+from tritonclient.utils import InferenceServerException
+
+from tests.server.conftest import REPO, SCORE_SPEC, wait_metric
+from tests.server.fake_engine import write_fake_artifact
+from tests.server.test_endpoints import NO_PROXY
+
+
+def status_of(server, path, headers=None):
+    import urllib.request
+
+    request = urllib.request.Request(f"http://{server.http_url}{path}", headers=headers or {})
+    try:
+        with NO_PROXY.open(request, timeout=10) as r:
+            return r.status
+    except urllib.error.HTTPError as err:
+        return err.code
+
+
+def infer(protocol, server, text, headers=None):
+    mod = thttp if protocol == "http" else tgrpc
+    t = mod.InferInput("TEXT", [1], "BYTES")
+    t.set_data_from_numpy(np.array([text.encode()], dtype=object))
+    c = mod.InferenceServerClient(server.http_url if protocol == "http" else server.grpc_url)
+    return c.infer("fscore", [t], headers=headers)
+
+
+def test_ready_only_after_warmup(launch, tmp_path):
+    gate = tmp_path / "warmup-may-finish"
+    server = launch([write_fake_artifact(tmp_path / "fscore", SCORE_SPEC, gate=gate)], wait_ready=False)
+    assert status_of(server, "/v2/health/live") == 200
+    assert status_of(server, "/v2/health/ready") == 503
+    assert status_of(server, "/v2/models/fscore/ready") == 503
+    assert tgrpc.InferenceServerClient(server.grpc_url).is_server_ready() is False
+    with pytest.raises(InferenceServerException) as http_err:
+        infer("http", server, "too early")
+    assert http_err.value.status() == "503"
+    with pytest.raises(InferenceServerException) as grpc_err:
+        infer("grpc", server, "too early")
+    assert grpc_err.value.status() == "StatusCode.UNAVAILABLE"
+    gate.touch()
+    server.wait_ready(30.0)
+    assert infer("grpc", server, "now").as_numpy("SCORES").shape == (1, 2)
+    assert server.stop() == 0
+
+
+def test_sigterm_drains_admitted_requests_and_exits_0(launch, tmp_path):
+    log = tmp_path / "calls.jsonl"
+    server = launch([write_fake_artifact(tmp_path / "fscore", SCORE_SPEC, log=log)],
+                    args=["--max-inflight", "1", "--max-queue", "2", "--default-timeout-ms", "30000"])
+    release = tmp_path / f"release-{uuid.uuid4().hex}"
+    with ThreadPoolExecutor(2) as pool:
+        running = pool.submit(infer, "http", server, f"hold={release}")
+        wait_metric(server, 'boundgen_inflight_requests{model="fscore"}', 1)
+        queued = pool.submit(infer, "grpc", server, "queued at SIGTERM")
+        wait_metric(server, 'boundgen_queue_depth{model="fscore"}', 1)
+        server.proc.send_signal(signal.SIGTERM)
+        for _ in range(1000):  # bounded: ready turns 503 once draining
+            if status_of(server, "/v2/health/ready") == 503:
+                break
+        assert status_of(server, "/v2/health/ready") == 503
+        assert status_of(server, "/v2/health/live") == 200
+        with pytest.raises(InferenceServerException) as http_err:
+            infer("http", server, "after SIGTERM")
+        assert http_err.value.status() == "503" and "shutting down" in http_err.value.message()
+        with pytest.raises(InferenceServerException) as grpc_err:
+            infer("grpc", server, "after SIGTERM")
+        assert grpc_err.value.status() == "StatusCode.UNAVAILABLE"
+        release.touch()
+        assert running.result(30).as_numpy("SCORES").shape == (1, 2)
+        assert queued.result(30).as_numpy("SCORES").shape == (1, 2)
+    assert server.proc.wait(30) == 0
+    assert "draining" in "".join(server.output)
+
+
+def test_api_key(launch, fake_dirs):
+    env = {**os.environ, "BOUNDGEN_API_KEY": "s3cret"}
+    server = launch([fake_dirs["score"]], env=env)
+    good, bad = {"Authorization": "Bearer s3cret"}, {"Authorization": "Bearer wrong"}
+    assert status_of(server, "/v2/health/live") == 200 and status_of(server, "/v2/health/ready") == 200
+    for path in ("/v2", "/v2/models/fscore", "/v2/models/fscore/ready", "/metrics"):
+        assert status_of(server, path) == 401, path
+        assert status_of(server, path, bad) == 401, path
+        assert status_of(server, path, good) == 200, path
+    with pytest.raises(InferenceServerException) as err:
+        infer("http", server, "no key")
+    assert err.value.status() == "401"
+    assert infer("http", server, "key", headers=good).as_numpy("SCORES").shape == (1, 2)
+
+    grpc_client = tgrpc.InferenceServerClient(server.grpc_url)
+    assert grpc_client.is_server_live() and grpc_client.is_server_ready()
+    with pytest.raises(InferenceServerException) as err:
+        grpc_client.get_model_metadata("fscore")
+    assert err.value.status() == "StatusCode.UNAUTHENTICATED"
+    with pytest.raises(InferenceServerException) as err:
+        infer("grpc", server, "wrong key", headers={"authorization": "Bearer wrong"})
+    assert err.value.status() == "StatusCode.UNAUTHENTICATED"
+    grpc_good = {"authorization": "Bearer s3cret"}
+    assert grpc_client.get_model_metadata("fscore", headers=grpc_good).name == "fscore"
+    assert infer("grpc", server, "key", headers=grpc_good).as_numpy("SCORES").shape == (1, 2)
+    assert server.stop() == 0
+
+
+def test_startup_errors_exit_2(tmp_path, fake_dirs):
+    def serve(*args):
+        return subprocess.run([sys.executable, "-m", "tests.server.fake_serve", *args], cwd=REPO, capture_output=True,
+                              text=True, timeout=60)
+
+    missing = serve(str(tmp_path / "missing"), "--http-port", "0", "--grpc-port", "0")
+    assert missing.returncode == 2 and "is not a directory" in missing.stderr
+    same = serve(str(fake_dirs["score"]), str(fake_dirs["score"]), "--http-port", "0", "--grpc-port", "0")
+    assert same.returncode == 2 and "both named 'fscore'" in same.stderr
+    bad_flag = serve(str(fake_dirs["score"]), "--max-queue", "-1")
+    assert bad_flag.returncode == 2 and "max_queue" in bad_flag.stderr
