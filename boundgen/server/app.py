@@ -68,14 +68,20 @@ class Server:
                                      access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, cfg.host, cfg.http_port, reuse_address=True)
-        await site.start()
+        try:
+            await site.start()
+        except OSError as exc:
+            raise BoundgenError(f"cannot listen for HTTP on {cfg.host}:{cfg.http_port}: {exc.strerror or exc}") from None
         self.http_port = self._runner.addresses[0][1]
         frontend = GrpcFrontend(self.models, cfg)
         self._grpc = grpc.aio.server(options=frontend.options())
         self._grpc.add_generic_rpc_handlers((frontend.handler(),))
-        self.grpc_port = self._grpc.add_insecure_port(f"{_grpc_host(cfg.host)}:{cfg.grpc_port}")
+        try:
+            self.grpc_port = self._grpc.add_insecure_port(f"{_grpc_host(cfg.host)}:{cfg.grpc_port}")
+        except RuntimeError:
+            self.grpc_port = 0
         if self.grpc_port == 0:
-            raise BoundgenError(f"cannot listen for gRPC on {cfg.host}:{cfg.grpc_port}")
+            raise BoundgenError(f"cannot listen for gRPC on {cfg.host}:{cfg.grpc_port} (port in use?)")
         await self._grpc.start()
         self.say(f"{LISTENING} http={cfg.host}:{self.http_port} grpc={cfg.host}:{self.grpc_port}")
 

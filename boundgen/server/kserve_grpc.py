@@ -22,7 +22,7 @@ from boundgen.server import kserve_pb as pb
 from boundgen.server.auth import check_api_key
 from boundgen.server.config import ServerConfig
 from boundgen.server.kserve_http import EXTENSIONS
-from boundgen.server.models import ModelSet
+from boundgen.server.models import LOADING, ModelSet
 from boundgen.server.served import VERSION
 from boundgen.server.status import status_of
 from boundgen.server.tensors import Tensor, check_header, from_grpc_contents, from_raw, to_raw
@@ -141,6 +141,8 @@ class GrpcFrontend:
     async def model_ready(self, request, context):
         try:
             self._check_key(context)
+            if self.models.state == LOADING:  # names are known only once loaded
+                return pb.ModelReadyResponse(ready=False)
             self.models.get(request.name, request.version)
         except Exception as exc:
             await self._abort(context, exc)

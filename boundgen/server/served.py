@@ -16,8 +16,10 @@ VERSION = "1"  # every model has exactly one version
 
 
 def engine_concurrency(engine: Engine) -> int:
-    """How many requests the engine runs at once: the manifest's setting, else its context pool's size."""
-    value = engine.spec.extra.get("concurrency") or getattr(getattr(engine, "pool", None), "size", None)
+    """How many requests the engine works on at once: its request contexts (each in-flight request
+    holds one; more would wait inside the engine, where no deadline is checked)."""
+    extra = engine.spec.extra
+    value = extra.get("concurrency") or extra.get("contexts") or getattr(getattr(engine, "pool", None), "size", None)
     return int(value) if value else 1
 
 

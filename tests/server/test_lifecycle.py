@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
+import time
 import urllib.error
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -48,6 +50,7 @@ def test_ready_only_after_warmup(launch, tmp_path):
     assert status_of(server, "/v2/health/ready") == 503
     assert status_of(server, "/v2/models/fscore/ready") == 503
     assert tgrpc.InferenceServerClient(server.grpc_url).is_server_ready() is False
+    assert tgrpc.InferenceServerClient(server.grpc_url).is_model_ready("fscore") is False
     with pytest.raises(InferenceServerException) as http_err:
         infer("http", server, "too early")
     assert http_err.value.status() == "503"
@@ -58,6 +61,13 @@ def test_ready_only_after_warmup(launch, tmp_path):
     server.wait_ready(30.0)
     assert infer("grpc", server, "now").as_numpy("SCORES").shape == (1, 2)
     assert server.stop() == 0
+
+
+def test_sigterm_while_loading_exits_0(launch, tmp_path):
+    server = launch([write_fake_artifact(tmp_path / "fscore", SCORE_SPEC, gate=tmp_path / "never")], wait_ready=False)
+    assert status_of(server, "/v2/health/ready") == 503
+    server.proc.send_signal(signal.SIGTERM)
+    assert server.proc.wait(30) == 0
 
 
 def test_sigterm_drains_admitted_requests_and_exits_0(launch, tmp_path):
@@ -74,6 +84,7 @@ def test_sigterm_drains_admitted_requests_and_exits_0(launch, tmp_path):
         for _ in range(1000):  # bounded: ready turns 503 once draining
             if status_of(server, "/v2/health/ready") == 503:
                 break
+            time.sleep(0.01)
         assert status_of(server, "/v2/health/ready") == 503
         assert status_of(server, "/v2/health/live") == 200
         with pytest.raises(InferenceServerException) as http_err:
@@ -128,3 +139,8 @@ def test_startup_errors_exit_2(tmp_path, fake_dirs):
     assert same.returncode == 2 and "both named 'fscore'" in same.stderr
     bad_flag = serve(str(fake_dirs["score"]), "--max-queue", "-1")
     assert bad_flag.returncode == 2 and "max_queue" in bad_flag.stderr
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        busy = serve(str(fake_dirs["score"]), "--http-port", str(taken.getsockname()[1]), "--grpc-port", "0")
+    assert busy.returncode == 2 and "cannot listen for HTTP" in busy.stderr
