@@ -15,6 +15,7 @@ Engines come from an injectable factory (default `boundgen.load`) so tests can s
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import signal
 import sys
@@ -23,7 +24,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 import grpc
-from aiohttp import web
+from aiohttp import web, web_server
 
 from boundgen.errors import BoundgenError
 from boundgen.runtime.engine import Engine
@@ -34,6 +35,7 @@ from boundgen.server.metrics import ServerMetrics
 from boundgen.server.models import ModelSet
 
 log = logging.getLogger("boundgen.server")
+_HANDLER_CANCELLATION = "handler_cancellation" in inspect.signature(web_server.Server.__init__).parameters
 
 EngineFactory = Callable[[Path], Engine]
 LISTENING = "boundgen serve: listening"  # the stdout line launch.py waits for
@@ -64,8 +66,9 @@ class Server:
 
     async def start(self) -> None:
         cfg = self.config
-        self._runner = web.AppRunner(HttpFrontend(self.models, cfg).app(), handler_cancellation=True,
-                                     access_log=None)
+        # Cancel a handler whose client disconnects, so that its queue place frees (aiohttp < 3.9 always did).
+        cancel = {"handler_cancellation": True} if _HANDLER_CANCELLATION else {}
+        self._runner = web.AppRunner(HttpFrontend(self.models, cfg).app(), access_log=None, **cancel)
         await self._runner.setup()
         site = web.TCPSite(self._runner, cfg.host, cfg.http_port, reuse_address=True)
         try:

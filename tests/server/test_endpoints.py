@@ -151,3 +151,16 @@ def test_live_and_ready_over_plain_http(fake_server):
     assert http_get(fake_server, "/v2/models/fscore/ready")[0] == 200
     status, body = http_get(fake_server, "/v2")
     assert status == 200 and "binary_tensor_data" in json.loads(body)["extensions"]
+
+
+def test_server_needs_neither_tritonclient_nor_torch():
+    """The GPU machine has no tritonclient; the server layer must not import it (nor torch, which
+    only the engine loads)."""
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.modules['tritonclient'] = None\n"
+            "import boundgen.server.app, boundgen.server.launch, boundgen.cli.serve\n"
+            "assert 'torch' not in sys.modules, 'torch imported'\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
