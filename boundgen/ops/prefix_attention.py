@@ -9,11 +9,36 @@ in one softmax; no concatenation of K/V, no page table. GQA as in packed attenti
 
 Shapes: q [W, N_q, D], k_prefix/v_prefix [L_p, N_kv, D], k_suffix/v_suffix [W, L_s, N_kv, D]
 (L_s may be 0) -> out [W, N_q, D] in q's dtype. Softmax in FP32.
-Bytes moved by a fused kernel: prefix K/V once per (beam, kv head) program, i.e.
-W * L_p * N_kv * D * 2 * dtype bytes from L2/HBM, suffix K/V once, q and out once.
+Bytes moved by a fused kernel: prefix K/V once per (beam block, kv head) program, i.e.
+ceil(W / BW) * L_p * N_kv * D * 2 * dtype bytes from L2 (the prefix itself, L_p * N_kv * D * 2
+* dtype bytes, is read from HBM about once), suffix K/V once, q and out once.
+FLOPs 4 * D * N_q * W * (L_p + L_s).
+
+Triton kernel:
+- One program per (block of BW beams, kv head); its rows are the BW x G query heads that read
+  that kv head (G = N_q / N_kv, padded to a power of two). The prefix is the same for every
+  beam, so its tiles are one tensor-core dot per tile over all rows: rows [BW * G_pad, D] @
+  k_prefix tile [D, BLOCK_N]. tl.dot needs >= 16 rows, so rows are padded to 16 when
+  BW * G_pad is smaller. Default BW = 16 // G_pad: one minimum MMA tile of real rows (Qwen2.5
+  G=7 -> G_pad 8, BW 2; Qwen3-0.6B G=2 -> BW 8), reading the prefix W / BW times from L2
+  instead of W times. BW = 1 is the plain "one program per (beam, kv head)" layout; both are
+  in the kernel benchmark.
+- The suffix is per beam and short (L_s <= N_gen - 1, a handful), so its positions are visited
+  one at a time with FP32 dot products on CUDA cores, reading each beam's rows by stride: the
+  model passes `suffix_k[i, :, :step+1]`, a non-contiguous slice, and nothing is copied.
+- No split-K over the prefix. At W2/W3 shapes the grid has W / BW * N_kv = 100 programs of
+  ceil(L_p / 64) <= 7 key tiles each; split-K would add a combine pass (a second launch or
+  atomics) to save a few tile latencies. Revisit if the kernel benchmark shows long prompts
+  latency-bound on too few programs.
+- Online softmax in FP32 (exp2, scale * log2(e) folded in); FP32 inputs use IEEE dots.
 """
 
+import math
+
 import torch
+import triton
+import triton.language as tl
+from torch.library import triton_op, wrap_triton
 
 
 def reference(q: torch.Tensor, k_prefix: torch.Tensor, v_prefix: torch.Tensor,
@@ -32,5 +57,165 @@ def reference(q: torch.Tensor, k_prefix: torch.Tensor, v_prefix: torch.Tensor,
     return out.reshape(width, num_q_heads, head_dim).to(q.dtype)
 
 
+# ---------------------------------------------------------------------------------------------
+# Triton kernel
+
+@triton.jit
+def _dot(a, b, IEEE: tl.constexpr):
+    """a @ b with FP32 accumulation; IEEE for FP32 operands (else TF32 on the GPU)."""
+    if IEEE:
+        return tl.dot(a, b, input_precision="ieee")
+    else:
+        return tl.dot(a, b)
+
+
+@triton.jit
+def _prefix_attention_kernel(
+        q_ptr, kp_ptr, vp_ptr, ks_ptr, vs_ptr, out_ptr, width, prefix_len, suffix_len, qk_scale,
+        stride_qw, stride_qh, stride_kpl, stride_kph, stride_vpl, stride_vph,
+        stride_ksw, stride_ksl, stride_ksh, stride_vsw, stride_vsl, stride_vsh,
+        stride_ow, stride_oh,
+        GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, BEAMS: tl.constexpr,
+        HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, IEEE: tl.constexpr):
+    kv_head = tl.program_id(1)
+    rows = tl.arange(0, BEAMS * GROUP_PAD)  # row = beam in block * GROUP_PAD + head in group
+    beam = tl.program_id(0) * BEAMS + rows // GROUP_PAD
+    head = kv_head * GROUP + rows % GROUP_PAD
+    row_ok = (beam < width) & (rows % GROUP_PAD < GROUP)
+    offs_d = tl.arange(0, HEAD_DIM)
+    q = tl.load(q_ptr + beam[:, None] * stride_qw + head[:, None] * stride_qh + offs_d[None, :],
+                mask=row_ok[:, None], other=0.0)  # [R, D]
+
+    acc = tl.zeros([BEAMS * GROUP_PAD, HEAD_DIM], dtype=tl.float32)
+    l_i = tl.zeros([BEAMS * GROUP_PAD], dtype=tl.float32)
+    m_i = tl.full([BEAMS * GROUP_PAD], -1.0e30, dtype=tl.float32)  # finite: no NaN in pad rows
+
+    # Prefix: shared by all beams, one tensor-core dot per key tile.
+    kp_ptr += kv_head * stride_kph
+    vp_ptr += kv_head * stride_vph
+    for start_n in range(0, prefix_len, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        in_range = offs_n < prefix_len
+        k = tl.load(kp_ptr + offs_n[None, :] * stride_kpl + offs_d[:, None],
+                    mask=in_range[None, :], other=0.0)  # [D, N]
+        s = _dot(q, k, IEEE) * qk_scale  # [R, N], log2 domain
+        s = tl.where(in_range[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        v = tl.load(vp_ptr + offs_n[:, None] * stride_vpl + offs_d[None, :],
+                    mask=in_range[:, None], other=0.0)  # [N, D]
+        acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, IEEE)
+        m_i = m_new
+
+    # Suffix: each row's own beam, one position at a time (L_s is a handful).
+    ks_ptr += kv_head * stride_ksh
+    vs_ptr += kv_head * stride_vsh
+    qf = q.to(tl.float32)
+    for j in range(0, suffix_len):
+        k = tl.load(ks_ptr + beam[:, None] * stride_ksw + j * stride_ksl + offs_d[None, :],
+                    mask=row_ok[:, None], other=0.0)  # [R, D]
+        s = tl.sum(qf * k.to(tl.float32), axis=1) * qk_scale  # [R]
+        m_new = tl.maximum(m_i, s)
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new)
+        l_i = l_i * alpha + p
+        v = tl.load(vs_ptr + beam[:, None] * stride_vsw + j * stride_vsl + offs_d[None, :],
+                    mask=row_ok[:, None], other=0.0)  # [R, D]
+        acc = acc * alpha[:, None] + p[:, None] * v.to(tl.float32)
+        m_i = m_new
+
+    out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
+    tl.store(out_ptr + beam[:, None] * stride_ow + head[:, None] * stride_oh + offs_d[None, :],
+             out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
+
+
+# ---------------------------------------------------------------------------------------------
+# Launcher
+
+SUPPORTED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def _check(q, k_prefix, v_prefix, k_suffix, v_suffix) -> None:
+    if q.dim() != 3 or k_prefix.dim() != 3 or v_prefix.dim() != 3:
+        raise ValueError(f"prefix_attention: expected q [W, N_q, D], k_prefix/v_prefix [L_p, N_kv, "
+                         f"D]; got q {tuple(q.shape)}, k_prefix {tuple(k_prefix.shape)}, "
+                         f"v_prefix {tuple(v_prefix.shape)}")
+    width, num_q_heads, head_dim = q.shape
+    num_kv_heads = k_prefix.shape[1]
+    if v_prefix.shape != k_prefix.shape or k_prefix.shape[2] != head_dim:
+        raise ValueError(f"prefix_attention: k_prefix and v_prefix must both be [L_p, N_kv, "
+                         f"D={head_dim}]; got {tuple(k_prefix.shape)}, {tuple(v_prefix.shape)}")
+    expected_suffix = (width, k_suffix.shape[1] if k_suffix.dim() == 4 else -1, num_kv_heads,
+                       head_dim)
+    if k_suffix.dim() != 4 or tuple(k_suffix.shape) != expected_suffix \
+            or v_suffix.shape != k_suffix.shape:
+        raise ValueError(f"prefix_attention: k_suffix and v_suffix must both be [W={width}, L_s, "
+                         f"N_kv={num_kv_heads}, D={head_dim}]; got {tuple(k_suffix.shape)}, "
+                         f"{tuple(v_suffix.shape)}")
+    if num_q_heads % num_kv_heads != 0:
+        raise ValueError(f"prefix_attention: N_q={num_q_heads} is not a multiple of "
+                         f"N_kv={num_kv_heads}")
+    if head_dim < 16 or head_dim & (head_dim - 1):
+        raise ValueError(f"prefix_attention: head_dim must be a power of two >= 16; got {head_dim}")
+    tensors = (q, k_prefix, v_prefix, k_suffix, v_suffix)
+    if q.dtype not in SUPPORTED_DTYPES or any(t.dtype != q.dtype for t in tensors):
+        raise ValueError("prefix_attention: q and all K/V must share one dtype of bfloat16, "
+                         f"float16, float32; got {[t.dtype for t in tensors]}")
+    if any(t.stride(-1) != 1 for t in tensors):
+        raise ValueError("prefix_attention: the head dim of q and all K/V must be contiguous "
+                         f"(stride 1); got strides {[t.stride() for t in tensors]}")
+    if any(t.device != q.device for t in tensors):
+        raise ValueError(f"prefix_attention: all inputs must be on one device; got "
+                         f"{[str(t.device) for t in tensors]}")
+
+
+def launch(q: torch.Tensor, k_prefix: torch.Tensor, v_prefix: torch.Tensor,
+           k_suffix: torch.Tensor, v_suffix: torch.Tensor, scale: float,
+           beams_per_program: int | None = None, block_n: int = 64) -> torch.Tensor:
+    """Run the Triton kernel; same signature and result as `reference`. `beams_per_program`
+    (a power of two; default: fill one 16-row MMA tile) is exposed for tests and benchmarks."""
+    _check(q, k_prefix, v_prefix, k_suffix, v_suffix)
+    width, num_q_heads, head_dim = q.shape
+    num_kv_heads = k_prefix.shape[1]
+    group = num_q_heads // num_kv_heads
+    group_pad = triton.next_power_of_2(group)
+    beams = beams_per_program or max(1, 16 // group_pad)
+    if beams & (beams - 1):
+        raise ValueError(f"prefix_attention: beams_per_program must be a power of two; got {beams}")
+    group_pad = max(group_pad, 16 // beams)  # tl.dot needs >= 16 rows
+    out = torch.empty((width, num_q_heads, head_dim), dtype=q.dtype, device=q.device)
+    grid = (triton.cdiv(width, beams), num_kv_heads)
+    wrap_triton(_prefix_attention_kernel)[grid](
+        q, k_prefix, v_prefix, k_suffix, v_suffix, out, width, k_prefix.shape[0],
+        k_suffix.shape[1], scale * math.log2(math.e),
+        q.stride(0), q.stride(1), k_prefix.stride(0), k_prefix.stride(1),
+        v_prefix.stride(0), v_prefix.stride(1),
+        k_suffix.stride(0), k_suffix.stride(1), k_suffix.stride(2),
+        v_suffix.stride(0), v_suffix.stride(1), v_suffix.stride(2),
+        out.stride(0), out.stride(1),
+        GROUP=group, GROUP_PAD=group_pad, BEAMS=beams, HEAD_DIM=head_dim, BLOCK_N=block_n,
+        IEEE=q.dtype == torch.float32, num_warps=4, num_stages=2)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Registered op: one node under torch.export; the kernel on CUDA, the reference on CPU.
+
+@triton_op("boundgen::prefix_attention", mutates_args=())
+def prefix_attention(q: torch.Tensor, k_prefix: torch.Tensor, v_prefix: torch.Tensor,
+                     k_suffix: torch.Tensor, v_suffix: torch.Tensor, scale: float) -> torch.Tensor:
+    return launch(q, k_prefix, v_prefix, k_suffix, v_suffix, scale)
+
+
+prefix_attention.register_kernel("cpu")(reference)
+
+
+@prefix_attention.register_fake
+def _(q, k_prefix, v_prefix, k_suffix, v_suffix, scale):
+    return q.new_empty(q.shape)
+
+
 # Lowerings by name; the build config picks one per op and records it in the manifest.
-IMPLEMENTATIONS = {"torch": reference}
+IMPLEMENTATIONS = {"torch": reference, "triton": prefix_attention}

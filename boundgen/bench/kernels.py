@@ -1,0 +1,215 @@
+"""Kernel-level A/B of the two attention ops on CUDA: Triton kernel vs torch reference vs SDPA.
+
+Cases (ARCHITECTURE.md workloads, bf16):
+- W1 packed prefill: 15 sequences of lengths uniform in [48, 256] (seeded), Qwen3-0.6B heads
+  16 q / 8 kv, D 128. SDPA runs on the sequences right-padded to L_max ([B, N, L_max, D],
+  is_causal, enable_gqa): what a lowering without a varlen kernel does (padding not timed).
+- W2/W3 beam decode: W = 100, Qwen2.5-0.5B heads 14 q / 2 kv, D 64, L_p 64 and 400, L_s 1..4.
+  SDPA reads K/V concatenated per beam ([W, N_kv, L_p + L_s, D]): "sdpa" with the
+  concatenation prebuilt, "sdpa+cat" building it in the timed call (its real cost).
+  The Triton kernel runs in its default layout and with one beam per program.
+The packed kernel also runs with the launch configs of PACKED_SWEEP, to pick the default.
+
+Timing: GPU time per call, CUDA graph of `calls` back-to-back calls replayed `replays` times
+(median), so host launch overhead is out and L2 is warm (as in the model, where the preceding
+projection has just written q/k/v). Throughput uses *logical* work, the same for every
+implementation: FLOPs 4 D N_q x (causal (query, key) pairs), bytes = q + k + v + out read or
+written once (the prefix once, not once per beam). Ceilings from ../shared/GPU.md.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from boundgen.ops import packed_attention, prefix_attention
+
+PEAK_BF16_FLOPS = 989e12  # H200 dense BF16
+COPY_BYTES_PER_S = 4.1e12  # measured device copy (GPU.md)
+# Packed-kernel launch configs (BLOCK_M, BLOCK_N, num_warps, num_stages) timed beside the default.
+PACKED_SWEEP = [(64, 64, 4, 2), (64, 32, 4, 2), (64, 64, 8, 2), (128, 64, 8, 3)]
+
+
+@dataclass(frozen=True)
+class KernelTiming:
+    case: str
+    impl: str
+    time_us: float
+    flops: float
+    bytes: float
+    max_abs_err: float  # against the torch reference's output
+
+    @property
+    def tflops(self) -> float:
+        return self.flops / self.time_us / 1e6
+
+    @property
+    def gbps(self) -> float:
+        return self.bytes / self.time_us / 1e3
+
+
+def packed_work(lengths: list[int], num_q_heads: int, num_kv_heads: int, head_dim: int,
+                elem_bytes: int = 2) -> tuple[float, float]:
+    """(FLOPs, bytes) of packed causal attention over sequences of `lengths`."""
+    pairs = sum(n * (n + 1) // 2 for n in lengths)
+    tokens = sum(lengths)
+    return (4.0 * head_dim * num_q_heads * pairs,
+            float(tokens * (2 * num_q_heads + 2 * num_kv_heads) * head_dim * elem_bytes))
+
+
+def prefix_work(width: int, prefix_len: int, suffix_len: int, num_q_heads: int,
+                num_kv_heads: int, head_dim: int, elem_bytes: int = 2) -> tuple[float, float]:
+    """(FLOPs, bytes) of one beam step over a shared prefix and per-beam suffixes."""
+    flops = 4.0 * head_dim * num_q_heads * width * (prefix_len + suffix_len)
+    elems = 2 * width * num_q_heads + 2 * (prefix_len + width * suffix_len) * num_kv_heads
+    return flops, float(elems * head_dim * elem_bytes)
+
+
+def gpu_time_us(fn: Callable[[], object], calls: int = 20, replays: int = 10) -> float:
+    """Median GPU time of one call of `fn`, from a CUDA graph of `calls` calls."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):  # warm up: compile, autotune caches, allocator
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(replays):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / calls)
+    return statistics.median(times)
+
+
+def _measure(case: str, impls: dict[str, Callable[[], torch.Tensor]], work: tuple[float, float],
+             calls: int, replays: int) -> list[KernelTiming]:
+    expected = impls["torch reference"]().float()
+    rows = []
+    for impl, fn in impls.items():
+        err = (fn().float() - expected).abs().max().item()
+        rows.append(KernelTiming(case, impl, gpu_time_us(fn, calls, replays), *work, err))
+    return rows
+
+
+def w1_lengths(seed: int = 0, count: int = 15, low: int = 48, high: int = 256) -> list[int]:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(low, high + 1, (count,), generator=gen).tolist()
+
+
+def bench_packed(lengths: list[int], heads=(16, 8), head_dim: int = 128, device: str = "cuda",
+                 calls: int = 20, replays: int = 10,
+                 dtype: torch.dtype = torch.bfloat16) -> list[KernelTiming]:
+    num_q_heads, num_kv_heads = heads
+    tokens = sum(lengths)
+    cu_seqlens = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int32,
+                              device=device)
+    qkv = torch.randn(tokens, (num_q_heads + 2 * num_kv_heads) * head_dim, device=device,
+                      dtype=dtype)
+    q, k, v = (t.reshape(tokens, -1, head_dim) for t in
+               qkv.split([num_q_heads * head_dim, num_kv_heads * head_dim,
+                          num_kv_heads * head_dim], dim=-1))
+    q = q.contiguous()  # as after RoPE; v stays a strided view of qkv, as in the model
+    k = k.contiguous()
+    scale = head_dim ** -0.5
+    padded = [torch.zeros(len(lengths), t.shape[1], max(lengths), head_dim, device=device,
+                          dtype=dtype) for t in (q, k, v)]  # [B, N, L_max, D]
+    starts = cu_seqlens.tolist()
+    for i, (start, end) in enumerate(zip(starts[:-1], starts[1:])):
+        for dst, src in zip(padded, (q, k, v)):
+            dst[i, :, : end - start] = src[start:end].transpose(0, 1)
+
+    def sdpa() -> torch.Tensor:
+        out = F.scaled_dot_product_attention(*padded, is_causal=True, scale=scale, enable_gqa=True)
+        return torch.cat([out[i, :, : end - start].transpose(0, 1)
+                          for i, (start, end) in enumerate(zip(starts[:-1], starts[1:]))])
+
+    impls = {
+        "triton": lambda: packed_attention.launch(q, k, v, cu_seqlens, scale),
+        "torch reference": lambda: packed_attention.reference(q, k, v, cu_seqlens, scale),
+        "sdpa (padded)": sdpa,
+    }
+    for config in PACKED_SWEEP:
+        if config != packed_attention.default_config(head_dim):
+            impls["triton m{} n{} w{} s{}".format(*config)] = (
+                lambda c=config: packed_attention.launch(q, k, v, cu_seqlens, scale, *c))
+    case = (f"packed B={len(lengths)} T={tokens} L={min(lengths)}-{max(lengths)} "
+            f"heads {num_q_heads}/{num_kv_heads} D={head_dim}")
+    return _measure(case, impls, packed_work(lengths, num_q_heads, num_kv_heads, head_dim,
+                                             dtype.itemsize), calls, replays)
+
+
+def bench_prefix(width: int, prefix_len: int, suffix_len: int, heads=(14, 2), head_dim: int = 64,
+                 device: str = "cuda", calls: int = 20, replays: int = 10,
+                 dtype: torch.dtype = torch.bfloat16) -> list[KernelTiming]:
+    num_q_heads, num_kv_heads = heads
+    scale = head_dim ** -0.5
+
+    def randn(*shape):
+        return torch.randn(*shape, device=device, dtype=dtype)
+
+    q = randn(width, num_q_heads, head_dim)
+    k_prefix, v_prefix = randn(prefix_len, num_kv_heads, head_dim), randn(prefix_len, num_kv_heads, head_dim)
+    slots = suffix_len + 1  # a suffix buffer with room for the next step: slices are strided
+    k_suffix = randn(width, slots, num_kv_heads, head_dim)[:, :suffix_len]
+    v_suffix = randn(width, slots, num_kv_heads, head_dim)[:, :suffix_len]
+    args = (q, k_prefix, v_prefix, k_suffix, v_suffix, scale)
+
+    def concatenated(prefix, suffix):  # [W, N_kv, L_p + L_s, D]
+        return torch.cat((prefix.expand(width, *prefix.shape), suffix), dim=1).transpose(1, 2)
+
+    k_full, v_full = concatenated(k_prefix, k_suffix), concatenated(v_prefix, v_suffix)
+
+    def sdpa(k_all, v_all) -> torch.Tensor:
+        out = F.scaled_dot_product_attention(q[:, :, None], k_all, v_all, scale=scale,
+                                             enable_gqa=True)
+        return out[:, :, 0]
+
+    impls = {
+        "triton": lambda: prefix_attention.launch(*args),
+        "triton 1 beam/program": lambda: prefix_attention.launch(*args, beams_per_program=1),
+        "torch reference": lambda: prefix_attention.reference(*args),
+        "sdpa": lambda: sdpa(k_full, v_full),
+        "sdpa+cat": lambda: sdpa(concatenated(k_prefix, k_suffix), concatenated(v_prefix, v_suffix)),
+    }
+    case = (f"prefix W={width} L_p={prefix_len} L_s={suffix_len} heads {num_q_heads}/"
+            f"{num_kv_heads} D={head_dim}")
+    return _measure(case, impls, prefix_work(width, prefix_len, suffix_len, num_q_heads,
+                                             num_kv_heads, head_dim, dtype.itemsize),
+                    calls, replays)
+
+
+def run_kernel_benchmarks(device: str = "cuda", seed: int = 0, calls: int = 20,
+                          replays: int = 10) -> list[KernelTiming]:
+    """All cases: W1 packed prefill, then W2/W3 beam steps (L_p 64 and 400, L_s 1..4)."""
+    if not torch.cuda.is_available():
+        raise RuntimeError("kernel benchmarks need a CUDA device")
+    rows = bench_packed(w1_lengths(seed), device=device, calls=calls, replays=replays)
+    for prefix_len in (64, 400):
+        for suffix_len in range(1, 5):
+            rows += bench_prefix(100, prefix_len, suffix_len, device=device, calls=calls,
+                                 replays=replays)
+    return rows
+
+
+def markdown_table(rows: list[KernelTiming]) -> str:
+    lines = ["| case | implementation | time (us) | TFLOP/s | % BF16 peak | GB/s | % copy BW "
+             "| max abs err vs ref |",
+             "|---|---|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r.case} | {r.impl} | {r.time_us:.1f} | {r.tflops:.1f} | "
+                     f"{100 * r.tflops * 1e12 / PEAK_BF16_FLOPS:.1f} | {r.gbps:.0f} | "
+                     f"{100 * r.gbps * 1e9 / COPY_BYTES_PER_S:.1f} | {r.max_abs_err:.2e} |")
+    return "\n".join(lines)

@@ -1,0 +1,56 @@
+"""Kernel benchmark: its work accounting and table on CPU; the timed run on the GPU."""
+
+import os
+
+import pytest
+import torch
+
+from boundgen.bench import kernels
+
+
+def test_packed_work_counts_causal_pairs_and_unique_bytes():
+    flops, nbytes = kernels.packed_work([1, 3], num_q_heads=4, num_kv_heads=2, head_dim=16)
+    assert flops == 4 * 16 * 4 * (1 + 6)  # pairs: 1 + (1 + 2 + 3)
+    assert nbytes == 4 * (2 * 4 + 2 * 2) * 16 * 2
+
+
+def test_prefix_work_counts_the_prefix_once():
+    flops, nbytes = kernels.prefix_work(10, prefix_len=5, suffix_len=2, num_q_heads=4,
+                                        num_kv_heads=2, head_dim=16)
+    assert flops == 4 * 16 * 4 * 10 * 7
+    assert nbytes == (2 * 10 * 4 + 2 * (5 + 10 * 2) * 2) * 16 * 2
+
+
+def test_markdown_table_reports_time_throughput_and_bandwidth():
+    row = kernels.KernelTiming("case", "triton", time_us=10.0, flops=1e9, bytes=4e7, max_abs_err=0.01)
+    assert row.tflops == pytest.approx(100.0) and row.gbps == pytest.approx(4000.0)
+    table = kernels.markdown_table([row]).splitlines()
+    assert len(table) == 3 and table[2].startswith("| case | triton | 10.0 | 100.0 | 10.1 | 4000 | 97.6 |")
+
+
+def test_w1_lengths_are_seeded_and_in_range():
+    lengths = kernels.w1_lengths(seed=3)
+    assert lengths == kernels.w1_lengths(seed=3) and len(lengths) == 15
+    assert all(48 <= n <= 256 for n in lengths)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1" or not torch.cuda.is_available(),
+                    reason="needs CUDA and compiled kernels (on a GPU machine run with TRITON_INTERPRET=0)")
+def test_gpu_kernel_benchmark_runs_small():
+    rows = kernels.bench_prefix(8, 64, 2, calls=2, replays=2)
+    rows += kernels.bench_packed([48, 100], calls=2, replays=2)
+    assert all(r.time_us > 0 for r in rows)
+    assert all(r.max_abs_err < 2e-2 for r in rows), kernels.markdown_table(rows)
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="needs TRITON_INTERPRET=1")
+def test_every_implementation_agrees_with_the_reference_on_cpu(monkeypatch):
+    """The benchmark's SDPA wrappers (padding, concatenation) and kernel variants compute the same
+    attention; timing replaced, kernels interpreted, tiny fp32 shapes."""
+    monkeypatch.setattr(kernels, "gpu_time_us", lambda fn, calls, replays: 1.0)
+    rows = kernels.bench_packed([5, 1, 9], heads=(4, 2), head_dim=16, device="cpu", dtype=torch.float32)
+    rows += kernels.bench_prefix(3, 7, 2, heads=(4, 2), head_dim=16, device="cpu", dtype=torch.float32)
+    # D=16's default launch config is not in the sweep: every sweep entry runs
+    assert len(rows) == 3 + len(kernels.PACKED_SWEEP) + 5
+    assert all(r.max_abs_err < 1e-5 for r in rows), kernels.markdown_table(rows)

@@ -1,0 +1,95 @@
+"""Both attention ops inside an AOTInductor package with a dynamic token count.
+
+CPU: the ops stay opaque calls (decompose_custom_triton_ops=False) and run the reference.
+GPU: Inductor's default, the Triton kernels compiled into the package with a grid that is an
+expression of the symbolic T. Each runs in a fresh process: the GPU one without the
+interpreter, and with libstdc++ preloaded (the H200 image's AOTI load crash, ../shared/GPU.md).
+"""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+_SCRIPT = textwrap.dedent("""
+    import contextlib, sys, tempfile
+    import torch
+    from boundgen.ops import packed_attention as pa, prefix_attention as pf
+
+    device = sys.argv[1]
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    tol = 0.0 if device == "cpu" else 2e-2
+
+    class Attend(torch.nn.Module):
+        def forward(self, q, k, v, cu_seqlens, k_prefix, v_prefix, k_buffer, v_buffer):
+            packed = torch.ops.boundgen.packed_attention(q, k, v, cu_seqlens, 0.125)
+            beams = torch.ops.boundgen.prefix_attention(q[:5], k_prefix, v_prefix,
+                                                        k_buffer[:, :2], v_buffer[:, :2], 0.125)
+            return packed, beams
+
+    def inputs(lengths, heads=(14, 2), head_dim=64):
+        t = sum(lengths)
+        cu = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int32)
+        rand = lambda *s: torch.randn(*s, device=device).to(dtype)
+        return (rand(t, heads[0], head_dim), rand(t, heads[1], head_dim),
+                rand(t, heads[1], head_dim), cu.to(device), rand(t, heads[1], head_dim),
+                rand(t, heads[1], head_dim), rand(5, 4, heads[1], head_dim),
+                rand(5, 4, heads[1], head_dim))
+
+    tokens = torch.export.Dim("T", min=6, max=4096)
+    seqs = torch.export.Dim("B_plus_1", min=2, max=65)
+    shapes = ({0: tokens}, {0: tokens}, {0: tokens}, {0: seqs}, {0: tokens}, {0: tokens},
+              None, None)
+    exported = torch.export.export(Attend(), inputs([3, 9]), dynamic_shapes=shapes)
+    patch = (torch._functorch.config.patch(decompose_custom_triton_ops=False)
+             if device == "cpu" else contextlib.nullcontext())
+    with patch:
+        path = torch._inductor.aoti_compile_and_package(
+            exported, package_path=tempfile.mkdtemp() + "/attention.pt2")
+    runner = torch._inductor.aoti_load_package(path)
+    for lengths in ([1, 7, 37], [200, 48, 256, 1, 99]):
+        args = inputs(lengths)
+        packed, beams = runner(*args)
+        q, k, v, cu, kp, vp, kb, vb = args
+        err_packed = (packed.float() - pa.reference(q, k, v, cu, 0.125).float()).abs().max()
+        err_beams = (beams.float() - pf.reference(q[:5], kp, vp, kb[:, :2], vb[:, :2],
+                                                  0.125).float()).abs().max()
+        assert err_packed <= tol and err_beams <= tol, (lengths, err_packed, err_beams)
+    print("ok")
+""")
+
+
+def _libstdcxx() -> str | None:
+    try:
+        listing = subprocess.run(["ldconfig", "-p"], capture_output=True, text=True).stdout
+    except OSError:
+        return None
+    for line in listing.splitlines():
+        if "libstdc++.so.6 " in line:
+            return line.rsplit(" ", 1)[-1]
+    return None
+
+
+def _run(device: str, env: dict) -> None:
+    result = subprocess.run([sys.executable, "-c", _SCRIPT, device], env=env,
+                            capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0 and "ok" in result.stdout, result.stderr[-4000:]
+
+
+@pytest.mark.slow
+def test_aoti_package_cpu_calls_ops_opaquely():
+    _run("cpu", dict(os.environ, TRITON_INTERPRET="1"))
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_aoti_package_gpu_compiles_kernels_in():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    preload = _libstdcxx()
+    if preload:
+        env["LD_PRELOAD"] = " ".join(filter(None, [env.get("LD_PRELOAD"), preload]))
+    _run("cuda", env)

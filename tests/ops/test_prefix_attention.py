@@ -1,0 +1,184 @@
+"""Shared-prefix beam attention: the Triton kernel against the torch reference, the registered op.
+
+The kernel tests run the real kernel: under TRITON_INTERPRET=1 on CPU tensors (the CPU lane;
+tests/conftest.py sets the variable), else compiled on CUDA. bf16 is GPU-only: the interpreter's
+bf16 tl.dot is wrong (triton-lang/triton#11584).
+"""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from boundgen.ops import prefix_attention as op
+
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+KERNEL_DEVICE = "cpu" if INTERPRETED else ("cuda" if torch.cuda.is_available() else None)
+needs_kernel = pytest.mark.skipif(KERNEL_DEVICE is None,
+                                  reason="needs TRITON_INTERPRET=1 or a CUDA device")
+needs_compiled_kernel = pytest.mark.skipif(
+    INTERPRETED or not torch.cuda.is_available(),
+    reason="needs CUDA and compiled kernels (on a GPU machine run with TRITON_INTERPRET=0)")
+TOLERANCE = {torch.float32: 2e-5, torch.float16: 3e-3, torch.bfloat16: 2e-2}
+
+
+def make_inputs(width, prefix_len, suffix_len, num_q_heads, num_kv_heads, head_dim, dtype,
+                device="cpu", seed=0):
+    """Inputs as the model passes them: the prefix is one layer of a [n_layers, L_p, N_kv, D]
+    buffer, the suffix the slice [:, :L_s] of a [W, S, N_kv, D] buffer (not contiguous)."""
+    gen = torch.Generator().manual_seed(seed)
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=gen).to(dtype=dtype, device=device)
+
+    slots = suffix_len + 2
+    q = randn(width, num_q_heads, head_dim)
+    k_prefix, v_prefix = randn(2, prefix_len, num_kv_heads, head_dim).unbind(0)
+    k_suffix = randn(width, slots, num_kv_heads, head_dim)[:, :suffix_len]
+    v_suffix = randn(width, slots, num_kv_heads, head_dim)[:, :suffix_len]
+    return q, k_prefix, v_prefix, k_suffix, v_suffix
+
+
+def check_kernel(width, prefix_len, suffix_len, heads, head_dim, dtype, beams=None, block_n=16):
+    inputs = make_inputs(width, prefix_len, suffix_len, *heads, head_dim, dtype, KERNEL_DEVICE)
+    scale = head_dim ** -0.5
+    out = op.launch(*inputs, scale, beams, block_n)
+    expected = op.reference(*inputs, scale)
+    assert out.dtype == dtype and out.shape == inputs[0].shape
+    torch.testing.assert_close(out.float(), expected.float(), atol=TOLERANCE[dtype], rtol=0)
+
+
+@needs_kernel
+@pytest.mark.parametrize("width,prefix_len,suffix_len",
+                         [(1, 37, 0), (1, 1, 1), (5, 7, 0), (5, 37, 4), (9, 1, 3)],
+                         ids=lambda x: str(x))
+@pytest.mark.parametrize("heads", [(2, 2), (4, 2), (7, 1)], ids=["g1", "g2", "g7"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+def test_kernel_matches_reference(width, prefix_len, suffix_len, heads, dtype):
+    check_kernel(width, prefix_len, suffix_len, heads, 16, dtype)
+
+
+@needs_kernel
+@pytest.mark.parametrize("beams", [1, 2, 4, 16], ids=lambda b: f"beams{b}")
+def test_kernel_beams_per_program(beams):
+    """1 is one program per (beam, kv head) with padded rows; 16 leaves most of the last
+    program's beams past W."""
+    check_kernel(7, 37, 2, (14, 2), 32, torch.float32, beams)
+
+
+@needs_kernel
+def test_kernel_head_dim_64_default_tiles():
+    check_kernel(3, 70, 1, (2, 1), 64, torch.float32, block_n=64)
+
+
+def test_launcher_rejects_bad_inputs():
+    q, kp, vp, ks, vs = make_inputs(3, 5, 2, 4, 2, 16, torch.float32)
+    with pytest.raises(ValueError, match="k_suffix and v_suffix must both be"):
+        op.launch(q, kp, vp, ks[:2], vs[:2], 0.25)
+    with pytest.raises(ValueError, match="share one dtype"):
+        op.launch(q, kp, vp, ks.half(), vs, 0.25)
+    with pytest.raises(ValueError, match="head dim of q and all K/V must be contiguous"):
+        op.launch(q, kp, vp, ks, vs.transpose(2, 3).contiguous().transpose(2, 3), 0.25)
+    with pytest.raises(ValueError, match="k_prefix and v_prefix must both be"):
+        op.launch(q, kp, vp[:4], ks, vs, 0.25)
+    with pytest.raises(ValueError, match="beams_per_program must be a power of two"):
+        op.launch(q, kp, vp, ks, vs, 0.25, beams_per_program=3)
+
+
+def test_registered_op_runs_reference_on_cpu():
+    inputs = make_inputs(5, 37, 3, 4, 2, 16, torch.float32)
+    out = torch.ops.boundgen.prefix_attention(*inputs, 0.25)
+    torch.testing.assert_close(out, op.reference(*inputs, 0.25), atol=0, rtol=0)
+    assert op.IMPLEMENTATIONS["triton"] is op.prefix_attention
+
+
+class _Step(torch.nn.Module):
+    """One decode step's attention as the model runs it: suffix slots [0, step] of a buffer."""
+
+    def forward(self, q, k_prefix, v_prefix, k_buffer, v_buffer):
+        return op.IMPLEMENTATIONS["triton"](q, k_prefix, v_prefix, k_buffer[:, :3],
+                                            v_buffer[:, :3], 0.25)
+
+
+def test_op_survives_export_as_one_node():
+    q, kp, vp, kb, vb = make_inputs(5, 9, 4, 4, 2, 16, torch.float32)
+    prompt = torch.export.Dim("L_p", min=1, max=1024)
+    exported = torch.export.export(_Step(), (q, kp, vp, kb.contiguous(), vb.contiguous()),
+                                   dynamic_shapes=(None, {0: prompt}, {0: prompt}, None, None))
+    calls = [n for n in exported.graph.nodes if n.op == "call_function"
+             and n.target not in (torch.ops.aten.slice.Tensor,)]
+    assert [n.target for n in calls] == [torch.ops.boundgen.prefix_attention.default]
+    q2, kp2, vp2, kb2, vb2 = make_inputs(5, 37, 4, 4, 2, 16, torch.float32, seed=2)
+    kb2, vb2 = kb2.contiguous(), vb2.contiguous()
+    torch.testing.assert_close(exported.module()(q2, kp2, vp2, kb2, vb2),
+                               op.reference(q2, kp2, vp2, kb2[:, :3], vb2[:, :3], 0.25),
+                               atol=0, rtol=0)
+
+
+_TRACE_SCRIPT = textwrap.dedent("""
+    import torch
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from boundgen.ops import prefix_attention as op
+    q, kp, vp = torch.randn(5, 4, 16), torch.randn(9, 2, 16), torch.randn(9, 2, 16)
+    kb, vb = torch.randn(5, 4, 2, 16), torch.randn(5, 4, 2, 16)
+    graph = make_fx(lambda q, kp, vp, kb, vb: op.launch(q, kp, vp, kb[:, :3], vb[:, :3], 0.25),
+                    tracing_mode="symbolic")(q, kp, vp, kb, vb).graph
+    hops = [n for n in graph.nodes if "triton_kernel_wrapper" in str(n.target)]
+    assert len(hops) == 1, graph
+    assert not [n for n in graph.nodes if "clone" in str(n.target) or "copy" in str(n.target)]
+    print("ok")
+""")
+
+
+def test_launcher_traces_with_symbolic_shapes_without_copies():
+    """What Inductor does to the op on the GPU: one kernel call, the suffix slice passed by
+    strides (no copy). Fresh process without the interpreter, where wrap_triton can trace."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    result = subprocess.run([sys.executable, "-c", _TRACE_SCRIPT], env=env, capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 0 and "ok" in result.stdout, result.stderr[-3000:]
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU: W2/W3 shapes in bf16 against the reference, SDPA and FlexAttention over the
+# concatenated K/V (what a lowering without this kernel has to build).
+
+def _concatenated(k_prefix, k_suffix):
+    width = k_suffix.shape[0]
+    full = torch.cat((k_prefix.expand(width, *k_prefix.shape), k_suffix), dim=1)  # [W, L, Nkv, D]
+    return full.transpose(1, 2)  # [W, Nkv, L, D]
+
+
+def _sdpa(q, k_prefix, v_prefix, k_suffix, v_suffix, scale):
+    import torch.nn.functional as F
+    out = F.scaled_dot_product_attention(q[:, :, None], _concatenated(k_prefix, k_suffix),
+                                         _concatenated(v_prefix, v_suffix), scale=scale,
+                                         enable_gqa=True)
+    return out[:, :, 0]
+
+
+def _flex(q, k_prefix, v_prefix, k_suffix, v_suffix, scale):
+    from torch.nn.attention.flex_attention import flex_attention
+    out = flex_attention(q[:, :, None], _concatenated(k_prefix, k_suffix),
+                         _concatenated(v_prefix, v_suffix), scale=scale, enable_gqa=True)
+    return out[:, :, 0]
+
+
+@pytest.mark.gpu
+@needs_compiled_kernel
+@pytest.mark.parametrize("prefix_len", [64, 400])
+@pytest.mark.parametrize("suffix_len", [0, 1, 4])
+@pytest.mark.parametrize("heads,head_dim", [((14, 2), 64), ((16, 8), 128)], ids=["qwen2", "qwen3"])
+def test_gpu_matches_reference_sdpa_flex(prefix_len, suffix_len, heads, head_dim):
+    inputs = make_inputs(100, prefix_len, suffix_len, *heads, head_dim, torch.bfloat16, "cuda")
+    scale = head_dim ** -0.5
+    out = torch.ops.boundgen.prefix_attention(*inputs, scale).float()
+    one_beam_per_program = op.launch(*inputs, scale, beams_per_program=1).float()
+    for name, other in [("reference", op.reference), ("sdpa", _sdpa), ("flex", _flex)]:
+        expected = other(*inputs, scale).float()
+        for layout, got in [("default", out), ("beams1", one_beam_per_program)]:
+            err = (got - expected).abs().max().item()
+            assert err < 2e-2, f"{layout}: max abs error {err} against {name}"
