@@ -2,8 +2,12 @@
 
 import os
 
-# Read when `@triton.jit` runs: must be set before any kernel module is imported.
-os.environ.setdefault("TRITON_INTERPRET", "1")
+import torch  # noqa: E402  (importing torch imports no Triton kernel)
+
+# Without a GPU, Triton kernels run in the interpreter. Read when `@triton.jit` runs: must be
+# set before any kernel module is imported. With a GPU the real kernels compile.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import json  # noqa: E402
 
