@@ -1,0 +1,94 @@
+"""A KServe v2 gRPC client for the load generator, on plain grpcio and boundgen's own messages
+(`boundgen.server.kserve_pb`), so that it runs where tritonclient is not installed.
+
+Score model: TEXT BYTES [N] in, SCORES FP32 [N, L] out. Beam model: TEXT BYTES [1] in,
+TOKEN_IDS INT32 [W, N_gen], SCORES FP32 [W], TEXT_OUT BYTES [W] out. Inputs go as raw contents
+(as tritonclient sends them); outputs are read from raw contents or typed contents.
+Results carry no timings: over RPC the whole latency counts as one piece.
+"""
+
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+
+from boundgen.runtime.results import BeamResult, ScoreResult
+
+_LEN = struct.Struct("<I")
+
+
+def _pb():
+    from boundgen.server import kserve_pb  # lazily: the bench imports without the server layer
+
+    return kserve_pb
+
+
+def encode_bytes(items) -> bytes:
+    return b"".join(_LEN.pack(len(b)) + b for b in items)
+
+
+def decode_bytes(raw: bytes, count: int) -> list[bytes]:
+    out, pos = [], 0
+    for _ in range(count):
+        (n,) = _LEN.unpack_from(raw, pos)
+        out.append(bytes(raw[pos + 4: pos + 4 + n]))
+        pos += 4 + n
+    return out
+
+
+class GrpcTarget:
+    """Callable `request -> ScoreResult | BeamResult` against one model of a running server."""
+
+    def __init__(self, address: str, model: str, task: str, timeout_s: float = 30.0):
+        import grpc
+
+        if task not in ("score", "beam"):
+            raise ValueError(f"task must be 'score' or 'beam', got {task!r}")
+        pb = _pb()
+        self.pb, self.model, self.task, self.timeout_s = pb, model, task, timeout_s
+        self.channel = grpc.insecure_channel(address, options=[("grpc.max_receive_message_length", 64 << 20),
+                                                                 ("grpc.max_send_message_length", 64 << 20)])
+        prefix = f"/{pb.SERVICE}/"
+        self._infer = self.channel.unary_unary(prefix + "ModelInfer", request_serializer=pb.ModelInferRequest.SerializeToString,
+                                               response_deserializer=pb.ModelInferResponse.FromString)
+        self._ready = self.channel.unary_unary(prefix + "ModelReady", request_serializer=pb.ModelReadyRequest.SerializeToString,
+                                               response_deserializer=pb.ModelReadyResponse.FromString)
+
+    def ready(self) -> bool:
+        return bool(self._ready(self.pb.ModelReadyRequest(name=self.model), timeout=self.timeout_s).ready)
+
+    def __call__(self, request):
+        texts = list(request.texts) if self.task == "score" else [request.texts[0]]
+        req = self.pb.ModelInferRequest(model_name=self.model)
+        tensor = req.inputs.add()
+        tensor.name, tensor.datatype = "TEXT", "BYTES"
+        tensor.shape.append(len(texts))
+        req.raw_input_contents.append(encode_bytes([t.encode("utf-8") for t in texts]))
+        return self.parse(self._infer(req, timeout=self.timeout_s))
+
+    def parse(self, resp):
+        outs = {}
+        for i, out in enumerate(resp.outputs):
+            shape = tuple(int(d) for d in out.shape)
+            count = int(np.prod(shape)) if shape else 1
+            raw = resp.raw_output_contents[i] if i < len(resp.raw_output_contents) else None
+            if out.datatype == "BYTES":
+                data = decode_bytes(raw, count) if raw is not None else list(out.contents.bytes_contents)
+                outs[out.name] = data
+            else:
+                dtype = {"FP32": "<f4", "INT32": "<i4", "INT64": "<i8"}[out.datatype]
+                if raw is not None:
+                    arr = np.frombuffer(raw, dtype=dtype)
+                else:
+                    field = {"FP32": "fp32_contents", "INT32": "int_contents", "INT64": "int64_contents"}[out.datatype]
+                    arr = np.asarray(getattr(out.contents, field), dtype=dtype)
+                outs[out.name] = arr.reshape(shape)
+        if self.task == "score":
+            return ScoreResult(scores=outs["SCORES"], label_token_ids=[])
+        ids = outs["TOKEN_IDS"].astype(np.int32)
+        return BeamResult(token_ids=ids, scores=outs["SCORES"], finished=(ids < 0).any(axis=1),
+                          texts=[b.decode("utf-8", errors="replace") for b in outs.get("TEXT_OUT", [])])
+
+    def close(self):
+        self.channel.close()

@@ -1,0 +1,185 @@
+"""Bench results on disk: JSON, the latency-vs-QPS plot, markdown tables for docs/benchmarks.md.
+
+A result is one workload's dict as `bench.runner.run_workload` returns it:
+    {"workload": {...}, "date", "env", "command",
+     "systems": {"boundgen": {"target", "sweep": {"levels", "stop_reason", "capacity"},
+                              "open_loop", "error"}, "peer": {...}},
+     "diagnostic": {...} | None, "profiles": {system: markdown file name}}
+
+Combine several runs from the shell:
+    python3 -m boundgen.bench.report OUT/bench_*.json --png OUT/latency_vs_qps.png --markdown OUT/summary.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+from typing import Sequence
+
+from boundgen.bench.loadgen import LatencyBudget
+
+STYLES = {"boundgen": dict(color="tab:blue", marker="o"), "peer": dict(color="tab:orange", marker="s")}
+
+
+def write_json(path: str | Path, result: dict) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(result, indent=2, sort_keys=False, default=_jsonable) + "\n")
+    tmp.replace(path)
+    return path
+
+
+def read_json(path: str | Path) -> dict:
+    return json.loads(Path(path).read_text())
+
+
+def _jsonable(obj):
+    if hasattr(obj, "tolist"):
+        return obj.tolist()
+    if hasattr(obj, "to_dict"):
+        return obj.to_dict()
+    return str(obj)
+
+
+def _levels(system: dict) -> list[dict]:
+    return [lv for lv in (system.get("sweep") or {}).get("levels", []) if lv.get("completed")]
+
+
+def plot_latency(results: Sequence[dict], path: str | Path, budget: LatencyBudget = LatencyBudget()) -> Path:
+    """One chart per workload: mean (solid) and P99 (dashed) latency against QPS for every system,
+    with the budget lines; points are labelled with their concurrency."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    n = max(1, len(results))
+    fig, axes = plt.subplots(1, n, figsize=(5.5 * n, 4.2), squeeze=False)
+    for ax, result in zip(axes[0], results):
+        for name, system in result.get("systems", {}).items():
+            levels = _levels(system)
+            if not levels:
+                continue
+            style = STYLES.get(name, dict(marker="^"))
+            qps = [lv["qps"] for lv in levels]
+            ax.plot(qps, [lv["mean_ms"] for lv in levels], linestyle="-", label=f"{name} mean", **style)
+            ax.plot(qps, [lv["p99_ms"] for lv in levels], linestyle="--", alpha=0.7, label=f"{name} P99", **style)
+            for lv in levels:
+                ax.annotate(f"c{lv['concurrency']}", (lv["qps"], lv["mean_ms"]), textcoords="offset points",
+                            xytext=(3, 3), fontsize=7, color=style.get("color"))
+        ax.axhline(budget.mean_ms, color="green", linewidth=0.8, linestyle=":", label=f"mean < {budget.mean_ms:g} ms")
+        ax.axhline(budget.p99_ms, color="red", linewidth=0.8, linestyle=":", label=f"P99 < {budget.p99_ms:g} ms")
+        wl = result.get("workload", {})
+        ax.set_title(f"{wl.get('name', '?')} ({wl.get('task', '?')})")
+        ax.set_xlabel("throughput (requests/s)")
+        ax.set_ylabel("latency (ms)")
+        ax.set_yscale("log")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def _f(value, fmt="{:.1f}", missing="-"):
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return missing
+    return fmt.format(value)
+
+
+LEVEL_HEADER = ("| system | load | QPS | samples/s | mean ms | P50 ms | P99 ms | pre | model | post | queue "
+                "| eff. MFU | errors |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+
+
+def level_row(system: str, lv: dict) -> str:
+    load = f"c={lv['concurrency']}" if lv.get("mode") == "closed" else f"open {lv.get('rate', 0):.0f}/s"
+    b = lv.get("breakdown_ms") or {}
+    errors = sum((lv.get("errors") or {}).values()) + lv.get("unfinished", 0)
+    mfu = lv.get("effective_mfu")
+    return (f"| {system} | {load} | {_f(lv['qps'])} | {_f(lv['samples_per_s'], '{:.0f}')} | {_f(lv.get('mean_ms'))} "
+            f"| {_f(lv.get('p50_ms'))} | {_f(lv.get('p99_ms'))} | {_f(b.get('pre'), '{:.2f}')} "
+            f"| {_f(b.get('model'), '{:.2f}')} | {_f(b.get('post'), '{:.2f}')} | {_f(b.get('queue'), '{:.2f}')} "
+            f"| {_f(None if mfu is None else 100 * mfu, '{:.1f}%')} | {errors or ''} |")
+
+
+def markdown_workload(result: dict) -> str:
+    """A section for one workload: setup, capacity points, every level, diagnostic, profiles."""
+    wl = result.get("workload", {})
+    out = [f"### {wl.get('name')}: {wl.get('task')}", ""]
+    shape = (f"{wl.get('samples')} samples x {wl.get('min_tokens')}-{wl.get('max_tokens')} tokens, labels "
+             f"{wl.get('labels')}" if wl.get("task") == "score" else
+             f"prompt {wl.get('min_tokens')} tokens, W={wl.get('width')}, N_gen={wl.get('steps')}")
+    out.append(f"{shape}; pool of {wl.get('pool')} requests, seed {wl.get('seed')}; "
+               f"{_f(wl.get('gflops_per_request'), '{:.1f}')} logical GFLOP per request.")
+    out.append("")
+    out.append("| system | target | capacity point (mean < 20 ms, P99 < 80 ms) | peak QPS | eff. MFU at capacity | sweep stop |")
+    out.append("|---|---|---|---|---|---|")
+    for name, system in result.get("systems", {}).items():
+        sweep = system.get("sweep") or {}
+        if system.get("error") and not sweep.get("levels"):
+            out.append(f"| {name} | {system.get('target', '')} | failed: {system['error']} | | | |")
+            continue
+        cap = sweep.get("capacity")
+        levels = _levels(system)
+        peak = max((lv["qps"] for lv in levels), default=None)
+        cap_text = (f"{cap['qps']:.1f} QPS at c={cap['concurrency']} (mean {cap['mean_ms']:.1f}, "
+                    f"P99 {cap['p99_ms']:.1f} ms)" if cap else "none")
+        mfu = cap.get("effective_mfu") if cap else None
+        out.append(f"| {name} | {system.get('target', '')} | {cap_text} | {_f(peak)} "
+                   f"| {_f(None if mfu is None else 100 * mfu, '{:.1f}%')} | {system.get('error') or sweep.get('stop_reason', '')} |")
+    out += ["", LEVEL_HEADER]
+    for name, system in result.get("systems", {}).items():
+        for lv in _levels(system):
+            out.append(level_row(name, lv))
+        if system.get("open_loop"):
+            out.append(level_row(name, system["open_loop"]))
+    out.append("")
+    out.append("Breakdown columns are mean ms per request from the engine's timings; queue = end-to-end "
+               "minus pre + model + post.")
+    diag = result.get("diagnostic")
+    if diag:
+        out += ["", f"Diagnostic ({diag.get('tokens')} tokens, {diag.get('samples')} samples, sequential): "
+                    f"full engine {_f(diag.get('engine_ms'), '{:.3f}')} ms vs model node alone "
+                    f"{_f(diag.get('node_ms'), '{:.3f}')} ms per request: the engine costs "
+                    f"{_f(diag.get('overhead_pct'), '{:+.1f}')}% ({diag.get('note', '')})."]
+    for name, file in (result.get("profiles") or {}).items():
+        out.append(f"\nProfile of {name}: `{file}`.")
+    return "\n".join(out) + "\n"
+
+
+def markdown_summary(results: Sequence[dict]) -> str:
+    if not results:
+        return "No benchmark results.\n"
+    env = results[0].get("env", {})
+    head = ["## Results", "", f"Date {results[0].get('date', '?')}; " +
+            ", ".join(f"{k} {v}" for k, v in env.items()), ""]
+    for command in dict.fromkeys(r.get("command") for r in results if r.get("command")):
+        head.append(f"- `{command}`")
+    return "\n".join(head) + "\n\n" + "\n".join(markdown_workload(r) for r in results)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python3 -m boundgen.bench.report",
+                                     description="Combine bench JSON files into one plot and one markdown summary.")
+    parser.add_argument("json", nargs="+", help="bench_*.json files written by `boundgen bench`")
+    parser.add_argument("--png", help="write the latency-vs-QPS plot here")
+    parser.add_argument("--markdown", help="write the markdown summary here (also printed)")
+    args = parser.parse_args(argv)
+    results = [read_json(p) for p in args.json]
+    if args.png:
+        plot_latency(results, args.png)
+    text = markdown_summary(results)
+    if args.markdown:
+        Path(args.markdown).write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,159 @@
+"""One system (boundgen or the peer) under one workload: warm, sweep, optional open loop.
+
+Glue between workloads, loadgen and mfu; the CLI decides what to run and where results go.
+A system that fails is recorded with its error and the bench carries on with the next one.
+"""
+
+from __future__ import annotations
+
+import datetime
+import platform
+import subprocess
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+from boundgen.bench import loadgen, mfu
+from boundgen.bench.workloads import Request, WorkloadSpec
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    concurrencies: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
+    duration_s: float = 5.0  # measured seconds per level (and of the open-loop run)
+    warmup_s: float = 1.0  # per level, not measured
+    max_requests: int = 20_000  # per level
+    open_loop_rate: float | str | None = None  # requests/s, "auto" = 1.2 x best closed-loop QPS, None = off
+    seed: int = 0
+    budget: loadgen.LatencyBudget = loadgen.LatencyBudget()
+
+    def __post_init__(self):
+        if not self.concurrencies or any(c <= 0 for c in self.concurrencies):
+            raise ValueError(f"concurrency levels must be positive integers, got {self.concurrencies}")
+        if self.duration_s <= 0 or self.warmup_s < 0 or self.max_requests <= 0:
+            raise ValueError("duration and max requests must be positive, warmup non-negative")
+
+
+def engine_call(engine, spec: WorkloadSpec) -> Callable:
+    """The load generator's callable over an in-process `Engine`."""
+    if spec.task == "score":
+        return lambda request: engine.score(list(request.texts))
+    return lambda request: engine.beam(request.texts[0])
+
+
+def request_flops(spec: WorkloadSpec, shape: mfu.ModelShape, request: Request) -> mfu.RequestFlops:
+    if spec.task == "score":
+        return mfu.score_flops(shape, request.token_counts)
+    return mfu.beam_flops(shape, request.token_counts[0], spec.width, spec.steps)
+
+
+def work_function(spec: WorkloadSpec, shape: mfu.ModelShape, fp8_groups: Sequence[str] = ()) -> Callable:
+    """request -> its seconds at H200 peak (summed over a window and divided by it: effective MFU)."""
+    cache: dict = {}
+
+    def work(request: Request) -> float:
+        key = request.token_counts
+        if key not in cache:
+            cache[key] = request_flops(spec, shape, request).peak_seconds(fp8_groups)
+        return cache[key]
+
+    return work
+
+
+def run_system(call: Callable, requests: Sequence[Request], cfg: BenchConfig, *, target: str,
+               work_of: Callable | None = None, progress: Callable | None = loadgen.stderr_progress,
+               on_update: Callable[[dict], None] | None = None) -> dict:
+    """Warm up, sweep concurrency, then the open-loop run if asked. Never raises for the target's
+    failures: they end up in "error". `on_update(partial)` is called after every level, so that
+    an interrupted run (Ctrl-C, a time limit) still leaves its finished levels on disk."""
+    out = {"target": target, "sweep": None, "open_loop": None, "error": None}
+    levels: list = []
+
+    def update():
+        if on_update:
+            on_update(out)
+
+    def level(c: int) -> loadgen.LevelStats:
+        stats = loadgen.closed_loop(call, requests, c, duration_s=cfg.duration_s, warmup_s=cfg.warmup_s,
+                                    max_requests=cfg.max_requests, work_of=work_of, budget=cfg.budget,
+                                    progress=progress)
+        levels.append(stats)
+        out["sweep"] = loadgen.Sweep(list(levels), "interrupted").to_dict()
+        update()
+        return stats
+
+    try:
+        for request in requests[: min(3, len(requests))]:
+            call(request)  # first calls pay lazy costs; an engine that cannot serve fails here, readably
+        sweep = loadgen.sweep(level, cfg.concurrencies, progress=progress)
+        out["sweep"] = sweep.to_dict()
+        update()
+        rate = open_loop_rate(cfg.open_loop_rate, sweep)
+        if rate:
+            if progress:
+                progress(f"open loop at {rate:.1f} requests/s for {cfg.duration_s:g} s")
+            stats = loadgen.open_loop(call, requests, rate, duration_s=cfg.duration_s, seed=cfg.seed,
+                                      work_of=work_of, budget=cfg.budget, progress=progress)
+            if progress:
+                progress("  " + stats.line())
+            out["open_loop"] = stats.to_dict()
+    except KeyboardInterrupt:
+        out["error"] = "interrupted before the end (Ctrl-C or a time limit): the levels shown finished"
+        update()
+        raise
+    except Exception as exc:
+        out["error"] = f"{type(exc).__name__}: {exc}"
+        out["traceback"] = traceback.format_exc(limit=8)
+        if progress:
+            progress(f"FAILED: {out['error']}")
+    update()
+    return out
+
+
+def open_loop_rate(setting, sweep: loadgen.Sweep) -> float | None:
+    if setting in (None, "", 0):
+        return None
+    if setting == "auto":
+        best = max((s.qps for s in sweep.levels), default=0.0)
+        return 1.2 * best if best > 0 else None
+    return float(setting)
+
+
+def workload_header(spec: WorkloadSpec, requests: Sequence[Request], shape: mfu.ModelShape, seed: int,
+                    shape_source: str) -> dict:
+    flops = [request_flops(spec, shape, r).total for r in requests]
+    return {**spec.to_dict(), "pool": len(requests), "seed": seed,
+            "mean_tokens_per_request": sum(r.tokens for r in requests) / len(requests),
+            "gflops_per_request": sum(flops) / len(flops) / 1e9, "model_shape": vars(shape),
+            "model_shape_from": shape_source}
+
+
+def environment() -> dict:
+    env = {"python": platform.python_version()}
+    for name in ("torch", "transformers", "triton", "numpy"):
+        try:
+            env[name] = __import__(name).__version__
+        except Exception:
+            env[name] = "not installed"
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            env["device"] = torch.cuda.get_device_name(0)
+            env["cuda"] = torch.version.cuda
+        else:
+            env["device"] = "cpu"
+    except Exception:
+        pass
+    try:
+        root = Path(__file__).resolve().parents[2]
+        env["commit"] = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
+                                       text=True, timeout=5).stdout.strip() or "unknown"
+    except Exception:
+        env["commit"] = "unknown"
+    return env
+
+
+def now_utc() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")

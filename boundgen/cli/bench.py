@@ -1,0 +1,332 @@
+"""`boundgen bench`: capacity sweep of a workload against boundgen (in process or over gRPC) and the
+HF transformers peer in the same run; JSON, PNG and markdown into --out.
+
+Runs standalone too (no other subcommand needs to import): `python3 -m boundgen.cli.bench ...`.
+Order: boundgen on every workload given (profile, diagnostic), engine closed, then the peer on
+the same workloads, so the two never share the device. Results are written after every level,
+so an interrupted run (Ctrl-C, a time limit) keeps what finished.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from pathlib import Path
+
+from boundgen.errors import BoundgenError, ConfigError
+
+EPILOG = """examples:
+  boundgen bench --workload W1 --artifact art/w1 --peer models/qwen3-0.6b --profile --diagnostic
+  boundgen bench --workload W2,W3 --artifact art/beam --peer models/qwen2.5-0.5b --open-loop-rate auto
+  boundgen bench --workload W1 --grpc localhost:8001 --model w1 --model-dir models/qwen3-0.6b
+--artifact also takes an HF model directory: the eager (uncompiled) engine is then measured."""
+
+
+def register(sub) -> None:
+    p = sub.add_parser("bench", help="load generator: capacity sweep vs the HF transformers peer",
+                       description=__doc__.splitlines()[0], epilog=EPILOG,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(p)
+    p.set_defaults(run=run)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--workload", required=True, help="W1, W2 or W3, or a comma list sharing one target (W2,W3)")
+    target = p.add_mutually_exclusive_group(required=True)
+    target.add_argument("--artifact", metavar="DIR", help="built artifact (or HF model dir: eager engine) in process")
+    target.add_argument("--grpc", metavar="HOST:PORT", help="a running `boundgen serve`, over KServe v2 gRPC")
+    p.add_argument("--model", metavar="NAME", help="model name on the server (with --grpc)")
+    p.add_argument("--model-dir", metavar="DIR", help="HF checkpoint for the tokenizer and the model shape "
+                   "(default: --peer, else the artifact dir)")
+    p.add_argument("--peer", metavar="MODEL_DIR", help="also measure HF transformers on this checkpoint")
+    p.add_argument("--concurrency", default="1,2,4,8,16,32,64", help="closed-loop levels, ascending (default %(default)s)")
+    p.add_argument("--duration", type=float, default=5.0, help="measured seconds per level (default %(default)s)")
+    p.add_argument("--warmup", type=float, default=1.0, help="unmeasured seconds per level (default %(default)s)")
+    p.add_argument("--max-requests", type=int, default=20000, help="request cap per level (default %(default)s)")
+    p.add_argument("--open-loop-rate", default=None, metavar="R",
+                   help="also run open loop (Poisson) at R requests/s; 'auto' = 1.2 x best closed-loop QPS")
+    p.add_argument("--pool", type=int, default=64, help="distinct requests per workload (default %(default)s)")
+    p.add_argument("--seed", type=int, default=0, help="workload seed (default %(default)s)")
+    p.add_argument("--out", default="out/bench", help="output directory (default %(default)s)")
+    p.add_argument("--profile", action="store_true", help="torch.profiler at the capacity point (boundgen)")
+    p.add_argument("--profile-requests", type=int, default=30, help="requests under the profiler (default %(default)s)")
+    p.add_argument("--diagnostic", action="store_true", help="W1: 1,024-token request, engine vs model node alone")
+    p.add_argument("--fp8-groups", default=None, help="linear groups in FP8 for MFU (default: the engine's spec)")
+    p.add_argument("--contexts", type=int, default=None, help="engine request contexts (default: the artifact's)")
+    p.add_argument("--executors", type=int, default=None, help="engine model calls at once (default: the artifact's)")
+    p.add_argument("--cuda-graphs", action="store_true", default=None, help="engine replays CUDA graphs "
+                   "(default: the artifact's setting)")
+    p.add_argument("--device", default=None, help="device for the peer and an eager engine (default: cuda if present)")
+    p.add_argument("--dtype", default=None, help="dtype for the peer and an eager engine (default: bf16 on cuda)")
+
+
+def parse_levels(text: str) -> tuple[int, ...]:
+    try:
+        levels = tuple(int(t) for t in text.split(",") if t.strip())
+    except ValueError:
+        raise ConfigError(f"--concurrency must be a comma list of integers, got {text!r}") from None
+    if not levels or any(c <= 0 for c in levels) or list(levels) != sorted(set(levels)):
+        raise ConfigError(f"--concurrency levels must be positive and ascending, got {text!r}")
+    return levels
+
+
+def _progress(line: str) -> None:
+    print(f"[bench] {line}", file=sys.stderr, flush=True)
+
+
+def _default_device(args) -> str:
+    if args.device:
+        return args.device
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _shape(spec, dirs):
+    """Model shape for MFU: config.json of the first dir that has one, else the workload's shape."""
+    from boundgen.bench import mfu
+
+    for d in dirs:
+        if d and (Path(d) / "config.json").is_file():
+            from boundgen.model.loader import read_config
+
+            return mfu.ModelShape.of(read_config(d)), f"{d}/config.json"
+    return mfu.SHAPES[spec.preset], f"workload {spec.name} shape ({spec.preset})"
+
+
+def _engine(args, specs):
+    """(engine, description): the artifact, or the eager engine over an HF model dir, sized for
+    every workload in `specs`."""
+    from boundgen.cli.common import is_artifact
+
+    overrides = {k: getattr(args, k) for k in ("contexts", "executors", "cuda_graphs") if getattr(args, k) is not None}
+    described = "".join(f" {k}={v}" for k, v in overrides.items())
+    if is_artifact(args.artifact):
+        import boundgen
+
+        return boundgen.load(args.artifact, **overrides), f"boundgen artifact {args.artifact}{described}"
+    from boundgen.programs.spec import BeamSpec, ScoreSpec
+    from boundgen.runtime.eager import default_stop_tokens, eager_engine, label_token_ids
+    from boundgen.text.tokenizer import Tokenizer
+
+    device = _default_device(args)
+    dtype = args.dtype or ("bfloat16" if device.startswith("cuda") else "float32")
+    spec, max_tokens = specs[0], max(s.max_tokens for s in specs)
+    if spec.task == "score":
+        ids = label_token_ids(Tokenizer.from_dir(args.artifact), spec.labels)
+        pspec = ScoreSpec(labels=spec.labels, label_token_ids=ids, max_samples=spec.samples,
+                          max_tokens_per_sample=max_tokens, max_total_tokens=spec.samples * max_tokens)
+    else:
+        pspec = BeamSpec(width=spec.width, steps=spec.steps, stop_token_ids=default_stop_tokens(args.artifact),
+                         min_new_tokens=spec.steps, max_prompt_tokens=max_tokens)
+    engine = eager_engine(args.artifact, pspec, dtype, device, contexts=args.contexts or 4,
+                          cuda_graphs=bool(args.cuda_graphs))
+    return engine, f"boundgen eager {args.artifact} {dtype} {device}{described}"
+
+
+def _check_engine_matches(engine, spec) -> None:
+    es = engine.spec
+    if es.task != spec.task:
+        raise ConfigError(f"workload {spec.name} is a {spec.task} workload but the engine is a {es.task} model")
+    if spec.task == "score" and tuple(es.labels) != tuple(spec.labels):
+        _progress(f"WARNING: engine labels {list(es.labels)} differ from {spec.name}'s {list(spec.labels)}")
+    if spec.task == "beam" and (es.width, es.steps) != (spec.width, spec.steps):
+        _progress(f"WARNING: engine W={es.width} N_gen={es.steps} differ from {spec.name}'s W={spec.width} "
+                  f"N_gen={spec.steps}: boundgen and the peer do not do the same work")
+
+
+def run(args) -> int:
+    from boundgen.bench import report, runner
+    from boundgen.bench.workloads import get_workload, load_tokenizer, make_requests
+
+    names = [w.strip() for w in args.workload.split(",") if w.strip()]
+    try:
+        specs = [get_workload(n) for n in names]
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    if len({s.task for s in specs}) != 1:
+        raise ConfigError("workloads given together must share a task (one target serves them all)")
+    if args.grpc and not args.model:
+        raise ConfigError("--grpc needs --model NAME (the model's name on the server)")
+    if (args.profile or args.diagnostic) and args.grpc:
+        raise ConfigError("--profile and --diagnostic measure the in-process engine: use --artifact")
+    cfg = runner.BenchConfig(concurrencies=parse_levels(args.concurrency), duration_s=args.duration,
+                             warmup_s=args.warmup, max_requests=args.max_requests,
+                             open_loop_rate=args.open_loop_rate, seed=args.seed)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    tok_dir = args.model_dir or args.peer or args.artifact
+    if not tok_dir:
+        raise ConfigError("with --grpc, pass --model-dir (or --peer) for the tokenizer that sizes the workloads")
+    tokenizer = load_tokenizer(tok_dir)
+    command = "boundgen bench " + shlex.join(sys.argv[2:] if sys.argv[1:2] == ["bench"] else sys.argv[1:])
+    results = {}
+    for spec in specs:
+        _progress(f"{spec.name}: generating {args.pool} requests (seed {args.seed}) with the tokenizer of {tok_dir}")
+        requests = make_requests(spec, tokenizer, args.pool, args.seed)
+        shape, source = _shape(spec, [args.model_dir, args.peer, args.artifact])
+        results[spec.name] = {
+            "workload": runner.workload_header(spec, requests, shape, args.seed, source), "date": runner.now_utc(),
+            "env": runner.environment(), "command": command, "systems": {}, "diagnostic": None, "profiles": {},
+            "_requests": requests, "_shape": shape}
+
+    def save(name, plot=False):
+        r = {k: v for k, v in results[name].items() if not k.startswith("_")}
+        report.write_json(out / f"bench_{name}.json", r)
+        (out / f"summary_{name}.md").write_text(report.markdown_workload(r))
+        if plot:
+            report.plot_latency([r], out / f"latency_{name}.png")
+
+    for spec in specs:
+        save(spec.name)
+    try:
+        _run_boundgen(args, specs, cfg, results, out, save, tokenizer)
+        if args.peer:
+            _run_peer(args, specs, cfg, results, save)
+    except KeyboardInterrupt:
+        for spec in specs:
+            save(spec.name, plot=True)
+        _progress(f"interrupted: what finished is in {out}")
+        abandon_stuck_threads(130)
+        raise
+    for spec in specs:
+        save(spec.name, plot=True)
+    final = [{k: v for k, v in results[s.name].items() if not k.startswith("_")} for s in specs]
+    print(report.markdown_summary(final))
+    _progress(f"wrote {', '.join(f'bench_{s.name}.json' for s in specs)} and plots to {out}")
+    abandon_stuck_threads(0)
+    return 0
+
+
+def _run_boundgen(args, specs, cfg, results, out, save, tokenizer) -> None:
+    from boundgen.bench import runner
+
+    engine, target, fp8 = None, f"grpc {args.grpc} model {args.model}", ()
+    try:
+        if args.grpc:
+            from boundgen.bench.grpc_client import GrpcTarget
+
+            engine = GrpcTarget(args.grpc, args.model, specs[0].task)
+        else:
+            _progress(f"loading {args.artifact}")
+            engine, target = _engine(args, specs)
+            _check_engine_matches(engine, specs[0])
+            engine.warmup()
+            fp8 = tuple((engine.spec.extra or {}).get("fp8_groups", ()))
+    except Exception as exc:
+        for spec in specs:
+            results[spec.name]["systems"]["boundgen"] = {"target": target if args.grpc else args.artifact,
+                                                         "error": f"{type(exc).__name__}: {exc}"}
+            save(spec.name)
+        _progress(f"boundgen could not start: {type(exc).__name__}: {exc}")
+        return
+    if args.fp8_groups is not None:
+        fp8 = tuple(g for g in args.fp8_groups.split(",") if g)
+    for spec in specs:
+        res = results[spec.name]
+        call = engine if args.grpc else runner.engine_call(engine, spec)
+        work = runner.work_function(spec, res["_shape"], fp8)
+        _progress(f"{spec.name}: boundgen ({target})")
+        system = runner.run_system(call, res["_requests"], cfg, target=target, work_of=work, progress=_progress,
+                                   on_update=_saver(res, "boundgen", save, spec.name, fp8_groups=list(fp8)))
+        if args.profile and not system.get("error"):
+            _profile(spec, res, call, system, out, save, args.profile_requests)
+        if args.diagnostic and spec.task == "score":
+            _diagnostic(engine, tokenizer, res, save, spec)
+    close = getattr(engine, "close", None)
+    if close:
+        close()
+
+
+def _saver(res, system_name, save, workload, **extra):
+    def on_update(partial):
+        res["systems"][system_name] = {**partial, **extra}
+        save(workload)
+
+    return on_update
+
+
+def _profile(spec, res, call, system, out, save, n_requests: int) -> None:
+    from boundgen.bench.profile import profile_markdown, profile_requests
+
+    cap = (system.get("sweep") or {}).get("capacity")
+    c = cap["concurrency"] if cap else 1
+    _progress(f"{spec.name}: profiling {n_requests} requests at concurrency {c}")
+    try:
+        summary = profile_requests(call, res["_requests"], concurrency=c, n_requests=n_requests,
+                                   trace_path=out / f"trace_{spec.name}_boundgen.json.gz")
+        name = f"profile_{spec.name}_boundgen.md"
+        (out / name).write_text(profile_markdown(f"{spec.name} boundgen at c={c}", summary))
+        res["profiles"]["boundgen"] = name
+        res["profile_summary"] = {k: v for k, v in summary.items() if k != "top_cpu_ops"}
+    except Exception as exc:
+        res["profiles"]["boundgen"] = f"failed: {type(exc).__name__}: {exc}"
+    save(spec.name)
+
+
+def _diagnostic(engine, tokenizer, res, save, spec) -> None:
+    from boundgen.bench.diagnostic import fixed_request, run_diagnostic
+
+    _progress(f"{spec.name}: diagnostic, fixed 1,024-token request, engine vs model node")
+    try:
+        res["diagnostic"] = run_diagnostic(engine, fixed_request(tokenizer))
+    except Exception as exc:
+        res["diagnostic"] = {"error": f"{type(exc).__name__}: {exc}"}
+    save(spec.name)
+
+
+def _run_peer(args, specs, cfg, results, save) -> None:
+    from boundgen.bench import runner
+    from boundgen.bench.peer import HFPeer, peer_call
+
+    _progress(f"loading the peer from {args.peer}")
+    try:
+        peer = HFPeer(args.peer, device=_default_device(args), dtype=args.dtype)
+    except Exception as exc:
+        for spec in specs:
+            results[spec.name]["systems"]["peer"] = {"target": args.peer, "error": f"{type(exc).__name__}: {exc}"}
+            save(spec.name)
+        return
+    for spec in specs:
+        res = results[spec.name]
+        _progress(f"{spec.name}: peer ({peer.description})")
+        work = runner.work_function(spec, res["_shape"])
+        runner.run_system(peer_call(peer, spec), res["_requests"], cfg, target=peer.description, work_of=work,
+                          progress=_progress, on_update=_saver(res, "peer", save, spec.name))
+    peer.close()
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python3 -m boundgen.cli.bench", description=__doc__.splitlines()[0],
+                                     epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(parser)
+    if argv is None:  # a real process: as `boundgen` does, preload libstdc++ where AOTI loads need it
+        from boundgen.runtime.libstdcxx import reexec_with_preload
+
+        reexec_with_preload()
+    args = parser.parse_args(argv)
+    try:
+        return int(run(args) or 0)
+    except BoundgenError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+def abandon_stuck_threads(code: int) -> None:
+    """If a load-generator thread is still inside the target (a hung request, an interrupt), exit
+    now with `code`, skipping interpreter teardown, which would abort in native code under that
+    thread. Results are on disk by then. Returns when no such thread is alive."""
+    import os
+    import threading
+
+    if any(t.name.startswith("bench-") and t.is_alive() for t in threading.enumerate()):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+if __name__ == "__main__":
+    exit_code = main()
+    abandon_stuck_threads(exit_code)
+    sys.exit(exit_code)

@@ -1,0 +1,116 @@
+#!/usr/bin/env bash
+# The GPU benchmark in one go (issue 5), for the H200 image: system python3, no venv.
+#
+#   OUT=/some/dir bash scripts/gpu_bench.sh
+#
+# Writes demo checkpoints (qwen3-0.6b, qwen2.5-0.5b), builds the W1 score artifact and one beam
+# artifact (W=100, N_gen=5, prompts up to 400 tokens) serving W2 and W3, then runs `boundgen bench`
+# on W1 and on W2,W3 with the HF transformers peer in the same process (profiles, the 1,024-token
+# diagnostic, an open-loop run at 1.2x the best closed-loop QPS) and prints a markdown summary.
+# $OUT gets bench_W*.json, latency_W*.png, latency_vs_qps.png, summary*.md, profile_*.md,
+# trace_*.json.gz, one log per step, commands.txt and env.txt; checkpoints and artifacts stay in
+# $WORK. If a build fails, that workload is measured on the eager engine (uncompiled) instead,
+# and the JSON says so ("target").
+#
+# Every step is cut by a deadline so that the whole run stays under BUDGET_S seconds (default 515:
+# < 9 minutes) and the summary is always written. Knobs (environment):
+#   WORK        where checkpoints and artifacts go (default /tmp/boundgen_gpu_bench)
+#   W1_BUILD    extra `boundgen build` flags for W1   (default: Triton packed attention)
+#   BEAM_BUILD  extra `boundgen build` flags for beam (default: Triton packed + prefix attention)
+#   ENGINE      engine overrides at load, for bench   (default: --contexts 4)
+#   SWEEP       load-generator flags                  (default: levels 1..32, 3 s each)
+set -uo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+OUT="${OUT:-$root/out/gpu_bench}"
+WORK="${WORK:-/tmp/boundgen_gpu_bench}"
+PY="${PY:-python3}"
+BUDGET_S="${BUDGET_S:-515}"
+W1_BUILD="${W1_BUILD:---lowering packed_attention=triton}"
+BEAM_BUILD="${BEAM_BUILD:---lowering packed_attention=triton --lowering prefix_attention=triton}"
+ENGINE="${ENGINE:---contexts 4}"
+SWEEP="${SWEEP:---concurrency 1,2,4,8,16,32 --duration 3 --warmup 0.5 --open-loop-rate auto --profile-requests 20}"
+mkdir -p "$OUT" "$WORK/models" "$WORK/art"
+export PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}"
+# Loading an AOTInductor package segfaults on this image unless the system libstdc++ is
+# preloaded (../shared/GPU.md). `python3 -m boundgen` re-executes itself with it; setting it here
+# once covers every process of this script the same way.
+if [[ -z "${LD_PRELOAD:-}" ]]; then
+  lib="$(ldconfig -p 2>/dev/null | grep -m1 'libstdc++.so.6 ' | awk '{print $NF}')"
+  [[ -n "$lib" ]] && export LD_PRELOAD="$lib"
+fi
+
+start=$SECONDS
+left() { echo $(( BUDGET_S - (SECONDS - start) )); }
+log() { echo "[gpu_bench +$(( SECONDS - start ))s] $*" | tee -a "$OUT/gpu_bench.log" >&2; }
+# step LIMIT_S NAME CMD...: run CMD with its output in $OUT/NAME.log, interrupted after LIMIT_S.
+step() {
+  local limit=$1 name=$2
+  shift 2
+  if (( limit < 10 )); then log "SKIP $name: out of time"; return 124; fi
+  log "$name (limit ${limit}s)"
+  printf '%q ' "$@" >> "$OUT/commands.txt"; echo >> "$OUT/commands.txt"
+  timeout -s INT -k 15 "$limit" "$@" > "$OUT/$name.log" 2>&1
+  local rc=$?
+  log "$name: exit $rc$( (( rc )) && echo " -- last lines of $name.log:" )"
+  (( rc )) && tail -n 15 "$OUT/$name.log" >&2
+  return $rc
+}
+
+{ date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1
+  "$PY" -c 'import sys, torch, triton, transformers; print("python", sys.version.split()[0], "torch", torch.__version__,
+"cuda", torch.version.cuda, "triton", triton.__version__, "transformers", transformers.__version__)' 2>&1
+  git -C "$root" rev-parse --short HEAD 2>/dev/null || echo "commit: unknown (no .git)"
+  echo "LD_PRELOAD=${LD_PRELOAD:-}"; } > "$OUT/env.txt"
+cat "$OUT/env.txt" >&2
+: > "$OUT/commands.txt"
+
+Q3="$WORK/models/qwen3-0.6b"
+Q2="$WORK/models/qwen2.5-0.5b"
+step 150 demo_qwen3 "$PY" -m boundgen demo-model "$Q3" --preset qwen3-0.6b --seed 0 &
+p1=$!
+step 150 demo_qwen2 "$PY" -m boundgen demo-model "$Q2" --preset qwen2.5-0.5b --seed 0 &
+p2=$!
+wait $p1; wait $p2
+
+# Both builds at once: compilation is CPU work and the machine has 16 cores.
+build_limit=$(( $(left) - 250 ))
+(( build_limit > 300 )) && build_limit=300
+# shellcheck disable=SC2086
+step "$build_limit" build_w1 "$PY" -m boundgen build "$Q3" --task score --labels " yes" " no" --max-samples 15 \
+  --max-tokens-per-sample 256 --max-total-tokens 3840 --device cuda --dtype bfloat16 --name w1 \
+  --out "$WORK/art/w1" $W1_BUILD &
+p1=$!
+# shellcheck disable=SC2086
+step "$build_limit" build_beam "$PY" -m boundgen build "$Q2" --task beam --width 100 --steps 5 --min-new-tokens 5 \
+  --max-prompt-tokens 400 --device cuda --dtype bfloat16 --name beam --out "$WORK/art/beam" $BEAM_BUILD &
+p2=$!
+wait $p1; wait $p2
+target_w1="$WORK/art/w1"; [[ -f "$target_w1/manifest.json" ]] || { target_w1="$Q3"; log "W1: no artifact, benching the eager engine"; }
+target_beam="$WORK/art/beam"; [[ -f "$target_beam/manifest.json" ]] || { target_beam="$Q2"; log "W2/W3: no artifact, benching the eager engine"; }
+
+# W1 gets ~40% of what is left, W2 + W3 the rest, 25 s kept for the summary.
+w1_limit=$(( ($(left) - 25) * 2 / 5 ))
+# shellcheck disable=SC2086
+step "$w1_limit" bench_w1 "$PY" -m boundgen bench --workload W1 --artifact "$target_w1" --peer "$Q3" \
+  --out "$OUT" --seed 0 --profile --diagnostic $SWEEP $ENGINE
+# shellcheck disable=SC2086
+step $(( $(left) - 25 )) bench_w2_w3 "$PY" -m boundgen bench --workload W2,W3 --artifact "$target_beam" --peer "$Q2" \
+  --out "$OUT" --seed 0 --profile $SWEEP $ENGINE
+
+shopt -s nullglob
+results=("$OUT"/bench_W*.json)
+if (( ${#results[@]} )); then
+  "$PY" -m boundgen.bench.report "${results[@]}" --png "$OUT/latency_vs_qps.png" --markdown "$OUT/summary.md" \
+    > /dev/null 2> "$OUT/report.log" || tail -n 15 "$OUT/report.log" >&2
+fi
+for f in "$OUT"/profile_*.md; do
+  echo
+  head -n 12 "$f"
+done
+echo
+echo "# boundgen GPU bench ($(( SECONDS - start )) s; commands in commands.txt, logs beside them)"
+echo
+cat "$OUT/env.txt"
+echo
+if [[ -f "$OUT/summary.md" ]]; then cat "$OUT/summary.md"; else echo "no results: see the logs in $OUT"; fi

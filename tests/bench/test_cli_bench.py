@@ -1,0 +1,71 @@
+"""`boundgen bench` end to end on a fake in-process engine: files written, numbers wired through."""
+
+import json
+
+import numpy as np
+import pytest
+
+from boundgen.cli import bench as bench_cli
+from boundgen.cli.main import main
+from boundgen.errors import ConfigError
+from boundgen.runtime.engine import Engine, EngineSpec
+from boundgen.runtime.results import ScoreResult
+
+
+class FakeScoreEngine(Engine):
+    def __init__(self):
+        self.spec = EngineSpec(name="fake", task="score", max_samples=15, labels=(" yes", " no"),
+                               extra={"fp8_groups": ["mlp"]})
+        self.calls, self.closed = 0, False
+
+    def score(self, texts):
+        self.calls += 1
+        return ScoreResult(np.full((len(texts), 2), 0.5, np.float32), [9693, 902],
+                           timings={"pre": 1e-4, "model": 1e-3, "post": 1e-4})
+
+    def close(self):
+        self.closed = True
+
+
+def test_bench_writes_json_png_markdown(tmp_path, tiny_qwen3_dir, monkeypatch, capsys):
+    engine = FakeScoreEngine()
+    monkeypatch.setattr(bench_cli, "_engine", lambda args, specs: (engine, "fake engine"))
+    out = tmp_path / "out"
+    code = main(["bench", "--workload", "W1", "--artifact", str(tiny_qwen3_dir), "--concurrency", "1,2",
+                 "--duration", "0.2", "--warmup", "0.05", "--max-requests", "30", "--pool", "3",
+                 "--open-loop-rate", "40", "--out", str(out)])
+    assert code == 0 and engine.closed and engine.calls > 0
+    result = json.loads((out / "bench_W1.json").read_text())
+    assert result["workload"]["pool"] == 3 and result["workload"]["samples"] == 15
+    assert result["workload"]["model_shape"]["hidden_size"] == 64  # from the checkpoint's config.json
+    system = result["systems"]["boundgen"]
+    assert system["error"] is None and system["fp8_groups"] == ["mlp"]
+    levels = system["sweep"]["levels"]
+    assert [lv["concurrency"] for lv in levels][0] == 1 and all(lv["completed"] > 0 for lv in levels)
+    assert levels[0]["effective_mfu"] > 0 and levels[0]["breakdown_ms"]["model"] == pytest.approx(1.0)
+    assert system["open_loop"]["rate"] == 40.0
+    assert "peer" not in result["systems"]
+    assert (out / "latency_W1.png").stat().st_size > 0
+    assert "### W1: score" in (out / "summary_W1.md").read_text()
+    assert "### W1: score" in capsys.readouterr().out
+
+
+def test_bench_records_an_engine_that_cannot_start(tmp_path, tiny_qwen3_dir, monkeypatch):
+    def broken(args, specs):
+        raise FileNotFoundError("no manifest.json")
+
+    monkeypatch.setattr(bench_cli, "_engine", broken)
+    assert main(["bench", "--workload", "W1", "--artifact", str(tiny_qwen3_dir), "--pool", "1",
+                 "--out", str(tmp_path)]) == 0
+    result = json.loads((tmp_path / "bench_W1.json").read_text())
+    assert result["systems"]["boundgen"]["error"] == "FileNotFoundError: no manifest.json"
+
+
+def test_argument_checks(tmp_path):
+    assert bench_cli.parse_levels("1,2,4") == (1, 2, 4)
+    for bad in ("4,2", "0,1", "a"):
+        with pytest.raises(ConfigError):
+            bench_cli.parse_levels(bad)
+    assert main(["bench", "--workload", "W1,W2", "--grpc", "h:1", "--model", "m", "--model-dir", "x",
+                 "--out", str(tmp_path)]) == 2  # W1 and W2 are different tasks
+    assert main(["bench", "--workload", "W1", "--grpc", "h:1", "--out", str(tmp_path)]) == 2  # no --model
