@@ -144,3 +144,23 @@ def test_startup_errors_exit_2(tmp_path, fake_dirs):
         taken.listen()
         busy = serve(str(fake_dirs["score"]), "--http-port", str(taken.getsockname()[1]), "--grpc-port", "0")
     assert busy.returncode == 2 and "cannot listen for HTTP" in busy.stderr
+
+
+def test_background_server_in_process(fake_dirs):
+    """The in-process variant (demo, bench, notebooks): same server on a thread of this process."""
+    import io
+
+    from boundgen.server.app import BackgroundServer
+    from boundgen.server.config import ServerConfig
+    from tests.server.fake_engine import FakeEngine
+
+    out = io.StringIO()
+    server = BackgroundServer([fake_dirs["score"]], ServerConfig(http_port=0, grpc_port=0),
+                              engine_factory=FakeEngine.from_dir, out=out)
+    with server:
+        for protocol, url in (("http", server.http_url), ("grpc", server.grpc_url)):
+            mod = thttp if protocol == "http" else tgrpc
+            t = mod.InferInput("TEXT", [1], "BYTES")
+            t.set_data_from_numpy(np.array([b"in process"], dtype=object))
+            assert mod.InferenceServerClient(url).infer("fscore", [t]).as_numpy("SCORES").shape == (1, 2)
+    assert server.exit_code == 0 and "stopped" in out.getvalue()
