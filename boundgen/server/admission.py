@@ -115,8 +115,7 @@ class Admission:
         waiter = asyncio.get_running_loop().create_future()
         self._waiters.append(waiter)
         try:
-            async with asyncio.timeout(deadline - time.monotonic()):
-                await waiter
+            await asyncio.wait_for(waiter, deadline - time.monotonic())  # cancels `waiter` on timeout
         except BaseException as exc:
             if waiter.done() and not waiter.cancelled():
                 self._release()  # the slot was handed over just as we gave up: pass it on
@@ -124,7 +123,7 @@ class Admission:
                 waiter.cancel()
                 self._remove(waiter)
             self._on_queue_wait(time.monotonic() - arrived)
-            if isinstance(exc, TimeoutError):
+            if isinstance(exc, asyncio.TimeoutError):  # builtin TimeoutError from 3.11 on
                 raise DeadlineExceeded(f"the deadline passed after {(time.monotonic() - arrived) * 1e3:.1f} ms "
                                        f"queued for model {self.model}; the request was not run") from None
             raise

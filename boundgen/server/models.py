@@ -53,9 +53,8 @@ class ModelSet:
         """Wait until no request is running or queued; False if `timeout_s` passed first."""
         waits = [m.admission.wait_idle() for m in self.models.values()]
         try:
-            async with asyncio.timeout(timeout_s):
-                await asyncio.gather(*waits)
-        except TimeoutError:
+            await asyncio.wait_for(asyncio.gather(*waits), timeout_s)
+        except asyncio.TimeoutError:
             return False
         return True
 
