@@ -1,5 +1,6 @@
-"""First look on the GPU: eager engine (torch vs Triton attention, with and without CUDA graphs)
-against the HF peer, one request at a time. Usage: PYTHONPATH=. python3 scripts/gpu_smoke.py OUT_DIR"""
+"""Survey on the GPU, one request at a time: the eager engine (torch vs Triton attention, with and
+without CUDA graphs), built artifacts found under ART_DIR (with and without graphs), and the HF
+peer. Usage: PYTHONPATH=. python3 scripts/gpu_smoke.py OUT_DIR [MODELS_DIR [ART_DIR]]"""
 
 import json
 import sys
@@ -7,6 +8,8 @@ import time
 from pathlib import Path
 
 import torch
+
+import boundgen
 
 from boundgen.bench.peer import HFPeer, peer_call
 from boundgen.bench.workloads import get_workload, load_tokenizer, make_requests
@@ -16,7 +19,8 @@ from boundgen.programs.spec import BeamSpec, ScoreSpec
 from boundgen.runtime.eager import default_stop_tokens, eager_engine, label_token_ids
 
 out_dir = Path(sys.argv[1])
-models = Path("/tmp/models")
+models = Path(sys.argv[2] if len(sys.argv) > 2 else "/tmp/models")
+art_root = Path(sys.argv[3]) if len(sys.argv) > 3 else None
 results = {}
 
 
@@ -35,9 +39,10 @@ def timed(call, requests, reps):
 
 
 for preset in ("qwen3-0.6b", "qwen2.5-0.5b"):
-    t0 = time.perf_counter()
-    write_demo_checkpoint(models / preset, preset, seed=0)
-    log("demo", preset, f"{time.perf_counter() - t0:.1f}s")
+    if not (models / preset / "config.json").is_file():
+        t0 = time.perf_counter()
+        write_demo_checkpoint(models / preset, preset, seed=0)
+        log("demo", preset, f"{time.perf_counter() - t0:.1f}s")
 
 for wl in ("W1", "W2", "W3"):
     spec_w = get_workload(wl)
@@ -71,6 +76,27 @@ for wl in ("W1", "W2", "W3"):
                 del eng
                 torch.cuda.empty_cache()
             except Exception as exc:  # keep going: this is a survey
+                results[key] = {"error": repr(exc)[:500]}
+                log(key, "FAILED", repr(exc)[:500])
+    for art in sorted(art_root.glob("*")) if art_root else []:
+        if not (art / "manifest.json").is_file() or json.loads((art / "manifest.json").read_text())["program"]["task"] != spec_w.task:
+            continue
+        for graphs in (False, True):
+            key = f"{wl} artifact={art.name} graphs={graphs}"
+            try:
+                t0 = time.perf_counter()
+                eng = boundgen.load(str(art), cuda_graphs=graphs)
+                load_s = time.perf_counter() - t0
+                call = call_of(eng)
+                ms = timed(call, reqs, 30)
+                r0 = call(reqs[0])
+                diff = float(abs(r0.scores - ref).max()) if ref is not None else float("nan")
+                results[key] = {"ms": ms, "max_diff_vs_first": diff, "load_s": load_s}
+                log(key, f"{ms:.2f} ms/request", f"diff {diff:.3g}", f"load {load_s:.1f}s", r0.timings)
+                eng.close()
+                del eng
+                torch.cuda.empty_cache()
+            except Exception as exc:
                 results[key] = {"error": repr(exc)[:500]}
                 log(key, "FAILED", repr(exc)[:500])
     peer = HFPeer(str(model_dir))
