@@ -82,7 +82,8 @@ def _attend_key_tiles(acc, l_i, m_i, q, k_ptr, v_ptr, stride_kt, stride_vt, offs
         in_range = offs_n < hi
         k = tl.load(k_ptr + offs_n[None, :] * stride_kt + offs_d[:, None],
                     mask=in_range[None, :], other=0.0)  # [D, N]
-        s = _dot(q, k, IEEE) * qk_scale  # [M, N], log2 domain
+        # .to(fp32): Inductor passes a Python float argument as fp64 in AOTI builds.
+        s = (_dot(q, k, IEEE) * qk_scale).to(tl.float32)  # [M, N], log2 domain
         if CAUSAL_MASK:
             s = tl.where(offs_n[None, :] <= offs_m[:, None], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))

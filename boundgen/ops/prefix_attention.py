@@ -98,7 +98,8 @@ def _prefix_attention_kernel(
         in_range = offs_n < prefix_len
         k = tl.load(kp_ptr + offs_n[None, :] * stride_kpl + offs_d[:, None],
                     mask=in_range[None, :], other=0.0)  # [D, N]
-        s = _dot(q, k, IEEE) * qk_scale  # [R, N], log2 domain
+        # .to(fp32): Inductor passes a Python float argument as fp64 in AOTI builds.
+        s = (_dot(q, k, IEEE) * qk_scale).to(tl.float32)  # [R, N], log2 domain
         s = tl.where(in_range[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         alpha = tl.exp2(m_i - m_new)
@@ -116,7 +117,7 @@ def _prefix_attention_kernel(
     for j in range(0, suffix_len):
         k = tl.load(ks_ptr + beam[:, None] * stride_ksw + j * stride_ksl + offs_d[None, :],
                     mask=row_ok[:, None], other=0.0)  # [R, D]
-        s = tl.sum(qf * k.to(tl.float32), axis=1) * qk_scale  # [R]
+        s = (tl.sum(qf * k.to(tl.float32), axis=1) * qk_scale).to(tl.float32)  # [R]
         m_new = tl.maximum(m_i, s)
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new)
