@@ -57,6 +57,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--executors", type=int, default=None, help="engine model calls at once (default: the artifact's)")
     p.add_argument("--cuda-graphs", action="store_true", default=None, help="engine replays CUDA graphs "
                    "(default: the artifact's setting)")
+    p.add_argument("--lowering", action="append", default=[], metavar="OP=IMPL",
+                   help="eager engine only: op lowering, repeatable (default on cuda: Triton attention)")
     p.add_argument("--device", default=None, help="device for the peer and an eager engine (default: cuda if present)")
     p.add_argument("--dtype", default=None, help="dtype for the peer and an eager engine (default: bf16 on cuda)")
 
@@ -120,9 +122,24 @@ def _engine(args, specs):
     else:
         pspec = BeamSpec(width=spec.width, steps=spec.steps, stop_token_ids=default_stop_tokens(args.artifact),
                          min_new_tokens=spec.steps, max_prompt_tokens=max_tokens)
+    lowering = _lowering(args.lowering, device)
     engine = eager_engine(args.artifact, pspec, dtype, device, contexts=args.contexts or 4,
-                          cuda_graphs=bool(args.cuda_graphs))
-    return engine, f"boundgen eager {args.artifact} {dtype} {device}{described}"
+                          cuda_graphs=bool(args.cuda_graphs), lowering=lowering)
+    chosen = ",".join(f"{k}={v}" for k, v in lowering.to_dict().items() if v != "torch") or "torch reference"
+    return engine, f"boundgen eager {args.artifact} {dtype} {device} lowering {chosen}{described}"
+
+
+def _lowering(pairs, device: str):
+    from boundgen.errors import ConfigError
+    from boundgen.ops.lowering import OpLowering
+
+    chosen = {"packed_attention": "triton", "prefix_attention": "triton"} if device.startswith("cuda") else {}
+    for pair in pairs:
+        op, sep, impl = pair.partition("=")
+        if not sep:
+            raise ConfigError(f"--lowering takes OP=IMPL, got {pair!r}")
+        chosen[op.strip()] = impl.strip()
+    return OpLowering.from_dict(chosen)
 
 
 def _check_engine_matches(engine, spec) -> None:
