@@ -1,6 +1,8 @@
 """`boundgen` command line: one module per subcommand, each exposing `register(subparsers)`.
 
 Only the CLI and `server/` read flags and the environment; everything below takes arguments.
+As a process entry point, `main` first re-executes itself with the system libstdc++ preloaded
+where loading AOTInductor packages would otherwise crash (runtime/libstdcxx.py).
 """
 
 import argparse
@@ -9,6 +11,7 @@ import os
 import sys
 
 from boundgen.errors import BoundgenError
+from boundgen.runtime.libstdcxx import reexec_with_preload
 
 # Subcommand modules, in the order `boundgen --help` lists them.
 COMMANDS = (
@@ -41,6 +44,8 @@ def make_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
+    if argv is None:  # a real process: fix the AOTInductor load crash before torch is imported
+        reexec_with_preload()
     parser = make_parser()
     args = parser.parse_args(argv)
     try:

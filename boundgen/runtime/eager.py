@@ -1,6 +1,7 @@
 """An engine over the eager program (no compilation): the reference path and the CLI's MODEL_DIR mode.
 
-Same DAG, contexts and nodes as a compiled artifact; only the model node's runner differs.
+Same DAG, contexts and nodes as a compiled artifact (runtime/assemble.py); only the model
+node's runner differs.
 """
 
 from __future__ import annotations
@@ -15,12 +16,8 @@ from boundgen.model.loader import load_model, parse_dtype
 from boundgen.ops.lowering import OpLowering
 from boundgen.programs.factory import make_program
 from boundgen.programs.spec import BeamSpec, ScoreSpec
-from boundgen.runtime.context import ContextPool, RequestContext
-from boundgen.runtime.dag import Dag
-from boundgen.runtime.engine import EngineSpec
+from boundgen.runtime.assemble import engine_spec, make_dag_engine  # noqa: F401 (engine_spec re-exported)
 from boundgen.runtime.executor import DagEngine
-from boundgen.runtime.graphs import GraphRunner
-from boundgen.runtime.nodes import beam_nodes, score_nodes
 from boundgen.text.tokenizer import Tokenizer
 
 
@@ -39,15 +36,6 @@ def label_token_ids(tokenizer: Tokenizer, labels) -> tuple[int, ...]:
     return tuple(tokenizer.token_id(label) for label in labels)
 
 
-def engine_spec(name: str, spec, device: str, dtype: str) -> EngineSpec:
-    common = dict(name=name, task=spec.task, max_samples=spec.max_samples,
-                  max_tokens_per_sample=spec.max_tokens_per_sample, max_total_tokens=spec.max_total_tokens,
-                  device=device, dtype=dtype)
-    if isinstance(spec, ScoreSpec):
-        return EngineSpec(labels=tuple(spec.labels), label_token_ids=tuple(spec.label_token_ids), **common)
-    return EngineSpec(width=spec.width, steps=spec.steps, **common)
-
-
 class EagerRunner:
     """Calls the program module directly, without autograd."""
 
@@ -57,24 +45,6 @@ class EagerRunner:
     def __call__(self, *inputs):
         with torch.inference_mode():
             return self.program(*inputs)
-
-
-def make_dag_engine(name, spec, tokenizer, runner, device: str, dtype: str, contexts: int = 1,
-                    executors: int = 1, cuda_graphs: bool = False, token_bucket: int = 256) -> DagEngine:
-    """Assemble the static DAG and the context pool around a runner (eager or compiled).
-
-    With `cuda_graphs` on a CUDA device the runner is wrapped in a GraphRunner and score
-    batches are padded to multiples of `token_bucket` tokens (runtime/graphs.py)."""
-    use_graphs = cuda_graphs and device.startswith("cuda")
-    if use_graphs:
-        runner = GraphRunner(runner)
-    bucket = token_bucket if use_graphs and isinstance(spec, ScoreSpec) else 0
-    make = score_nodes if isinstance(spec, ScoreSpec) else beam_nodes
-    inputs, nodes, outputs = make(tokenizer, spec, runner, executors, bucket)
-    dev = torch.device(device)
-    pool = ContextPool([RequestContext(spec.max_total_tokens, spec.max_samples, dev) for _ in range(contexts)])
-    warm = [{"texts": ["warm up"]}] if isinstance(spec, ScoreSpec) else [{"text": "warm up"}]
-    return DagEngine(engine_spec(name, spec, device, dtype), Dag(inputs, nodes, outputs), pool, warm)
 
 
 def eager_engine(model_dir, spec: ScoreSpec | BeamSpec, dtype: str = "float32", device: str = "cpu",

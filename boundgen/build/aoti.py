@@ -1,0 +1,60 @@
+"""ExportedProgram -> AOTInductor package (`model.pt2`), and the weights file beside it.
+
+Two ways to ship weights (the `weights` build option; docs/build.md has the measurement):
+- "external": the package holds code only (`aot_inductor.package_constants_in_so=False`);
+  the weights go to `weights.safetensors`, which the loader memory-maps and hands to the
+  package with `load_constants(..., user_managed=True)` (no copy on CPU).
+- "packaged": the weights are linked into the package's shared object (AOTInductor's default).
+
+Custom ops (`torch.library.triton_op`): on CPU, AOTInductor would inline their Triton kernels,
+which needs a GPU driver, so CPU builds run under `decompose_custom_triton_ops=False` and the
+package calls the op by name (its CPU kernel, the torch reference); a loading process must
+have imported `boundgen.ops` first. On CUDA the kernels are compiled into the package.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+PACKAGE_FILE = "model.pt2"
+WEIGHTS_FILE = "weights.safetensors"
+
+
+def inductor_configs(weights: str) -> dict:
+    return {"aot_inductor.package_constants_in_so": weights == "packaged"}
+
+
+def compile_package(ep: torch.export.ExportedProgram, out_dir: Path, device: str, weights: str) -> Path:
+    """Compile with AOTInductor into out_dir/model.pt2; returns its path."""
+    path = Path(out_dir) / PACKAGE_FILE
+    options = inductor_configs(weights)
+    keep_custom_ops = torch._functorch.config.patch(decompose_custom_triton_ops=False) if device == "cpu" \
+        else contextlib.nullcontext()
+    with keep_custom_ops, warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)")  # torch-internal noise
+        torch._inductor.aoti_compile_and_package(ep, package_path=str(path), inductor_configs=options)
+    return path
+
+
+def write_weights(ep: torch.export.ExportedProgram, out_dir: Path) -> Path:
+    """Save the exported program's parameters, buffers and constants, by FQN, to weights.safetensors.
+
+    The package asks for a subset by `get_constant_fqns()` (small buffers it folded in are not
+    asked for); a name it asks for and this file lacks fails validation, at build time."""
+    tensors, seen = {}, set()
+    for name, t in sorted({**ep.state_dict, **ep.constants}.items()):
+        if not isinstance(t, torch.Tensor):
+            continue  # script objects: none in our programs
+        t = t.detach().to("cpu").contiguous()
+        key = (t.untyped_storage().data_ptr(), t.storage_offset(), t.numel())
+        tensors[name] = t.clone() if key in seen else t  # safetensors refuses shared storage
+        seen.add(key)
+    path = Path(out_dir) / WEIGHTS_FILE
+    save_file(tensors, str(path), metadata={"format": "pt", "written_by": "boundgen build"})
+    path.chmod(0o644)  # safetensors writes 0600; a server may run as another user
+    return path

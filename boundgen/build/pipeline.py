@@ -1,0 +1,243 @@
+"""`boundgen build`: checkpoint -> program -> export -> AOTInductor -> validated artifact directory.
+
+Stages, each reported on stderr as `[build   12.3s] stage: ...` and timed in the manifest:
+  load      checkpoint + tokenizer; the program for the spec, with the chosen op lowering
+  export    torch.export with the spec's bounded dims (build/export.py)
+  compile   AOTInductor package, weights beside it or inside (build/aoti.py)
+  validate  the package, loaded as a deployment loads it, against the eager reference program
+            on representative and boundary inputs (build/validate.py); a failure stops here
+  write     tokenizer files, MLP head, manifest with hashes (build/manifest.py); not timed
+
+The artifact is assembled in a temporary sibling directory and moved into place only when
+everything passed, so an interrupted or failed build never leaves a half-written artifact.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import shutil
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from boundgen.build import aoti, export, manifest, validate
+from boundgen.build.config import BuildConfig
+from boundgen.errors import ConfigError
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+HEAD_FILE = "head.safetensors"
+
+
+class Progress:
+    def __init__(self, stream=None):
+        self.stream = stream if stream is not None else sys.stderr
+        self.start = time.perf_counter()
+        self.seconds: dict[str, float] = {}
+        self._stage, self._stage_start = None, self.start
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.start
+
+    def __call__(self, message: str) -> None:
+        print(f"[build {self.elapsed():6.1f}s] {message}", file=self.stream, flush=True)
+
+    def stage(self, name: str, message: str) -> None:
+        self._close()
+        self._stage, self._stage_start = name, time.perf_counter()
+        self(f"{name}: {message}")
+
+    def _close(self) -> None:
+        if self._stage is not None:
+            self.seconds[self._stage] = round(time.perf_counter() - self._stage_start, 2)
+            self._stage = None
+
+    def done(self) -> dict:
+        self._close()
+        self.seconds["total"] = round(self.elapsed(), 2)
+        return self.seconds
+
+
+def build(cfg: BuildConfig, progress: Progress | None = None) -> dict:
+    """Build the artifact cfg describes into cfg.out; returns the manifest written."""
+    from boundgen.model.loader import load_model, parse_dtype
+    from boundgen.ops.lowering import REFERENCE
+    from boundgen.programs.factory import make_program
+    from boundgen.runtime.assemble import make_dag
+    from boundgen.runtime.compiled import CompiledRunner
+    from boundgen.runtime.eager import EagerRunner
+    from boundgen.text.tokenizer import Tokenizer
+
+    progress = progress or Progress()
+    device = _check_device(cfg.device)
+    _check_out(cfg.out)
+    progress(f"building {cfg.summary()} -> {cfg.out}")
+    tmp = cfg.out.parent / f".{cfg.out.name}.building-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        progress.stage("load", f"{cfg.model_dir} in {cfg.dtype}, lowering {_lowering_text(cfg)}")
+        tokenizer = Tokenizer.from_dir(cfg.model_dir)
+        dtype = parse_dtype(cfg.dtype)
+        model = load_model(cfg.model_dir, dtype, device, cfg.lowering.resolve())
+        program = make_program(model, cfg.spec)
+        vocab = model.cfg.vocab_size
+
+        bounds = export.dim_bounds(cfg.spec)
+        progress.stage("export", ", ".join(f"{k} in [{lo}, {hi}]" for k, (lo, hi) in bounds.items()))
+        ep = export.export_program(program, cfg.spec, device, vocab)
+
+        progress.stage("compile", f"AOTInductor for {cfg.device}, weights {cfg.weights} (takes a while)")
+        package = aoti.compile_package(ep, tmp, cfg.device, cfg.weights)
+        weights = aoti.write_weights(ep, tmp) if cfg.weights == "external" else None
+        del ep
+
+        progress.stage("validate", "compiled package vs eager reference")
+        custom_ops = [op for op, impl in cfg.lowering.to_dict().items() if impl != "torch"]
+        compiled = CompiledRunner(package, weights, device, custom_ops=custom_ops)
+        if cfg.lowering == REFERENCE:
+            reference = EagerRunner(program)
+        else:  # the reference lowering, not the one under test
+            reference = EagerRunner(make_program(load_model(cfg.model_dir, dtype, device), cfg.spec))
+        num_classes = _num_classes(program, cfg.spec)
+        report = validate.validate(compiled, reference, cfg.spec, _output_names(cfg.spec), cfg.dtype, cfg.device,
+                                   vocab, cfg.tolerances)
+        for case in report["cases"]:
+            worst = {k: o.get("max_abs_err", "identical" if o.get("identical") else "differs")
+                     for k, o in case["outputs"].items()}
+            progress(f"  {case['name']}: {case['samples']} samples, {case['tokens']} tokens: "
+                     f"{'ok' if case['passed'] else 'FAILED'} {worst}")
+        if not report["passed"]:
+            raise validate.ValidationFailed(validate.failure_message(report) + f"\n(build of {cfg.out} abandoned)")
+        del compiled, reference, program, model
+
+        seconds = progress.done()  # recorded in the manifest, so before writing it
+        progress("write: tokenizer, manifest, hashes")
+        for name in TOKENIZER_FILES:
+            if (cfg.model_dir / name).is_file():
+                shutil.copy2(cfg.model_dir / name, tmp / name)
+        spec = cfg.spec
+        if getattr(spec, "head_path", None):
+            shutil.copy2(spec.head_path, tmp / HEAD_FILE)
+        topology = make_dag(spec, tokenizer, runner=None).topology()
+        written = manifest.write_manifest(tmp, _manifest(cfg, model_config(cfg.model_dir), topology, num_classes,
+                                                         package, weights, report, seconds))
+        if cfg.out.exists():
+            shutil.rmtree(cfg.out)
+        os.replace(tmp, cfg.out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    size = sum(p.stat().st_size for p in cfg.out.rglob("*") if p.is_file())
+    progress(f"done: {cfg.out} ({size / 2**20:.1f} MiB)")
+    return written
+
+
+def model_config(model_dir: Path) -> dict:
+    from boundgen.model.loader import read_config
+
+    return asdict(read_config(model_dir))
+
+
+def _manifest(cfg: BuildConfig, model_cfg: dict, topology: dict, num_classes: int, package: Path,
+              weights: Path | None, report: dict, seconds: dict) -> dict:
+    from boundgen.programs.spec import spec_to_dict
+
+    spec = cfg.spec
+    program = spec_to_dict(spec)
+    if program.get("head_path"):
+        program["head_path"] = HEAD_FILE
+    gpu_name = gpu_capability = None
+    if cfg.device.startswith("cuda"):
+        dev = torch.device(cfg.device)
+        gpu_name = torch.cuda.get_device_name(dev)
+        gpu_capability = ".".join(map(str, torch.cuda.get_device_capability(dev)))
+    request = ({"max_samples": spec.max_samples, "max_tokens_per_sample": spec.max_tokens_per_sample,
+                "max_total_tokens": spec.max_total_tokens} if spec.task == "score"
+               else {"max_prompt_tokens": spec.max_prompt_tokens, "width": spec.width, "steps": spec.steps})
+    return {
+        "name": cfg.name,
+        "task": spec.task,
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "model": {"source": str(cfg.model_dir.resolve()), "family": model_cfg["family"], "config": model_cfg},
+        "program": program,
+        "runtime": {
+            "topology": topology,
+            "tensors": tensor_interface(spec, num_classes),
+            "dims": {k: list(v) for k, v in export.dim_bounds(spec).items()},
+            "request": request,
+            "device": cfg.device,
+            "contexts": cfg.contexts,
+            "executors": cfg.executors,
+            "cuda_graphs": cfg.cuda_graphs,
+            "token_bucket": cfg.token_bucket,
+        },
+        "compile": {
+            "lowering": cfg.lowering.to_dict(),
+            "dtype": cfg.dtype,
+            "device": cfg.device,
+            "gpu_name": gpu_name,
+            "gpu_capability": gpu_capability,
+            "weights": cfg.weights,
+            "package_file": package.name,
+            "weights_file": weights.name if weights is not None else None,
+            "inductor_configs": aoti.inductor_configs(cfg.weights),
+            "decompose_custom_triton_ops": cfg.device != "cpu",
+            "seconds": seconds,
+        },
+        "validation": report,
+        "versions": manifest.versions(),
+    }
+
+
+def tensor_interface(spec, num_classes: int) -> dict:
+    """The model node's tensors: dtype, shape with dims by name (their bounds: `runtime.dims`), direction."""
+    if spec.task == "score":
+        tensors = {"tokens": ("input", "int64", ["T"]), "positions": ("input", "int64", ["T"]),
+                   "cu_seqlens": ("input", "int32", ["B+1"]), "probs": ("output", "float32", ["B", num_classes])}
+        if spec.topk:
+            tensors["topk_ids"] = ("output", "int64", ["B", spec.topk])
+            tensors["topk_probs"] = ("output", "float32", ["B", spec.topk])
+    else:
+        w, n = spec.width, spec.steps
+        tensors = {"tokens": ("input", "int64", ["L"]), "positions": ("input", "int64", ["L"]),
+                   "cu_seqlens": ("input", "int32", [2]), "token_ids": ("output", "int64", [w, n]),
+                   "scores": ("output", "float32", [w]), "finished": ("output", "bool", [w]),
+                   "beam_indices": ("output", "int64", [w, n])}
+    return {name: {"direction": io, "dtype": dtype, "shape": shape} for name, (io, dtype, shape) in tensors.items()}
+
+
+def _num_classes(program, spec) -> int:
+    """Score: columns of `probs` (labels, or the MLP head's classes); beam: 0."""
+    head = getattr(program, "head", None)
+    return head.num_classes if head is not None else len(getattr(spec, "labels", ()))
+
+
+def _output_names(spec) -> tuple[str, ...]:
+    if spec.task == "score":
+        return ("probs",) + (("topk_ids", "topk_probs") if spec.topk else ())
+    return ("token_ids", "scores", "finished", "beam_indices")
+
+
+def _lowering_text(cfg: BuildConfig) -> str:
+    changed = {k: v for k, v in cfg.lowering.to_dict().items() if v != "torch"}
+    return ", ".join(f"{k}={v}" for k, v in changed.items()) or "torch reference"
+
+
+def _check_device(device: str) -> torch.device:
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"--device {device} was asked for, but this machine has no CUDA device")
+    return dev
+
+
+def _check_out(out: Path) -> None:
+    if out.exists():
+        if not out.is_dir():
+            raise ConfigError(f"--out {out} exists and is not a directory")
+        if any(out.iterdir()) and not (out / manifest.MANIFEST_FILE).is_file():
+            raise ConfigError(f"--out {out} is a non-empty directory that is not a boundgen artifact; "
+                              "refusing to overwrite it (give a new or empty directory)")

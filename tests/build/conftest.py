@@ -1,0 +1,59 @@
+"""One tiny score artifact and one tiny beam artifact per session (two AOTInductor compiles on CPU).
+
+Tests must not modify them: a test that tampers with an artifact works on a copy (`artifact_copy`).
+With a CUDA build of torch (the GPU image) the test process restarts itself once with the system
+libstdc++ preloaded, as the CLI does, so that in-process `boundgen.load` may load packages.
+"""
+
+import io
+import shutil
+
+import pytest
+
+from boundgen.build import config
+from boundgen.build.pipeline import Progress, build
+from boundgen.runtime.libstdcxx import reexec_with_preload
+
+reexec_with_preload()  # no-op with a CPU torch (CI) or once restarted
+
+SCORE_OPTIONS = {"task": "score", "name": "tiny-score", "labels": [" yes", " no"], "max_samples": 4,
+                 "max_tokens_per_sample": 16, "max_total_tokens": 40, "contexts": 2}
+BEAM_OPTIONS = {"task": "beam", "name": "tiny-beam", "width": 4, "steps": 3, "max_prompt_tokens": 32}
+
+
+def _build(model_dir, out, options):
+    log = io.StringIO()
+    manifest = build(config.resolve(model_dir, out, options), Progress(log))
+    return out, manifest, log.getvalue()
+
+
+@pytest.fixture(scope="session")
+def score_build(tiny_qwen3_dir, tmp_path_factory):
+    """(artifact dir, manifest, progress log) of a tiny Qwen3 score artifact."""
+    return _build(tiny_qwen3_dir, tmp_path_factory.mktemp("artifacts") / "score", SCORE_OPTIONS)
+
+
+@pytest.fixture(scope="session")
+def beam_build(tiny_qwen2_dir, tmp_path_factory):
+    """(artifact dir, manifest, progress log) of a tiny Qwen2 beam artifact (qkv bias, stop token)."""
+    return _build(tiny_qwen2_dir, tmp_path_factory.mktemp("artifacts") / "beam", BEAM_OPTIONS)
+
+
+@pytest.fixture(scope="session")
+def score_artifact(score_build):
+    return score_build[0]
+
+
+@pytest.fixture(scope="session")
+def beam_artifact(beam_build):
+    return beam_build[0]
+
+
+@pytest.fixture
+def artifact_copy(tmp_path):
+    """copy(artifact_dir) -> a private copy to modify."""
+    def copy(src):
+        dst = tmp_path / src.name
+        shutil.copytree(src, dst)
+        return dst
+    return copy

@@ -1,0 +1,146 @@
+"""A built artifact: its manifest, and the engine `boundgen.load` makes of it, against the
+compiled package called directly (byte-identical) and the eager engine (within tolerance)."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+import boundgen
+from boundgen.build.manifest import MANIFEST_FILE, sha256_file
+from boundgen.errors import InvalidInput
+from boundgen.programs.spec import spec_from_dict
+from boundgen.runtime.compiled import CompiledRunner
+from boundgen.runtime.eager import eager_engine
+from boundgen.text.tokenizer import Tokenizer
+
+pytestmark = pytest.mark.slow  # AOTInductor compiles (session fixtures)
+
+TEXTS = ["query: running shoes | item: trail running shoe", "hello", "多语言 text ✓ with more words in it"]
+PROMPT = "query: running shoes -> item:"
+
+
+def direct_runner(artifact):
+    manifest = json.loads((artifact / MANIFEST_FILE).read_text())
+    compiled = manifest["compile"]
+    return CompiledRunner(artifact / compiled["package_file"], artifact / compiled["weights_file"], "cpu")
+
+
+def test_manifest_describes_the_artifact(score_build):
+    artifact, manifest, log = score_build
+    on_disk = json.loads((artifact / MANIFEST_FILE).read_text())
+    assert on_disk == manifest
+    assert set(manifest["files"]) == {"model.pt2", "weights.safetensors", "tokenizer.json", "tokenizer_config.json"}
+    for name, digest in manifest["files"].items():
+        assert sha256_file(artifact / name) == digest
+    assert manifest["runtime"]["dims"] == {"T": [1, 40], "B": [1, 5]}
+    assert manifest["runtime"]["request"] == {"max_samples": 4, "max_tokens_per_sample": 16, "max_total_tokens": 40}
+    assert manifest["runtime"]["contexts"] == 2 and manifest["runtime"]["executors"] == 1
+    assert manifest["runtime"]["tensors"]["probs"] == {"direction": "output", "dtype": "float32", "shape": ["B", 2]}
+    assert [n["name"] for n in manifest["runtime"]["topology"]["nodes"]] == ["tokenize", "model", "encode_scores"]
+    assert manifest["compile"]["lowering"]["packed_attention"] == "torch"
+    assert manifest["compile"]["weights"] == "external" and manifest["compile"]["device"] == "cpu"
+    assert manifest["versions"]["torch"] == torch.__version__
+    validation = manifest["validation"]
+    assert validation["passed"] and validation["tolerances"]["probs"] == 1e-4
+    shapes = {c["name"]: (c["samples"], c["tokens"]) for c in validation["cases"]}
+    assert shapes["one_sample_one_token"] == (1, 1)
+    assert shapes["max_samples_max_tokens"] == (4, 40)
+    assert shapes["padded_for_cuda_graphs"] == (5, 40)
+    for case in validation["cases"]:
+        assert case["outputs"]["probs"]["max_abs_err"] <= 1e-4
+    spec = spec_from_dict(manifest["program"])
+    assert spec.labels == (" yes", " no") and spec.max_samples == 4
+    # Progress lines: "[build  12.3s] stage: ..."
+    stages = [line.split("] ")[1].split(":")[0] for line in log.splitlines() if line.startswith("[build")]
+    for stage in ("load", "export", "compile", "validate", "write"):
+        assert stage in stages
+
+
+def test_beam_manifest_requires_identical_candidates(beam_build):
+    _, manifest, _ = beam_build
+    validation = manifest["validation"]
+    assert validation["passed"] and validation["ids_must_match"]
+    assert [(c["name"], c["tokens"]) for c in validation["cases"]] == [
+        ("one_token_prompt", 1), ("representative", 16), ("max_prompt", 32)]
+    for case in validation["cases"]:
+        assert case["outputs"]["token_ids"]["identical"] and case["outputs"]["beam_indices"]["identical"]
+    assert manifest["runtime"]["tensors"]["token_ids"]["shape"] == [4, 3]
+    assert manifest["program"]["stop_token_ids"] == [151643]  # from the checkpoint's generation_config.json
+
+
+def test_score_engine_is_byte_identical_to_the_package(score_artifact):
+    engine = boundgen.load(score_artifact)
+    result = engine.score(TEXTS)
+    batch = Tokenizer.from_dir(score_artifact).encode_packed(TEXTS, 16)
+    (probs,) = direct_runner(score_artifact)(batch.tokens, batch.positions, batch.cu_seqlens)
+    assert result.scores.dtype == np.float32 and result.scores.shape == (3, 2)
+    assert result.scores.tobytes() == probs.numpy().tobytes()
+
+
+def test_beam_engine_is_byte_identical_to_the_package(beam_artifact):
+    engine = boundgen.load(beam_artifact)
+    result = engine.beam(PROMPT)
+    batch = Tokenizer.from_dir(beam_artifact).encode_one(PROMPT, 32)
+    token_ids, scores, finished, _ = direct_runner(beam_artifact)(batch.tokens, batch.positions, batch.cu_seqlens)
+    assert result.token_ids.tolist() == token_ids.tolist()
+    assert result.scores.tobytes() == scores.numpy().tobytes()
+    assert result.finished.tolist() == finished.tolist()
+
+
+def test_score_engine_equals_eager(score_artifact, tiny_qwen3_dir):
+    engine = boundgen.load(score_artifact)
+    eager = eager_engine(tiny_qwen3_dir, engine_spec_of(score_artifact))
+    np.testing.assert_allclose(engine.score(TEXTS).scores, eager.score(TEXTS).scores, rtol=0, atol=1e-5)
+    assert engine.spec.labels == (" yes", " no") and engine.spec.max_samples == 4
+
+
+def test_beam_engine_equals_eager(beam_artifact, tiny_qwen2_dir):
+    engine = boundgen.load(beam_artifact)
+    eager = eager_engine(tiny_qwen2_dir, engine_spec_of(beam_artifact))
+    got, want = engine.beam(PROMPT), eager.beam(PROMPT)
+    assert got.candidates()[0]["text"] == want.candidates()[0]["text"]
+    assert got.token_ids.tolist() == want.token_ids.tolist()
+    np.testing.assert_allclose(got.scores, want.scores, rtol=0, atol=1e-4)
+    assert engine.spec.width == 4 and engine.spec.steps == 3
+
+
+def engine_spec_of(artifact):
+    return spec_from_dict(json.loads((artifact / MANIFEST_FILE).read_text())["program"])
+
+
+@pytest.mark.parametrize("texts,message", [
+    (["a"] * 5, "5 samples; this model accepts at most 4"),
+    (["word " * 20], r"sample 0 has 21 tokens, more than the limit of 16"),
+    (["one two three four five six seven eight nine ten eleven twelve"] * 4, "tokens in all; this model accepts at most 40"),
+    ([], "no samples"),
+])
+def test_score_beyond_bounds_is_invalid_input(score_artifact, texts, message):
+    engine = boundgen.load(score_artifact)
+    with pytest.raises(InvalidInput, match=message):
+        engine.score(texts)
+
+
+def test_beam_prompt_beyond_bound_is_invalid_input(beam_artifact):
+    engine = boundgen.load(beam_artifact)
+    with pytest.raises(InvalidInput, match="has 33 tokens, more than the limit of 32"):
+        engine.beam("word" + " word" * 32)
+    assert len(engine.beam("word" + " word" * 31).candidates()) == 4  # exactly at the bound: fine
+
+
+def test_concurrency_settings_come_from_the_manifest_and_can_be_overridden(score_artifact):
+    assert boundgen.load(score_artifact).pool.size == 2
+    engine = boundgen.load(score_artifact, contexts=3, executors=2)
+    assert engine.pool.size == 3
+    np.testing.assert_array_equal(engine.score(TEXTS).scores, boundgen.load(score_artifact).score(TEXTS).scores)
+
+
+def test_single_threaded_runner_for_cuda_graphs_gives_the_same_bytes(score_artifact):
+    manifest = json.loads((score_artifact / MANIFEST_FILE).read_text())
+    compiled = manifest["compile"]
+    single = CompiledRunner(score_artifact / compiled["package_file"], score_artifact / compiled["weights_file"],
+                            "cpu", executors=4, single_threaded=True)
+    batch = Tokenizer.from_dir(score_artifact).encode_packed(TEXTS, 16)
+    inputs = (batch.tokens, batch.positions, batch.cu_seqlens)
+    assert single(*inputs)[0].numpy().tobytes() == direct_runner(score_artifact)(*inputs)[0].numpy().tobytes()

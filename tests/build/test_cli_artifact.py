@@ -1,0 +1,61 @@
+"""`boundgen score|beam ARTIFACT_DIR` print the same JSON as the MODEL_DIR path (real processes)."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from boundgen.runtime import libstdcxx
+
+pytestmark = pytest.mark.slow  # uses the session's built artifacts
+
+REPO = Path(__file__).resolve().parents[2]
+TEXTS = ["query: running shoes | item: trail running shoe", "hello"]
+PROMPT = "query: running shoes -> item:"
+
+
+def cli(*args, env=None):
+    proc = subprocess.run([sys.executable, "-m", "boundgen", *map(str, args)], cwd=REPO, capture_output=True,
+                          text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout)
+
+
+def text_args(texts):
+    return [a for t in texts for a in ("--text", t)]
+
+
+def test_score_artifact_prints_what_the_model_dir_prints(score_artifact, tiny_qwen3_dir):
+    compiled = cli("score", score_artifact, *text_args(TEXTS))
+    eager = cli("score", tiny_qwen3_dir, "--labels", " yes", " no", "--max-tokens", "16", *text_args(TEXTS))
+    assert compiled["label_token_ids"] == eager["label_token_ids"]
+    np.testing.assert_allclose(compiled["scores"], eager["scores"], rtol=0, atol=1e-5)
+
+
+def test_beam_artifact_prints_what_the_model_dir_prints(beam_artifact, tiny_qwen2_dir):
+    compiled = cli("beam", beam_artifact, "--text", PROMPT)
+    eager = cli("beam", tiny_qwen2_dir, "--width", "4", "--steps", "3", "--text", PROMPT)
+    assert [c["token_ids"] for c in compiled["candidates"]] == [c["token_ids"] for c in eager["candidates"]]
+    assert [c["text"] for c in compiled["candidates"]] == [c["text"] for c in eager["candidates"]]
+    np.testing.assert_allclose([c["score"] for c in compiled["candidates"]],
+                               [c["score"] for c in eager["candidates"]], rtol=0, atol=1e-4)
+
+
+@pytest.mark.skipif(libstdcxx.system_libstdcxx() is None, reason="no libstdc++ in the linker cache")
+def test_cli_reexecutes_itself_with_the_preload(score_artifact):
+    """Forced here (a CPU torch needs no preload); on the GPU image it happens by itself."""
+    env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", libstdcxx.GUARD_ENV)}
+    env[libstdcxx.SWITCH_ENV] = "1"
+    forced = cli("score", score_artifact, *text_args(TEXTS), env=env)
+    assert forced == cli("score", score_artifact, *text_args(TEXTS))
+
+
+def test_build_flags_errors_are_clear(tiny_qwen3_dir, tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "boundgen", "build", str(tiny_qwen3_dir), "--task", "score",
+                           "--out", str(tmp_path / "a"), "--width", "4"], cwd=REPO, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 2 and "do not apply to a score build" in proc.stderr and "Traceback" not in proc.stderr

@@ -1,0 +1,84 @@
+"""Build options: deploy file merged with flags, checked before any compile."""
+
+import json
+
+import pytest
+
+from boundgen.build import config
+from boundgen.build.export import dim_bounds
+from boundgen.errors import ConfigError
+
+
+def deploy_file(tmp_path, obj):
+    path = tmp_path / "deploy.json"
+    path.write_text(json.dumps(obj))
+    return path
+
+
+def test_deploy_file_then_flags(tiny_qwen3_dir, tmp_path):
+    options, base = config.read_deploy_file(deploy_file(tmp_path, {
+        "task": "score", "labels": [" yes", " no"], "max_samples": 15, "max_tokens_per_sample": 256,
+        "lowering": {"packed_attention": "triton"}, "contexts": 3, "dtype": "float32"}))
+    options.update(max_samples=8, name="w1")  # flags win
+    cfg = config.resolve(tiny_qwen3_dir, tmp_path / "out", options, base)
+    assert cfg.name == "w1" and cfg.device == "cpu" and cfg.dtype == "float32"
+    assert cfg.spec.max_samples == 8 and cfg.spec.max_tokens_per_sample == 256
+    assert cfg.spec.max_total_tokens == 8 * 256  # default: samples x tokens per sample
+    assert cfg.spec.label_token_ids == (9834, 902)
+    assert cfg.lowering.packed_attention == "triton" and cfg.contexts == 3 and cfg.weights == "external"
+    assert dim_bounds(cfg.spec) == {"T": (1, 2048), "B": (1, 9)}
+
+
+def test_beam_defaults(tiny_qwen2_dir, tmp_path):
+    cfg = config.resolve(tiny_qwen2_dir, tmp_path / "beam", {"task": "beam", "width": 100, "steps": 5,
+                                                             "max_prompt_tokens": 512})
+    assert cfg.name == "beam" and cfg.spec.stop_token_ids == (151643,)
+    assert dim_bounds(cfg.spec) == {"L": (1, 512)}
+
+
+@pytest.mark.parametrize("options,message", [
+    ({"task": "rank"}, "--task must be score or beam"),
+    ({"task": "score", "labels": [" yes"], "width": 4}, "width do not apply to a score build"),
+    ({"task": "beam", "width": 4}, "needs --width W and --steps N"),
+    ({"task": "beam", "width": 4, "steps": 9}, r"in \[1, 5\]"),
+    ({"task": "score"}, "needs --labels"),
+    ({"task": "score", "labels": [" yes please"]}, "exactly one token"),
+    ({"task": "score", "labels": [" yes"], "device": "tpu"}, "--device must be cpu or cuda"),
+    ({"task": "score", "labels": [" yes"], "weights": "inline"}, "weights must be one of external, packaged"),
+    ({"task": "score", "labels": [" yes"], "lowering": {"packed_attention": "cuda"}}, "no lowering 'cuda'"),
+    ({"task": "score", "labels": [" yes"], "lowering": {"softmax": "triton"}}, "unknown ops in lowering: softmax"),
+    ({"task": "score", "labels": [" yes"], "max_samples": "15"}, "max_samples must be an integer"),
+    ({"task": "score", "labels": [" yes"], "max_tokens_per_sample": 64, "max_total_tokens": 32}, "exceeds"),
+])
+def test_bad_options_are_clear_errors(tiny_qwen3_dir, tmp_path, options, message):
+    with pytest.raises(ConfigError, match=message):
+        config.resolve(tiny_qwen3_dir, tmp_path / "out", options)
+
+
+def test_deploy_file_errors(tmp_path):
+    with pytest.raises(ConfigError, match="unknown keys: max_batch"):
+        config.read_deploy_file(deploy_file(tmp_path, {"max_batch": 4}))
+    (tmp_path / "bad.json").write_text("{")
+    with pytest.raises(ConfigError, match="not valid JSON"):
+        config.read_deploy_file(tmp_path / "bad.json")
+    with pytest.raises(ConfigError, match="not found"):
+        config.read_deploy_file(tmp_path / "missing.json")
+
+
+def test_lowering_flags():
+    assert config.parse_lowering_flags(["packed_attention=triton", "prefix_attention = triton"]) == {
+        "packed_attention": "triton", "prefix_attention": "triton"}
+    with pytest.raises(ConfigError, match="OP=IMPL"):
+        config.parse_lowering_flags(["triton"])
+
+
+def test_refuses_to_overwrite_a_directory_that_is_not_an_artifact(tiny_qwen3_dir, tmp_path):
+    from boundgen.build.pipeline import build
+
+    out = tmp_path / "precious"
+    out.mkdir()
+    (out / "notes.txt").write_text("keep me")
+    cfg = config.resolve(tiny_qwen3_dir, out, {"task": "score", "labels": [" yes"]})
+    with pytest.raises(ConfigError, match="not a boundgen artifact; refusing to overwrite"):
+        build(cfg)
+    assert (out / "notes.txt").read_text() == "keep me"

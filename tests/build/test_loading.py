@@ -1,0 +1,130 @@
+"""Loading refuses what it cannot run as built: tampered files or manifest, another torch,
+a device this process lacks, a missing libstdc++ preload where loading would crash."""
+
+import json
+import re
+
+import pytest
+
+import boundgen
+from boundgen.build import manifest as mf
+from boundgen.errors import ArtifactError
+from boundgen.runtime import libstdcxx
+
+pytestmark = pytest.mark.slow  # uses the session's built artifacts
+
+
+def edit_manifest(artifact, change, rehash=True):
+    """Apply change(manifest dict) and rewrite manifest.json, with a valid self hash if rehash."""
+    path = artifact / mf.MANIFEST_FILE
+    manifest = json.loads(path.read_text())
+    change(manifest)
+    if rehash:
+        manifest["manifest_sha256"] = mf._self_hash(manifest)
+    path.write_text(json.dumps(manifest, indent=2))
+
+
+def test_tampered_weight_file_is_refused_by_name(score_artifact, artifact_copy):
+    art = artifact_copy(score_artifact)
+    data = bytearray((art / "weights.safetensors").read_bytes())
+    data[-10] ^= 0x01  # one bit of one weight
+    (art / "weights.safetensors").write_bytes(bytes(data))
+    with pytest.raises(ArtifactError, match="weights.safetensors was modified or corrupted"):
+        boundgen.load(art)
+
+
+def test_missing_file_is_refused_by_name(beam_artifact, artifact_copy):
+    art = artifact_copy(beam_artifact)
+    (art / "tokenizer.json").unlink()
+    with pytest.raises(ArtifactError, match="tokenizer.json listed in the manifest is missing"):
+        boundgen.load(art)
+
+
+def test_edited_manifest_is_refused(score_artifact, artifact_copy):
+    art = artifact_copy(score_artifact)
+    edit_manifest(art, lambda m: m["program"].update(max_samples=64), rehash=False)
+    with pytest.raises(ArtifactError, match="manifest.json was modified after the build"):
+        boundgen.load(art)
+
+
+def test_manifest_that_is_not_json_is_refused(score_artifact, artifact_copy):
+    art = artifact_copy(score_artifact)
+    (art / mf.MANIFEST_FILE).write_text("{not json")
+    with pytest.raises(ArtifactError, match="not valid JSON"):
+        boundgen.load(art)
+
+
+def test_other_schema_is_refused(score_artifact, artifact_copy):
+    art = artifact_copy(score_artifact)
+    edit_manifest(art, lambda m: m.update(schema="boundgen.artifact/0"))
+    with pytest.raises(ArtifactError, match="schema 'boundgen.artifact/0'"):
+        boundgen.load(art)
+
+
+def test_other_torch_version_is_refused_saying_what_differs(score_artifact, artifact_copy):
+    import torch
+
+    art = artifact_copy(score_artifact)
+    major, minor = torch.__version__.split(".")[:2]
+    other = f"{major}.{int(minor) + 1}.0+cu130"
+    edit_manifest(art, lambda m: m["versions"].update(torch=other))
+    with pytest.raises(ArtifactError, match=rf"torch {re.escape(other)} at build, {re.escape(torch.__version__)} here"):
+        boundgen.load(art)
+
+
+def test_same_torch_minor_with_another_patch_loads(score_artifact, artifact_copy):
+    import torch
+
+    art = artifact_copy(score_artifact)
+    major, minor = torch.__version__.split(".")[:2]
+    edit_manifest(art, lambda m: m["versions"].update(torch=f"{major}.{minor}.99"))
+    assert boundgen.load(art).score(["hello"]).scores.shape == (1, 2)
+
+
+def test_cuda_artifact_without_a_gpu_is_refused(score_artifact, artifact_copy):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    art = artifact_copy(score_artifact)
+
+    def to_cuda(m):
+        m["compile"].update(device="cuda", gpu_name="NVIDIA H200", gpu_capability="9.0")
+        m["versions"]["cuda"] = "13.0"
+    edit_manifest(art, to_cuda)
+    with pytest.raises(ArtifactError, match="built for cuda on NVIDIA H200 .* no CUDA device"):
+        boundgen.load(art)
+
+
+def test_changed_runtime_topology_is_refused(score_artifact, artifact_copy):
+    art = artifact_copy(score_artifact)
+    edit_manifest(art, lambda m: m["runtime"]["topology"]["nodes"].pop())
+    with pytest.raises(ArtifactError, match="records a runtime DAG that this boundgen does not build"):
+        boundgen.load(art)
+
+
+def test_not_an_artifact(tmp_path):
+    with pytest.raises(ArtifactError, match="not a boundgen artifact: no manifest.json"):
+        boundgen.load(tmp_path)
+
+
+def test_missing_libstdcxx_preload_is_a_clear_error_not_a_crash(score_artifact, monkeypatch):
+    monkeypatch.delenv("LD_PRELOAD", raising=False)
+    with pytest.raises(ArtifactError, match="LD_PRELOAD=.*libstdc"):
+        boundgen.load(score_artifact, libstdcxx_check="require")
+    # Where the crash is expected (a CUDA build of torch on Linux), "auto" refuses too.
+    monkeypatch.delenv(libstdcxx.SWITCH_ENV, raising=False)
+    monkeypatch.setattr(libstdcxx, "torch_needs_preload", lambda: True)
+    if libstdcxx.system_libstdcxx() is not None:
+        with pytest.raises(ArtifactError, match="refusing to load an AOTInductor package"):
+            boundgen.load(score_artifact)
+    # With the preload in place it loads.
+    monkeypatch.setenv("LD_PRELOAD", "/usr/lib/x86_64-linux-gnu/libstdc++.so.6")
+    assert boundgen.load(score_artifact, libstdcxx_check="require").score(["hi"]).scores.shape == (1, 2)
+
+
+def test_manifest_missing_an_entry_is_refused(score_artifact, artifact_copy):
+    art = artifact_copy(score_artifact)
+    edit_manifest(art, lambda m: m["compile"].pop("package_file"))
+    with pytest.raises(ArtifactError, match="lacks the entry 'package_file'"):
+        boundgen.load(art)
