@@ -20,9 +20,11 @@ HEADER = ("| artifact | task | target | dtype | lowering | weights | export s | 
 
 
 def worst_errors(validation: dict) -> str:
-    """"probs 3.0e-08" per float output (max over cases), "token_ids 100% identical rows" per id output."""
+    """"probs 3.0e-08" per float output (max over cases), "token_ids 100% identical rows" per id
+    output, "token_ids 97% same candidates" (min over cases)."""
     errors: dict[str, float] = {}
     rows: dict[str, float] = {}
+    overlap: dict[str, float] = {}
     for case in validation["cases"]:
         for name, out in case["outputs"].items():
             if "max_abs_err" in out:
@@ -31,7 +33,10 @@ def worst_errors(validation: dict) -> str:
                     errors[name] = err
             elif "identical_rows" in out:
                 rows[name] = min(rows.get(name, 1.0), out["identical_rows"])
-    parts = [f"{k} {v:.1e}" for k, v in errors.items()] + [f"{k} {v:.0%} identical rows" for k, v in rows.items()]
+            if "candidate_overlap" in out:
+                overlap[name] = min(overlap.get(name, 1.0), out["candidate_overlap"])
+    parts = ([f"{k} {v:.1e}" for k, v in errors.items()] + [f"{k} {v:.0%} identical rows" for k, v in rows.items()]
+             + [f"{k} {v:.0%} same candidates" for k, v in overlap.items()])
     return ("passed: " if validation["passed"] else "FAILED: ") + ", ".join(parts)
 
 

@@ -13,8 +13,9 @@ Per output the maximum absolute error is recorded against a tolerance (fp32 1e-4
 fp16 looser, see TOLERANCES; the deploy file may override per output). Integer outputs
 (candidate ids, parent beams, finished flags, top-k ids) must be identical in fp32; in lower
 precision a near tie may flip between two candidates, so only the share of identical rows is
-recorded, and the sorted scores must agree within tolerance. Output dtypes and shapes must
-always match. The report goes into the manifest; a failure fails the build.
+recorded (and, for candidates, the share of the reference's candidate sequences that the
+compiled program found too), and the sorted scores must agree within tolerance. Output
+dtypes and shapes must always match. The report goes into the manifest; a failure fails the build.
 """
 
 from __future__ import annotations
@@ -139,8 +140,12 @@ def _compare(name: str, got: torch.Tensor, want: torch.Tensor, tolerances: dict,
     if name in EXACT_OUTPUTS or not got.is_floating_point():
         same_rows = (got == want).reshape(got.shape[0], -1).all(dim=1) if got.dim() else (got == want).reshape(1)
         identical = bool(same_rows.all())
-        return {"identical": identical, "identical_rows": round(float(same_rows.float().mean()), 6),
-                "passed": identical or not exact_required}
+        out = {"identical": identical, "identical_rows": round(float(same_rows.float().mean()), 6),
+               "passed": identical or not exact_required}
+        if name == "token_ids":  # the same candidates, maybe in another order after a near tie
+            rows_got, rows_want = set(map(tuple, got.tolist())), set(map(tuple, want.tolist()))
+            out["candidate_overlap"] = round(len(rows_got & rows_want) / max(1, len(rows_want)), 6)
+        return out
     err = (got.double() - want.double()).abs().max().item() if got.numel() else 0.0
     tol = tolerances.get(name, tolerances.get("probs"))
     ok = math.isfinite(err) and err <= tol

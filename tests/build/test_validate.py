@@ -87,3 +87,14 @@ def test_candidate_ids_must_match_in_fp32_only():
     fp32 = validate.validate(swapped, ref, spec, names, "float32", "cpu", 100)
     assert not fp32["passed"] and fp32["cases"][0]["outputs"]["token_ids"]["identical_rows"] == 0.0
     assert validate.validate(swapped, ref, spec, names, "bfloat16", "cpu", 100)["passed"]
+
+
+def test_candidate_overlap_counts_the_same_sequences_in_any_order():
+    spec = BeamSpec(width=3, steps=2, max_prompt_tokens=4)
+    rest = (torch.tensor([-1.0, -2.0, -3.0]), torch.zeros(3, dtype=torch.bool), torch.zeros(3, 2, dtype=torch.int64))
+    ref = lambda *x: (torch.tensor([[5, 6], [7, 8], [1, 2]]),) + rest  # noqa: E731
+    got = lambda *x: (torch.tensor([[7, 8], [5, 6], [3, 4]]),) + rest  # noqa: E731
+    report = validate.validate(got, ref, spec, ("token_ids", "scores", "finished", "beam_indices"), "bfloat16",
+                               "cpu", 100)
+    token_ids = report["cases"][0]["outputs"]["token_ids"]
+    assert token_ids["identical_rows"] == 0.0 and abs(token_ids["candidate_overlap"] - 2 / 3) < 1e-5
