@@ -57,6 +57,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--executors", type=int, default=None, help="engine model calls at once (default: the artifact's)")
     p.add_argument("--cuda-graphs", action="store_true", default=None, help="engine replays CUDA graphs "
                    "(default: the artifact's setting)")
+    p.add_argument("--batching", action="store_true", default=None,
+                   help="score: concurrent requests share model calls within the artifact's bounds")
     p.add_argument("--lowering", action="append", default=[], metavar="OP=IMPL",
                    help="eager engine only: op lowering, repeatable (default on cuda: Triton attention)")
     p.add_argument("--device", default=None, help="device for the peer and an eager engine (default: cuda if present)")
@@ -102,7 +104,8 @@ def _engine(args, specs):
     every workload in `specs`."""
     from boundgen.cli.common import is_artifact
 
-    overrides = {k: getattr(args, k) for k in ("contexts", "executors", "cuda_graphs") if getattr(args, k) is not None}
+    overrides = {k: getattr(args, k) for k in ("contexts", "executors", "cuda_graphs", "batching")
+                 if getattr(args, k) is not None}
     described = "".join(f" {k}={v}" for k, v in overrides.items())
     if is_artifact(args.artifact):
         import boundgen
@@ -117,14 +120,15 @@ def _engine(args, specs):
     spec, max_tokens = specs[0], max(s.max_tokens for s in specs)
     if spec.task == "score":
         ids = label_token_ids(Tokenizer.from_dir(args.artifact), spec.labels)
-        pspec = ScoreSpec(labels=spec.labels, label_token_ids=ids, max_samples=spec.samples,
-                          max_tokens_per_sample=max_tokens, max_total_tokens=spec.samples * max_tokens)
+        calls = 4 if args.batching else 1  # requests one model call may hold
+        pspec = ScoreSpec(labels=spec.labels, label_token_ids=ids, max_samples=calls * spec.samples,
+                          max_tokens_per_sample=max_tokens, max_total_tokens=calls * spec.samples * max_tokens)
     else:
         pspec = BeamSpec(width=spec.width, steps=spec.steps, stop_token_ids=default_stop_tokens(args.artifact),
                          min_new_tokens=spec.steps, max_prompt_tokens=max_tokens)
     lowering = _lowering(args.lowering, device)
     engine = eager_engine(args.artifact, pspec, dtype, device, contexts=args.contexts or 4,
-                          cuda_graphs=bool(args.cuda_graphs), lowering=lowering)
+                          cuda_graphs=bool(args.cuda_graphs), lowering=lowering, batching=bool(args.batching))
     chosen = ",".join(f"{k}={v}" for k, v in lowering.to_dict().items() if v != "torch") or "torch reference"
     return engine, f"boundgen eager {args.artifact} {dtype} {device} lowering {chosen}{described}"
 

@@ -11,6 +11,7 @@ import torch
 
 from boundgen.programs.spec import BeamSpec, ScoreSpec
 from boundgen.runtime.context import ContextPool, RequestContext
+from boundgen.runtime.batched import BatchedScoreEngine
 from boundgen.runtime.dag import Dag
 from boundgen.runtime.engine import EngineSpec
 from boundgen.runtime.executor import DagEngine
@@ -36,11 +37,12 @@ def make_dag(spec: ScoreSpec | BeamSpec, tokenizer, runner, executors: int = 1, 
 
 def make_dag_engine(name, spec, tokenizer, runner, device: str, dtype: str, contexts: int = 1,
                     executors: int = 1, cuda_graphs: bool = False, token_bucket: int = 256,
-                    extra: dict | None = None) -> DagEngine:
+                    extra: dict | None = None, batching: bool = False) -> DagEngine:
     """Assemble the static DAG and the context pool around a runner (eager or compiled).
 
     With `cuda_graphs` on a CUDA device the runner is wrapped in a GraphRunner and score
-    batches are padded to multiples of `token_bucket` tokens (runtime/graphs.py)."""
+    batches are padded to multiples of `token_bucket` tokens (runtime/graphs.py). With
+    `batching`, concurrent score requests share model calls (runtime/batched.py)."""
     use_graphs = cuda_graphs and device.startswith("cuda")
     if use_graphs:
         runner = GraphRunner(runner)
@@ -49,4 +51,9 @@ def make_dag_engine(name, spec, tokenizer, runner, device: str, dtype: str, cont
     dev = torch.device(device)
     pool = ContextPool([RequestContext(spec.max_total_tokens, spec.max_samples, dev) for _ in range(contexts)])
     warm = [{"texts": ["warm up"]}] if isinstance(spec, ScoreSpec) else [{"text": "warm up"}]
-    return DagEngine(engine_spec(name, spec, device, dtype, extra), dag, pool, warm)
+    extra = {**(extra or {}), "contexts": contexts, "executors": executors, "cuda_graphs": use_graphs,
+             "batching": bool(batching and isinstance(spec, ScoreSpec))}
+    # Requests the server should let in at once: one per context, more when they can share calls.
+    extra["concurrency"] = contexts * (8 if extra["batching"] else 1)
+    cls = BatchedScoreEngine if extra["batching"] else DagEngine
+    return cls(engine_spec(name, spec, device, dtype, extra), dag, pool, warm)

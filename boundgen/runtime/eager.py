@@ -49,11 +49,11 @@ class EagerRunner:
 
 def eager_engine(model_dir, spec: ScoreSpec | BeamSpec, dtype: str = "float32", device: str = "cpu",
                  name: str | None = None, lowering: OpLowering | None = None, contexts: int = 1,
-                 cuda_graphs: bool = False) -> DagEngine:
+                 cuda_graphs: bool = False, batching: bool = False) -> DagEngine:
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise ConfigError("--device cuda was asked for, but no CUDA device is available")
     tokenizer = Tokenizer.from_dir(model_dir)
     model = load_model(model_dir, parse_dtype(dtype), device, (lowering or OpLowering()).resolve())
     program = make_program(model, spec)
     return make_dag_engine(name or Path(model_dir).name, spec, tokenizer, EagerRunner(program), device, dtype,
-                           contexts, cuda_graphs=cuda_graphs)
+                           contexts, cuda_graphs=cuda_graphs, batching=batching)

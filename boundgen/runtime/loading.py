@@ -28,7 +28,7 @@ from boundgen.text.tokenizer import Tokenizer
 
 
 def load_artifact_engine(path, contexts: int | None = None, executors: int | None = None,
-                         cuda_graphs: bool | None = None, verify_files: bool = True,
+                         cuda_graphs: bool | None = None, verify_files: bool = True, batching: bool | None = None,
                          libstdcxx_check: str = "auto") -> DagEngine:
     """The engine for an artifact directory. contexts / executors / cuda_graphs override the
     manifest's runtime config; libstdcxx_check is "auto" (refuse where the load would crash),
@@ -36,12 +36,13 @@ def load_artifact_engine(path, contexts: int | None = None, executors: int | Non
     root = Path(path)
     manifest = mf.read_manifest(root)
     try:
-        return _load(root, manifest, contexts, executors, cuda_graphs, verify_files, libstdcxx_check)
+        return _load(root, manifest, contexts, executors, cuda_graphs, verify_files, libstdcxx_check, batching)
     except KeyError as exc:
         raise ArtifactError(f"{root / mf.MANIFEST_FILE} lacks the entry {exc}; rebuild the artifact") from None
 
 
-def _load(root: Path, manifest: dict, contexts, executors, cuda_graphs, verify_files, libstdcxx_check) -> DagEngine:
+def _load(root: Path, manifest: dict, contexts, executors, cuda_graphs, verify_files, libstdcxx_check,
+          batching=None) -> DagEngine:
     if verify_files:
         mf.verify_files(root, manifest)
     device = _check_device(manifest)
@@ -74,7 +75,8 @@ def _load(root: Path, manifest: dict, contexts, executors, cuda_graphs, verify_f
     return make_dag_engine(manifest["name"], spec, tokenizer, runner, str(device), compiled["dtype"],
                            contexts=contexts or runtime.get("contexts", 1), executors=executors,
                            cuda_graphs=cuda_graphs,
-                           token_bucket=runtime.get("token_bucket", 256), extra=extra)
+                           token_bucket=runtime.get("token_bucket", 256), extra=extra,
+                           batching=runtime.get("batching", False) if batching is None else batching)
 
 
 def _check_device(manifest: dict) -> torch.device:

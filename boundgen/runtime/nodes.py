@@ -39,6 +39,10 @@ class TokenizeNode(Node):
 
     def run(self, ctx, **inputs):
         texts = [inputs["text"]] if self.single else list(inputs["texts"])
+        return self.stage(ctx, self.encode(texts))
+
+    def encode(self, texts: list[str]):
+        """Check the request against the bounds and tokenize it (CPU only, no context needed)."""
         b = self.bounds
         if not texts:
             raise InvalidInput("the request has no samples")
@@ -49,12 +53,16 @@ class TokenizeNode(Node):
         total = int(batch.tokens.shape[0])
         if total > b.max_total_tokens:
             raise InvalidInput(f"the request has {total} tokens in all; this model accepts at most {b.max_total_tokens}")
+        return batch
+
+    def stage(self, ctx, batch):
+        """Pad for CUDA graphs if configured and write the batch into the context's buffers."""
         tokens, positions, cu = batch.tokens, batch.positions, batch.cu_seqlens
         if self.token_bucket:
-            padded = bucket_size(total, self.token_bucket, b.max_total_tokens)
-            tokens, positions, cu = pad_batch(tokens, positions, cu, padded, b.max_samples + 1)
+            padded = bucket_size(int(tokens.shape[0]), self.token_bucket, self.bounds.max_total_tokens)
+            tokens, positions, cu = pad_batch(tokens, positions, cu, padded, self.bounds.max_samples + 1)
         tokens, positions, cu = ctx.stage(tokens, positions, cu)
-        return {"tokens": tokens, "positions": positions, "cu_seqlens": cu, "num_samples": len(texts)}
+        return {"tokens": tokens, "positions": positions, "cu_seqlens": cu, "num_samples": batch.num_samples}
 
 
 class ModelNode(Node):

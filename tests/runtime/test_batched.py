@@ -1,0 +1,69 @@
+"""Concurrent score requests batched into one call give the same results as one call each."""
+
+import threading
+
+import numpy as np
+import pytest
+
+from boundgen.programs.spec import ScoreSpec
+from boundgen.runtime.batched import BatchedScoreEngine, concat_packed
+from boundgen.runtime.eager import eager_engine, label_token_ids
+from boundgen.text.tokenizer import Tokenizer
+
+TEXTS = [["a relevant document about shoes", "no"], ["x"], ["lamp", "desk lamp", "three samples here"], ["yes"]]
+
+
+@pytest.fixture(scope="module")
+def engines(tiny_qwen3_dir):
+    ids = label_token_ids(Tokenizer.from_dir(tiny_qwen3_dir), (" yes", " no"))
+    spec = ScoreSpec(labels=(" yes", " no"), label_token_ids=ids, max_samples=6, max_tokens_per_sample=32,
+                     max_total_tokens=64)
+    single = eager_engine(tiny_qwen3_dir, spec)
+    batched = eager_engine(tiny_qwen3_dir, spec, contexts=1, batching=True)
+    yield single, batched
+    batched.close()
+
+
+def test_concat_packed(tiny_qwen3_dir):
+    tok = Tokenizer.from_dir(tiny_qwen3_dir)
+    a, b = tok.encode_packed(["one two", "three"], 16), tok.encode_packed(["four five six"], 16)
+    ab = concat_packed([a, b])
+    assert ab.cu_seqlens.tolist() == [0, a.lengths[0], a.num_tokens, a.num_tokens + b.num_tokens]
+    assert ab.lengths == a.lengths + b.lengths and ab.positions.tolist()[-1] == b.lengths[0] - 1
+
+
+def test_batched_equals_single(engines):
+    single, batched = engines
+    assert isinstance(batched, BatchedScoreEngine)
+    expected = [single.score(t).scores for t in TEXTS]
+    results = [None] * len(TEXTS)
+    barrier = threading.Barrier(len(TEXTS))
+
+    def call(i):
+        barrier.wait()
+        results[i] = batched.score(TEXTS[i])
+
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(len(TEXTS))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    for exp, res in zip(expected, results):
+        np.testing.assert_allclose(res.scores, exp, rtol=1e-5, atol=1e-6)
+    assert batched._batcher.items == len(TEXTS)
+
+
+def test_warmup_goes_through_the_batcher(engines):
+    _, batched = engines
+    served = batched._batcher.items
+    batched.warmup()
+    assert batched._batcher.items == served + 1
+
+
+def test_batched_bad_input_is_the_callers_error(engines):
+    from boundgen.errors import InvalidInput
+
+    _, batched = engines
+    with pytest.raises(InvalidInput, match="at most 6"):
+        batched.score(["x"] * 7)
+    assert batched.score(["still fine"]).scores.shape == (1, 2)
