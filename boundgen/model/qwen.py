@@ -48,13 +48,11 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.inter = cfg.intermediate_size
         self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).split([self.inter, self.inter], dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+    def forward(self, x: torch.Tensor, ops: Ops) -> torch.Tensor:
+        return self.down_proj(ops.silu_mul(self.gate_up_proj(x)))
 
 
 class Layer(nn.Module):
@@ -71,7 +69,7 @@ class Layer(nn.Module):
 
     def attn_out(self, h, attn, ops: Ops):
         h = h + self.self_attn.o_proj(attn.reshape(attn.shape[0], -1))
-        return h + self.mlp(ops.rmsnorm(h, self.post_attention_layernorm, self.cfg.rms_norm_eps))
+        return h + self.mlp(ops.rmsnorm(h, self.post_attention_layernorm, self.cfg.rms_norm_eps), ops)
 
 
 class QwenModel(nn.Module):

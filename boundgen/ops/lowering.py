@@ -21,6 +21,7 @@ class OpLowering:
     rope: str = "torch"
     packed_attention: str = "torch"
     prefix_attention: str = "torch"
+    silu_mul: str = "torch"
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -44,6 +45,7 @@ class Ops:
     rope: Callable
     packed_attention: Callable
     prefix_attention: Callable
+    silu_mul: Callable
 
 
 def implementation(op: str, lowering: str) -> Callable:
