@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# The whole GPU session in one device call (< 10 minutes):
+#   1. scripts/gpu_bench.sh in the background (demo checkpoints, W1 build, W1/W2/W3 benches vs the peer);
+#   0. first the fused elementwise kernels' gpu tests: they decide whether the eager W2/W3 engine
+#      uses them;
+#   2. meanwhile, while it writes checkpoints and compiles: the attention kernels' gpu tests and
+#      scripts/peer_check.py (where the HF peer's W1 time goes);
+#   3. everything packed into $OUT (at most 8 files come back from the device tool).
+#   OUT=/dir bash scripts/gpu_final.sh      (system python3; PYTHONPATH is set here)
+set -uo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+OUT="${OUT:-$root/out/gpu_final}"; RES=/tmp/gpu_final; WORK=/tmp/boundgen_gpu_bench
+mkdir -p "$OUT" "$RES"
+export PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}" TRITON_INTERPRET=0 PYTHONUNBUFFERED=1 WORK
+start=$SECONDS; log() { echo "[final +$(( SECONDS - start ))s] $*"; }
+
+fused_tests=$(ls tests/ops/test_rmsnorm.py tests/ops/test_rope.py tests/ops/test_silu_mul.py 2>/dev/null)
+fused=""
+if [[ -n "$fused_tests" ]]; then
+  timeout 120 python3 -m pytest -q -m gpu $fused_tests -p no:cacheprovider > "$RES/gpu_tests_fused.log" 2>&1
+  rc=$?; log "fused kernel gpu tests: exit $rc -- $(tail -n 1 "$RES/gpu_tests_fused.log")"
+  (( rc == 0 )) && fused="--lowering rmsnorm=triton --lowering rope=triton --lowering silu_mul=triton"
+fi
+log "W2/W3 eager engine lowering extra: ${fused:-none}"
+OUT="$RES" BUDGET_S="${BUDGET_S:-470}" ENGINE="--contexts 4 --cuda-graphs $fused" bash scripts/gpu_bench.sh > "$RES/gpu_bench.out" 2>&1 &
+bench=$!
+timeout 150 python3 -m pytest -q -m gpu tests/ops/test_packed_attention.py tests/ops/test_prefix_attention.py \
+  tests/ops/test_attention_aoti.py -p no:cacheprovider > "$RES/gpu_tests.log" 2>&1
+log "attention gpu tests: exit $? -- $(tail -n 1 "$RES/gpu_tests.log")"
+for _ in $(seq 1 60); do [[ -f "$WORK/models/qwen3-0.6b/model.safetensors" ]] && break; sleep 2; done
+sleep 5
+timeout 90 python3 scripts/peer_check.py "$WORK/models/qwen3-0.6b" > "$RES/peer_check.log" 2>&1
+log "peer check: exit $?"; grep -v -i warn "$RES/peer_check.log" | tail -n 8
+wait $bench
+log "gpu_bench.sh done"
+tail -n 60 "$RES/gpu_bench.out"
+cp "$RES/summary.md" "$RES/latency_vs_qps.png" "$OUT/" 2>/dev/null
+tar czf "$OUT/results.tgz" -C "$RES" --exclude='trace_*' . && tar czf "$OUT/traces.tgz" -C "$RES" --wildcards 'trace_*' 2>/dev/null
+ls -la "$OUT"
