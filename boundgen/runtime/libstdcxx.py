@@ -91,14 +91,19 @@ def missing_preload_message(lib: str) -> str:
             "affected, pass libstdcxx_check=\"skip\" to boundgen.load (or set BOUNDGEN_LIBSTDCXX_PRELOAD=0).")
 
 
-def reexec_with_preload(argv: list[str] | None = None) -> None:
-    """CLI entry: exec this same command again with LD_PRELOAD set, when needed. Returns if not."""
+def reexec_needed() -> str | None:
+    """The libstdc++ to preload if `reexec_with_preload` would re-execute this process, else None."""
     switch = _switch()
     if os.environ.get(GUARD_ENV) or switch in OFF or not sys.platform.startswith("linux"):
-        return
+        return None
     if is_preloaded() or (switch not in FORCE and not torch_needs_preload()):
-        return
-    lib = system_libstdcxx()
+        return None
+    return system_libstdcxx()
+
+
+def reexec_with_preload(argv: list[str] | None = None) -> None:
+    """CLI entry: exec this same command again with LD_PRELOAD set, when needed. Returns if not."""
+    lib = reexec_needed()
     if lib is None:
         return
     env = dict(os.environ)

@@ -12,9 +12,16 @@ import pytest
 
 from boundgen.build import config
 from boundgen.build.pipeline import Progress, build
-from boundgen.runtime.libstdcxx import reexec_with_preload
+from boundgen.runtime import libstdcxx
 
-reexec_with_preload()  # no-op with a CPU torch (CI) or once restarted
+
+def pytest_configure(config):
+    """Restart pytest with the preload where loading packages would crash (never with a CPU torch)."""
+    if libstdcxx.reexec_needed() is not None:
+        capture = config.pluginmanager.getplugin("capturemanager")
+        if capture is not None:  # the restarted process must inherit the real stdout / stderr
+            capture.stop_global_capturing()
+        libstdcxx.reexec_with_preload()
 
 SCORE_OPTIONS = {"task": "score", "name": "tiny-score", "labels": [" yes", " no"], "max_samples": 4,
                  "max_tokens_per_sample": 16, "max_total_tokens": 40, "contexts": 2}
