@@ -108,11 +108,14 @@ class BeamEncodeNode(Node):
         self.spec = NodeSpec("encode_beams", "cpu", BEAM_OUTPUTS, ("result",))
 
     def run(self, ctx, token_ids, scores, finished, beam_indices):
-        ids, sc, fin = _to_host(ctx, token_ids, scores, finished)
+        return {"result": self.encode(*_to_host(ctx, token_ids, scores, finished))}
+
+    def encode(self, ids: np.ndarray, scores: np.ndarray, finished: np.ndarray) -> BeamResult:
+        """One request's candidates (host arrays) -> result with decoded texts."""
         texts = self.tokenizer.decode_batch(
             [[int(t) for t in row if t >= 0 and int(t) not in self.stop] for row in ids])
-        return {"result": BeamResult(token_ids=ids.astype(np.int32), scores=sc.astype(np.float32, copy=False),
-                                     finished=fin.astype(bool), texts=texts)}
+        return BeamResult(token_ids=ids.astype(np.int32), scores=scores.astype(np.float32, copy=False),
+                          finished=finished.astype(bool), texts=texts)
 
 
 def score_nodes(tokenizer, spec, runner, executors: int = 1, token_bucket: int = 0):
