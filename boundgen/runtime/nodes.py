@@ -48,8 +48,11 @@ class TokenizeNode(Node):
             raise InvalidInput("the request has no samples")
         if len(texts) > b.max_samples:
             raise InvalidInput(f"the request has {len(texts)} samples; this model accepts at most {b.max_samples}")
-        batch = self.tokenizer.encode_packed(texts, max_tokens_per_sample=b.max_tokens_per_sample,
-                                             template=b.template)
+        if self.single:  # errors then speak of "the prompt"
+            batch = self.tokenizer.encode_one(texts[0], b.max_tokens_per_sample, template=b.template)
+        else:
+            batch = self.tokenizer.encode_packed(texts, max_tokens_per_sample=b.max_tokens_per_sample,
+                                                 template=b.template)
         total = int(batch.tokens.shape[0])
         if total > b.max_total_tokens:
             raise InvalidInput(f"the request has {total} tokens in all; this model accepts at most {b.max_total_tokens}")
