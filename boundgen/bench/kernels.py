@@ -10,6 +10,12 @@ Cases (ARCHITECTURE.md workloads, bf16):
   The Triton kernel runs in its default layout and with one beam per program.
 The packed kernel also runs with the launch configs of PACKED_SWEEP, to pick the default.
 
+Elementwise ops (bf16, Triton kernel vs the torch reference, which is several kernels each):
+RMSNorm over hidden states and per head (q/k views of a fused qkv row, as the model passes
+them), RoPE on q/k, silu_mul on gate_up; W1 at Qwen3-0.6B shapes (T 2400, H 1024, heads 16/8
+of D 128, I 3072), W2 at Qwen2.5-0.5B shapes (T 100 beams, H 896, heads 14/2 of D 64, I 4864).
+Their FLOPs are elementwise operation counts (rough); bytes are what matters.
+
 Timing: GPU time per call, CUDA graph of `calls` back-to-back calls replayed `replays` times
 (median), so host launch overhead is out and L2 is warm (as in the model, where the preceding
 projection has just written q/k/v). Throughput uses *logical* work, the same for every
@@ -26,7 +32,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from boundgen.ops import packed_attention, prefix_attention
+from boundgen.ops import packed_attention, prefix_attention, rmsnorm, rope, silu_mul
 
 PEAK_BF16_FLOPS = 989e12  # H200 dense BF16
 COPY_BYTES_PER_S = 4.1e12  # measured device copy (GPU.md)
@@ -191,9 +197,68 @@ def bench_prefix(width: int, prefix_len: int, suffix_len: int, heads=(14, 2), he
                     calls, replays)
 
 
+def _qkv_view(num_tokens: int, num_heads: int, head_dim: int, device: str, dtype: torch.dtype):
+    """[T, N, D] view of a wider row (as q/k are views of the fused qkv output): not contiguous."""
+    qkv = torch.randn(num_tokens, 2 * num_heads * head_dim, device=device, dtype=dtype)
+    return qkv[:, : num_heads * head_dim].reshape(num_tokens, num_heads, head_dim)
+
+
+def bench_rmsnorm(num_tokens: int, hidden: int, num_heads: int | None = None, device: str = "cuda",
+                  calls: int = 20, replays: int = 10,
+                  dtype: torch.dtype = torch.bfloat16) -> list[KernelTiming]:
+    """RMSNorm over x [T, hidden], or with num_heads over a [T, num_heads, hidden] qkv view."""
+    if num_heads is None:
+        x = torch.randn(num_tokens, hidden, device=device, dtype=dtype)
+        case = f"rmsnorm T={num_tokens} H={hidden}"
+    else:
+        x = _qkv_view(num_tokens, num_heads, hidden, device, dtype)
+        case = f"rmsnorm per head T={num_tokens} N={num_heads} D={hidden}"
+    weight = 1 + 0.1 * torch.randn(hidden, device=device, dtype=dtype)
+    impls = {"triton": lambda: rmsnorm.launch(x, weight, 1e-6),
+             "torch reference": lambda: rmsnorm.reference(x, weight, 1e-6)}
+    work = (4.0 * x.numel(), float((2 * x.numel() + hidden) * dtype.itemsize))
+    return _measure(case, impls, work, calls, replays)
+
+
+def bench_rope(num_tokens: int, num_heads: int, head_dim: int, strided: bool, device: str = "cuda",
+               calls: int = 20, replays: int = 10,
+               dtype: torch.dtype = torch.bfloat16) -> list[KernelTiming]:
+    """RoPE on x [T, N, D]: a qkv view (strided) or contiguous (as after the Qwen3 q/k norm)."""
+    x = _qkv_view(num_tokens, num_heads, head_dim, device, dtype)
+    x = x if strided else x.contiguous()
+    positions = torch.arange(num_tokens, device=device)
+    cos, sin = rope.cos_sin(positions, rope.inv_freq(head_dim, 1e6).to(device), dtype)
+    impls = {"triton": lambda: rope.launch(x, cos, sin),
+             "torch reference": lambda: rope.reference(x, cos, sin)}
+    work = (3.0 * x.numel(), float((2 * x.numel() + 2 * cos.numel()) * dtype.itemsize))
+    case = f"rope T={num_tokens} N={num_heads} D={head_dim}{' qkv view' if strided else ''}"
+    return _measure(case, impls, work, calls, replays)
+
+
+def bench_silu_mul(num_tokens: int, inter: int, device: str = "cuda", calls: int = 20,
+                   replays: int = 10, dtype: torch.dtype = torch.bfloat16) -> list[KernelTiming]:
+    x = torch.randn(num_tokens, 2 * inter, device=device, dtype=dtype)
+    impls = {"triton": lambda: silu_mul.launch(x),
+             "torch reference": lambda: silu_mul.reference(x)}
+    work = (5.0 * num_tokens * inter, float(3 * num_tokens * inter * dtype.itemsize))
+    return _measure(f"silu_mul T={num_tokens} I={inter}", impls, work, calls, replays)
+
+
+def bench_elementwise(device: str = "cuda", calls: int = 20, replays: int = 10,
+                      dtype: torch.dtype = torch.bfloat16) -> list[KernelTiming]:
+    """RMSNorm, RoPE and silu_mul at W1 (Qwen3-0.6B, T 2400) and W2 (Qwen2.5-0.5B, T 100) shapes."""
+    kw = dict(device=device, calls=calls, replays=replays, dtype=dtype)
+    return (bench_rmsnorm(2400, 1024, **kw) + bench_rmsnorm(2400, 128, num_heads=16, **kw)
+            + bench_rope(2400, 16, 128, strided=False, **kw)
+            + bench_rope(2400, 8, 128, strided=False, **kw) + bench_silu_mul(2400, 3072, **kw)
+            + bench_rmsnorm(100, 896, **kw) + bench_rope(100, 14, 64, strided=True, **kw)
+            + bench_rope(100, 2, 64, strided=True, **kw) + bench_silu_mul(100, 4864, **kw))
+
+
 def run_kernel_benchmarks(device: str = "cuda", seed: int = 0, calls: int = 20,
                           replays: int = 10) -> list[KernelTiming]:
-    """All cases: W1 packed prefill, then W2/W3 beam steps (L_p 64 and 400, L_s 1..4)."""
+    """All cases: W1 packed prefill, W2/W3 beam steps (L_p 64 and 400, L_s 1..4), then the
+    elementwise ops at W1 and W2 shapes."""
     if not torch.cuda.is_available():
         raise RuntimeError("kernel benchmarks need a CUDA device")
     rows = bench_packed(w1_lengths(seed), device=device, calls=calls, replays=replays)
@@ -201,7 +266,7 @@ def run_kernel_benchmarks(device: str = "cuda", seed: int = 0, calls: int = 20,
         for suffix_len in range(1, 5):
             rows += bench_prefix(100, prefix_len, suffix_len, device=device, calls=calls,
                                  replays=replays)
-    return rows
+    return rows + bench_elementwise(device, calls, replays)
 
 
 def markdown_table(rows: list[KernelTiming]) -> str:

@@ -1,11 +1,26 @@
 """RMSNorm: y = w * (x / sqrt(mean(x^2) + eps)), statistics in FP32, as HF Qwen2RMSNorm.
 
-x [T, H] (or [T, N, D] for the per-head q/k norm of Qwen3), w [H]. Bytes moved: read x and w,
-write y. The normalised value is cast back to the input dtype before the weight multiply,
-exactly as HF does, so that bf16 results match the peer bit for bit in the common case.
+x [T, H] (or [T, N, D] for the per-head q/k norm of Qwen3), w [H] -> y of x's shape, contiguous.
+Bytes moved: read x and w, write y. The normalised value is cast back to the input dtype before
+the weight multiply, exactly as HF does, so that bf16 results match the peer bit for bit in the
+common case.
+
+Triton kernel: one program per block of rows (a row is one token, or one (token, head) of a
+[T, N, D] input), the whole row in registers.
+- x may be any view with a contiguous last dim (the q/k norm reads a slice of the fused qkv output
+  reshaped to [T, N, D]): rows are addressed through the token and head strides, never copied.
+- Same rounding as `reference`: sum of squares in FP32, rstd = 1 / sqrt(mean + eps) with
+  IEEE-rounded sqrt and division (as torch's CPU rsqrt), normalised value rounded to x's dtype,
+  then w * that in FP32, rounded to x's dtype. Only the order of the FP32 sum differs, so bf16
+  results equal the reference's or differ by one ulp where the FP32 rstd differs in its last bit.
 """
 
 import torch
+import triton
+import triton.language as tl
+from torch.library import triton_op, wrap_triton
+
+from boundgen.ops.rounding import round_to
 
 
 def reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -16,5 +31,99 @@ def reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor
     return weight * h.to(dtype)
 
 
+# ---------------------------------------------------------------------------------------------
+# Triton kernel
+
+@triton.jit
+def _rmsnorm_kernel(x_ptr, w_ptr, out_ptr, eps, num_rows, stride_xt, stride_xn,
+                    NUM_HEADS: tl.constexpr, HIDDEN: tl.constexpr, BLOCK_ROWS: tl.constexpr,
+                    BLOCK_H: tl.constexpr, SOFT_BF16: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)  # row = token * N + head
+    cols = tl.arange(0, BLOCK_H)
+    col_ok = cols < HIDDEN
+    mask = (rows < num_rows)[:, None] & col_ok[None, :]
+    token = (rows // NUM_HEADS).to(tl.int64)
+    head = rows % NUM_HEADS
+    rows = rows.to(tl.int64)
+    x = tl.load(x_ptr + (token * stride_xt + head * stride_xn)[:, None] + cols[None, :],
+                mask=mask, other=0.0)  # [R, H]
+    xf = x.to(tl.float32)
+    mean_sq = tl.div_rn(tl.sum(xf * xf, axis=1), tl.full([BLOCK_ROWS], HIDDEN, tl.float32))
+    # eps made FP32 first: Inductor passes a Python float argument as fp64 in AOTI builds.
+    var = mean_sq + tl.full([BLOCK_ROWS], eps, tl.float32)
+    rstd = tl.div_rn(tl.full([BLOCK_ROWS], 1.0, tl.float32), tl.sqrt_rn(var))  # [R]
+    normed = round_to(xf * rstd[:, None], x.dtype, SOFT_BF16)
+    w = tl.load(w_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)  # [H]
+    y = w[None, :] * normed.to(tl.float32)
+    tl.store(out_ptr + rows[:, None] * HIDDEN + cols[None, :],
+             round_to(y, x.dtype, SOFT_BF16), mask=mask)
+
+
+# ---------------------------------------------------------------------------------------------
+# Launcher
+
+SUPPORTED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def _check(x: torch.Tensor, weight: torch.Tensor) -> None:
+    if x.dim() not in (2, 3):
+        raise ValueError(f"rmsnorm: expected x [T, H] or [T, N, D]; got shape {tuple(x.shape)}")
+    if weight.dim() != 1 or weight.shape[0] != x.shape[-1]:
+        raise ValueError(f"rmsnorm: weight must be [{x.shape[-1]}] (x's last dim); got "
+                         f"{tuple(weight.shape)}")
+    if x.dtype not in SUPPORTED_DTYPES or weight.dtype != x.dtype:
+        raise ValueError(f"rmsnorm: x and weight must share one dtype of bfloat16, float16, "
+                         f"float32; got x {x.dtype}, weight {weight.dtype}")
+    if x.stride(-1) != 1 or weight.stride(0) != 1:
+        raise ValueError(f"rmsnorm: the last dim of x and weight must be contiguous (stride 1); "
+                         f"got strides x {x.stride()}, weight {weight.stride()}")
+    if x.device != weight.device:
+        raise ValueError(f"rmsnorm: x and weight must be on one device; got x {x.device}, "
+                         f"weight {weight.device}")
+
+
+def default_config(hidden: int) -> tuple[int, int]:
+    """(BLOCK_ROWS, num_warps): ~2K elements per program (a row of H 1024 is 2 rows per program,
+    a head of D 128 is 16). Fixed, not autotuned: deterministic builds."""
+    block_h = triton.next_power_of_2(hidden)
+    return max(1, min(64, 2048 // block_h)), (8 if block_h >= 4096 else 4)
+
+
+def launch(x: torch.Tensor, weight: torch.Tensor, eps: float, block_rows: int | None = None,
+           num_warps: int | None = None) -> torch.Tensor:
+    """Run the Triton kernel; same signature and result as `reference`. The launch config is
+    overridable for tests (small blocks exercise many programs on tiny inputs) and benchmarks."""
+    _check(x, weight)
+    hidden = x.shape[-1]
+    num_heads = x.shape[1] if x.dim() == 3 else 1
+    stride_xn = x.stride(1) if x.dim() == 3 else 0
+    num_rows = x.shape[0] * num_heads
+    default_rows, default_warps = default_config(hidden)
+    block_rows, num_warps = block_rows or default_rows, num_warps or default_warps
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    grid = (triton.cdiv(num_rows, block_rows),)
+    wrap_triton(_rmsnorm_kernel)[grid](
+        x, weight, out, eps, num_rows, x.stride(0), stride_xn, NUM_HEADS=num_heads,
+        HIDDEN=hidden, BLOCK_ROWS=block_rows, BLOCK_H=triton.next_power_of_2(hidden),
+        SOFT_BF16=x.device.type == "cpu", num_warps=num_warps)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Registered op: one node under torch.export; the kernel on CUDA, the reference on CPU.
+
+@triton_op("boundgen::rmsnorm", mutates_args=())
+def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return launch(x, weight, eps)
+
+
+rmsnorm.register_kernel("cpu")(reference)
+
+
+@rmsnorm.register_fake
+def _(x, weight, eps):
+    return x.new_empty(x.shape, dtype=torch.promote_types(x.dtype, weight.dtype))
+
+
 # Lowerings by name; the build config picks one per op and records it in the manifest.
-IMPLEMENTATIONS = {"torch": reference}
+IMPLEMENTATIONS = {"torch": reference, "triton": rmsnorm}

@@ -3,10 +3,23 @@
 inv_freq[i] = 1 / theta^(2i / D); angle[t, i] = position[t] * inv_freq[i] in FP32;
 cos/sin [T, D] = cos/sin(cat(angle, angle)) cast to the activation dtype;
 y = x * cos + rotate_half(x) * sin with rotate_half(x) = cat(-x[..., D/2:], x[..., :D/2]).
-x [T, N, D]. Bytes moved: read x, cos, sin; write y.
+x [T, N, D] -> y [T, N, D] contiguous. Bytes moved: read x, cos, sin; write y.
+
+Triton kernel: one program per (token block, head block), each row split in its two halves:
+    y[:D/2] = x1 * cos[:D/2] - x2 * sin[:D/2],   y[D/2:] = x2 * cos[D/2:] + x1 * sin[D/2:]
+with each product and the sum rounded to x's dtype, as the reference's three torch ops round
+(products in FP32, which is exact for bf16/fp16 operands): bf16/fp16 results equal the
+reference's bit for bit. cos/sin rows are loaded once per token block and shared by its heads.
+x may be any view with a contiguous head dim (the model passes a slice of the fused qkv output
+reshaped to [T, N, D]); cos/sin need a contiguous last dim.
 """
 
 import torch
+import triton
+import triton.language as tl
+from torch.library import triton_op, wrap_triton
+
+from boundgen.ops.rounding import round_to
 
 
 def inv_freq(head_dim: int, theta: float) -> torch.Tensor:
@@ -34,5 +47,113 @@ def reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Te
     return x * cos + _rotate_half(x) * sin
 
 
+# ---------------------------------------------------------------------------------------------
+# Triton kernel
+
+@triton.jit
+def _rope_kernel(x_ptr, cos_ptr, sin_ptr, out_ptr, num_tokens, stride_xt, stride_xn,
+                 stride_ct, stride_st, NUM_HEADS: tl.constexpr, HALF: tl.constexpr,
+                 BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_HALF: tl.constexpr,
+                 SOFT_BF16: tl.constexpr):
+    dtype = x_ptr.dtype.element_ty
+    tokens = (tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)).to(tl.int64)
+    heads = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_HALF)
+    t_ok = tokens < num_tokens
+    d_ok = offs_d < HALF
+    mask_td = t_ok[:, None] & d_ok[None, :]  # [T, D/2]
+    mask = mask_td[:, None, :] & (heads < NUM_HEADS)[None, :, None]  # [T, N, D/2]
+
+    cos_row = cos_ptr + tokens[:, None] * stride_ct + offs_d[None, :]
+    sin_row = sin_ptr + tokens[:, None] * stride_st + offs_d[None, :]
+    cos1 = tl.load(cos_row, mask=mask_td, other=0.0).to(tl.float32)[:, None, :]
+    cos2 = tl.load(cos_row + HALF, mask=mask_td, other=0.0).to(tl.float32)[:, None, :]
+    sin1 = tl.load(sin_row, mask=mask_td, other=0.0).to(tl.float32)[:, None, :]
+    sin2 = tl.load(sin_row + HALF, mask=mask_td, other=0.0).to(tl.float32)[:, None, :]
+
+    x_at = (x_ptr + tokens[:, None, None] * stride_xt + heads[None, :, None] * stride_xn
+            + offs_d[None, None, :])
+    x1 = tl.load(x_at, mask=mask, other=0.0).to(tl.float32)  # [T, N, D/2]
+    x2 = tl.load(x_at + HALF, mask=mask, other=0.0).to(tl.float32)
+
+    y1 = (round_to(x1 * cos1, dtype, SOFT_BF16).to(tl.float32)
+          + round_to(-x2 * sin1, dtype, SOFT_BF16).to(tl.float32))
+    y2 = (round_to(x2 * cos2, dtype, SOFT_BF16).to(tl.float32)
+          + round_to(x1 * sin2, dtype, SOFT_BF16).to(tl.float32))
+    out_at = (out_ptr + (tokens[:, None, None] * NUM_HEADS + heads[None, :, None]) * (2 * HALF)
+              + offs_d[None, None, :])
+    tl.store(out_at, round_to(y1, dtype, SOFT_BF16), mask=mask)
+    tl.store(out_at + HALF, round_to(y2, dtype, SOFT_BF16), mask=mask)
+
+
+# ---------------------------------------------------------------------------------------------
+# Launcher
+
+SUPPORTED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def _check(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
+    if x.dim() != 3 or x.shape[2] % 2:
+        raise ValueError(f"rope: expected x [T, N, D] with an even head dim D; got shape "
+                         f"{tuple(x.shape)}")
+    expected = (x.shape[0], x.shape[2])
+    if tuple(cos.shape) != expected or tuple(sin.shape) != expected:
+        raise ValueError(f"rope: cos and sin must be [T, D] = {list(expected)}; got cos "
+                         f"{tuple(cos.shape)}, sin {tuple(sin.shape)}")
+    if x.dtype not in SUPPORTED_DTYPES or cos.dtype != x.dtype or sin.dtype != x.dtype:
+        raise ValueError(f"rope: x, cos and sin must share one dtype of bfloat16, float16, "
+                         f"float32; got x {x.dtype}, cos {cos.dtype}, sin {sin.dtype}")
+    if x.stride(2) != 1 or cos.stride(1) != 1 or sin.stride(1) != 1:
+        raise ValueError(f"rope: the last dim of x, cos and sin must be contiguous (stride 1); "
+                         f"got strides x {x.stride()}, cos {cos.stride()}, sin {sin.stride()}")
+    if not (x.device == cos.device == sin.device):
+        raise ValueError(f"rope: x, cos and sin must be on one device; got x {x.device}, "
+                         f"cos {cos.device}, sin {sin.device}")
+
+
+def default_config(num_heads: int, head_dim: int) -> tuple[int, int, int]:
+    """(BLOCK_T, BLOCK_N, num_warps): all heads of a token in one program (up to 16), tokens
+    added up to ~1K half-row elements per program (Qwen3 q: 2 tokens x 16 heads x 64; Qwen2
+    q: 4 x 16 x 32). Fixed, not autotuned: deterministic builds."""
+    block_n = min(16, triton.next_power_of_2(num_heads))
+    per_token = block_n * triton.next_power_of_2(head_dim // 2)
+    return max(1, min(64, 1024 // per_token)), block_n, 4
+
+
+def launch(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, block_t: int | None = None,
+           block_n: int | None = None, num_warps: int | None = None) -> torch.Tensor:
+    """Run the Triton kernel; same signature and result as `reference`. The launch config is
+    overridable for tests (small blocks exercise many programs on tiny inputs) and benchmarks."""
+    _check(x, cos, sin)
+    num_tokens, num_heads, head_dim = x.shape
+    default_t, default_n, default_warps = default_config(num_heads, head_dim)
+    block_t, block_n = block_t or default_t, block_n or default_n
+    num_warps = num_warps or default_warps
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    grid = (triton.cdiv(num_tokens, block_t), triton.cdiv(num_heads, block_n))
+    wrap_triton(_rope_kernel)[grid](
+        x, cos, sin, out, num_tokens, x.stride(0), x.stride(1), cos.stride(0), sin.stride(0),
+        NUM_HEADS=num_heads, HALF=head_dim // 2, BLOCK_T=block_t, BLOCK_N=block_n,
+        BLOCK_HALF=triton.next_power_of_2(head_dim // 2), SOFT_BF16=x.device.type == "cpu",
+        num_warps=num_warps)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Registered op: one node under torch.export; the kernel on CUDA, the reference on CPU.
+
+@triton_op("boundgen::rope", mutates_args=())
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    return launch(x, cos, sin)
+
+
+rope.register_kernel("cpu")(reference)
+
+
+@rope.register_fake
+def _(x, cos, sin):
+    return x.new_empty(x.shape)
+
+
 # Lowerings by name; the build config picks one per op and records it in the manifest.
-IMPLEMENTATIONS = {"torch": reference}
+IMPLEMENTATIONS = {"torch": reference, "triton": rope}

@@ -1,0 +1,23 @@
+"""Rounding FP32 values to a kernel's storage dtype the way torch rounds, interpreter included.
+
+Elementwise kernels that reproduce torch's per-op rounding (`rmsnorm`, `rope`, `silu_mul`) cast
+FP32 intermediates to bf16/fp16 with `round_to`. Compiled for the GPU that is a plain cast
+(round to nearest even). The Triton interpreter (CPU) truncates FP32 -> bf16 casts instead
+(triton 3.7.1 `InterpreterBuilder.cast_impl`; its "rtne" mode rounds ties up), so launchers pass
+SOFT_BF16 = True for CPU tensors: the value is first rounded to the bf16 grid in FP32 by integer
+arithmetic on its bits (ties to even; inf and NaN stay inf and NaN), after which truncation is
+exact (the interpreter still mishandles FP32 subnormals, which no test input produces).
+"""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def round_to(x, dtype: tl.constexpr, SOFT_BF16: tl.constexpr):
+    """x (FP32) rounded to nearest-even in `dtype`, returned in `dtype`."""
+    if SOFT_BF16 and dtype == tl.bfloat16:
+        bits = x.to(tl.uint32, bitcast=True)
+        bits = (bits + (0x7FFF + ((bits >> 16) & 1))) & 0xFFFF0000
+        x = bits.to(tl.float32, bitcast=True)
+    return x.to(dtype)

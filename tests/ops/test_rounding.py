@@ -1,0 +1,38 @@
+"""round_to: FP32 -> bf16/fp16 rounding to nearest even in a kernel, under the interpreter as on
+the GPU (the interpreter's own bf16 cast truncates)."""
+
+import os
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+from boundgen.ops.rounding import round_to
+
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+KERNEL_DEVICE = "cpu" if INTERPRETED else ("cuda" if torch.cuda.is_available() else None)
+
+
+@triton.jit
+def _round_kernel(x_ptr, out_ptr, N: tl.constexpr, SOFT_BF16: tl.constexpr):
+    offs = tl.arange(0, N)
+    tl.store(out_ptr + offs, round_to(tl.load(x_ptr + offs), out_ptr.dtype.element_ty, SOFT_BF16))
+
+
+@pytest.mark.skipif(KERNEL_DEVICE is None, reason="needs TRITON_INTERPRET=1 or a CUDA device")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.filterwarnings("ignore:overflow encountered in cast")  # numpy, 3.4e38 -> fp16 (inf)
+def test_round_to_matches_torch_cast(dtype):
+    gen = torch.Generator().manual_seed(0)
+    a, b = (torch.randn(1024, generator=gen).to(dtype).float() for _ in range(2))
+    ties = (torch.randint(-3000, 3000, (512,), generator=gen).to(dtype).float() + 0.5) * 2.0 ** -7
+    x = torch.cat([torch.randn(1024, generator=gen) * 100, a * b, ties,
+                   torch.tensor([float("inf"), -float("inf"), float("nan"), 0.0, -0.0, 3.4e38,
+                                 65519.0, 65520.0])])
+    x = torch.nn.functional.pad(x, (0, 4096 - x.numel())).to(KERNEL_DEVICE)
+    out = torch.empty(x.shape, dtype=dtype, device=KERNEL_DEVICE)
+    _round_kernel[(1,)](x, out, N=x.numel(), SOFT_BF16=x.device.type == "cpu")
+    expected = x.to(dtype)
+    same = (out == expected) | (out.isnan() & expected.isnan())
+    assert bool(same.all()), (x[~same][:5], out[~same][:5], expected[~same][:5])
