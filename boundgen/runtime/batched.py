@@ -1,4 +1,4 @@
-"""`BatchedScoreEngine`: score requests that arrive together share one model call.
+"""`BatchedScoreEngine` / `BatchedBeamEngine`: requests that arrive together share one model call.
 
 The DAG is the same as `DagEngine`'s (tokenize -> model -> encode_scores); what changes is
 who runs which node. The caller's thread tokenizes its own request (CPU work scales with
@@ -20,7 +20,7 @@ from boundgen.errors import InvalidInput
 from boundgen.runtime.batcher import Batcher
 from boundgen.runtime.executor import DagEngine
 from boundgen.runtime.nodes import _to_host
-from boundgen.runtime.results import ScoreResult
+from boundgen.runtime.results import BeamResult, ScoreResult
 from boundgen.text.tokenizer import PackedBatch
 
 
@@ -83,6 +83,58 @@ class BatchedScoreEngine(DagEngine):
     def warmup(self) -> None:
         for inputs in self._warmup_inputs:  # the contexts belong to the batcher: go through it
             self.score(inputs["texts"])
+
+    def close(self) -> None:
+        self._batcher.close()
+
+
+class BatchedBeamEngine(DagEngine):
+    """Beam requests that arrive together run as one program call over R prompts (R x W beams).
+
+    The beam program keeps requests independent (each beam attends to its own prompt's K/V and
+    candidates are selected per request), so results equal one call per request. A call holds
+    at most `max_requests` prompts and the artifact's token bound for the packed prompts.
+    """
+
+    def __init__(self, *args, max_requests: int = 8, **kwargs):
+        super().__init__(*args, **kwargs)
+        nodes = {n.spec.name: n for n in self.dag.nodes}
+        self._tokenize, self._model, self._encode = nodes["tokenize"], nodes["model"], nodes["encode_beams"]
+        self._max_requests, self._max_tokens = max_requests, self._tokenize.bounds.max_total_tokens
+        self._width = self.spec.width
+        contexts = [self.pool.acquire() for _ in range(self.pool.size)]
+        self._batcher = Batcher(contexts, self._run_batch, self._fits, name=f"{self.spec.name}-batch")
+
+    def _fits(self, batch: list, item) -> bool:
+        packed = [entry[0] for entry in batch] + [item[0]]
+        return len(packed) <= self._max_requests and sum(p.num_tokens for p in packed) <= self._max_tokens
+
+    def _run_batch(self, ctx, items):
+        start = time.perf_counter()
+        staged = self._tokenize.stage(ctx, concat_packed([p for p, _ in items]))
+        out = self._model.run(ctx, staged["tokens"], staged["positions"], staged["cu_seqlens"])
+        ids, scores, finished = _to_host(ctx, out["token_ids"], out["scores"], out["finished"])
+        seconds = time.perf_counter() - start
+        w = self._width
+        return [((ids[i * w:(i + 1) * w], scores[i * w:(i + 1) * w], finished[i * w:(i + 1) * w]),
+                 start - submitted, seconds, len(items)) for i, (_, submitted) in enumerate(items)]
+
+    def beam(self, text: str) -> BeamResult:
+        if self.spec.task != "beam" or not isinstance(text, str):
+            return super().beam(text)
+        t0 = time.perf_counter()
+        packed = self._tokenize.encode([text])
+        t1 = time.perf_counter()
+        rows, queued, model_s, batch_size = self._batcher.submit((packed, t1))
+        t2 = time.perf_counter()
+        result = self._encode.encode(*rows)
+        result.timings = {"pre": t1 - t0, "queue": queued, "model": model_s, "post": time.perf_counter() - t2,
+                          "batch_requests": batch_size, "total": time.perf_counter() - t0}
+        return result
+
+    def warmup(self) -> None:
+        for inputs in self._warmup_inputs:
+            self.beam(inputs["text"])
 
     def close(self) -> None:
         self._batcher.close()
