@@ -149,7 +149,10 @@ def environment() -> dict:
     try:
         root = Path(__file__).resolve().parents[2]
         env["commit"] = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
-                                       text=True, timeout=5).stdout.strip() or "unknown"
+                                       text=True, timeout=5).stdout.strip()
+        if not env["commit"] and (root / "COMMIT").is_file():  # a `git archive` snapshot (scripts/gpu_final.sh)
+            env["commit"] = (root / "COMMIT").read_text().strip()
+        env["commit"] = env["commit"] or "unknown"
     except Exception:
         env["commit"] = "unknown"
     return env
