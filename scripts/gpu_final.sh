@@ -23,7 +23,8 @@ if [[ -n "$fused_tests" ]]; then
   (( rc == 0 )) && fused="--lowering rmsnorm=triton --lowering rope=triton --lowering silu_mul=triton"
 fi
 log "W2/W3 eager engine lowering extra: ${fused:-none}"
-OUT="$RES" BUDGET_S="${BUDGET_S:-470}" ENGINE="--contexts 4 --cuda-graphs $fused" bash scripts/gpu_bench.sh > "$RES/gpu_bench.out" 2>&1 &
+OUT="$RES" BUDGET_S="${BUDGET_S:-470}" ENGINE="--contexts 4 --cuda-graphs $fused" \
+  W1_ENGINE="--contexts 2 --cuda-graphs --batching $fused" bash scripts/gpu_bench.sh > "$RES/gpu_bench.out" 2>&1 &
 bench=$!
 timeout 150 python3 -m pytest -q -m gpu tests/ops/test_packed_attention.py tests/ops/test_prefix_attention.py \
   tests/ops/test_attention_aoti.py -p no:cacheprovider > "$RES/gpu_tests.log" 2>&1
