@@ -33,6 +33,10 @@ for _ in $(seq 1 60); do [[ -f "$WORK/models/qwen3-0.6b/model.safetensors" ]] &&
 sleep 5
 timeout 90 python3 scripts/peer_check.py "$WORK/models/qwen3-0.6b" > "$RES/peer_check.log" 2>&1
 log "peer check: exit $?"; grep -v -i warn "$RES/peer_check.log" | tail -n 8
+timeout 70 python3 -c "
+from boundgen.bench.kernels import run_kernel_benchmarks, markdown_table
+print(markdown_table(run_kernel_benchmarks()))" > "$RES/kernels.md" 2>&1
+log "kernel bench: exit $?"
 wait $bench
 log "gpu_bench.sh done"
 tail -n 60 "$RES/gpu_bench.out"
