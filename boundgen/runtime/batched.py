@@ -18,6 +18,7 @@ import torch
 
 from boundgen.errors import InvalidInput
 from boundgen.runtime.batcher import Batcher
+from boundgen.runtime.context import RequestContext
 from boundgen.runtime.executor import DagEngine
 from boundgen.runtime.nodes import _to_host
 from boundgen.runtime.results import BeamResult, ScoreResult
@@ -43,6 +44,7 @@ class BatchedScoreEngine(DagEngine):
         bounds = self._tokenize.bounds
         self._max_samples, self._max_tokens = bounds.max_samples, bounds.max_total_tokens
         contexts = [self.pool.acquire() for _ in range(self.pool.size)]  # owned by the workers for good
+        self._device = contexts[0].device
         self._batcher = Batcher(contexts, self._run_batch, self._fits, name=f"{self.spec.name}-batch")
 
     def _fits(self, batch: list, item) -> bool:
@@ -83,6 +85,21 @@ class BatchedScoreEngine(DagEngine):
     def warmup(self) -> None:
         for inputs in self._warmup_inputs:  # the contexts belong to the batcher: go through it
             self.score(inputs["texts"])
+
+    def model_node(self, texts: Sequence[str]):
+        """The model node alone on `texts`, prepared once on a context of its own (the
+        framework-overhead diagnostic, bench/diagnostic.py): a zero-argument callable."""
+        bounds = self._tokenize.bounds
+        ctx = RequestContext(bounds.max_total_tokens, bounds.max_samples, self._device)
+        staged = self._tokenize.stage(ctx, self._tokenize.encode(list(texts)))
+
+        def call():
+            out = self._model.run(ctx, staged["tokens"], staged["positions"], staged["cu_seqlens"])
+            if ctx.stream is not None:
+                ctx.stream.synchronize()
+            return out
+
+        return call
 
     def close(self) -> None:
         self._batcher.close()

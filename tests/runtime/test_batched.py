@@ -53,6 +53,14 @@ def test_batched_equals_single(engines):
     assert batched._batcher.items == len(TEXTS)
 
 
+def test_model_node_for_the_diagnostic(engines):
+    from boundgen.bench.diagnostic import node_call
+
+    single, batched = engines
+    out = node_call(batched, TEXTS[2])()
+    np.testing.assert_allclose(out["probs"][:3].numpy(), single.score(TEXTS[2]).scores, rtol=1e-5, atol=1e-6)
+
+
 def test_warmup_goes_through_the_batcher(engines):
     _, batched = engines
     served = batched._batcher.items
