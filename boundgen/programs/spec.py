@@ -42,6 +42,15 @@ class ScoreSpec:
         if "{text}" not in self.template:
             raise ConfigError(f"template {self.template!r} has no {{text}} placeholder")
 
+    # A score call's bounds are the request bounds: the batcher packs requests within them.
+    @property
+    def call_max_tokens(self) -> int:
+        return self.max_total_tokens
+
+    @property
+    def call_max_samples(self) -> int:
+        return self.max_samples
+
 
 @dataclass(frozen=True)
 class BeamSpec:
@@ -52,6 +61,7 @@ class BeamSpec:
     min_new_tokens: int = 0
     max_prompt_tokens: int = 1024
     template: str = "{text}"
+    max_requests: int = 1  # prompts one program call may hold (runtime batching of concurrent requests)
     task: str = field(default="beam", init=False)
 
     def __post_init__(self):
@@ -61,9 +71,18 @@ class BeamSpec:
             raise ConfigError(f"beam steps (tokens to generate) must be an integer in [1, {MAX_STEPS}], got {self.steps}")
         if not 0 <= self.min_new_tokens <= self.steps:
             raise ConfigError(f"min_new_tokens must be in [0, steps={self.steps}], got {self.min_new_tokens}")
-        _positive(self, "max_prompt_tokens")
+        _positive(self, "max_prompt_tokens", "max_requests")
         if "{text}" not in self.template:
             raise ConfigError(f"template {self.template!r} has no {{text}} placeholder")
+
+    @property
+    def call_max_tokens(self) -> int:
+        """Prompt tokens one program call may hold (all its requests)."""
+        return self.max_prompt_tokens * self.max_requests
+
+    @property
+    def call_max_samples(self) -> int:
+        return self.max_requests
 
     @property
     def max_samples(self) -> int:

@@ -11,7 +11,7 @@ import torch
 
 from boundgen.programs.spec import BeamSpec, ScoreSpec
 from boundgen.runtime.context import ContextPool, RequestContext
-from boundgen.runtime.batched import BatchedScoreEngine
+from boundgen.runtime.batched import BatchedBeamEngine, BatchedScoreEngine
 from boundgen.runtime.dag import Dag
 from boundgen.runtime.engine import EngineSpec
 from boundgen.runtime.executor import DagEngine
@@ -49,11 +49,15 @@ def make_dag_engine(name, spec, tokenizer, runner, device: str, dtype: str, cont
     bucket = token_bucket if use_graphs and isinstance(spec, ScoreSpec) else 0
     dag = make_dag(spec, tokenizer, runner, executors, bucket)
     dev = torch.device(device)
-    pool = ContextPool([RequestContext(spec.max_total_tokens, spec.max_samples, dev) for _ in range(contexts)])
+    pool = ContextPool([RequestContext(spec.call_max_tokens, spec.call_max_samples, dev) for _ in range(contexts)])
     warm = [{"texts": ["warm up"]}] if isinstance(spec, ScoreSpec) else [{"text": "warm up"}]
+    is_score = isinstance(spec, ScoreSpec)
+    batched = bool(batching) and (is_score or spec.max_requests > 1)
     extra = {**(extra or {}), "contexts": contexts, "executors": executors, "cuda_graphs": use_graphs,
-             "batching": bool(batching and isinstance(spec, ScoreSpec))}
+             "batching": batched}
     # Requests the server should let in at once: one per context, more when they can share calls.
-    extra["concurrency"] = contexts * (8 if extra["batching"] else 1)
-    cls = BatchedScoreEngine if extra["batching"] else DagEngine
-    return cls(engine_spec(name, spec, device, dtype, extra), dag, pool, warm)
+    extra["concurrency"] = contexts * ((8 if is_score else spec.max_requests) if batched else 1)
+    args = (engine_spec(name, spec, device, dtype, extra), dag, pool, warm)
+    if not batched:
+        return DagEngine(*args)
+    return BatchedScoreEngine(*args) if is_score else BatchedBeamEngine(*args, max_requests=spec.max_requests)

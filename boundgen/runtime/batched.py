@@ -117,7 +117,7 @@ class BatchedBeamEngine(DagEngine):
         super().__init__(*args, **kwargs)
         nodes = {n.spec.name: n for n in self.dag.nodes}
         self._tokenize, self._model, self._encode = nodes["tokenize"], nodes["model"], nodes["encode_beams"]
-        self._max_requests, self._max_tokens = max_requests, self._tokenize.bounds.max_total_tokens
+        self._max_requests, self._max_tokens = max_requests, self._tokenize.bounds.call_max_tokens
         self._width = self.spec.width
         contexts = [self.pool.acquire() for _ in range(self.pool.size)]
         self._batcher = Batcher(contexts, self._run_batch, self._fits, name=f"{self.spec.name}-batch")
