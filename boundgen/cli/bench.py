@@ -58,7 +58,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cuda-graphs", action="store_true", default=None, help="engine replays CUDA graphs "
                    "(default: the artifact's setting)")
     p.add_argument("--batching", action="store_true", default=None,
-                   help="score: concurrent requests share model calls within the artifact's bounds")
+                   help="concurrent requests share model calls within the artifact's bounds (eager beam: up to 8)")
     p.add_argument("--lowering", action="append", default=[], metavar="OP=IMPL",
                    help="eager engine only: op lowering, repeatable (default on cuda: Triton attention)")
     p.add_argument("--device", default=None, help="device for the peer and an eager engine (default: cuda if present)")
@@ -125,7 +125,8 @@ def _engine(args, specs):
                           max_tokens_per_sample=max_tokens, max_total_tokens=calls * spec.samples * max_tokens)
     else:
         pspec = BeamSpec(width=spec.width, steps=spec.steps, stop_token_ids=default_stop_tokens(args.artifact),
-                         min_new_tokens=spec.steps, max_prompt_tokens=max_tokens)
+                         min_new_tokens=spec.steps, max_prompt_tokens=max_tokens,
+                         max_requests=8 if args.batching else 1)
     lowering = _lowering(args.lowering, device)
     engine = eager_engine(args.artifact, pspec, dtype, device, contexts=args.contexts or 4,
                           cuda_graphs=bool(args.cuda_graphs), lowering=lowering, batching=bool(args.batching))
