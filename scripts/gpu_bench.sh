@@ -21,6 +21,8 @@
 #               the eager engine with Triton attention and CUDA graphs)
 #   W1_ENGINE   engine overrides for W1 (default: --contexts 2 --cuda-graphs --batching)
 #   ENGINE      engine overrides for W2/W3 (default: --contexts 4 --cuda-graphs)
+#   BATCHED_ENGINE  if set, W2/W3 run a second time with these engine flags (e.g. --batching ...),
+#               results in $OUT/batched/
 #   SWEEP       load-generator flags                  (default: levels 1..32, 3 s each)
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -101,12 +103,23 @@ w1_limit=$(( ($(left) - 25) * 2 / 5 ))
 # shellcheck disable=SC2086
 step "$w1_limit" bench_w1 "$PY" -m boundgen bench --workload W1 --artifact "$target_w1" --peer "$Q3" \
   --out "$OUT" --seed 0 --profile --diagnostic $SWEEP $W1_ENGINE
+if [[ -n "${BATCHED_ENGINE:-}" ]]; then  # W2/W3 a second time, requests batched, no peer
+  beam_limit=$(( ($(left) - 25) * 3 / 5 ))
+else
+  beam_limit=$(( $(left) - 25 ))
+fi
 # shellcheck disable=SC2086
-step $(( $(left) - 25 )) bench_w2_w3 "$PY" -m boundgen bench --workload W2,W3 --artifact "$target_beam" --peer "$Q2" \
+step "$beam_limit" bench_w2_w3 "$PY" -m boundgen bench --workload W2,W3 --artifact "$target_beam" --peer "$Q2" \
   --out "$OUT" --seed 0 --profile $SWEEP $ENGINE
+if [[ -n "${BATCHED_ENGINE:-}" ]]; then
+  mkdir -p "$OUT/batched"
+  # shellcheck disable=SC2086
+  step $(( $(left) - 25 )) bench_w2_w3_batched "$PY" -m boundgen bench --workload W2,W3 --artifact "$target_beam" \
+    --out "$OUT/batched" --seed 0 --profile $SWEEP $BATCHED_ENGINE
+fi
 
 shopt -s nullglob
-results=("$OUT"/bench_W*.json)
+results=("$OUT"/bench_W*.json "$OUT"/batched/bench_W*.json)
 if (( ${#results[@]} )); then
   "$PY" -m boundgen.bench.report "${results[@]}" --png "$OUT/latency_vs_qps.png" --markdown "$OUT/summary.md" \
     > /dev/null 2> "$OUT/report.log" || tail -n 15 "$OUT/report.log" >&2

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # The whole GPU session in one device call (< 10 minutes):
-#   1. scripts/gpu_bench.sh in the background (demo checkpoints, W1 build, W1/W2/W3 benches vs the peer);
-#   0. first the fused elementwise kernels' gpu tests: they decide whether the eager W2/W3 engine
-#      uses them;
-#   2. meanwhile, while it writes checkpoints and compiles: the attention kernels' gpu tests and
-#      scripts/peer_check.py (where the HF peer's W1 time goes);
-#   3. everything packed into $OUT (at most 8 files come back from the device tool).
+#   1. first the fused elementwise kernels' gpu tests: they decide whether the eager engines use them;
+#   2. scripts/gpu_bench.sh in the background (demo checkpoints, W1 build, W1/W2/W3 benches vs the peer);
+#   3. with EXTRAS=1, meanwhile, while it writes checkpoints and compiles: the attention kernels'
+#      gpu tests, scripts/peer_check.py (where the HF peer's W1 time goes) and kernel timings;
+#      with BEAM_BATCHING=1, W2/W3 a second time with concurrent requests batched;
+#   4. everything packed into $OUT (at most 8 files come back from the device tool).
 #   OUT=/dir bash scripts/gpu_final.sh      (system python3; PYTHONPATH is set here)
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -23,20 +23,25 @@ if [[ -n "$fused_tests" ]]; then
   (( rc == 0 )) && fused="--lowering rmsnorm=triton --lowering rope=triton --lowering silu_mul=triton"
 fi
 log "W2/W3 eager engine lowering extra: ${fused:-none}"
-OUT="$RES" BUDGET_S="${BUDGET_S:-470}" ENGINE="--contexts 4 --cuda-graphs $fused" \
+batched=""
+[[ -n "${BEAM_BATCHING:-}" ]] && batched="--contexts 2 --cuda-graphs --batching $fused"
+SWEEP="${SWEEP:---concurrency 1,2,4,8,16 --duration 2 --warmup 0.5 --open-loop-rate auto --profile-requests 20}"
+OUT="$RES" BUDGET_S="${BUDGET_S:-470}" SWEEP="$SWEEP" ENGINE="--contexts 4 --cuda-graphs $fused" BATCHED_ENGINE="$batched" \
   W1_ENGINE="--contexts 2 --cuda-graphs --batching $fused" bash scripts/gpu_bench.sh > "$RES/gpu_bench.out" 2>&1 &
 bench=$!
-timeout 150 python3 -m pytest -q -m gpu tests/ops/test_packed_attention.py tests/ops/test_prefix_attention.py \
-  tests/ops/test_attention_aoti.py -p no:cacheprovider > "$RES/gpu_tests.log" 2>&1
-log "attention gpu tests: exit $? -- $(tail -n 1 "$RES/gpu_tests.log")"
-for _ in $(seq 1 60); do [[ -f "$WORK/models/qwen3-0.6b/model.safetensors" ]] && break; sleep 2; done
-sleep 5
-timeout 90 python3 scripts/peer_check.py "$WORK/models/qwen3-0.6b" > "$RES/peer_check.log" 2>&1
-log "peer check: exit $?"; grep -v -i warn "$RES/peer_check.log" | tail -n 8
-timeout 70 python3 -c "
+if [[ -n "${EXTRAS:-}" ]]; then  # kernel tests, peer check and kernel timings while the W1 artifact compiles
+  timeout 150 python3 -m pytest -q -m gpu tests/ops/test_packed_attention.py tests/ops/test_prefix_attention.py \
+    tests/ops/test_attention_aoti.py -p no:cacheprovider > "$RES/gpu_tests.log" 2>&1
+  log "attention gpu tests: exit $? -- $(tail -n 1 "$RES/gpu_tests.log")"
+  for _ in $(seq 1 60); do [[ -f "$WORK/models/qwen3-0.6b/model.safetensors" ]] && break; sleep 2; done
+  sleep 5
+  timeout 90 python3 scripts/peer_check.py "$WORK/models/qwen3-0.6b" > "$RES/peer_check.log" 2>&1
+  log "peer check: exit $?"; grep -v -i warn "$RES/peer_check.log" | tail -n 8
+  timeout 70 python3 -c "
 from boundgen.bench.kernels import run_kernel_benchmarks, markdown_table
 print(markdown_table(run_kernel_benchmarks()))" > "$RES/kernels.md" 2>&1
-log "kernel bench: exit $?"
+  log "kernel bench: exit $?"
+fi
 wait $bench
 log "gpu_bench.sh done"
 tail -n 60 "$RES/gpu_bench.out"
