@@ -41,7 +41,10 @@ from torch.library import triton_op, wrap_triton
 def sequence_ids(cu_seqlens: torch.Tensor, num_tokens: int) -> torch.Tensor:
     """[T] index of the sequence each packed token belongs to."""
     idx = torch.arange(num_tokens, device=cu_seqlens.device, dtype=cu_seqlens.dtype)
-    return torch.searchsorted(cu_seqlens[1:], idx, right=True)
+    # The number of sequences ending at or before each token (cu_seqlens[0] = 0 counts for none).
+    # Not searchsorted over cu_seqlens[1:]: under export that guards B >= 2 when the example has
+    # B = 2 (a contiguity check of the slice), and a one-sequence call then fails.
+    return (idx[:, None] >= cu_seqlens[None, :]).sum(dim=1) - 1  # [T]
 
 
 def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor,
