@@ -3,8 +3,9 @@
 Two entry points, both plain torch plus `ops`:
 - `prefill(tokens, positions, cu_seqlens)`: packed block-diagonal causal pass over B sequences
   of T tokens in all; returns final-normed hidden states [T, H] and, if asked, each layer's K/V.
-- `decode(tokens, positions, prefix_kv, suffix_kv, step)`: one step of W beams over a shared
-  prompt K/V and per-beam suffix K/V; writes this step's K/V into suffix slot `step`.
+- `decode(tokens, positions, prefix_kv, suffix_kv, step, cu_seqlens, width)`: one step of R x W
+  beams, each over its request's prompt K/V (R prompts packed) and its own suffix K/V; writes
+  this step's K/V into suffix slot `step`.
 
 Parameter names follow HF's, except that q/k/v and gate/up projections are fused at load
 (`qkv_proj`, `gate_up_proj`): one matmul each, as every fast path wants.
@@ -118,18 +119,24 @@ class QwenModel(nn.Module):
         return h, ((torch.stack(ks), torch.stack(vs)) if keep_kv else None)
 
     def decode(self, tokens: torch.Tensor, positions: torch.Tensor, prefix_k: torch.Tensor,
-               prefix_v: torch.Tensor, suffix_k: torch.Tensor, suffix_v: torch.Tensor, step: int):
-        """One beam step. tokens/positions [W]; prefix_k/v [n_layers, L_p, Nkv, D];
-        suffix_k/v [n_layers, W, S, Nkv, D], slot `step` written in place with this step's K/V,
-        slots [0, step] attended. Returns final-normed hidden [W, H]."""
+               prefix_v: torch.Tensor, suffix_k: torch.Tensor, suffix_v: torch.Tensor, step: int,
+               cu_seqlens: torch.Tensor | None = None, width: int | None = None):
+        """One beam step of R requests of `width` (W) beams each. tokens/positions [R*W], request
+        by request; prefix_k/v [n_layers, T, Nkv, D], the R prompts packed as `cu_seqlens`
+        [R+1] int32 says (None: one request owning all T rows, W = R*W); suffix_k/v
+        [n_layers, R*W, S, Nkv, D], slot `step` written in place with this step's K/V, slots
+        [0, step] attended. Returns final-normed hidden [R*W, H]."""
         ops = self.ops
+        if cu_seqlens is None:
+            cu_seqlens = torch.tensor([0, prefix_k.shape[1]], dtype=torch.int32, device=tokens.device)
+            width = tokens.shape[0]
         h, cos, sin = self._embed(tokens, positions)
         for i, layer in enumerate(self.layers):
             q, k, v = layer.attn_in(h, cos, sin, ops)
             suffix_k[i, :, step] = k
             suffix_v[i, :, step] = v
             attn = ops.prefix_attention(q, prefix_k[i], prefix_v[i], suffix_k[i, :, : step + 1],
-                                        suffix_v[i, :, : step + 1], self.scale)
+                                        suffix_v[i, :, : step + 1], cu_seqlens, width, self.scale)
             h = layer.attn_out(h, attn, ops)
         return ops.rmsnorm(h, self.norm, self.cfg.rms_norm_eps)
 

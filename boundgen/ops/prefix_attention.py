@@ -1,32 +1,41 @@
-"""Shared-prefix beam attention: W decode queries over one prompt K/V plus per-beam suffix K/V.
+"""Shared-prefix beam attention over R packed requests: W decode queries per request over that
+request's prompt K/V plus per-beam suffix K/V.
 
-Every beam of a request shares the prompt's K/V `[L_p, N_kv, D]`, stored once; each beam has its
-own suffix K/V `[W, L_s, N_kv, D]` (the tokens it generated so far, including the current one).
-The query of beam w attends to all L_p prefix positions and all L_s positions of its own suffix
-in one softmax; no concatenation of K/V, no page table. GQA as in packed attention.
+Requests are packed as in prefill: the prompts' K/V `[T, N_kv, D]` (T = all prompt tokens),
+request r owning rows cu_seqlens[r]:cu_seqlens[r+1], each prompt stored once. Beams are packed
+request by request, `width` (W) each: beam b belongs to request b // W and has its own suffix
+K/V (the tokens it generated so far, including the current one). The query of beam b attends to
+its request's prefix rows and all L_s positions of its own suffix in one softmax; no
+concatenation of K/V, no page table. GQA as in packed attention.
 
-    out[w, h] = softmax over (prefix ++ suffix[w]) of scale * q[w, h] . k, applied to v
+    r = b // W,  keys(b) = prefix[cu_seqlens[r]:cu_seqlens[r+1]] ++ suffix[b]
+    out[b, h] = softmax over keys(b) of scale * q[b, h] . k, applied to v
 
-Shapes: q [W, N_q, D], k_prefix/v_prefix [L_p, N_kv, D], k_suffix/v_suffix [W, L_s, N_kv, D]
-(L_s may be 0) -> out [W, N_q, D] in q's dtype. Softmax in FP32.
-Bytes moved by a fused kernel: prefix K/V once per (beam block, kv head) program, i.e.
-ceil(W / BW) * L_p * N_kv * D * 2 * dtype bytes from L2 (the prefix itself, L_p * N_kv * D * 2
-* dtype bytes, is read from HBM about once), suffix K/V once, q and out once.
-FLOPs 4 * D * N_q * W * (L_p + L_s).
+Shapes: q [R*W, N_q, D], k_prefix/v_prefix [T, N_kv, D], k_suffix/v_suffix [R*W, L_s, N_kv, D]
+(L_s may be 0), cu_seqlens [R+1] int32 -> out [R*W, N_q, D] in q's dtype. Softmax in FP32.
+A beam whose prompt is empty and L_s = 0 has no keys: NaN in the reference, 0 in the kernel.
+Bytes moved by a fused kernel: each request's prefix K/V once per (beam block, kv head)
+program, i.e. about ceil(W / BW) * T * N_kv * D * 2 * dtype bytes from L2 (the prefixes
+themselves, T * N_kv * D * 2 * dtype bytes, are read from HBM about once), suffix K/V once,
+q and out once. FLOPs 4 * D * N_q * sum_r W * (L_p(r) + L_s).
 
 Triton kernel:
 - One program per (block of BW beams, kv head); its rows are the BW x G query heads that read
-  that kv head (G = N_q / N_kv, padded to a power of two). The prefix is the same for every
-  beam, so its tiles are one tensor-core dot per tile over all rows: rows [BW * G_pad, D] @
-  k_prefix tile [D, BLOCK_N]. tl.dot needs >= 16 rows, so rows are padded to 16 when
-  BW * G_pad is smaller. Default BW = 16 // G_pad: one minimum MMA tile of real rows (Qwen2.5
-  G=7 -> G_pad 8, BW 2; Qwen3-0.6B G=2 -> BW 8), reading the prefix W / BW times from L2
-  instead of W times. BW = 1 is the plain "one program per (beam, kv head)" layout; both are
-  in the kernel benchmark.
+  that kv head (G = N_q / N_kv, padded to a power of two). A block's beams share their prompt
+  when BW divides W, so its tiles are one tensor-core dot per tile over all rows: rows
+  [BW * G_pad, D] @ k_prefix tile [D, BLOCK_N]. tl.dot needs >= 16 rows, so rows are padded to
+  16 when BW * G_pad is smaller. Default BW = 16 // G_pad: one minimum MMA tile of real rows
+  (Qwen2.5 G=7 -> G_pad 8, BW 2; Qwen3-0.6B G=2 -> BW 8), reading the prefix W / BW times from
+  L2 instead of W times. BW = 1 is the plain "one program per (beam, kv head)" layout; both
+  are in the kernel benchmark.
+- Per-row prefix ranges: each row loads its request's [start, end) from cu_seqlens; the block
+  visits the union of its rows' ranges (contiguous, since requests are packed in order) and
+  masks each row's scores to its own range. A block whose beams span two requests (BW not
+  dividing W, e.g. Qwen3's BW 8 at W 100) reads both prompts: ~one such block per request.
 - The suffix is per beam and short (L_s <= N_gen - 1, a handful), so its positions are visited
   one at a time with FP32 dot products on CUDA cores, reading each beam's rows by stride: the
   model passes `suffix_k[i, :, :step+1]`, a non-contiguous slice, and nothing is copied.
-- No split-K over the prefix. At W2/W3 shapes the grid has W / BW * N_kv = 100 programs of
+- No split-K over the prefix. At W2/W3 shapes the grid has R * W / BW * N_kv programs of
   ceil(L_p / 64) <= 7 key tiles each; split-K would add a combine pass (a second launch or
   atomics) to save a few tile latencies. Revisit if the kernel benchmark shows long prompts
   latency-bound on too few programs.
@@ -42,19 +51,25 @@ from torch.library import triton_op, wrap_triton
 
 
 def reference(q: torch.Tensor, k_prefix: torch.Tensor, v_prefix: torch.Tensor,
-              k_suffix: torch.Tensor, v_suffix: torch.Tensor, scale: float) -> torch.Tensor:
-    width, num_q_heads, head_dim = q.shape
+              k_suffix: torch.Tensor, v_suffix: torch.Tensor, cu_seqlens: torch.Tensor, width: int,
+              scale: float) -> torch.Tensor:
+    beams, num_q_heads, head_dim = q.shape
     num_kv_heads = k_prefix.shape[1]
     group = num_q_heads // num_kv_heads
     prefix_len = k_prefix.shape[0]
-    qg = q.reshape(width, num_kv_heads, group, head_dim).to(torch.float32)  # [W, Nkv, G, D]
-    s_prefix = torch.einsum("wkgd,lkd->wkgl", qg, k_prefix.to(torch.float32))  # [W, Nkv, G, Lp]
-    s_suffix = torch.einsum("wkgd,wskd->wkgs", qg, k_suffix.to(torch.float32))  # [W, Nkv, G, Ls]
+    qg = q.reshape(beams, num_kv_heads, group, head_dim).to(torch.float32)  # [RW, Nkv, G, D]
+    s_prefix = torch.einsum("bkgd,tkd->bkgt", qg, k_prefix.to(torch.float32))  # [RW, Nkv, G, T]
+    s_suffix = torch.einsum("bkgd,bskd->bkgs", qg, k_suffix.to(torch.float32))  # [RW, Nkv, G, Ls]
+    request = torch.arange(beams, device=q.device) // width  # [RW]
+    cu = cu_seqlens.to(torch.int64)
+    pos = torch.arange(prefix_len, device=q.device)  # [T]
+    own = (pos >= cu[request, None]) & (pos < cu[request + 1, None])  # [RW, T]
+    s_prefix = s_prefix.masked_fill(~own[:, None, None, :], float("-inf"))
     probs = torch.softmax(torch.cat((s_prefix, s_suffix), dim=-1) * scale, dim=-1)
     p_prefix, p_suffix = probs[..., :prefix_len], probs[..., prefix_len:]
-    out = torch.einsum("wkgl,lkd->wkgd", p_prefix, v_prefix.to(torch.float32))
-    out = out + torch.einsum("wkgs,wskd->wkgd", p_suffix, v_suffix.to(torch.float32))
-    return out.reshape(width, num_q_heads, head_dim).to(q.dtype)
+    out = torch.einsum("bkgt,tkd->bkgd", p_prefix, v_prefix.to(torch.float32))
+    out = out + torch.einsum("bkgs,bskd->bkgd", p_suffix, v_suffix.to(torch.float32))
+    return out.reshape(beams, num_q_heads, head_dim).to(q.dtype)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -71,7 +86,8 @@ def _dot(a, b, IEEE: tl.constexpr):
 
 @triton.jit
 def _prefix_attention_kernel(
-        q_ptr, kp_ptr, vp_ptr, ks_ptr, vs_ptr, out_ptr, width, prefix_len, suffix_len, qk_scale,
+        q_ptr, kp_ptr, vp_ptr, ks_ptr, vs_ptr, cu_ptr, out_ptr, num_beams, width, suffix_len,
+        qk_scale,
         stride_qw, stride_qh, stride_kpl, stride_kph, stride_vpl, stride_vph,
         stride_ksw, stride_ksl, stride_ksh, stride_vsw, stride_vsl, stride_vsh,
         stride_ow, stride_oh,
@@ -81,26 +97,33 @@ def _prefix_attention_kernel(
     rows = tl.arange(0, BEAMS * GROUP_PAD)  # row = beam in block * GROUP_PAD + head in group
     beam = tl.program_id(0) * BEAMS + rows // GROUP_PAD
     head = kv_head * GROUP + rows % GROUP_PAD
-    row_ok = (beam < width) & (rows % GROUP_PAD < GROUP)
+    row_ok = (beam < num_beams) & (rows % GROUP_PAD < GROUP)
     offs_d = tl.arange(0, HEAD_DIM)
     q = tl.load(q_ptr + beam[:, None] * stride_qw + head[:, None] * stride_qh + offs_d[None, :],
                 mask=row_ok[:, None], other=0.0)  # [R, D]
+
+    # Each row's prompt rows [start, end); pad beams past the end take the last beam's.
+    request = tl.minimum(beam, num_beams - 1) // width
+    start = tl.load(cu_ptr + request)  # [R]
+    end = tl.load(cu_ptr + request + 1)  # [R]
 
     acc = tl.zeros([BEAMS * GROUP_PAD, HEAD_DIM], dtype=tl.float32)
     l_i = tl.zeros([BEAMS * GROUP_PAD], dtype=tl.float32)
     m_i = tl.full([BEAMS * GROUP_PAD], -1.0e30, dtype=tl.float32)  # finite: no NaN in pad rows
 
-    # Prefix: shared by all beams, one tensor-core dot per key tile.
+    # Prefix: the union of the block's prompt ranges, one tensor-core dot per key tile.
     kp_ptr += kv_head * stride_kph
     vp_ptr += kv_head * stride_vph
-    for start_n in range(0, prefix_len, BLOCK_N):
+    block_end = tl.max(end, axis=0)
+    for start_n in range(tl.min(start, axis=0), block_end, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
-        in_range = offs_n < prefix_len
+        in_range = offs_n < block_end
         k = tl.load(kp_ptr + offs_n[None, :] * stride_kpl + offs_d[:, None],
                     mask=in_range[None, :], other=0.0)  # [D, N]
         # .to(fp32): Inductor passes a Python float argument as fp64 in AOTI builds.
         s = (_dot(q, k, IEEE) * qk_scale).to(tl.float32)  # [R, N], log2 domain
-        s = tl.where(in_range[None, :], s, float("-inf"))
+        own = (offs_n[None, :] >= start[:, None]) & (offs_n[None, :] < end[:, None])
+        s = tl.where(own, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
@@ -138,21 +161,26 @@ def _prefix_attention_kernel(
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
-def _check(q, k_prefix, v_prefix, k_suffix, v_suffix) -> None:
+def _check(q, k_prefix, v_prefix, k_suffix, v_suffix, cu_seqlens, width) -> None:
     if q.dim() != 3 or k_prefix.dim() != 3 or v_prefix.dim() != 3:
-        raise ValueError(f"prefix_attention: expected q [W, N_q, D], k_prefix/v_prefix [L_p, N_kv, "
+        raise ValueError(f"prefix_attention: expected q [R*W, N_q, D], k_prefix/v_prefix [T, N_kv, "
                          f"D]; got q {tuple(q.shape)}, k_prefix {tuple(k_prefix.shape)}, "
                          f"v_prefix {tuple(v_prefix.shape)}")
-    width, num_q_heads, head_dim = q.shape
+    beams, num_q_heads, head_dim = q.shape
     num_kv_heads = k_prefix.shape[1]
+    if cu_seqlens.dim() != 1 or cu_seqlens.dtype != torch.int32 or width < 1 \
+            or beams != (cu_seqlens.shape[0] - 1) * width:
+        raise ValueError(f"prefix_attention: expected cu_seqlens [R+1] int32 and q's R*W rows for "
+                         f"width W >= 1; got cu_seqlens {cu_seqlens.dtype} "
+                         f"{tuple(cu_seqlens.shape)}, width {width}, q rows {beams}")
     if v_prefix.shape != k_prefix.shape or k_prefix.shape[2] != head_dim:
-        raise ValueError(f"prefix_attention: k_prefix and v_prefix must both be [L_p, N_kv, "
+        raise ValueError(f"prefix_attention: k_prefix and v_prefix must both be [T, N_kv, "
                          f"D={head_dim}]; got {tuple(k_prefix.shape)}, {tuple(v_prefix.shape)}")
-    expected_suffix = (width, k_suffix.shape[1] if k_suffix.dim() == 4 else -1, num_kv_heads,
+    expected_suffix = (beams, k_suffix.shape[1] if k_suffix.dim() == 4 else -1, num_kv_heads,
                        head_dim)
     if k_suffix.dim() != 4 or tuple(k_suffix.shape) != expected_suffix \
             or v_suffix.shape != k_suffix.shape:
-        raise ValueError(f"prefix_attention: k_suffix and v_suffix must both be [W={width}, L_s, "
+        raise ValueError(f"prefix_attention: k_suffix and v_suffix must both be [R*W={beams}, L_s, "
                          f"N_kv={num_kv_heads}, D={head_dim}]; got {tuple(k_suffix.shape)}, "
                          f"{tuple(v_suffix.shape)}")
     if num_q_heads % num_kv_heads != 0:
@@ -167,18 +195,18 @@ def _check(q, k_prefix, v_prefix, k_suffix, v_suffix) -> None:
     if any(t.stride(-1) != 1 for t in tensors):
         raise ValueError("prefix_attention: the head dim of q and all K/V must be contiguous "
                          f"(stride 1); got strides {[t.stride() for t in tensors]}")
-    if any(t.device != q.device for t in tensors):
+    if any(t.device != q.device for t in tensors + (cu_seqlens,)):
         raise ValueError(f"prefix_attention: all inputs must be on one device; got "
-                         f"{[str(t.device) for t in tensors]}")
+                         f"{[str(t.device) for t in tensors + (cu_seqlens,)]}")
 
 
 def launch(q: torch.Tensor, k_prefix: torch.Tensor, v_prefix: torch.Tensor,
-           k_suffix: torch.Tensor, v_suffix: torch.Tensor, scale: float,
-           beams_per_program: int | None = None, block_n: int = 64) -> torch.Tensor:
+           k_suffix: torch.Tensor, v_suffix: torch.Tensor, cu_seqlens: torch.Tensor, width: int,
+           scale: float, beams_per_program: int | None = None, block_n: int = 64) -> torch.Tensor:
     """Run the Triton kernel; same signature and result as `reference`. `beams_per_program`
     (a power of two; default: fill one 16-row MMA tile) is exposed for tests and benchmarks."""
-    _check(q, k_prefix, v_prefix, k_suffix, v_suffix)
-    width, num_q_heads, head_dim = q.shape
+    _check(q, k_prefix, v_prefix, k_suffix, v_suffix, cu_seqlens, width)
+    beams_total, num_q_heads, head_dim = q.shape
     num_kv_heads = k_prefix.shape[1]
     group = num_q_heads // num_kv_heads
     group_pad = triton.next_power_of_2(group)
@@ -186,10 +214,10 @@ def launch(q: torch.Tensor, k_prefix: torch.Tensor, v_prefix: torch.Tensor,
     if beams & (beams - 1):
         raise ValueError(f"prefix_attention: beams_per_program must be a power of two; got {beams}")
     group_pad = max(group_pad, 16 // beams)  # tl.dot needs >= 16 rows
-    out = torch.empty((width, num_q_heads, head_dim), dtype=q.dtype, device=q.device)
-    grid = (triton.cdiv(width, beams), num_kv_heads)
+    out = torch.empty((beams_total, num_q_heads, head_dim), dtype=q.dtype, device=q.device)
+    grid = (triton.cdiv(beams_total, beams), num_kv_heads)
     wrap_triton(_prefix_attention_kernel)[grid](
-        q, k_prefix, v_prefix, k_suffix, v_suffix, out, width, k_prefix.shape[0],
+        q, k_prefix, v_prefix, k_suffix, v_suffix, cu_seqlens, out, beams_total, width,
         k_suffix.shape[1], scale * math.log2(math.e),
         q.stride(0), q.stride(1), k_prefix.stride(0), k_prefix.stride(1),
         v_prefix.stride(0), v_prefix.stride(1),
@@ -206,15 +234,16 @@ def launch(q: torch.Tensor, k_prefix: torch.Tensor, v_prefix: torch.Tensor,
 
 @triton_op("boundgen::prefix_attention", mutates_args=())
 def prefix_attention(q: torch.Tensor, k_prefix: torch.Tensor, v_prefix: torch.Tensor,
-                     k_suffix: torch.Tensor, v_suffix: torch.Tensor, scale: float) -> torch.Tensor:
-    return launch(q, k_prefix, v_prefix, k_suffix, v_suffix, scale)
+                     k_suffix: torch.Tensor, v_suffix: torch.Tensor, cu_seqlens: torch.Tensor,
+                     width: int, scale: float) -> torch.Tensor:
+    return launch(q, k_prefix, v_prefix, k_suffix, v_suffix, cu_seqlens, width, scale)
 
 
 prefix_attention.register_kernel("cpu")(reference)
 
 
 @prefix_attention.register_fake
-def _(q, k_prefix, v_prefix, k_suffix, v_suffix, scale):
+def _(q, k_prefix, v_prefix, k_suffix, v_suffix, cu_seqlens, width, scale):
     return q.new_empty(q.shape)
 
 

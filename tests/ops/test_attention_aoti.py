@@ -23,26 +23,26 @@ _SCRIPT = textwrap.dedent("""
     dtype = torch.float32 if device == "cpu" else torch.bfloat16
     tol = 0.0 if device == "cpu" else 2e-2
 
+    # Packed prefill attention over B sequences; a beam step of W=2 beams per sequence.
     class Attend(torch.nn.Module):
-        def forward(self, q, k, v, cu_seqlens, k_prefix, v_prefix, k_buffer, v_buffer):
+        def forward(self, q, k, v, cu_seqlens, q_beams, k_buffer, v_buffer):
             packed = torch.ops.boundgen.packed_attention(q, k, v, cu_seqlens, 0.125)
-            beams = torch.ops.boundgen.prefix_attention(q[:5], k_prefix, v_prefix,
-                                                        k_buffer[:, :2], v_buffer[:, :2], 0.125)
+            beams = torch.ops.boundgen.prefix_attention(q_beams, k, v, k_buffer[:, :2],
+                                                        v_buffer[:, :2], cu_seqlens, 2, 0.125)
             return packed, beams
 
     def inputs(lengths, heads=(14, 2), head_dim=64):
-        t = sum(lengths)
+        t, b = sum(lengths), len(lengths)
         cu = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int32)
         rand = lambda *s: torch.randn(*s, device=device).to(dtype)
         return (rand(t, heads[0], head_dim), rand(t, heads[1], head_dim),
-                rand(t, heads[1], head_dim), cu.to(device), rand(t, heads[1], head_dim),
-                rand(t, heads[1], head_dim), rand(5, 4, heads[1], head_dim),
-                rand(5, 4, heads[1], head_dim))
+                rand(t, heads[1], head_dim), cu.to(device), rand(2 * b, heads[0], head_dim),
+                rand(2 * b, 4, heads[1], head_dim), rand(2 * b, 4, heads[1], head_dim))
 
     tokens = torch.export.Dim("T", min=6, max=4096)
-    seqs = torch.export.Dim("B_plus_1", min=2, max=65)
-    shapes = ({0: tokens}, {0: tokens}, {0: tokens}, {0: seqs}, {0: tokens}, {0: tokens},
-              None, None)
+    seqs = torch.export.Dim("B", min=1, max=64)
+    shapes = ({0: tokens}, {0: tokens}, {0: tokens}, {0: seqs + 1}, {0: 2 * seqs},
+              {0: 2 * seqs}, {0: 2 * seqs})
     exported = torch.export.export(Attend(), inputs([3, 9]), dynamic_shapes=shapes)
     patch = (torch._functorch.config.patch(decompose_custom_triton_ops=False)
              if device == "cpu" else contextlib.nullcontext())
@@ -53,9 +53,9 @@ _SCRIPT = textwrap.dedent("""
     for lengths in ([1, 7, 37], [200, 48, 256, 1, 99]):
         args = inputs(lengths)
         packed, beams = runner(*args)
-        q, k, v, cu, kp, vp, kb, vb = args
+        q, k, v, cu, qb, kb, vb = args
         err_packed = (packed.float() - pa.reference(q, k, v, cu, 0.125).float()).abs().max()
-        err_beams = (beams.float() - pf.reference(q[:5], kp, vp, kb[:, :2], vb[:, :2],
+        err_beams = (beams.float() - pf.reference(qb, k, v, kb[:, :2], vb[:, :2], cu, 2,
                                                   0.125).float()).abs().max()
         assert err_packed <= tol and err_beams <= tol, (lengths, err_packed, err_beams)
     print("ok")

@@ -25,107 +25,140 @@ needs_compiled_kernel = pytest.mark.skipif(
 TOLERANCE = {torch.float32: 2e-5, torch.float16: 3e-3, torch.bfloat16: 2e-2}
 
 
-def make_inputs(width, prefix_len, suffix_len, num_q_heads, num_kv_heads, head_dim, dtype,
+def make_inputs(lengths, width, suffix_len, num_q_heads, num_kv_heads, head_dim, dtype,
                 device="cpu", seed=0):
-    """Inputs as the model passes them: the prefix is one layer of a [n_layers, L_p, N_kv, D]
-    buffer, the suffix the slice [:, :L_s] of a [W, S, N_kv, D] buffer (not contiguous)."""
+    """Inputs as the model passes them for R = len(lengths) requests of W beams: the prefix is one
+    layer of a [n_layers, T, N_kv, D] buffer, the suffix the slice [:, :L_s] of a [R*W, S, N_kv, D]
+    buffer (not contiguous). Returns (q, k_prefix, v_prefix, k_suffix, v_suffix, cu_seqlens)."""
     gen = torch.Generator().manual_seed(seed)
 
     def randn(*shape):
         return torch.randn(*shape, generator=gen).to(dtype=dtype, device=device)
 
-    slots = suffix_len + 2
-    q = randn(width, num_q_heads, head_dim)
-    k_prefix, v_prefix = randn(2, prefix_len, num_kv_heads, head_dim).unbind(0)
-    k_suffix = randn(width, slots, num_kv_heads, head_dim)[:, :suffix_len]
-    v_suffix = randn(width, slots, num_kv_heads, head_dim)[:, :suffix_len]
-    return q, k_prefix, v_prefix, k_suffix, v_suffix
+    beams, slots = len(lengths) * width, suffix_len + 2
+    q = randn(beams, num_q_heads, head_dim)
+    k_prefix, v_prefix = randn(2, sum(lengths), num_kv_heads, head_dim).unbind(0)
+    k_suffix = randn(beams, slots, num_kv_heads, head_dim)[:, :suffix_len]
+    v_suffix = randn(beams, slots, num_kv_heads, head_dim)[:, :suffix_len]
+    cu_seqlens = torch.tensor([0, *lengths], dtype=torch.int32).cumsum(0).to(torch.int32)
+    return q, k_prefix, v_prefix, k_suffix, v_suffix, cu_seqlens.to(device)
 
 
-def check_kernel(width, prefix_len, suffix_len, heads, head_dim, dtype, beams=None, block_n=16):
-    inputs = make_inputs(width, prefix_len, suffix_len, *heads, head_dim, dtype, KERNEL_DEVICE)
+def check_kernel(lengths, width, suffix_len, heads, head_dim, dtype, beams=None, block_n=16):
+    *inputs, cu = make_inputs(lengths, width, suffix_len, *heads, head_dim, dtype, KERNEL_DEVICE)
     scale = head_dim ** -0.5
-    out = op.launch(*inputs, scale, beams, block_n)
-    expected = op.reference(*inputs, scale)
+    out = op.launch(*inputs, cu, width, scale, beams, block_n)
+    expected = op.reference(*inputs, cu, width, scale)
     assert out.dtype == dtype and out.shape == inputs[0].shape
     torch.testing.assert_close(out.float(), expected.float(), atol=TOLERANCE[dtype], rtol=0)
 
 
+# (prompt lengths, W, L_s): one request (as before), then R = 2, 3 with prompts of length 1,
+# odd W (a block of beams spans requests), W = 1.
+CASES = [((37,), 1, 0), ((1,), 1, 1), ((7,), 5, 0), ((37,), 5, 4), ((1,), 9, 3),
+         ((1, 37), 3, 2), ((5, 12), 1, 0), ((9, 1, 23), 7, 3), ((20, 1, 3), 1, 1)]
+
+
 @needs_kernel
-@pytest.mark.parametrize("width,prefix_len,suffix_len",
-                         [(1, 37, 0), (1, 1, 1), (5, 7, 0), (5, 37, 4), (9, 1, 3)],
-                         ids=lambda x: str(x))
+@pytest.mark.parametrize("lengths,width,suffix_len", CASES, ids=lambda x: str(x))
 @pytest.mark.parametrize("heads", [(2, 2), (4, 2), (7, 1)], ids=["g1", "g2", "g7"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
-def test_kernel_matches_reference(width, prefix_len, suffix_len, heads, dtype):
-    check_kernel(width, prefix_len, suffix_len, heads, 16, dtype)
+def test_kernel_matches_reference(lengths, width, suffix_len, heads, dtype):
+    check_kernel(lengths, width, suffix_len, heads, 16, dtype)
 
 
 @needs_kernel
 @pytest.mark.parametrize("beams", [1, 2, 4, 16], ids=lambda b: f"beams{b}")
-def test_kernel_beams_per_program(beams):
+@pytest.mark.parametrize("lengths,width", [((37,), 7), ((9, 1, 23), 7), ((4, 30), 4)],
+                         ids=lambda x: str(x))
+def test_kernel_beams_per_program(beams, lengths, width):
     """1 is one program per (beam, kv head) with padded rows; 16 leaves most of the last
-    program's beams past W."""
-    check_kernel(7, 37, 2, (14, 2), 32, torch.float32, beams)
+    program's beams past R*W; with W = 7 blocks of 2, 4 and 16 beams span requests."""
+    check_kernel(lengths, width, 2, (14, 2), 32, torch.float32, beams)
 
 
 @needs_kernel
 def test_kernel_head_dim_64_default_tiles():
-    check_kernel(3, 70, 1, (2, 1), 64, torch.float32, block_n=64)
+    check_kernel((70,), 3, 1, (2, 1), 64, torch.float32, block_n=64)
+    check_kernel((70, 65, 1), 3, 1, (2, 1), 64, torch.float32, block_n=64)
+
+
+@pytest.mark.parametrize("lengths,width", [((1, 9, 23), 3), ((5, 1), 1), ((2, 3, 4), 7)],
+                         ids=lambda x: str(x))
+def test_reference_packed_equals_each_request_alone(lengths, width):
+    """The semantics: R packed requests give each request's rows as if it ran alone (R = 1)."""
+    q, kp, vp, ks, vs, cu = make_inputs(lengths, width, 3, 4, 2, 16, torch.float32)
+    packed = op.reference(q, kp, vp, ks, vs, cu, width, 0.25)
+    for r in range(len(lengths)):
+        rows, toks = slice(r * width, (r + 1) * width), slice(int(cu[r]), int(cu[r + 1]))
+        alone = op.reference(q[rows], kp[toks], vp[toks], ks[rows], vs[rows],
+                             torch.tensor([0, lengths[r]], dtype=torch.int32), width, 0.25)
+        torch.testing.assert_close(packed[rows], alone, atol=1e-6, rtol=0)
 
 
 def test_launcher_rejects_bad_inputs():
-    q, kp, vp, ks, vs = make_inputs(3, 5, 2, 4, 2, 16, torch.float32)
+    q, kp, vp, ks, vs, cu = make_inputs((3, 2), 3, 2, 4, 2, 16, torch.float32)
     with pytest.raises(ValueError, match="k_suffix and v_suffix must both be"):
-        op.launch(q, kp, vp, ks[:2], vs[:2], 0.25)
+        op.launch(q, kp, vp, ks[:2], vs[:2], cu, 3, 0.25)
     with pytest.raises(ValueError, match="share one dtype"):
-        op.launch(q, kp, vp, ks.half(), vs, 0.25)
+        op.launch(q, kp, vp, ks.half(), vs, cu, 3, 0.25)
     with pytest.raises(ValueError, match="head dim of q and all K/V must be contiguous"):
-        op.launch(q, kp, vp, ks, vs.transpose(2, 3).contiguous().transpose(2, 3), 0.25)
+        op.launch(q, kp, vp, ks, vs.transpose(2, 3).contiguous().transpose(2, 3), cu, 3, 0.25)
     with pytest.raises(ValueError, match="k_prefix and v_prefix must both be"):
-        op.launch(q, kp, vp[:4], ks, vs, 0.25)
+        op.launch(q, kp, vp[:4], ks, vs, cu, 3, 0.25)
     with pytest.raises(ValueError, match="beams_per_program must be a power of two"):
-        op.launch(q, kp, vp, ks, vs, 0.25, beams_per_program=3)
+        op.launch(q, kp, vp, ks, vs, cu, 3, 0.25, beams_per_program=3)
+    with pytest.raises(ValueError, match="cu_seqlens"):
+        op.launch(q, kp, vp, ks, vs, cu, 2, 0.25)  # 6 beams are not 2 requests of 2
+    with pytest.raises(ValueError, match="cu_seqlens"):
+        op.launch(q, kp, vp, ks, vs, cu.long(), 3, 0.25)
 
 
 def test_registered_op_runs_reference_on_cpu():
-    inputs = make_inputs(5, 37, 3, 4, 2, 16, torch.float32)
-    out = torch.ops.boundgen.prefix_attention(*inputs, 0.25)
-    torch.testing.assert_close(out, op.reference(*inputs, 0.25), atol=0, rtol=0)
+    *inputs, cu = make_inputs((37, 1, 4), 5, 3, 4, 2, 16, torch.float32)
+    out = torch.ops.boundgen.prefix_attention(*inputs, cu, 5, 0.25)
+    torch.testing.assert_close(out, op.reference(*inputs, cu, 5, 0.25), atol=0, rtol=0)
     assert op.IMPLEMENTATIONS["triton"] is op.prefix_attention
 
 
 class _Step(torch.nn.Module):
     """One decode step's attention as the model runs it: suffix slots [0, step] of a buffer."""
 
-    def forward(self, q, k_prefix, v_prefix, k_buffer, v_buffer):
+    def forward(self, q, k_prefix, v_prefix, k_buffer, v_buffer, cu_seqlens):
         return op.IMPLEMENTATIONS["triton"](q, k_prefix, v_prefix, k_buffer[:, :3],
-                                            v_buffer[:, :3], 0.25)
+                                            v_buffer[:, :3], cu_seqlens, 5, 0.25)
 
 
 def test_op_survives_export_as_one_node():
-    q, kp, vp, kb, vb = make_inputs(5, 9, 4, 4, 2, 16, torch.float32)
-    prompt = torch.export.Dim("L_p", min=1, max=1024)
-    exported = torch.export.export(_Step(), (q, kp, vp, kb.contiguous(), vb.contiguous()),
-                                   dynamic_shapes=(None, {0: prompt}, {0: prompt}, None, None))
+    """Dynamic prompt tokens T and requests R (R * W beams, W = 5 fixed at build time)."""
+    *inputs, cu = make_inputs((4, 5), 5, 4, 4, 2, 16, torch.float32)
+    tokens, requests = torch.export.Dim("T", min=1, max=1024), torch.export.Dim("R", min=1, max=64)
+    beams = 5 * requests
+    shapes = ({0: beams}, {0: tokens}, {0: tokens}, {0: beams}, {0: beams}, {0: requests + 1})
+    q, kp, vp, kb, vb = inputs
+    exported = torch.export.export(_Step(), (q, kp, vp, kb.contiguous(), vb.contiguous(), cu),
+                                   dynamic_shapes=shapes)
     calls = [n for n in exported.graph.nodes if n.op == "call_function"
              and n.target not in (torch.ops.aten.slice.Tensor,)]
     assert [n.target for n in calls] == [torch.ops.boundgen.prefix_attention.default]
-    q2, kp2, vp2, kb2, vb2 = make_inputs(5, 37, 4, 4, 2, 16, torch.float32, seed=2)
-    kb2, vb2 = kb2.contiguous(), vb2.contiguous()
-    torch.testing.assert_close(exported.module()(q2, kp2, vp2, kb2, vb2),
-                               op.reference(q2, kp2, vp2, kb2[:, :3], vb2[:, :3], 0.25),
-                               atol=0, rtol=0)
+    for lengths in [(37,), (1, 9, 23)]:
+        q2, kp2, vp2, kb2, vb2, cu2 = make_inputs(lengths, 5, 4, 4, 2, 16, torch.float32, seed=2)
+        kb2, vb2 = kb2.contiguous(), vb2.contiguous()
+        torch.testing.assert_close(exported.module()(q2, kp2, vp2, kb2, vb2, cu2),
+                                   op.reference(q2, kp2, vp2, kb2[:, :3], vb2[:, :3], cu2, 5,
+                                                0.25), atol=0, rtol=0)
 
 
 _TRACE_SCRIPT = textwrap.dedent("""
     import torch
     from torch.fx.experimental.proxy_tensor import make_fx
     from boundgen.ops import prefix_attention as op
-    q, kp, vp = torch.randn(5, 4, 16), torch.randn(9, 2, 16), torch.randn(9, 2, 16)
-    kb, vb = torch.randn(5, 4, 2, 16), torch.randn(5, 4, 2, 16)
-    graph = make_fx(lambda q, kp, vp, kb, vb: op.launch(q, kp, vp, kb[:, :3], vb[:, :3], 0.25),
-                    tracing_mode="symbolic")(q, kp, vp, kb, vb).graph
+    q, kp, vp = torch.randn(6, 4, 16), torch.randn(9, 2, 16), torch.randn(9, 2, 16)
+    kb, vb = torch.randn(6, 4, 2, 16), torch.randn(6, 4, 2, 16)
+    cu = torch.tensor([0, 4, 9], dtype=torch.int32)
+    graph = make_fx(lambda q, kp, vp, kb, vb, cu: op.launch(q, kp, vp, kb[:, :3], vb[:, :3], cu,
+                                                            3, 0.25),
+                    tracing_mode="symbolic")(q, kp, vp, kb, vb, cu).graph
     hops = [n for n in graph.nodes if "triton_kernel_wrapper" in str(n.target)]
     assert len(hops) == 1, graph
     assert not [n for n in graph.nodes if "clone" in str(n.target) or "copy" in str(n.target)]
@@ -152,7 +185,7 @@ def _concatenated(k_prefix, k_suffix):
     return full.transpose(1, 2)  # [W, Nkv, L, D]
 
 
-def _sdpa(q, k_prefix, v_prefix, k_suffix, v_suffix, scale):
+def _sdpa(q, k_prefix, v_prefix, k_suffix, v_suffix, cu_seqlens, width, scale):
     import torch.nn.functional as F
     out = F.scaled_dot_product_attention(q[:, :, None], _concatenated(k_prefix, k_suffix),
                                          _concatenated(v_prefix, v_suffix), scale=scale,
@@ -160,7 +193,7 @@ def _sdpa(q, k_prefix, v_prefix, k_suffix, v_suffix, scale):
     return out[:, :, 0]
 
 
-def _flex(q, k_prefix, v_prefix, k_suffix, v_suffix, scale):
+def _flex(q, k_prefix, v_prefix, k_suffix, v_suffix, cu_seqlens, width, scale):
     from torch.nn.attention.flex_attention import flex_attention
     out = flex_attention(q[:, :, None], _concatenated(k_prefix, k_suffix),
                          _concatenated(v_prefix, v_suffix), scale=scale, enable_gqa=True)
@@ -169,16 +202,20 @@ def _flex(q, k_prefix, v_prefix, k_suffix, v_suffix, scale):
 
 @pytest.mark.gpu
 @needs_compiled_kernel
-@pytest.mark.parametrize("prefix_len", [64, 400])
+@pytest.mark.parametrize("lengths", [(64,), (400,), (64, 1, 400, 33)], ids=lambda x: str(x))
 @pytest.mark.parametrize("suffix_len", [0, 1, 4])
 @pytest.mark.parametrize("heads,head_dim", [((14, 2), 64), ((16, 8), 128)], ids=["qwen2", "qwen3"])
-def test_gpu_matches_reference_sdpa_flex(prefix_len, suffix_len, heads, head_dim):
-    inputs = make_inputs(100, prefix_len, suffix_len, *heads, head_dim, torch.bfloat16, "cuda")
+def test_gpu_matches_reference_sdpa_flex(lengths, suffix_len, heads, head_dim):
+    """W = 100; SDPA and Flex over the concatenated K/V for one request, the reference for all."""
+    inputs = make_inputs(lengths, 100, suffix_len, *heads, head_dim, torch.bfloat16, "cuda")
     scale = head_dim ** -0.5
-    out = torch.ops.boundgen.prefix_attention(*inputs, scale).float()
-    one_beam_per_program = op.launch(*inputs, scale, beams_per_program=1).float()
-    for name, other in [("reference", op.reference), ("sdpa", _sdpa), ("flex", _flex)]:
-        expected = other(*inputs, scale).float()
+    out = torch.ops.boundgen.prefix_attention(*inputs, 100, scale).float()
+    one_beam_per_program = op.launch(*inputs, 100, scale, beams_per_program=1).float()
+    others = [("reference", op.reference)]
+    if len(lengths) == 1:
+        others += [("sdpa", _sdpa), ("flex", _flex)]
+    for name, other in others:
+        expected = other(*inputs, 100, scale).float()
         for layout, got in [("default", out), ("beams1", one_beam_per_program)]:
             err = (got - expected).abs().max().item()
             assert err < 2e-2, f"{layout}: max abs error {err} against {name}"
