@@ -8,6 +8,8 @@ Cases (ARCHITECTURE.md workloads, bf16):
   SDPA reads K/V concatenated per beam ([W, N_kv, L_p + L_s, D]): "sdpa" with the
   concatenation prebuilt, "sdpa+cat" building it in the timed call (its real cost).
   The Triton kernel runs in its default layout and with one beam per program.
+  Batched beam requests: R = 4, 8 prompts of 64 tokens packed, W = 100 each, L_s 4, at
+  Qwen2.5 (BW 2 divides W) and Qwen3-0.6B heads (16/8, D 128: BW 8, blocks span requests).
 The packed kernel also runs with the launch configs of PACKED_SWEEP, to pick the default.
 
 Elementwise ops (bf16, Triton kernel vs the torch reference, which is several kernels each):
@@ -159,42 +161,47 @@ def bench_packed(lengths: list[int], heads=(16, 8), head_dim: int = 128, device:
 
 def bench_prefix(width: int, prefix_len: int, suffix_len: int, heads=(14, 2), head_dim: int = 64,
                  device: str = "cuda", calls: int = 20, replays: int = 10,
-                 dtype: torch.dtype = torch.bfloat16) -> list[KernelTiming]:
+                 dtype: torch.dtype = torch.bfloat16, requests: int = 1) -> list[KernelTiming]:
+    """One beam step of `requests` packed requests (R), W beams each over its own L_p prompt."""
     num_q_heads, num_kv_heads = heads
     scale = head_dim ** -0.5
+    beams = requests * width
 
     def randn(*shape):
         return torch.randn(*shape, device=device, dtype=dtype)
 
-    q = randn(width, num_q_heads, head_dim)
-    k_prefix, v_prefix = randn(prefix_len, num_kv_heads, head_dim), randn(prefix_len, num_kv_heads, head_dim)
+    q = randn(beams, num_q_heads, head_dim)
+    tokens = requests * prefix_len
+    k_prefix, v_prefix = randn(tokens, num_kv_heads, head_dim), randn(tokens, num_kv_heads, head_dim)
+    cu_seqlens = torch.arange(0, tokens + 1, prefix_len, device=device, dtype=torch.int32)
     slots = suffix_len + 1  # a suffix buffer with room for the next step: slices are strided
-    k_suffix = randn(width, slots, num_kv_heads, head_dim)[:, :suffix_len]
-    v_suffix = randn(width, slots, num_kv_heads, head_dim)[:, :suffix_len]
-    args = (q, k_prefix, v_prefix, k_suffix, v_suffix, scale)
-
-    def concatenated(prefix, suffix):  # [W, N_kv, L_p + L_s, D]
-        return torch.cat((prefix.expand(width, *prefix.shape), suffix), dim=1).transpose(1, 2)
-
-    k_full, v_full = concatenated(k_prefix, k_suffix), concatenated(v_prefix, v_suffix)
-
-    def sdpa(k_all, v_all) -> torch.Tensor:
-        out = F.scaled_dot_product_attention(q[:, :, None], k_all, v_all, scale=scale,
-                                             enable_gqa=True)
-        return out[:, :, 0]
-
+    k_suffix = randn(beams, slots, num_kv_heads, head_dim)[:, :suffix_len]
+    v_suffix = randn(beams, slots, num_kv_heads, head_dim)[:, :suffix_len]
+    args = (q, k_prefix, v_prefix, k_suffix, v_suffix, cu_seqlens, width, scale)
     impls = {
         "triton": lambda: prefix_attention.launch(*args),
         "triton 1 beam/program": lambda: prefix_attention.launch(*args, beams_per_program=1),
         "torch reference": lambda: prefix_attention.reference(*args),
-        "sdpa": lambda: sdpa(k_full, v_full),
-        "sdpa+cat": lambda: sdpa(concatenated(k_prefix, k_suffix), concatenated(v_prefix, v_suffix)),
     }
-    case = (f"prefix W={width} L_p={prefix_len} L_s={suffix_len} heads {num_q_heads}/"
-            f"{num_kv_heads} D={head_dim}")
-    return _measure(case, impls, prefix_work(width, prefix_len, suffix_len, num_q_heads,
-                                             num_kv_heads, head_dim, dtype.itemsize),
-                    calls, replays)
+    if requests == 1:  # SDPA over K/V concatenated per beam: one prompt only
+        def concatenated(prefix, suffix):  # [W, N_kv, L_p + L_s, D]
+            return torch.cat((prefix.expand(width, *prefix.shape), suffix), dim=1).transpose(1, 2)
+
+        k_full, v_full = concatenated(k_prefix, k_suffix), concatenated(v_prefix, v_suffix)
+
+        def sdpa(k_all, v_all) -> torch.Tensor:
+            out = F.scaled_dot_product_attention(q[:, :, None], k_all, v_all, scale=scale,
+                                                 enable_gqa=True)
+            return out[:, :, 0]
+
+        impls["sdpa"] = lambda: sdpa(k_full, v_full)
+        impls["sdpa+cat"] = lambda: sdpa(concatenated(k_prefix, k_suffix),
+                                         concatenated(v_prefix, v_suffix))
+    case = (f"prefix R={requests} W={width} L_p={prefix_len} L_s={suffix_len} heads "
+            f"{num_q_heads}/{num_kv_heads} D={head_dim}")
+    flops, nbytes = prefix_work(width, prefix_len, suffix_len, num_q_heads, num_kv_heads, head_dim,
+                                dtype.itemsize)
+    return _measure(case, impls, (requests * flops, requests * nbytes), calls, replays)
 
 
 def _qkv_view(num_tokens: int, num_heads: int, head_dim: int, device: str, dtype: torch.dtype):
@@ -266,6 +273,11 @@ def run_kernel_benchmarks(device: str = "cuda", seed: int = 0, calls: int = 20,
         for suffix_len in range(1, 5):
             rows += bench_prefix(100, prefix_len, suffix_len, device=device, calls=calls,
                                  replays=replays)
+    for requests in (4, 8):  # batched beam requests: R prompts of 64 tokens in one call
+        rows += bench_prefix(100, 64, 4, device=device, calls=calls, replays=replays,
+                             requests=requests)
+        rows += bench_prefix(100, 64, 4, heads=(16, 8), head_dim=128, device=device,
+                             calls=calls, replays=replays, requests=requests)
     return rows + bench_elementwise(device, calls, replays)
 
 

@@ -54,8 +54,10 @@ def test_every_implementation_agrees_with_the_reference_on_cpu(monkeypatch):
     monkeypatch.setattr(kernels, "gpu_time_us", lambda fn, calls, replays: 1.0)
     rows = kernels.bench_packed([5, 1, 9], heads=(4, 2), head_dim=16, device="cpu", dtype=torch.float32)
     rows += kernels.bench_prefix(3, 7, 2, heads=(4, 2), head_dim=16, device="cpu", dtype=torch.float32)
+    rows += kernels.bench_prefix(3, 7, 2, heads=(4, 2), head_dim=16, device="cpu", dtype=torch.float32,
+                                 requests=3)  # packed requests: no SDPA variants
     # D=16's default launch config is not in the sweep: every sweep entry runs
-    assert len(rows) == 3 + len(kernels.PACKED_SWEEP) + 5
+    assert len(rows) == 3 + len(kernels.PACKED_SWEEP) + 5 + 3
     assert all(r.max_abs_err < 1e-5 for r in rows), kernels.markdown_table(rows)
 
 
