@@ -75,3 +75,34 @@ def test_batched_bad_input_is_the_callers_error(engines):
     with pytest.raises(InvalidInput, match="at most 6"):
         batched.score(["x"] * 7)
     assert batched.score(["still fine"]).scores.shape == (1, 2)
+
+
+PROMPTS = ["generative retrieval: shoes", "x", "a longer prompt about running shoes and socks", "lamp"]
+
+
+def test_batched_beams_equal_single(tiny_qwen2_dir):
+    from boundgen.programs.spec import BeamSpec
+    from boundgen.runtime.batched import BatchedBeamEngine
+
+    spec = BeamSpec(width=4, steps=3, max_prompt_tokens=16, max_requests=3)
+    single = eager_engine(tiny_qwen2_dir, spec)
+    batched = eager_engine(tiny_qwen2_dir, spec, contexts=1, batching=True)
+    assert isinstance(batched, BatchedBeamEngine)
+    expected = [single.beam(p) for p in PROMPTS]
+    results = [None] * len(PROMPTS)
+    barrier = threading.Barrier(len(PROMPTS))
+
+    def call(i):
+        barrier.wait()
+        results[i] = batched.beam(PROMPTS[i])
+
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(len(PROMPTS))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    batched.close()
+    for exp, res in zip(expected, results):
+        assert res.token_ids.tolist() == exp.token_ids.tolist() and res.texts == exp.texts
+        np.testing.assert_allclose(res.scores, exp.scores, rtol=0, atol=1e-5)
+    assert max(r.timings["batch_requests"] for r in results) <= 3
