@@ -109,7 +109,7 @@ def _query(http_port, grpc_port, n):
         res = infer("demo-score", SCORE_TEXTS, ["SCORES"])
         _step(f"{proto} score  (labels ' yes', ' no'):")
         for text, row in zip(SCORE_TEXTS, res.as_numpy("SCORES")):
-            print(f"    {row.round(4).tolist()}  {text}")
+            print(f"    [{', '.join(f'{p:.4f}' for p in row)}]  {text}")
         res = infer("demo-beam", [BEAM_PROMPT], ["TOKEN_IDS", "SCORES", "TEXT_OUT"])
         _step(f"{proto} beam   (W=8, N=4), best 3 of 8 for {BEAM_PROMPT!r}:")
         for ids, score, text in list(zip(res.as_numpy("TOKEN_IDS"), res.as_numpy("SCORES"),
