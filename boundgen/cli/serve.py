@@ -39,6 +39,12 @@ def register(sub):
                         "default: the environment variable BOUNDGEN_API_KEY, else no key")
     p.add_argument("--drain-timeout-s", type=float, default=30.0, metavar="S",
                    help="on SIGTERM, longest wait for admitted requests before exiting (default 30)")
+    group = p.add_mutually_exclusive_group()
+    group.add_argument("--replicas", type=int, default=None, metavar="N",
+                       help="serve through N worker processes (CPU) behind this front end; each request goes to "
+                            "the worker with the fewest in flight")
+    group.add_argument("--gpus", default=None, metavar="all|N|0,2,...",
+                       help="one worker process per GPU (CUDA_VISIBLE_DEVICES set to it) behind this front end")
     p.set_defaults(run=run)
 
 
@@ -55,11 +61,43 @@ def config_from_args(args):
         raise ConfigError(str(exc)) from None
 
 
-def run(args, engine_factory=None):
-    """Serve until SIGTERM / SIGINT; `engine_factory(path) -> Engine` replaces `boundgen.load` (tests)."""
+def worker_args(args) -> list[str]:
+    """The flags of each worker behind a --replicas / --gpus front end. Workers take no deadline of
+    their own (the front end's admission enforces it) and listen on free loopback ports."""
+    out = ["--max-queue", str(args.max_queue), "--max-body-bytes", str(args.max_body_bytes),
+           "--drain-timeout-s", str(args.drain_timeout_s), "--default-timeout-ms", "600000"]
+    if args.max_inflight is not None:
+        out += ["--max-inflight", str(args.max_inflight)]
+    return out
+
+
+def run(args, engine_factory=None, worker_command=None):
+    """Serve until SIGTERM / SIGINT; `engine_factory(path) -> Engine` replaces `boundgen.load` (tests);
+    `worker_command` replaces `python -m boundgen serve` for --replicas / --gpus workers (tests)."""
+    import dataclasses
+
     from boundgen.server.app import default_engine_factory, serve
 
     for path in args.artifacts:
         if not os.path.isdir(path):
             raise ConfigError(f"{path} is not a directory (expected an artifact built by `boundgen build`)")
-    return serve(args.artifacts, config_from_args(args), engine_factory or default_engine_factory)
+    config = config_from_args(args)
+    if args.replicas is None and args.gpus is None:
+        return serve(args.artifacts, config, engine_factory or default_engine_factory)
+    from boundgen.server.replicas import parse_gpus, serve_replicas
+
+    if args.gpus is not None:
+        gpus = parse_gpus(args.gpus, _cuda_device_count)
+    elif args.replicas < 1:
+        raise ConfigError(f"--replicas must be >= 1, got {args.replicas}")
+    else:
+        gpus = [None] * args.replicas
+    # The front end admits (workers' in-flight limit) x (workers) per model, from the workers' own.
+    config = dataclasses.replace(config, max_inflight=None)
+    return serve_replicas(args.artifacts, config, gpus, worker_args(args), worker_command)
+
+
+def _cuda_device_count() -> int:
+    import torch
+
+    return torch.cuda.device_count()

@@ -15,6 +15,9 @@ from boundgen.errors import BoundgenError
 from tests.server.fake_engine import FakeEngine
 
 
+FAKE_SERVE = [sys.executable, "-m", "tests.server.fake_serve"]  # --replicas workers: fake engines too
+
+
 def engine_factory(path):
     path = Path(path)
     if (path / "eager.json").exists():
@@ -29,7 +32,7 @@ def main(argv=None) -> int:
     serve.register(parser.add_subparsers())
     args = parser.parse_args(["serve", *(sys.argv[1:] if argv is None else argv)])
     try:
-        return serve.run(args, engine_factory=engine_factory)
+        return serve.run(args, engine_factory=engine_factory, worker_command=FAKE_SERVE)
     except BoundgenError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -1,0 +1,89 @@
+"""An Engine that forwards each call to one worker process over gRPC (KServe ModelInfer).
+
+The front end of `boundgen serve --replicas/--gpus` serves one `ReplicaEngine` per model, so its
+admission, deadlines and metrics are the ordinary ones (app.py, admission.py). Each call runs on
+an admission worker thread: it picks a worker (`WorkerPool.acquire`: fewest requests in flight),
+sends the validated texts, and rebuilds the engine result from the answer's raw output tensors.
+
+A worker that dies under a request, or refuses it as unavailable, fails that request with
+503 / UNAVAILABLE; other worker statuses map back to the front end's own errors.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import grpc
+import numpy as np
+
+from boundgen.errors import InvalidInput
+from boundgen.runtime.engine import Engine, EngineSpec
+from boundgen.runtime.results import BeamResult, ScoreResult
+from boundgen.server import kserve_pb as pb
+from boundgen.server.status import DeadlineExceeded, Overloaded, Unavailable
+from boundgen.server.tensors import from_raw, serialize_bytes
+
+WORKER_CALL_TIMEOUT_S = 600.0  # bound on one forwarded call; the front end's admission drops late answers
+
+_ERRORS = {
+    grpc.StatusCode.INVALID_ARGUMENT: InvalidInput,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: Overloaded,
+    grpc.StatusCode.DEADLINE_EXCEEDED: DeadlineExceeded,
+    grpc.StatusCode.UNAVAILABLE: Unavailable,
+    grpc.StatusCode.CANCELLED: Unavailable,  # the worker went away mid-call
+}
+
+
+def spec_from_metadata(meta: dict, concurrency: int) -> EngineSpec:
+    """The EngineSpec a worker's HTTP model metadata describes (signature.py's `parameters()`)."""
+    p = meta["parameters"]
+    extra = {"concurrency": concurrency}
+    if p["task"] == "score":
+        return EngineSpec(name=meta["name"], task="score", max_samples=p["max_samples"],
+                          max_tokens_per_sample=p["max_tokens_per_sample"], max_total_tokens=p["max_total_tokens"],
+                          labels=tuple(p["labels"]), label_token_ids=tuple(p["label_token_ids"]), extra=extra)
+    return EngineSpec(name=meta["name"], task="beam", max_samples=1, max_tokens_per_sample=p["max_prompt_tokens"],
+                      max_total_tokens=p["max_prompt_tokens"], width=p["width"], steps=p["steps"], extra=extra)
+
+
+class ReplicaEngine(Engine):
+    def __init__(self, pool, spec: EngineSpec):
+        self.pool, self.spec = pool, spec
+
+    def score(self, texts: Sequence[str]) -> ScoreResult:
+        out = self._forward(texts)
+        return ScoreResult(out["SCORES"], list(self.spec.label_token_ids), {})
+
+    def beam(self, text: str) -> BeamResult:
+        out = self._forward([text])
+        ids = out["TOKEN_IDS"]
+        texts = [t.decode("utf-8") for t in out["TEXT_OUT"]]
+        return BeamResult(ids, out["SCORES"], (ids == -1).any(axis=1), texts, {})
+
+    def warmup(self) -> None:
+        pass  # every worker warmed its own engine before it answered ready
+
+    def close(self) -> None:
+        self.pool.close()
+
+    def _forward(self, texts: Sequence[str]) -> dict:
+        items = [t.encode("utf-8") for t in texts]
+        request = pb.ModelInferRequest(model_name=self.spec.name)
+        request.inputs.add(name="TEXT", datatype="BYTES", shape=[len(items)])
+        request.raw_input_contents.append(serialize_bytes(items))
+        worker = self.pool.acquire()
+        outcome = "error"
+        try:
+            response = worker.infer(request, WORKER_CALL_TIMEOUT_S)
+            outcome = "success"
+        except grpc.RpcError as err:
+            outcome = "unavailable" if err.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED) else "error"
+            raise _ERRORS.get(err.code(), RuntimeError)(f"worker {worker.index}: {err.details()}") from None
+        finally:
+            self.pool.release(worker, outcome)
+        out = {}
+        for t, raw in zip(response.outputs, response.raw_output_contents):
+            tensor = from_raw(t.name, t.datatype, tuple(t.shape), raw)
+            data = tensor.data if t.datatype == "BYTES" else np.asarray(tensor.data).reshape(tensor.shape)
+            out[t.name] = data
+        return out

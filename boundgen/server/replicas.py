@@ -1,0 +1,227 @@
+"""`boundgen serve --replicas N | --gpus all|N|0,2,...`: one front end, N worker processes.
+
+    client -> front end (app.Server: HTTP + gRPC, admission, deadlines, metrics)
+                  -> ReplicaEngine per model (replica_engine.py), on an admission thread
+                  -> WorkerPool.acquire(): the live worker with the fewest requests in flight
+                  -> that worker's gRPC ModelInfer on 127.0.0.1 (a plain `boundgen serve` child)
+
+Each worker is an ordinary `boundgen serve` of the same artifacts on private loopback ports,
+started with `launch.ServerProcess` (its own artifact load, contexts and streams; with --gpus,
+`CUDA_VISIBLE_DEVICES` set to its GPU). The front end is ready once every worker is ready.
+A supervisor thread per worker waits on its process: when it exits, it is marked down (log
+line, `boundgen_worker_up` 0, `boundgen_worker_restarts_total` + 1), calls in flight on it fail
+503 / UNAVAILABLE, new calls go to the live workers, and it is restarted after a backoff
+(0.5 s doubling to 10 s while restarts fail). Shutdown (front end drained) SIGTERMs every worker.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import threading
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Callable, Sequence
+
+import grpc
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from boundgen.errors import BoundgenError
+from boundgen.server import kserve_pb as pb
+from boundgen.server.config import API_KEY_ENV
+from boundgen.server.launch import ServerProcess
+from boundgen.server.replica_engine import ReplicaEngine, spec_from_metadata
+from boundgen.server.status import Unavailable
+
+LOADED = re.compile(r"boundgen serve: model (\S+) \(\w+\) loaded and warmed up, max in flight (\d+)")
+BACKOFF_S, BACKOFF_MAX_S = 0.5, 10.0
+WORKER_READY_TIMEOUT_S = 600.0
+_NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def parse_gpus(value: str, count: Callable[[], int]) -> list[int]:
+    """`all` -> every visible GPU; `N` -> GPUs 0..N-1; `0,2` -> those ids. `count()` says how many exist."""
+    if value == "all":
+        ids = list(range(count()))
+    elif value.isdigit():
+        ids = list(range(int(value)))
+    else:
+        try:
+            ids = [int(part) for part in value.split(",") if part.strip()]
+        except ValueError:
+            raise BoundgenError(f"--gpus takes all, a count N or ids like 0,2; got {value!r}") from None
+    if not ids or len(set(ids)) != len(ids) or min(ids) < 0:
+        raise BoundgenError(f"--gpus {value!r} names no GPU, or one twice (found {count()} GPUs)")
+    return ids
+
+
+class Worker:
+    """One worker process and its gRPC channel; counters are guarded by the pool's lock."""
+
+    def __init__(self, index: int, gpu: int | None):
+        self.index, self.gpu = index, gpu
+        self.server: ServerProcess | None = None
+        self.channel: grpc.Channel | None = None
+        self._infer = None
+        self.up = False
+        self.inflight = 0
+        self.routed = 0
+
+    def connect(self) -> None:
+        self.channel = grpc.insecure_channel(self.server.grpc_url, options=[("grpc.max_send_message_length", -1),
+                                                                            ("grpc.max_receive_message_length", -1)])
+        self._infer = self.channel.unary_unary(f"/{pb.SERVICE}/ModelInfer",
+                                               request_serializer=lambda m: m.SerializeToString(),
+                                               response_deserializer=pb.ModelInferResponse.FromString)
+
+    def infer(self, request, timeout_s: float):
+        return self._infer(request, timeout=timeout_s)
+
+
+class WorkerPool:
+    def __init__(self, artifact_dirs: Sequence[str | Path], gpus: Sequence[int | None], worker_args: Sequence[str],
+                 command: Sequence[str] | None, registry: CollectorRegistry, say: Callable[[str], None]):
+        self.artifact_dirs = [str(d) for d in artifact_dirs]
+        self.workers = [Worker(i, gpu) for i, gpu in enumerate(gpus)]
+        self.worker_args, self.command, self.say = list(worker_args), command, say
+        self._lock = threading.Lock()
+        self._closing = threading.Event()
+        self._started = False
+        self._specs: list | None = None
+        self.up = Gauge("boundgen_worker_up", "1 while the worker process is up and ready", ["worker"], registry=registry)
+        self.inflight = Gauge("boundgen_worker_inflight_requests", "Requests forwarded to the worker and not yet "
+                              "answered", ["worker"], registry=registry)
+        self.requests = Counter("boundgen_worker_requests", "Requests forwarded to the worker, by outcome "
+                                "(success, unavailable, error)", ["worker", "outcome"], registry=registry)
+        self.restarts = Counter("boundgen_worker_restarts", "Times the worker exited and was restarted",
+                                ["worker"], registry=registry)
+        for w in self.workers:
+            self.up.labels(str(w.index)).set(0)
+            self.inflight.labels(str(w.index)).set_function(lambda w=w: w.inflight)
+            self.restarts.labels(str(w.index))
+
+    # ---- app.Server's engine factory ------------------------------------------------------
+
+    def engine_for(self, artifact_dir) -> ReplicaEngine:
+        """Start all workers on the first call; then the proxy engine of this artifact's model."""
+        if not self._started:
+            self.start()
+        return ReplicaEngine(self, self._specs[self.artifact_dirs.index(str(artifact_dir))])
+
+    def start(self) -> None:
+        with ThreadPoolExecutor(len(self.workers)) as pool:
+            errors = [f.exception() for f in [pool.submit(self._launch, w) for w in self.workers]]
+        failed = [e for e in errors if e is not None]
+        if failed:
+            self.close()
+            raise BoundgenError(f"a worker failed to start: {failed[0]}")
+        first = self.workers[0].server
+        loaded = [LOADED.search(line) for line in first.output]
+        loaded = [m for m in loaded if m]
+        n = len(self.workers)
+        self._specs = [spec_from_metadata(self._metadata(first, m.group(1)), int(m.group(2)) * n) for m in loaded]
+        self._started = True
+        for w in self.workers:
+            threading.Thread(target=self._supervise, args=(w,), name=f"boundgen-worker-{w.index}", daemon=True).start()
+
+    def close(self) -> None:
+        """SIGTERM every worker (each drains), wait for them; idempotent."""
+        if self._closing.is_set():
+            return
+        self._closing.set()
+        with ThreadPoolExecutor(len(self.workers)) as pool:
+            list(pool.map(lambda w: w.server and w.server.stop(), self.workers))
+
+    # ---- routing --------------------------------------------------------------------------
+
+    def acquire(self) -> Worker:
+        """The live worker with the fewest requests in flight (ties: the one sent fewest so far)."""
+        with self._lock:
+            live = [w for w in self.workers if w.up]
+            if not live:
+                raise Unavailable("no worker is up (all are restarting); retry later")
+            worker = min(live, key=lambda w: (w.inflight, w.routed, w.index))
+            worker.inflight += 1
+            worker.routed += 1
+            return worker
+
+    def release(self, worker: Worker, outcome: str) -> None:
+        with self._lock:
+            worker.inflight -= 1
+        self.requests.labels(str(worker.index), outcome).inc()
+
+    # ---- worker processes -----------------------------------------------------------------
+
+    def _launch(self, w: Worker) -> None:
+        env = {k: v for k, v in os.environ.items() if k != API_KEY_ENV}  # workers listen on loopback only
+        if w.gpu is not None:
+            env["CUDA_VISIBLE_DEVICES"] = str(w.gpu)
+        w.server = ServerProcess(self.artifact_dirs, args=self.worker_args, command=self.command, env=env,
+                                 ready_timeout_s=WORKER_READY_TIMEOUT_S).start()
+        if self._closing.is_set():  # closed while it started: close() did not see it
+            w.server.stop()
+            return
+        w.connect()
+        with self._lock:
+            w.up = True
+        self.up.labels(str(w.index)).set(1)
+        gpu = "" if w.gpu is None else f" on GPU {w.gpu}"
+        self.say(f"boundgen serve: worker {w.index}{gpu} (pid {w.server.proc.pid}) ready at grpc={w.server.grpc_url}")
+
+    def _supervise(self, w: Worker) -> None:
+        failures = 0
+        while not self._closing.is_set():
+            code = w.server.proc.wait()
+            with self._lock:
+                w.up = False
+            self.up.labels(str(w.index)).set(0)
+            if self._closing.is_set():
+                return
+            self.restarts.labels(str(w.index)).inc()
+            w.channel.close()  # calls in flight on it fail with UNAVAILABLE / CANCELLED
+            while not self._closing.is_set():
+                delay = min(BACKOFF_S * 2 ** failures, BACKOFF_MAX_S)
+                self.say(f"boundgen serve: worker {w.index} (pid {w.server.proc.pid}) exited with code {code}; "
+                         f"restarting in {delay:g} s\n{w.server.tail(10)}")
+                if self._closing.wait(delay):
+                    return
+                try:
+                    self._launch(w)
+                    failures = 0
+                    break
+                except Exception as exc:  # noqa: BLE001 - reported, retried with a longer backoff
+                    failures += 1
+                    code = f"{exc}".splitlines()[0]
+
+    @staticmethod
+    def _metadata(server: ServerProcess, model: str) -> dict:
+        with _NO_PROXY.open(f"http://{server.http_url}/v2/models/{model}", timeout=30) as r:
+            return json.loads(r.read())
+
+
+def serve_replicas(artifact_dirs: Sequence[str | Path], config, gpus: Sequence[int | None],
+                   worker_args: Sequence[str], command: Sequence[str] | None = None) -> int:
+    """Run the front end in this process until SIGTERM / SIGINT (as app.serve); the exit code."""
+    import asyncio
+    import logging
+    import signal
+
+    from boundgen.server.app import Server
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+
+    async def main() -> int:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        server = Server(artifact_dirs, config, engine_factory=lambda path: pool.engine_for(path))
+        pool = WorkerPool(artifact_dirs, gpus, worker_args, command, server.metrics.registry, server.say)
+        try:
+            return await server.serve(stop)
+        finally:
+            pool.close()
+
+    return asyncio.run(main())

@@ -1,0 +1,96 @@
+"""`--replicas N`: one front end, N worker processes (each a fake-engine `boundgen serve`).
+Traffic reaches every worker; a killed worker fails only its own in-flight request (503) and
+comes back, while the others keep serving."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import time
+import uuid
+
+import numpy as np
+import pytest
+import tritonclient.grpc as tgrpc
+import tritonclient.http as thttp
+from tritonclient.utils import InferenceServerException
+
+from tests.server.conftest import metric, wait_metric
+
+WORKER = re.compile(r"worker (\d+) \(pid (\d+)\) ready")
+
+
+def infer(server, text, protocol="http", timeout_us=20_000_000):
+    mod = thttp if protocol == "http" else tgrpc
+    t = mod.InferInput("TEXT", [1], "BYTES")
+    t.set_data_from_numpy(np.array([text.encode()], dtype=object))
+    client = mod.InferenceServerClient(server.http_url if protocol == "http" else server.grpc_url)
+    return client.infer("fscore", [t], timeout=timeout_us).as_numpy("SCORES")
+
+
+def worker_pids(server, count: int = 2, timeout_s: float = 10.0) -> dict[int, int]:
+    """The latest pid of each worker, from the front end's 'worker I (pid P) ready' lines (the
+    output reader may lag the ready check a little: bounded wait)."""
+    end = time.monotonic() + timeout_s
+    while True:
+        pids = {int(m.group(1)): int(m.group(2)) for m in map(WORKER.search, list(server.output)) if m}
+        if len(pids) >= count or time.monotonic() > end:
+            return pids
+        time.sleep(0.01)
+
+
+def served(server, worker: int) -> float:
+    return metric(server, f'boundgen_worker_requests_total{{outcome="success",worker="{worker}"}}')
+
+
+@pytest.fixture
+def replicas(launch, fake_dirs):
+    server = launch([fake_dirs["score"]], args=["--replicas", "2"])
+    yield server
+    assert server.stop() == 0
+    assert all(not _alive(pid) for pid in worker_pids(server).values()), "workers outlived the front end"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_traffic_reaches_both_workers(replicas):
+    assert sorted(worker_pids(replicas)) == [0, 1]
+    assert metric(replicas, 'boundgen_worker_up{worker="0"}') == 1
+    assert metric(replicas, 'boundgen_worker_up{worker="1"}') == 1
+    answers = [infer(replicas, f"sample {i}", protocol) for i in range(3) for protocol in ("http", "grpc")]
+    assert all(a.shape == (1, 2) for a in answers)
+    assert served(replicas, 0) == 3 and served(replicas, 1) == 3  # idle workers take turns
+    # The same text gets the same answer whichever worker runs it.
+    np.testing.assert_array_equal(infer(replicas, "same text"), infer(replicas, "same text"))
+
+
+def test_killed_worker_fails_its_request_and_comes_back(replicas, tmp_path):
+    hold = tmp_path / f"release-{uuid.uuid4().hex}"
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(1) as pool:
+        held = pool.submit(infer, replicas, f"held hold={hold}")
+        wait_metric(replicas, 'boundgen_worker_inflight_requests{worker="0"}', 1)  # idle tie: worker 0 first
+        os.kill(worker_pids(replicas)[0], signal.SIGKILL)
+        with pytest.raises(InferenceServerException) as err:
+            held.result(timeout=30)
+    assert err.value.status() == "503"
+    wait_metric(replicas, 'boundgen_worker_restarts_total{worker="0"}', 1)
+    before = served(replicas, 1)
+    for i in range(3):  # worker 0 is down or restarting: worker 1 serves
+        infer(replicas, f"while restarting {i}", "grpc")
+    assert metric(replicas, "boundgen_ready") == 1
+    wait_metric(replicas, 'boundgen_worker_up{worker="0"}', 1, timeout_s=30)
+    assert served(replicas, 1) >= before + 1
+    served_0 = served(replicas, 0)
+    for i in range(4):
+        infer(replicas, f"after restart {i}")
+    assert served(replicas, 0) > served_0  # the restarted worker takes traffic again
+    assert any("worker 0" in line and "exited with code" in line for line in replicas.output)
