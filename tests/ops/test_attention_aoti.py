@@ -7,12 +7,12 @@ interpreter, and with libstdc++ preloaded (the H200 image's AOTI load crash, ../
 """
 
 import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
 import torch
+
+from tests.ops.kernel_testing import assert_script_prints_ok, env_without_interpreter
 
 _SCRIPT = textwrap.dedent("""
     import contextlib, sys, tempfile
@@ -62,21 +62,8 @@ _SCRIPT = textwrap.dedent("""
 """)
 
 
-def _libstdcxx() -> str | None:
-    try:
-        listing = subprocess.run(["ldconfig", "-p"], capture_output=True, text=True).stdout
-    except OSError:
-        return None
-    for line in listing.splitlines():
-        if "libstdc++.so.6 " in line:
-            return line.rsplit(" ", 1)[-1]
-    return None
-
-
 def _run(device: str, env: dict) -> None:
-    result = subprocess.run([sys.executable, "-c", _SCRIPT, device], env=env,
-                            capture_output=True, text=True, timeout=900)
-    assert result.returncode == 0 and "ok" in result.stdout, result.stderr[-4000:]
+    assert_script_prints_ok(_SCRIPT, device, env=env, timeout=900, stderr_tail=4000)
 
 
 @pytest.mark.slow
@@ -88,8 +75,4 @@ def test_aoti_package_cpu_calls_ops_opaquely():
 @pytest.mark.slow
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_aoti_package_gpu_compiles_kernels_in():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    preload = _libstdcxx()
-    if preload:
-        env["LD_PRELOAD"] = " ".join(filter(None, [env.get("LD_PRELOAD"), preload]))
-    _run("cuda", env)
+    _run("cuda", env_without_interpreter(preload_libstdcxx=True))

@@ -5,23 +5,13 @@ tests/conftest.py sets the variable), else compiled on CUDA. bf16 is GPU-only: t
 bf16 tl.dot is wrong (triton-lang/triton#11584).
 """
 
-import os
-import subprocess
-import sys
-import textwrap
-
 import pytest
 import torch
 
 from boundgen.ops import packed_attention as op
+from tests.ops.kernel_testing import (KERNEL_DEVICE, assert_script_prints_ok, needs_compiled_kernel,
+                                     needs_kernel, one_kernel_trace_script)
 
-INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
-KERNEL_DEVICE = "cpu" if INTERPRETED else ("cuda" if torch.cuda.is_available() else None)
-needs_kernel = pytest.mark.skipif(KERNEL_DEVICE is None,
-                                  reason="needs TRITON_INTERPRET=1 or a CUDA device")
-needs_compiled_kernel = pytest.mark.skipif(
-    INTERPRETED or not torch.cuda.is_available(),
-    reason="needs CUDA and compiled kernels (on a GPU machine run with TRITON_INTERPRET=0)")
 TOLERANCE = {torch.float32: 2e-5, torch.float16: 3e-3, torch.bfloat16: 2e-2}
 
 
@@ -121,31 +111,22 @@ def test_op_survives_export_as_one_node_with_dynamic_shapes():
                                op.reference(q2, k2, v2, cu2, 0.25), atol=0, rtol=0)
 
 
-_TRACE_SCRIPT = textwrap.dedent("""
-    import torch
-    from torch.fx.experimental.proxy_tensor import make_fx
+_TRACE_SCRIPT = one_kernel_trace_script("""
     from boundgen.ops import packed_attention as op
     q, k, v = torch.randn(10, 4, 16), torch.randn(10, 2, 16), torch.randn(10, 2, 16)
     cu_seqlens = torch.tensor([0, 3, 10], dtype=torch.int32)
     graph = make_fx(lambda q, k, v, cu: op.launch(q, k, v, cu, 0.25), tracing_mode="symbolic")(
         q, k, v, cu_seqlens).graph
-    hops = [n for n in graph.nodes if "triton_kernel_wrapper" in str(n.target)]
-    assert len(hops) == 1, graph
-    grid = hops[0].kwargs["grid"][0]
+""", grid_checks="""
     assert all(isinstance(g, (int, torch.fx.Node)) for g in grid), grid
-    assert isinstance(grid[0], torch.fx.Node), "grid size must stay symbolic in T"
-    print("ok")
 """)
 
 
 def test_launcher_traces_with_symbolic_tokens():
-    """What Inductor does to the op on the GPU: trace the launcher with symbolic shapes into one
-    kernel call whose grid stays an expression of T (no host sync, no specialisation on T).
-    Runs in a fresh process without the interpreter, where wrap_triton can trace."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    result = subprocess.run([sys.executable, "-c", _TRACE_SCRIPT], env=env, capture_output=True,
-                            text=True, timeout=300)
-    assert result.returncode == 0 and "ok" in result.stdout, result.stderr[-3000:]
+    """The launcher over two packed sequences, traced as Inductor does on the GPU: one kernel
+    call, its grid ints and nodes, the first an expression of T (one_kernel_trace_script says
+    why and how)."""
+    assert_script_prints_ok(_TRACE_SCRIPT)
 
 
 # ---------------------------------------------------------------------------------------------

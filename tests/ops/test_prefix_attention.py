@@ -5,23 +5,15 @@ tests/conftest.py sets the variable), else compiled on CUDA. bf16 is GPU-only: t
 bf16 tl.dot is wrong (triton-lang/triton#11584).
 """
 
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
 import torch
 
 from boundgen.ops import prefix_attention as op
+from tests.ops.kernel_testing import (KERNEL_DEVICE, assert_script_prints_ok, needs_compiled_kernel,
+                                     needs_kernel)
 
-INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
-KERNEL_DEVICE = "cpu" if INTERPRETED else ("cuda" if torch.cuda.is_available() else None)
-needs_kernel = pytest.mark.skipif(KERNEL_DEVICE is None,
-                                  reason="needs TRITON_INTERPRET=1 or a CUDA device")
-needs_compiled_kernel = pytest.mark.skipif(
-    INTERPRETED or not torch.cuda.is_available(),
-    reason="needs CUDA and compiled kernels (on a GPU machine run with TRITON_INTERPRET=0)")
 TOLERANCE = {torch.float32: 2e-5, torch.float16: 3e-3, torch.bfloat16: 2e-2}
 
 
@@ -169,10 +161,7 @@ _TRACE_SCRIPT = textwrap.dedent("""
 def test_launcher_traces_with_symbolic_shapes_without_copies():
     """What Inductor does to the op on the GPU: one kernel call, the suffix slice passed by
     strides (no copy). Fresh process without the interpreter, where wrap_triton can trace."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    result = subprocess.run([sys.executable, "-c", _TRACE_SCRIPT], env=env, capture_output=True,
-                            text=True, timeout=300)
-    assert result.returncode == 0 and "ok" in result.stdout, result.stderr[-3000:]
+    assert_script_prints_ok(_TRACE_SCRIPT)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,17 +1,13 @@
 """round_to: FP32 -> bf16/fp16 rounding to nearest even in a kernel, under the interpreter as on
 the GPU (the interpreter's own bf16 cast truncates)."""
 
-import os
-
 import pytest
 import torch
 import triton
 import triton.language as tl
 
 from boundgen.ops.rounding import round_to
-
-INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
-KERNEL_DEVICE = "cpu" if INTERPRETED else ("cuda" if torch.cuda.is_available() else None)
+from tests.ops.kernel_testing import KERNEL_DEVICE, needs_kernel
 
 
 @triton.jit
@@ -20,7 +16,7 @@ def _round_kernel(x_ptr, out_ptr, N: tl.constexpr, SOFT_BF16: tl.constexpr):
     tl.store(out_ptr + offs, round_to(tl.load(x_ptr + offs), out_ptr.dtype.element_ty, SOFT_BF16))
 
 
-@pytest.mark.skipif(KERNEL_DEVICE is None, reason="needs TRITON_INTERPRET=1 or a CUDA device")
+@needs_kernel
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.filterwarnings("ignore:overflow encountered in cast")  # numpy, 3.4e38 -> fp16 (inf)
 def test_round_to_matches_torch_cast(dtype):

@@ -7,24 +7,14 @@ bit at times: FP32 within a few ulp; in bf16/fp16 silu(gate) may then round one 
 the product with up can stretch to two ulp of the result (rare: a few per million in bf16).
 """
 
-import os
-import subprocess
-import sys
-import textwrap
-
 import pytest
 import torch
 
 from boundgen.ops import silu_mul as op
+from tests.ops.kernel_testing import (KERNEL_DEVICE, assert_script_prints_ok, needs_compiled_kernel,
+                                     needs_kernel, one_kernel_trace_script)
 from tests.ops.ulp import ulp_distance
 
-INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
-KERNEL_DEVICE = "cpu" if INTERPRETED else ("cuda" if torch.cuda.is_available() else None)
-needs_kernel = pytest.mark.skipif(KERNEL_DEVICE is None,
-                                  reason="needs TRITON_INTERPRET=1 or a CUDA device")
-needs_compiled_kernel = pytest.mark.skipif(
-    INTERPRETED or not torch.cuda.is_available(),
-    reason="needs CUDA and compiled kernels (on a GPU machine run with TRITON_INTERPRET=0)")
 
 
 def make_input(num_tokens, inter, dtype, device="cpu", seed=0, strided=False):
@@ -97,27 +87,16 @@ def test_op_survives_export_as_one_node_with_dynamic_tokens():
     torch.testing.assert_close(exported.module()(x2), op.reference(x2), atol=0, rtol=0)
 
 
-_TRACE_SCRIPT = textwrap.dedent("""
-    import torch
-    from torch.fx.experimental.proxy_tensor import make_fx
+_TRACE_SCRIPT = one_kernel_trace_script("""
     from boundgen.ops import silu_mul as op
     graph = make_fx(lambda x: op.launch(x), tracing_mode="symbolic")(torch.randn(10, 256)).graph
-    hops = [n for n in graph.nodes if "triton_kernel_wrapper" in str(n.target)]
-    assert len(hops) == 1, graph
-    grid = hops[0].kwargs["grid"][0]
-    assert isinstance(grid[0], torch.fx.Node), "grid size must stay symbolic in T"
-    print("ok")
 """)
 
 
 def test_launcher_traces_with_symbolic_tokens():
-    """What Inductor does to the op on the GPU: trace the launcher with symbolic shapes into one
-    kernel call whose grid stays an expression of T (no host sync, no specialisation on T).
-    Runs in a fresh process without the interpreter, where wrap_triton can trace."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    result = subprocess.run([sys.executable, "-c", _TRACE_SCRIPT], env=env, capture_output=True,
-                            text=True, timeout=300)
-    assert result.returncode == 0 and "ok" in result.stdout, result.stderr[-3000:]
+    """The launcher on x [T, 2I], traced as Inductor does on the GPU: one kernel call, its grid
+    an expression of T (one_kernel_trace_script says why and how)."""
+    assert_script_prints_ok(_TRACE_SCRIPT)
 
 
 # ---------------------------------------------------------------------------------------------
