@@ -160,6 +160,12 @@ async def _in_daemon_thread(fn, *args):
 def serve(artifact_dirs: Sequence[str | Path], config: ServerConfig,
           engine_factory: EngineFactory = default_engine_factory) -> int:
     """Run a server in this process until SIGTERM / SIGINT; the exit code (0 after a clean drain)."""
+    return serve_until_signal(lambda: (Server(artifact_dirs, config, engine_factory), None))
+
+
+def serve_until_signal(make_server) -> int:
+    """Run `make_server() -> (Server, cleanup or None)` inside an event loop until SIGTERM /
+    SIGINT, then `cleanup()`; the exit code."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
 
     async def main() -> int:
@@ -167,7 +173,12 @@ def serve(artifact_dirs: Sequence[str | Path], config: ServerConfig,
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        return await Server(artifact_dirs, config, engine_factory).serve(stop)
+        server, cleanup = make_server()
+        try:
+            return await server.serve(stop)
+        finally:
+            if cleanup is not None:
+                cleanup()
 
     return asyncio.run(main())
 

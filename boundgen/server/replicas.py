@@ -204,24 +204,13 @@ class WorkerPool:
 def serve_replicas(artifact_dirs: Sequence[str | Path], config, gpus: Sequence[int | None],
                    worker_args: Sequence[str], command: Sequence[str] | None = None) -> int:
     """Run the front end in this process until SIGTERM / SIGINT (as app.serve); the exit code."""
-    import asyncio
-    import logging
-    import signal
+    from boundgen.server.app import Server, serve_until_signal
 
-    from boundgen.server.app import Server
-
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-
-    async def main() -> int:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
+    def make_server():
         server = Server(artifact_dirs, config, engine_factory=lambda path: pool.engine_for(path))
         pool = WorkerPool(artifact_dirs, gpus, worker_args, command, server.metrics.registry, server.say)
-        try:
-            return await server.serve(stop)
-        finally:
-            pool.close()
+        return server, pool.close
+
+    return serve_until_signal(make_server)
 
     return asyncio.run(main())
