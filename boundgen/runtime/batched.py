@@ -20,7 +20,7 @@ import torch
 from boundgen.runtime.batcher import Batcher
 from boundgen.runtime.context import RequestContext
 from boundgen.runtime.executor import DagEngine
-from boundgen.runtime.nodes import _to_host
+from boundgen.runtime.nodes import to_host
 from boundgen.runtime.results import BeamResult, ScoreResult
 from boundgen.text.tokenizer import PackedBatch
 
@@ -65,7 +65,7 @@ class _BatchedEngine(DagEngine):
         packed = concat_packed([p for p, _ in items])
         staged = self._tokenize.stage(ctx, packed)
         out = self._model.run(ctx, staged["tokens"], staged["positions"], staged["cu_seqlens"])
-        host = _to_host(ctx, *[out[name] for name in self._outputs()])
+        host = to_host(ctx, *[out[name] for name in self._outputs()])
         seconds = time.perf_counter() - start
         return [(share, start - submitted, seconds, len(items))
                 for share, (_, submitted) in zip(self._split(host, items), items)]
@@ -133,10 +133,7 @@ class BatchedScoreEngine(_BatchedEngine):
         if self.spec.task != "score" or isinstance(texts, str):
             return super().score(texts)
         rows, timings = self._submit(list(texts))
-        result = ScoreResult(scores=rows[0].astype(np.float32, copy=False), label_token_ids=self._encode.label_token_ids)
-        if len(rows) == 3:
-            result.topk_ids, result.topk_probs = rows[1].astype(np.int32), rows[2].astype(np.float32)
-        return self._finish(result, timings)
+        return self._finish(self._encode.encode(*rows), timings)
 
 
 class BatchedBeamEngine(_BatchedEngine):

@@ -16,7 +16,7 @@ from boundgen.model.loader import load_model, parse_dtype
 from boundgen.ops.lowering import OpLowering
 from boundgen.programs.factory import make_program
 from boundgen.programs.spec import BeamSpec, ScoreSpec
-from boundgen.runtime.assemble import engine_spec, make_dag_engine  # noqa: F401 (engine_spec re-exported)
+from boundgen.runtime.assemble import make_dag_engine
 from boundgen.runtime.executor import DagEngine
 from boundgen.text.tokenizer import Tokenizer
 

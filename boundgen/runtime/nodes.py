@@ -82,7 +82,7 @@ class ModelNode(Node):
         return dict(zip(self.spec.outputs, out))
 
 
-def _to_host(ctx, *tensors):
+def to_host(ctx, *tensors):
     """Copy results to the CPU; the only synchronisation point of a request."""
     with ctx.stream_scope():
         host = [t.to("cpu", non_blocking=False) for t in tensors]
@@ -97,11 +97,15 @@ class ScoreEncodeNode(Node):
 
     def run(self, ctx, num_samples, probs, topk_ids=None, topk_probs=None):
         outputs = [probs] + ([topk_ids, topk_probs] if topk_ids is not None else [])
-        host = _to_host(ctx, *[t[:num_samples] for t in outputs])  # padding rows dropped
-        result = ScoreResult(scores=host[0].astype(np.float32, copy=False), label_token_ids=self.label_token_ids)
-        if len(host) == 3:
-            result.topk_ids, result.topk_probs = host[1].astype(np.int32), host[2].astype(np.float32)
-        return {"result": result}
+        return {"result": self.encode(*to_host(ctx, *[t[:num_samples] for t in outputs]))}  # padding dropped
+
+    def encode(self, probs: np.ndarray, topk_ids: np.ndarray | None = None,
+               topk_probs: np.ndarray | None = None) -> ScoreResult:
+        """One request's rows (host arrays) -> result."""
+        result = ScoreResult(scores=probs.astype(np.float32, copy=False), label_token_ids=self.label_token_ids)
+        if topk_ids is not None:
+            result.topk_ids, result.topk_probs = topk_ids.astype(np.int32), topk_probs.astype(np.float32)
+        return result
 
 
 class BeamEncodeNode(Node):
@@ -111,7 +115,7 @@ class BeamEncodeNode(Node):
         self.spec = NodeSpec("encode_beams", "cpu", BEAM_OUTPUTS, ("result",))
 
     def run(self, ctx, token_ids, scores, finished, beam_indices):
-        return {"result": self.encode(*_to_host(ctx, token_ids, scores, finished))}
+        return {"result": self.encode(*to_host(ctx, token_ids, scores, finished))}
 
     def encode(self, ids: np.ndarray, scores: np.ndarray, finished: np.ndarray) -> BeamResult:
         """One request's candidates (host arrays) -> result with decoded texts."""
