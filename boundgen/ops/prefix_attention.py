@@ -4,20 +4,24 @@ request's prompt K/V plus per-beam suffix K/V.
 Requests are packed as in prefill: the prompts' K/V `[T, N_kv, D]` (T = all prompt tokens),
 request r owning rows cu_seqlens[r]:cu_seqlens[r+1], each prompt stored once. Beams are packed
 request by request, `width` (W) each: beam b belongs to request b // W and has its own suffix
-K/V (the tokens it generated so far, including the current one). The query of beam b attends to
-its request's prefix rows and all L_s positions of its own suffix in one softmax; no
-concatenation of K/V, no page table. GQA as in packed attention.
+K/V buffer (the tokens it generated so far, including the current one), of which the first n =
+suffix_len[0] positions are valid. The query of beam b attends to its request's prefix rows and
+suffix positions [0, n) of its own suffix in one softmax; no concatenation of K/V, no page
+table. GQA as in packed attention. n is a tensor, not a shape, so one compiled decode step
+serves every step: the suffix buffer keeps its full capacity L_s and the step sets n.
 
-    r = b // W,  keys(b) = prefix[cu_seqlens[r]:cu_seqlens[r+1]] ++ suffix[b]
+    r = b // W,  keys(b) = prefix[cu_seqlens[r]:cu_seqlens[r+1]] ++ suffix[b, :n]
     out[b, h] = softmax over keys(b) of scale * q[b, h] . k, applied to v
 
 Shapes: q [R*W, N_q, D], k_prefix/v_prefix [T, N_kv, D], k_suffix/v_suffix [R*W, L_s, N_kv, D]
-(L_s may be 0), cu_seqlens [R+1] int32 -> out [R*W, N_q, D] in q's dtype. Softmax in FP32.
-A beam whose prompt is empty and L_s = 0 has no keys: NaN in the reference, 0 in the kernel.
+(L_s may be 0), suffix_len [1] int32 on q's device holding n in [0, L_s] (not checked: reading
+it on the host would sync), cu_seqlens [R+1] int32 -> out [R*W, N_q, D] in q's dtype. Suffix
+positions >= n never reach the output, whatever they hold (NaN and inf included). Softmax in
+FP32. A beam whose prompt is empty and n = 0 has no keys: NaN in the reference, 0 in the kernel.
 Bytes moved by a fused kernel: each request's prefix K/V once per (beam block, kv head)
 program, i.e. about ceil(W / BW) * T * N_kv * D * 2 * dtype bytes from L2 (the prefixes
-themselves, T * N_kv * D * 2 * dtype bytes, are read from HBM about once), suffix K/V once,
-q and out once. FLOPs 4 * D * N_q * sum_r W * (L_p(r) + L_s).
+themselves, T * N_kv * D * 2 * dtype bytes, are read from HBM about once), the n valid suffix
+positions once, q and out once. FLOPs 4 * D * N_q * sum_r W * (L_p(r) + n).
 
 Triton kernel:
 - One program per (block of BW beams, kv head); its rows are the BW x G query heads that read
@@ -33,8 +37,9 @@ Triton kernel:
   masks each row's scores to its own range. A block whose beams span two requests (BW not
   dividing W, e.g. Qwen3's BW 8 at W 100) reads both prompts: ~one such block per request.
 - The suffix is per beam and short (L_s <= N_gen - 1, a handful), so its positions are visited
-  one at a time with FP32 dot products on CUDA cores, reading each beam's rows by stride: the
-  model passes `suffix_k[i, :, :step+1]`, a non-contiguous slice, and nothing is copied.
+  one at a time with FP32 dot products on CUDA cores, reading each beam's rows by stride (a
+  non-contiguous buffer view is read in place, nothing is copied). The loop bound n is loaded
+  from suffix_len on the device; positions >= n are never loaded.
 - No split-K over the prefix. At W2/W3 shapes the grid has R * W / BW * N_kv programs of
   ceil(L_p / 64) <= 7 key tiles each; split-K would add a combine pass (a second launch or
   atomics) to save a few tile latencies. Revisit if the kernel benchmark shows long prompts
@@ -51,15 +56,21 @@ from torch.library import triton_op, wrap_triton
 
 
 def reference(q: torch.Tensor, k_prefix: torch.Tensor, v_prefix: torch.Tensor,
-              k_suffix: torch.Tensor, v_suffix: torch.Tensor, cu_seqlens: torch.Tensor, width: int,
-              scale: float) -> torch.Tensor:
+              k_suffix: torch.Tensor, v_suffix: torch.Tensor, suffix_len: torch.Tensor,
+              cu_seqlens: torch.Tensor, width: int, scale: float) -> torch.Tensor:
     beams, num_q_heads, head_dim = q.shape
     num_kv_heads = k_prefix.shape[1]
     group = num_q_heads // num_kv_heads
     prefix_len = k_prefix.shape[0]
     qg = q.reshape(beams, num_kv_heads, group, head_dim).to(torch.float32)  # [RW, Nkv, G, D]
     s_prefix = torch.einsum("bkgd,tkd->bkgt", qg, k_prefix.to(torch.float32))  # [RW, Nkv, G, T]
-    s_suffix = torch.einsum("bkgd,bskd->bkgs", qg, k_suffix.to(torch.float32))  # [RW, Nkv, G, Ls]
+    # Suffix positions >= n are zeroed before use (0 * NaN would be NaN) and masked from the
+    # softmax: a mask from a tensor compare, no .item(), so torch.export keeps n an input.
+    valid = torch.arange(k_suffix.shape[1], device=q.device) < suffix_len  # [Ls]
+    k_suffix = torch.where(valid[:, None, None], k_suffix.to(torch.float32), 0.0)
+    v_suffix = torch.where(valid[:, None, None], v_suffix.to(torch.float32), 0.0)
+    s_suffix = torch.einsum("bkgd,bskd->bkgs", qg, k_suffix)  # [RW, Nkv, G, Ls]
+    s_suffix = s_suffix.masked_fill(~valid, float("-inf"))
     request = torch.arange(beams, device=q.device) // width  # [RW]
     cu = cu_seqlens.to(torch.int64)
     pos = torch.arange(prefix_len, device=q.device)  # [T]
@@ -68,7 +79,7 @@ def reference(q: torch.Tensor, k_prefix: torch.Tensor, v_prefix: torch.Tensor,
     probs = torch.softmax(torch.cat((s_prefix, s_suffix), dim=-1) * scale, dim=-1)
     p_prefix, p_suffix = probs[..., :prefix_len], probs[..., prefix_len:]
     out = torch.einsum("bkgt,tkd->bkgd", p_prefix, v_prefix.to(torch.float32))
-    out = out + torch.einsum("bkgs,bskd->bkgd", p_suffix, v_suffix.to(torch.float32))
+    out = out + torch.einsum("bkgs,bskd->bkgd", p_suffix, v_suffix)
     return out.reshape(beams, num_q_heads, head_dim).to(q.dtype)
 
 
@@ -86,7 +97,7 @@ def _dot(a, b, IEEE: tl.constexpr):
 
 @triton.jit
 def _prefix_attention_kernel(
-        q_ptr, kp_ptr, vp_ptr, ks_ptr, vs_ptr, cu_ptr, out_ptr, num_beams, width, suffix_len,
+        q_ptr, kp_ptr, vp_ptr, ks_ptr, vs_ptr, suffix_len_ptr, cu_ptr, out_ptr, num_beams, width,
         qk_scale,
         stride_qw, stride_qh, stride_kpl, stride_kph, stride_vpl, stride_vph,
         stride_ksw, stride_ksl, stride_ksh, stride_vsw, stride_vsl, stride_vsh,
@@ -133,10 +144,11 @@ def _prefix_attention_kernel(
         acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, IEEE)
         m_i = m_new
 
-    # Suffix: each row's own beam, one position at a time (L_s is a handful).
+    # Suffix: each row's own beam, positions [0, n) one at a time (n <= L_s, a handful).
     ks_ptr += kv_head * stride_ksh
     vs_ptr += kv_head * stride_vsh
     qf = q.to(tl.float32)
+    suffix_len = tl.load(suffix_len_ptr)
     for j in range(0, suffix_len):
         k = tl.load(ks_ptr + beam[:, None] * stride_ksw + j * stride_ksl + offs_d[None, :],
                     mask=row_ok[:, None], other=0.0)  # [R, D]
@@ -161,7 +173,7 @@ def _prefix_attention_kernel(
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
-def _check(q, k_prefix, v_prefix, k_suffix, v_suffix, cu_seqlens, width) -> None:
+def _check(q, k_prefix, v_prefix, k_suffix, v_suffix, suffix_len, cu_seqlens, width) -> None:
     if q.dim() != 3 or k_prefix.dim() != 3 or v_prefix.dim() != 3:
         raise ValueError(f"prefix_attention: expected q [R*W, N_q, D], k_prefix/v_prefix [T, N_kv, "
                          f"D]; got q {tuple(q.shape)}, k_prefix {tuple(k_prefix.shape)}, "
@@ -183,6 +195,12 @@ def _check(q, k_prefix, v_prefix, k_suffix, v_suffix, cu_seqlens, width) -> None
         raise ValueError(f"prefix_attention: k_suffix and v_suffix must both be [R*W={beams}, L_s, "
                          f"N_kv={num_kv_heads}, D={head_dim}]; got {tuple(k_suffix.shape)}, "
                          f"{tuple(v_suffix.shape)}")
+    if not isinstance(suffix_len, torch.Tensor) or suffix_len.dim() != 1 \
+            or suffix_len.shape[0] != 1 or suffix_len.dtype != torch.int32:
+        got = (f"{suffix_len.dtype} {tuple(suffix_len.shape)}"
+               if isinstance(suffix_len, torch.Tensor) else type(suffix_len).__name__)
+        raise ValueError(f"prefix_attention: expected suffix_len an int32 tensor of shape [1] "
+                         f"holding the number of valid suffix positions; got {got}")
     if num_q_heads % num_kv_heads != 0:
         raise ValueError(f"prefix_attention: N_q={num_q_heads} is not a multiple of "
                          f"N_kv={num_kv_heads}")
@@ -195,17 +213,18 @@ def _check(q, k_prefix, v_prefix, k_suffix, v_suffix, cu_seqlens, width) -> None
     if any(t.stride(-1) != 1 for t in tensors):
         raise ValueError("prefix_attention: the head dim of q and all K/V must be contiguous "
                          f"(stride 1); got strides {[t.stride() for t in tensors]}")
-    if any(t.device != q.device for t in tensors + (cu_seqlens,)):
+    if any(t.device != q.device for t in tensors + (suffix_len, cu_seqlens)):
         raise ValueError(f"prefix_attention: all inputs must be on one device; got "
-                         f"{[str(t.device) for t in tensors + (cu_seqlens,)]}")
+                         f"{[str(t.device) for t in tensors + (suffix_len, cu_seqlens)]}")
 
 
 def launch(q: torch.Tensor, k_prefix: torch.Tensor, v_prefix: torch.Tensor,
-           k_suffix: torch.Tensor, v_suffix: torch.Tensor, cu_seqlens: torch.Tensor, width: int,
-           scale: float, beams_per_program: int | None = None, block_n: int = 64) -> torch.Tensor:
+           k_suffix: torch.Tensor, v_suffix: torch.Tensor, suffix_len: torch.Tensor,
+           cu_seqlens: torch.Tensor, width: int, scale: float, beams_per_program: int | None = None,
+           block_n: int = 64) -> torch.Tensor:
     """Run the Triton kernel; same signature and result as `reference`. `beams_per_program`
     (a power of two; default: fill one 16-row MMA tile) is exposed for tests and benchmarks."""
-    _check(q, k_prefix, v_prefix, k_suffix, v_suffix, cu_seqlens, width)
+    _check(q, k_prefix, v_prefix, k_suffix, v_suffix, suffix_len, cu_seqlens, width)
     beams_total, num_q_heads, head_dim = q.shape
     num_kv_heads = k_prefix.shape[1]
     group = num_q_heads // num_kv_heads
@@ -217,8 +236,8 @@ def launch(q: torch.Tensor, k_prefix: torch.Tensor, v_prefix: torch.Tensor,
     out = torch.empty((beams_total, num_q_heads, head_dim), dtype=q.dtype, device=q.device)
     grid = (triton.cdiv(beams_total, beams), num_kv_heads)
     wrap_triton(_prefix_attention_kernel)[grid](
-        q, k_prefix, v_prefix, k_suffix, v_suffix, cu_seqlens, out, beams_total, width,
-        k_suffix.shape[1], scale * math.log2(math.e),
+        q, k_prefix, v_prefix, k_suffix, v_suffix, suffix_len, cu_seqlens, out, beams_total,
+        width, scale * math.log2(math.e),
         q.stride(0), q.stride(1), k_prefix.stride(0), k_prefix.stride(1),
         v_prefix.stride(0), v_prefix.stride(1),
         k_suffix.stride(0), k_suffix.stride(1), k_suffix.stride(2),
@@ -234,16 +253,16 @@ def launch(q: torch.Tensor, k_prefix: torch.Tensor, v_prefix: torch.Tensor,
 
 @triton_op("boundgen::prefix_attention", mutates_args=())
 def prefix_attention(q: torch.Tensor, k_prefix: torch.Tensor, v_prefix: torch.Tensor,
-                     k_suffix: torch.Tensor, v_suffix: torch.Tensor, cu_seqlens: torch.Tensor,
-                     width: int, scale: float) -> torch.Tensor:
-    return launch(q, k_prefix, v_prefix, k_suffix, v_suffix, cu_seqlens, width, scale)
+                     k_suffix: torch.Tensor, v_suffix: torch.Tensor, suffix_len: torch.Tensor,
+                     cu_seqlens: torch.Tensor, width: int, scale: float) -> torch.Tensor:
+    return launch(q, k_prefix, v_prefix, k_suffix, v_suffix, suffix_len, cu_seqlens, width, scale)
 
 
 prefix_attention.register_kernel("cpu")(reference)
 
 
 @prefix_attention.register_fake
-def _(q, k_prefix, v_prefix, k_suffix, v_suffix, cu_seqlens, width, scale):
+def _(q, k_prefix, v_prefix, k_suffix, v_suffix, suffix_len, cu_seqlens, width, scale):
     return q.new_empty(q.shape)
 
 

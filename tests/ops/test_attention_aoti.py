@@ -23,41 +23,44 @@ _SCRIPT = textwrap.dedent("""
     dtype = torch.float32 if device == "cpu" else torch.bfloat16
     tol = 0.0 if device == "cpu" else 2e-2
 
-    # Packed prefill attention over B sequences; a beam step of W=2 beams per sequence.
+    # Packed prefill attention over B sequences; a beam step of W=2 beams per sequence over the
+    # first suffix_len positions of a 4-slot suffix buffer (one package serves every step).
     class Attend(torch.nn.Module):
-        def forward(self, q, k, v, cu_seqlens, q_beams, k_buffer, v_buffer):
+        def forward(self, q, k, v, cu_seqlens, q_beams, k_buffer, v_buffer, suffix_len):
             packed = torch.ops.boundgen.packed_attention(q, k, v, cu_seqlens, 0.125)
-            beams = torch.ops.boundgen.prefix_attention(q_beams, k, v, k_buffer[:, :2],
-                                                        v_buffer[:, :2], cu_seqlens, 2, 0.125)
+            beams = torch.ops.boundgen.prefix_attention(q_beams, k, v, k_buffer, v_buffer,
+                                                        suffix_len, cu_seqlens, 2, 0.125)
             return packed, beams
 
-    def inputs(lengths, heads=(14, 2), head_dim=64):
+    def inputs(lengths, suffix_len, heads=(14, 2), head_dim=64):
         t, b = sum(lengths), len(lengths)
         cu = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int32)
         rand = lambda *s: torch.randn(*s, device=device).to(dtype)
+        k_buffer, v_buffer = rand(2 * b, 4, heads[1], head_dim), rand(2 * b, 4, heads[1], head_dim)
+        k_buffer[:, suffix_len:], v_buffer[:, suffix_len:] = float("nan"), float("nan")
         return (rand(t, heads[0], head_dim), rand(t, heads[1], head_dim),
                 rand(t, heads[1], head_dim), cu.to(device), rand(2 * b, heads[0], head_dim),
-                rand(2 * b, 4, heads[1], head_dim), rand(2 * b, 4, heads[1], head_dim))
+                k_buffer, v_buffer, torch.tensor([suffix_len], dtype=torch.int32, device=device))
 
     tokens = torch.export.Dim("T", min=6, max=4096)
     seqs = torch.export.Dim("B", min=1, max=64)
     shapes = ({0: tokens}, {0: tokens}, {0: tokens}, {0: seqs + 1}, {0: 2 * seqs},
-              {0: 2 * seqs}, {0: 2 * seqs})
-    exported = torch.export.export(Attend(), inputs([3, 9]), dynamic_shapes=shapes)
+              {0: 2 * seqs}, {0: 2 * seqs}, None)
+    exported = torch.export.export(Attend(), inputs([3, 9], 2), dynamic_shapes=shapes)
     patch = (torch._functorch.config.patch(decompose_custom_triton_ops=False)
              if device == "cpu" else contextlib.nullcontext())
     with patch:
         path = torch._inductor.aoti_compile_and_package(
             exported, package_path=tempfile.mkdtemp() + "/attention.pt2")
     runner = torch._inductor.aoti_load_package(path)
-    for lengths in ([1, 7, 37], [200, 48, 256, 1, 99]):
-        args = inputs(lengths)
+    for lengths, n in (([1, 7, 37], 1), ([200, 48, 256, 1, 99], 4), ([5, 3], 0)):
+        args = inputs(lengths, n)
         packed, beams = runner(*args)
-        q, k, v, cu, qb, kb, vb = args
+        q, k, v, cu, qb, kb, vb, suffix_len = args
         err_packed = (packed.float() - pa.reference(q, k, v, cu, 0.125).float()).abs().max()
-        err_beams = (beams.float() - pf.reference(qb, k, v, kb[:, :2], vb[:, :2], cu, 2,
-                                                  0.125).float()).abs().max()
-        assert err_packed <= tol and err_beams <= tol, (lengths, err_packed, err_beams)
+        err_beams = (beams.float() - pf.reference(qb, k, v, kb[:, :n], vb[:, :n], suffix_len,
+                                                  cu, 2, 0.125).float()).abs().max()
+        assert err_packed <= tol and err_beams <= tol, (lengths, n, err_packed, err_beams)
     print("ok")
 """)
 

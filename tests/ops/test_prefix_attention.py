@@ -19,9 +19,10 @@ TOLERANCE = {torch.float32: 2e-5, torch.float16: 3e-3, torch.bfloat16: 2e-2}
 
 def make_inputs(lengths, width, suffix_len, num_q_heads, num_kv_heads, head_dim, dtype,
                 device="cpu", seed=0):
-    """Inputs as the model passes them for R = len(lengths) requests of W beams: the prefix is one
-    layer of a [n_layers, T, N_kv, D] buffer, the suffix the slice [:, :L_s] of a [R*W, S, N_kv, D]
-    buffer (not contiguous). Returns (q, k_prefix, v_prefix, k_suffix, v_suffix, cu_seqlens)."""
+    """Inputs for R = len(lengths) requests of W beams: the prefix is one layer of a
+    [n_layers, T, N_kv, D] buffer, the suffix the slice [:, :L_s] of a [R*W, S, N_kv, D] buffer
+    (not contiguous), all L_s positions valid. Returns (q, k_prefix, v_prefix, k_suffix, v_suffix,
+    suffix_len, cu_seqlens)."""
     gen = torch.Generator().manual_seed(seed)
 
     def randn(*shape):
@@ -33,7 +34,13 @@ def make_inputs(lengths, width, suffix_len, num_q_heads, num_kv_heads, head_dim,
     k_suffix = randn(beams, slots, num_kv_heads, head_dim)[:, :suffix_len]
     v_suffix = randn(beams, slots, num_kv_heads, head_dim)[:, :suffix_len]
     cu_seqlens = torch.tensor([0, *lengths], dtype=torch.int32).cumsum(0).to(torch.int32)
-    return q, k_prefix, v_prefix, k_suffix, v_suffix, cu_seqlens.to(device)
+    return (q, k_prefix, v_prefix, k_suffix, v_suffix, valid_len(suffix_len, device),
+            cu_seqlens.to(device))
+
+
+def valid_len(n, device="cpu"):
+    """suffix_len as the op takes it: [1] int32 on the inputs' device."""
+    return torch.tensor([n], dtype=torch.int32, device=device)
 
 
 def check_kernel(lengths, width, suffix_len, heads, head_dim, dtype, beams=None, block_n=16):
@@ -79,31 +86,79 @@ def test_kernel_head_dim_64_default_tiles():
                          ids=lambda x: str(x))
 def test_reference_packed_equals_each_request_alone(lengths, width):
     """The semantics: R packed requests give each request's rows as if it ran alone (R = 1)."""
-    q, kp, vp, ks, vs, cu = make_inputs(lengths, width, 3, 4, 2, 16, torch.float32)
-    packed = op.reference(q, kp, vp, ks, vs, cu, width, 0.25)
+    q, kp, vp, ks, vs, n, cu = make_inputs(lengths, width, 3, 4, 2, 16, torch.float32)
+    packed = op.reference(q, kp, vp, ks, vs, n, cu, width, 0.25)
     for r in range(len(lengths)):
         rows, toks = slice(r * width, (r + 1) * width), slice(int(cu[r]), int(cu[r + 1]))
-        alone = op.reference(q[rows], kp[toks], vp[toks], ks[rows], vs[rows],
+        alone = op.reference(q[rows], kp[toks], vp[toks], ks[rows], vs[rows], n,
                              torch.tensor([0, lengths[r]], dtype=torch.int32), width, 0.25)
         torch.testing.assert_close(packed[rows], alone, atol=1e-6, rtol=0)
 
 
 def test_launcher_rejects_bad_inputs():
-    q, kp, vp, ks, vs, cu = make_inputs((3, 2), 3, 2, 4, 2, 16, torch.float32)
+    q, kp, vp, ks, vs, n, cu = make_inputs((3, 2), 3, 2, 4, 2, 16, torch.float32)
     with pytest.raises(ValueError, match="k_suffix and v_suffix must both be"):
-        op.launch(q, kp, vp, ks[:2], vs[:2], cu, 3, 0.25)
+        op.launch(q, kp, vp, ks[:2], vs[:2], n, cu, 3, 0.25)
     with pytest.raises(ValueError, match="share one dtype"):
-        op.launch(q, kp, vp, ks.half(), vs, cu, 3, 0.25)
+        op.launch(q, kp, vp, ks.half(), vs, n, cu, 3, 0.25)
     with pytest.raises(ValueError, match="head dim of q and all K/V must be contiguous"):
-        op.launch(q, kp, vp, ks, vs.transpose(2, 3).contiguous().transpose(2, 3), cu, 3, 0.25)
+        op.launch(q, kp, vp, ks, vs.transpose(2, 3).contiguous().transpose(2, 3), n, cu, 3, 0.25)
     with pytest.raises(ValueError, match="k_prefix and v_prefix must both be"):
-        op.launch(q, kp, vp[:4], ks, vs, cu, 3, 0.25)
+        op.launch(q, kp, vp[:4], ks, vs, n, cu, 3, 0.25)
     with pytest.raises(ValueError, match="beams_per_program must be a power of two"):
-        op.launch(q, kp, vp, ks, vs, cu, 3, 0.25, beams_per_program=3)
+        op.launch(q, kp, vp, ks, vs, n, cu, 3, 0.25, beams_per_program=3)
     with pytest.raises(ValueError, match="cu_seqlens"):
-        op.launch(q, kp, vp, ks, vs, cu, 2, 0.25)  # 6 beams are not 2 requests of 2
+        op.launch(q, kp, vp, ks, vs, n, cu, 2, 0.25)  # 6 beams are not 2 requests of 2
     with pytest.raises(ValueError, match="cu_seqlens"):
-        op.launch(q, kp, vp, ks, vs, cu.long(), 3, 0.25)
+        op.launch(q, kp, vp, ks, vs, n, cu.long(), 3, 0.25)
+
+
+@pytest.mark.parametrize("bad", [torch.tensor([2]), torch.tensor(2, dtype=torch.int32),
+                                 torch.tensor([2, 2], dtype=torch.int32),
+                                 torch.tensor([[2]], dtype=torch.int32), 2],
+                         ids=["int64", "0-d", "shape2", "shape1x1", "python-int"])
+def test_launcher_rejects_bad_suffix_len(bad):
+    q, kp, vp, ks, vs, _, cu = make_inputs((3, 2), 3, 2, 4, 2, 16, torch.float32)
+    with pytest.raises(ValueError, match="expected suffix_len an int32 tensor of shape \\[1\\]"):
+        op.launch(q, kp, vp, ks, vs, bad, cu, 3, 0.25)
+
+
+def test_launcher_rejects_suffix_len_on_another_device():
+    q, kp, vp, ks, vs, _, cu = make_inputs((3, 2), 3, 2, 4, 2, 16, torch.float32)
+    with pytest.raises(ValueError, match="all inputs must be on one device"):
+        op.launch(q, kp, vp, ks, vs, valid_len(2, "meta"), cu, 3, 0.25)
+
+
+def _poisoned_buffer(lengths, width, capacity, n, heads, dtype, device):
+    """make_inputs with a suffix buffer of `capacity` positions whose positions >= n hold NaN
+    (keys) and inf (values); also returns the valid slices [:, :n] of the clean buffers."""
+    q, kp, vp, ks, vs, _, cu = make_inputs(lengths, width, capacity, *heads, 16, dtype, device)
+    clean = ks[:, :n], vs[:, :n]
+    ks, vs = ks.clone(), vs.clone()
+    ks[:, n:], vs[:, n:] = float("nan"), float("inf")
+    return (q, kp, vp, ks, vs, valid_len(n, device), cu), clean
+
+
+@pytest.mark.parametrize("n", [0, 1, 3, 4])
+def test_reference_ignores_suffix_positions_past_suffix_len(n):
+    """The full buffer with n valid positions equals the buffer sliced to those n positions."""
+    (q, kp, vp, ks, vs, sl, cu), (ks_n, vs_n) = _poisoned_buffer((9, 1, 23), 3, 4, n, (4, 2),
+                                                                  torch.float32, "cpu")
+    out = op.reference(q, kp, vp, ks, vs, sl, cu, 3, 0.25)
+    assert out.isfinite().all()
+    sliced = op.reference(q, kp, vp, ks_n, vs_n, sl, cu, 3, 0.25)
+    torch.testing.assert_close(out, sliced, atol=0, rtol=0)
+
+
+@needs_kernel
+@pytest.mark.parametrize("n", [0, 1, 3, 4])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+def test_kernel_ignores_suffix_positions_past_suffix_len(n, dtype):
+    (q, kp, vp, ks, vs, sl, cu), (ks_n, vs_n) = _poisoned_buffer(
+        (9, 1, 23), 3, 4, n, (4, 2), dtype, KERNEL_DEVICE)
+    out = op.launch(q, kp, vp, ks, vs, sl, cu, 3, 0.25, block_n=16)
+    expected = op.reference(q, kp, vp, ks_n, vs_n, sl, cu, 3, 0.25)
+    torch.testing.assert_close(out.float(), expected.float(), atol=TOLERANCE[dtype], rtol=0)
 
 
 def test_registered_op_runs_reference_on_cpu():
@@ -114,31 +169,44 @@ def test_registered_op_runs_reference_on_cpu():
 
 
 class _Step(torch.nn.Module):
-    """One decode step's attention as the model runs it: suffix slots [0, step] of a buffer."""
+    """One decode step's attention as the model runs it: the whole suffix buffer, the step's
+    number of valid positions an input."""
 
-    def forward(self, q, k_prefix, v_prefix, k_buffer, v_buffer, cu_seqlens):
-        return op.IMPLEMENTATIONS["triton"](q, k_prefix, v_prefix, k_buffer[:, :3],
-                                            v_buffer[:, :3], cu_seqlens, 5, 0.25)
+    def __init__(self, lowering: str):
+        super().__init__()
+        self.attention = op.IMPLEMENTATIONS[lowering]
+
+    def forward(self, q, k_prefix, v_prefix, k_buffer, v_buffer, suffix_len, cu_seqlens):
+        return self.attention(q, k_prefix, v_prefix, k_buffer, v_buffer, suffix_len, cu_seqlens,
+                              5, 0.25)
 
 
-def test_op_survives_export_as_one_node():
-    """Dynamic prompt tokens T and requests R (R * W beams, W = 5 fixed at build time)."""
+@pytest.mark.parametrize("lowering", ["triton", "torch"])
+def test_op_exports_once_for_every_suffix_len(lowering):
+    """Dynamic prompt tokens T and requests R (R * W beams, W = 5 fixed at build time); one
+    exported step serves every n in [0, L_s]. The registered op stays one node."""
     *inputs, cu = make_inputs((4, 5), 5, 4, 4, 2, 16, torch.float32)
     tokens, requests = torch.export.Dim("T", min=1, max=1024), torch.export.Dim("R", min=1, max=64)
     beams = 5 * requests
-    shapes = ({0: beams}, {0: tokens}, {0: tokens}, {0: beams}, {0: beams}, {0: requests + 1})
-    q, kp, vp, kb, vb = inputs
-    exported = torch.export.export(_Step(), (q, kp, vp, kb.contiguous(), vb.contiguous(), cu),
+    shapes = ({0: beams}, {0: tokens}, {0: tokens}, {0: beams}, {0: beams}, None,
+              {0: requests + 1})
+    q, kp, vp, kb, vb, n = inputs
+    exported = torch.export.export(_Step(lowering),
+                                   (q, kp, vp, kb.contiguous(), vb.contiguous(), n, cu),
                                    dynamic_shapes=shapes)
-    calls = [n for n in exported.graph.nodes if n.op == "call_function"
-             and n.target not in (torch.ops.aten.slice.Tensor,)]
-    assert [n.target for n in calls] == [torch.ops.boundgen.prefix_attention.default]
-    for lengths in [(37,), (1, 9, 23)]:
-        q2, kp2, vp2, kb2, vb2, cu2 = make_inputs(lengths, 5, 4, 4, 2, 16, torch.float32, seed=2)
+    calls = [node.target for node in exported.graph.nodes if node.op == "call_function"]
+    assert torch.ops.aten._local_scalar_dense.default not in calls  # no .item(): n stays a tensor
+    if lowering == "triton":
+        assert calls == [torch.ops.boundgen.prefix_attention.default]
+    for lengths, n in [((37,), 0), ((1, 9, 23), 1), ((1, 9, 23), 3), ((2, 6), 4)]:
+        q2, kp2, vp2, kb2, vb2, _, cu2 = make_inputs(lengths, 5, 4, 4, 2, 16, torch.float32,
+                                                     seed=2)
         kb2, vb2 = kb2.contiguous(), vb2.contiguous()
-        torch.testing.assert_close(exported.module()(q2, kp2, vp2, kb2, vb2, cu2),
-                                   op.reference(q2, kp2, vp2, kb2[:, :3], vb2[:, :3], cu2, 5,
-                                                0.25), atol=0, rtol=0)
+        kb2[:, n:], vb2[:, n:] = float("nan"), float("nan")
+        torch.testing.assert_close(
+            exported.module()(q2, kp2, vp2, kb2, vb2, valid_len(n), cu2),
+            op.reference(q2, kp2, vp2, kb2[:, :n], vb2[:, :n], valid_len(n), cu2, 5, 0.25),
+            atol=0, rtol=0)
 
 
 _TRACE_SCRIPT = textwrap.dedent("""
@@ -147,20 +215,22 @@ _TRACE_SCRIPT = textwrap.dedent("""
     from boundgen.ops import prefix_attention as op
     q, kp, vp = torch.randn(6, 4, 16), torch.randn(9, 2, 16), torch.randn(9, 2, 16)
     kb, vb = torch.randn(6, 4, 2, 16), torch.randn(6, 4, 2, 16)
-    cu = torch.tensor([0, 4, 9], dtype=torch.int32)
-    graph = make_fx(lambda q, kp, vp, kb, vb, cu: op.launch(q, kp, vp, kb[:, :3], vb[:, :3], cu,
-                                                            3, 0.25),
-                    tracing_mode="symbolic")(q, kp, vp, kb, vb, cu).graph
+    cu, n = torch.tensor([0, 4, 9], dtype=torch.int32), torch.tensor([2], dtype=torch.int32)
+    graph = make_fx(lambda q, kp, vp, kb, vb, n, cu: op.launch(q, kp, vp, kb[:, :3], vb[:, :3], n,
+                                                               cu, 3, 0.25),
+                    tracing_mode="symbolic")(q, kp, vp, kb, vb, n, cu).graph
     hops = [n for n in graph.nodes if "triton_kernel_wrapper" in str(n.target)]
     assert len(hops) == 1, graph
     assert not [n for n in graph.nodes if "clone" in str(n.target) or "copy" in str(n.target)]
+    assert not [n for n in graph.nodes if "local_scalar_dense" in str(n.target)], graph
     print("ok")
 """)
 
 
 def test_launcher_traces_with_symbolic_shapes_without_copies():
     """What Inductor does to the op on the GPU: one kernel call, the suffix slice passed by
-    strides (no copy). Fresh process without the interpreter, where wrap_triton can trace."""
+    strides (no copy), suffix_len passed as a pointer (no host read). Fresh process without the
+    interpreter, where wrap_triton can trace."""
     assert_script_prints_ok(_TRACE_SCRIPT)
 
 
@@ -174,18 +244,20 @@ def _concatenated(k_prefix, k_suffix):
     return full.transpose(1, 2)  # [W, Nkv, L, D]
 
 
-def _sdpa(q, k_prefix, v_prefix, k_suffix, v_suffix, cu_seqlens, width, scale):
+def _sdpa(q, k_prefix, v_prefix, k_suffix, v_suffix, suffix_len, cu_seqlens, width, scale):
     import torch.nn.functional as F
-    out = F.scaled_dot_product_attention(q[:, :, None], _concatenated(k_prefix, k_suffix),
-                                         _concatenated(v_prefix, v_suffix), scale=scale,
+    n = int(suffix_len)
+    out = F.scaled_dot_product_attention(q[:, :, None], _concatenated(k_prefix, k_suffix[:, :n]),
+                                         _concatenated(v_prefix, v_suffix[:, :n]), scale=scale,
                                          enable_gqa=True)
     return out[:, :, 0]
 
 
-def _flex(q, k_prefix, v_prefix, k_suffix, v_suffix, cu_seqlens, width, scale):
+def _flex(q, k_prefix, v_prefix, k_suffix, v_suffix, suffix_len, cu_seqlens, width, scale):
     from torch.nn.attention.flex_attention import flex_attention
-    out = flex_attention(q[:, :, None], _concatenated(k_prefix, k_suffix),
-                         _concatenated(v_prefix, v_suffix), scale=scale, enable_gqa=True)
+    n = int(suffix_len)
+    out = flex_attention(q[:, :, None], _concatenated(k_prefix, k_suffix[:, :n]),
+                         _concatenated(v_prefix, v_suffix[:, :n]), scale=scale, enable_gqa=True)
     return out[:, :, 0]
 
 
