@@ -1,4 +1,7 @@
-"""ExportedProgram -> AOTInductor package (`model.pt2`), and the weights file beside it.
+"""ExportedPrograms -> AOTInductor packages (`<name>.pt2`), and the weights file beside them.
+
+A score artifact has one package, `model.pt2`; a beam artifact one per stage (`prefill.pt2`,
+`step.pt2`, `finish.pt2`, programs/beam.py), all reading the same weights file.
 
 Two ways to ship weights (the `weights` build option; docs/build.md has the measurement):
 - "external": the package holds code only (`aot_inductor.package_constants_in_so=False`);
@@ -21,7 +24,6 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-PACKAGE_FILE = "model.pt2"
 WEIGHTS_FILE = "weights.safetensors"
 
 
@@ -29,9 +31,14 @@ def inductor_configs(weights: str) -> dict:
     return {"aot_inductor.package_constants_in_so": weights == "packaged"}
 
 
-def compile_package(ep: torch.export.ExportedProgram, out_dir: Path, device: str, weights: str) -> Path:
-    """Compile with AOTInductor into out_dir/model.pt2; returns its path."""
-    path = Path(out_dir) / PACKAGE_FILE
+def package_file(name: str) -> str:
+    return f"{name}.pt2"
+
+
+def compile_package(ep: torch.export.ExportedProgram, out_dir: Path, device: str, weights: str,
+                    name: str = "model") -> Path:
+    """Compile with AOTInductor into out_dir/<name>.pt2; returns its path."""
+    path = Path(out_dir) / package_file(name)
     options = inductor_configs(weights)
     keep_custom_ops = torch._functorch.config.patch(decompose_custom_triton_ops=False) if device == "cpu" \
         else contextlib.nullcontext()
@@ -41,13 +48,20 @@ def compile_package(ep: torch.export.ExportedProgram, out_dir: Path, device: str
     return path
 
 
-def write_weights(ep: torch.export.ExportedProgram, out_dir: Path) -> Path:
-    """Save the exported program's parameters, buffers and constants, by FQN, to weights.safetensors.
+def write_weights(eps: list[torch.export.ExportedProgram], out_dir: Path) -> Path:
+    """Save the exported programs' parameters, buffers and constants, by FQN, to weights.safetensors
+    (the beam stages share their FQNs: one entry each).
 
-    The package asks for a subset by `get_constant_fqns()` (small buffers it folded in are not
+    A package asks for a subset by `get_constant_fqns()` (small buffers it folded in are not
     asked for); a name it asks for and this file lacks fails validation, at build time."""
     tensors, seen = {}, set()
-    for name, t in sorted({**ep.state_dict, **ep.constants}.items()):
+    named: dict[str, torch.Tensor] = {}
+    for ep in eps:
+        for name, t in {**ep.state_dict, **ep.constants}.items():
+            other = named.setdefault(name, t)
+            if other is not t and not (isinstance(t, torch.Tensor) and torch.equal(other, t)):
+                raise ValueError(f"two stages export different tensors under one name {name!r}")
+    for name, t in sorted(named.items()):
         if not isinstance(t, torch.Tensor):
             continue  # script objects: none in our programs
         t = t.detach().to("cpu").contiguous()

@@ -8,6 +8,7 @@ Keys are the CLI flags' long names with `_` for `-`:
      "head": "head.safetensors",           # ... or an MLP head file (relative to the deploy file)
      "topk": 0, "max_samples": 15, "max_tokens_per_sample": 256, "max_total_tokens": 3840,
      "width": 100, "steps": 5, "max_prompt_tokens": 512,      # beam
+     "max_requests": 8,                    # beam: prompts one call may hold (batching concurrent requests)
      "stop_token_ids": [151643], "length_penalty": 0.0, "min_new_tokens": 0,
      "template": "{text}",
      "lowering": {"packed_attention": "triton"},
@@ -31,7 +32,8 @@ from boundgen.ops.lowering import OpLowering
 from boundgen.programs.spec import BeamSpec, ScoreSpec
 
 SCORE_KEYS = ("labels", "head", "topk", "max_samples", "max_tokens_per_sample", "max_total_tokens")
-BEAM_KEYS = ("width", "steps", "max_prompt_tokens", "stop_token_ids", "length_penalty", "min_new_tokens")
+BEAM_KEYS = ("width", "steps", "max_prompt_tokens", "stop_token_ids", "length_penalty", "min_new_tokens",
+             "max_requests")
 COMMON_KEYS = ("name", "task", "device", "dtype", "template", "lowering", "contexts", "executors", "cuda_graphs",
                "token_bucket", "weights", "tolerances")
 KNOWN_KEYS = frozenset(SCORE_KEYS + BEAM_KEYS + COMMON_KEYS)
@@ -63,7 +65,8 @@ class BuildConfig:
     def summary(self) -> str:
         s = self.spec
         bounds = (f"{s.max_samples} samples x {s.max_tokens_per_sample} tokens, {s.max_total_tokens} in all"
-                  if s.task == "score" else f"W={s.width} N={s.steps}, prompt <= {s.max_prompt_tokens} tokens")
+                  if s.task == "score" else f"W={s.width} N={s.steps}, prompt <= {s.max_prompt_tokens} tokens, "
+                                            f"<= {s.max_requests} per call")
         return f"{self.name}: {s.task} on {self.device} in {self.dtype} ({bounds})"
 
 
@@ -140,7 +143,8 @@ def resolve(model_dir, out, options: dict, base_dir: Path | None = None) -> Buil
         spec = BeamSpec(width=_int(o, "width"), steps=_int(o, "steps"), stop_token_ids=stops,
                         length_penalty=float(o.get("length_penalty", 0.0)),
                         min_new_tokens=_int(o, "min_new_tokens", 0),
-                        max_prompt_tokens=_int(o, "max_prompt_tokens", 1024), template=template)
+                        max_prompt_tokens=_int(o, "max_prompt_tokens", 1024), template=template,
+                        max_requests=_int(o, "max_requests", 1))
 
     lowering = o.get("lowering") or {}
     if not isinstance(lowering, dict):

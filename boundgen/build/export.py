@@ -1,13 +1,18 @@
-"""Program -> `torch.export` graph with bounded dynamic dims.
+"""Program -> `torch.export` graphs with bounded dynamic dims, one per package.
 
 The program's inputs are packed (see programs/score.py, programs/beam.py); their sizes vary
 per request within the spec's bounds, and the export says so:
 
-    score: tokens [T], positions [T], cu_seqlens [B+1]   T in [1, max_total_tokens], B in [1, max_samples + 1]
-    beam:  tokens [L], positions [L], cu_seqlens [2]     L in [1, max_prompt_tokens]
+    score "model": tokens [T], positions [T], cu_seqlens [B+1]   T in [1, max_total_tokens], B in [1, max_samples + 1]
+    beam "prefill": tokens [L], positions [L], cu_seqlens [R+1]   L in [1, max_prompt_tokens x max_requests],
+                                                                  R in [1, max_requests]
+    beam "step":    step [1], prefix_k/prefix_v [layers, L, ...], cu_seqlens [R+1], suffix_k/v [layers, R*W, ...],
+                    the search state [R, ...]
+    beam "finish":  the search state [R, ...]
 
 B has room for one sequence more than a request may bring: the filler sequence that bucketed
-padding appends for CUDA graphs (runtime/graphs.py).
+padding appends for CUDA graphs (runtime/graphs.py). The beam stages' example inputs are what
+the eager stages produce from the example prompt, so each stage is traced on real state.
 
 A bound of 1 makes that dim static. Example inputs are synthetic ids with sizes that equal no
 other dim (B=2, 3 tokens each), so that export neither specialises a dim to 0/1 nor assumes
@@ -25,7 +30,7 @@ def dim_bounds(spec: ScoreSpec | BeamSpec) -> dict[str, tuple[int, int]]:
     """The named dynamic dims of the program's inputs and their [min, max] (the manifest records these)."""
     if spec.task == "score":
         return {"T": (1, spec.max_total_tokens), "B": (1, spec.max_samples + 1)}
-    return {"L": (1, spec.max_prompt_tokens)}
+    return {"L": (1, spec.call_max_tokens), "R": (1, spec.max_requests)}
 
 
 def packed_example(lengths: list[int], device, vocab_size: int, seed: int = 0):
@@ -44,7 +49,11 @@ def example_lengths(spec: ScoreSpec | BeamSpec) -> list[int]:
         samples = min(2, spec.max_samples + 1, spec.max_total_tokens)
         per_sample = max(1, min(3, spec.max_tokens_per_sample, spec.max_total_tokens // samples))
         return [per_sample] * samples
-    return [min(5, spec.max_prompt_tokens)]
+    if spec.max_requests == 1:
+        return [min(5, spec.max_prompt_tokens)]
+    # Several prompts of unequal lengths, R equal to no other size (K, W): nothing specialises.
+    requests = min(3, spec.max_requests)
+    return [max(1, min(3 + i, spec.max_prompt_tokens)) for i in range(requests)]
 
 
 def dynamic_shapes(spec: ScoreSpec | BeamSpec) -> dict:
@@ -56,12 +65,43 @@ def dynamic_shapes(spec: ScoreSpec | BeamSpec) -> dict:
         cu = {0: torch.export.Dim("B", min=b_lo, max=b_hi) + 1} if b_hi > b_lo else None
         return {"tokens": tokens, "positions": tokens, "cu_seqlens": cu}
     l_lo, l_hi = bounds["L"]
+    r_lo, r_hi = bounds["R"]
     tokens = {0: torch.export.Dim("L", min=l_lo, max=l_hi)} if l_hi > l_lo else None
-    return {"tokens": tokens, "positions": tokens, "cu_seqlens": None}
+    # Export assumes a dynamic size is >= 2 (0/1 specialisation), so R in [1, 2] would be pinned
+    # to 2; a range up to 3 keeps it symbolic. Calls never hold more than max_requests prompts.
+    requests = torch.export.Dim("R", min=r_lo, max=max(r_hi, 3)) if r_hi > r_lo else None
+    cu = {0: requests + 1} if requests is not None else None
+    return {"tokens": tokens, "positions": tokens, "cu_seqlens": cu, "requests": requests}
 
 
-def export_program(program: torch.nn.Module, spec: ScoreSpec | BeamSpec, device, vocab_size: int):
-    """Trace the program (non-strict) into an ExportedProgram with the spec's bounded dims."""
+def export_programs(program: torch.nn.Module, spec: ScoreSpec | BeamSpec, device,
+                    vocab_size: int) -> dict[str, torch.export.ExportedProgram]:
+    """Trace the program (non-strict) into ExportedPrograms with the spec's bounded dims, by
+    package name: {"model": ...} for score, the three beam stages for beam."""
     inputs = packed_example(example_lengths(spec), device, vocab_size)
     with torch.no_grad():
-        return torch.export.export(program, inputs, dynamic_shapes=dynamic_shapes(spec), strict=False)
+        if spec.task == "score":
+            shapes = dynamic_shapes(spec)
+            return {"model": torch.export.export(program, inputs, dynamic_shapes=shapes, strict=False)}
+        return _export_beam_stages(program, spec, inputs)
+
+
+def _export_beam_stages(program, spec: BeamSpec, inputs) -> dict[str, torch.export.ExportedProgram]:
+    from boundgen.programs.beam import STATE
+
+    stages = program.stages()
+    dims = dynamic_shapes(spec)
+    prompt, cu, r = dims["tokens"], dims["cu_seqlens"], dims["requests"]  # None where static
+    prefix = {1: prompt[0]} if prompt else None
+    requests = {0: r} if r is not None else None
+    beams = {1: spec.width * r} if r is not None else None  # suffix K/V rows: R * W
+    state = stages["prefill"](*inputs)  # prefix_k, prefix_v, suffix_k, suffix_v, *STATE
+    step_inputs = (torch.zeros(1, dtype=torch.int64, device=inputs[0].device), state[0], state[1], inputs[2],
+                   *state[2:])
+    finish_inputs = tuple(state[4:]) if spec.steps == 1 else tuple(stages["step"](*step_inputs)[2:])
+    state_dims = (requests,) * len(STATE)  # every state tensor leads with R
+    shapes = {"prefill": (inputs, (prompt, prompt, cu)),
+              "step": (step_inputs, (None, prefix, prefix, cu, beams, beams) + state_dims),
+              "finish": (finish_inputs, state_dims)}
+    return {name: torch.export.export(stages[name], args, dynamic_shapes=(shape,), strict=False)
+            for name, (args, shape) in shapes.items()}

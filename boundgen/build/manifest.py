@@ -3,14 +3,14 @@
 The build writes it (build/pipeline.py); the loader checks it (runtime/loading.py). This
 module is plain Python (no torch at import) so that both sides share one definition.
 
-Schema "boundgen.artifact/1", top-level keys:
+Schema "boundgen.artifact/2" (/2: packages by name, beam in three stages), top-level keys:
 - name, task, created (UTC ISO time), model {source, family, config}
 - program: the spec (programs/spec.py `spec_to_dict`; an MLP head path is relative to the artifact)
 - runtime: topology (the DAG: inputs, outputs, nodes with their tensor inputs/outputs),
   tensors (the model node's I/O: dtype and shape, dims by name), dims ({name: [min, max]}),
   request (bounds a request is checked against), device, contexts, executors, cuda_graphs, token_bucket
 - compile: lowering (op -> implementation), dtype, device, gpu_name, gpu_capability, weights
-  ("external" | "packaged"), package / weights file names, inductor_configs,
+  ("external" | "packaged"), packages ({name: file}), weights file name, inductor_configs,
   decompose_custom_triton_ops, seconds per stage
 - validation: passed, cases [{name, shape, outputs {name: {max_abs_err, tolerance, passed}}, ...}]
 - versions: boundgen, torch, triton, cuda, python
@@ -29,7 +29,7 @@ from pathlib import Path
 
 from boundgen.errors import ArtifactError
 
-SCHEMA = "boundgen.artifact/1"
+SCHEMA = "boundgen.artifact/2"
 MANIFEST_FILE = "manifest.json"
 REQUIRED_KEYS = ("schema", "name", "task", "program", "runtime", "compile", "validation", "versions", "files",
                  "manifest_sha256")

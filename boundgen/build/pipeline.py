@@ -3,7 +3,8 @@
 Stages, each reported on stderr as `[build   12.3s] stage: ...` and timed in the manifest:
   load      checkpoint + tokenizer; the program for the spec, with the chosen op lowering
   export    torch.export with the spec's bounded dims (build/export.py)
-  compile   AOTInductor package, weights beside it or inside (build/aoti.py)
+  compile   AOTInductor packages (score: one; beam: prefill, step, finish), weights beside them
+            or inside (build/aoti.py)
   validate  the package, loaded as a deployment loads it, against the eager reference program
             on representative and boundary inputs (build/validate.py); a failure stops here
   write     tokenizer files, MLP head, manifest with hashes (build/manifest.py); not timed
@@ -67,7 +68,7 @@ def build(cfg: BuildConfig, progress: Progress | None = None) -> dict:
     from boundgen.ops.lowering import REFERENCE
     from boundgen.programs.factory import make_program
     from boundgen.runtime.assemble import make_dag
-    from boundgen.runtime.compiled import CompiledRunner
+    from boundgen.runtime.compiled import load_runner
     from boundgen.runtime.eager import EagerRunner
     from boundgen.text.tokenizer import Tokenizer
 
@@ -88,16 +89,21 @@ def build(cfg: BuildConfig, progress: Progress | None = None) -> dict:
 
         bounds = export.dim_bounds(cfg.spec)
         progress.stage("export", ", ".join(f"{k} in [{lo}, {hi}]" for k, (lo, hi) in bounds.items()))
-        ep = export.export_program(program, cfg.spec, device, vocab)
+        eps = export.export_programs(program, cfg.spec, device, vocab)
 
-        progress.stage("compile", f"AOTInductor for {cfg.device}, weights {cfg.weights} (takes a while)")
-        package = aoti.compile_package(ep, tmp, cfg.device, cfg.weights)
-        weights = aoti.write_weights(ep, tmp) if cfg.weights == "external" else None
-        del ep
+        packages = {}
+        for i, (name, ep) in enumerate(eps.items()):
+            if i == 0:
+                progress.stage("compile", f"AOTInductor for {cfg.device}, weights {cfg.weights} (takes a while)")
+            if len(eps) > 1:
+                progress(f"  package {i + 1}/{len(eps)}: {aoti.package_file(name)}")
+            packages[name] = aoti.compile_package(ep, tmp, cfg.device, cfg.weights, name).name
+        weights = aoti.write_weights(list(eps.values()), tmp).name if cfg.weights == "external" else None
+        del eps
 
         progress.stage("validate", "compiled package vs eager reference")
         custom_ops = [op for op, impl in cfg.lowering.to_dict().items() if impl != "torch"]
-        compiled = CompiledRunner(package, weights, device, custom_ops=custom_ops)
+        compiled = load_runner(tmp, packages, weights, device, getattr(cfg.spec, "steps", 0), custom_ops=custom_ops)
         if cfg.lowering == REFERENCE:
             reference = EagerRunner(program)
         else:  # the reference lowering, not the one under test
@@ -124,7 +130,7 @@ def build(cfg: BuildConfig, progress: Progress | None = None) -> dict:
             shutil.copy2(spec.head_path, tmp / HEAD_FILE)
         topology = make_dag(spec, tokenizer, runner=None).topology()
         written = manifest.write_manifest(tmp, _manifest(cfg, model_config(cfg.model_dir), topology, num_classes,
-                                                         package, weights, report, seconds))
+                                                         packages, weights, report, seconds))
         if cfg.out.exists():
             shutil.rmtree(cfg.out)
         os.replace(tmp, cfg.out)
@@ -142,8 +148,8 @@ def model_config(model_dir: Path) -> dict:
     return asdict(read_config(model_dir))
 
 
-def _manifest(cfg: BuildConfig, model_cfg: dict, topology: dict, num_classes: int, package: Path,
-              weights: Path | None, report: dict, seconds: dict) -> dict:
+def _manifest(cfg: BuildConfig, model_cfg: dict, topology: dict, num_classes: int, packages: dict[str, str],
+              weights: str | None, report: dict, seconds: dict) -> dict:
     from boundgen.programs.spec import spec_to_dict
 
     spec = cfg.spec
@@ -182,8 +188,8 @@ def _manifest(cfg: BuildConfig, model_cfg: dict, topology: dict, num_classes: in
             "gpu_name": gpu_name,
             "gpu_capability": gpu_capability,
             "weights": cfg.weights,
-            "package_file": package.name,
-            "weights_file": weights.name if weights is not None else None,
+            "packages": packages,
+            "weights_file": weights,
             "inductor_configs": aoti.inductor_configs(cfg.weights),
             "decompose_custom_triton_ops": cfg.device != "cpu",
             "seconds": seconds,
@@ -203,10 +209,11 @@ def tensor_interface(spec, num_classes: int) -> dict:
             tensors["topk_probs"] = ("output", "float32", ["B", spec.topk])
     else:
         w, n = spec.width, spec.steps
+        rows = f"R*{w}"  # R requests of W beams
         tensors = {"tokens": ("input", "int64", ["L"]), "positions": ("input", "int64", ["L"]),
-                   "cu_seqlens": ("input", "int32", [2]), "token_ids": ("output", "int64", [w, n]),
-                   "scores": ("output", "float32", [w]), "finished": ("output", "bool", [w]),
-                   "beam_indices": ("output", "int64", [w, n])}
+                   "cu_seqlens": ("input", "int32", ["R+1"]), "token_ids": ("output", "int64", [rows, n]),
+                   "scores": ("output", "float32", [rows]), "finished": ("output", "bool", [rows]),
+                   "beam_indices": ("output", "int64", [rows, n])}
     return {name: {"direction": io, "dtype": dtype, "shape": shape} for name, (io, dtype, shape) in tensors.items()}
 
 

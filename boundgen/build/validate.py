@@ -7,7 +7,8 @@ ids), for a representative request and the boundary shapes of the spec:
            up to max_tokens_per_sample each within max_total_tokens; one sample of
            max_tokens_per_sample tokens; the mixed samples padded as for CUDA graphs
            (max_total_tokens in all, max_samples + 1 sequences, the last ones empty)
-    beam:  a one-token prompt; a representative prompt; a prompt of max_prompt_tokens
+    beam:  a one-token prompt; a representative prompt; a prompt of max_prompt_tokens; with
+           max_requests > 1, mixed prompts in one call and max_requests prompts of max_prompt_tokens
 
 Per output the maximum absolute error is recorded against a tolerance (fp32 1e-4; bf16 and
 fp16 looser, see TOLERANCES; the deploy file may override per output). Integer outputs
@@ -53,8 +54,11 @@ class Case:
 def cases(spec) -> list[Case]:
     if spec.task == "beam":
         longest = spec.max_prompt_tokens
-        out = [Case("one_token_prompt", (1,)), Case("representative", (min(64, max(1, longest // 2)),)),
-               Case("max_prompt", (longest,))]
+        typical = min(64, max(1, longest // 2))
+        out = [Case("one_token_prompt", (1,)), Case("representative", (typical,)), Case("max_prompt", (longest,))]
+        if spec.max_requests > 1:  # several prompts in one call, each request's rows as if alone
+            out += [Case("several_requests", (typical, 1, longest)[: spec.max_requests]),
+                    Case("max_requests_max_prompt", (longest,) * spec.max_requests)]
     else:
         per, total, most = spec.max_tokens_per_sample, spec.max_total_tokens, spec.max_samples
         mixed = [max(1, min(per, n)) for n in (per // 2, 1, per, per // 3)[: min(most, 4)]]

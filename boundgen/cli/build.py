@@ -14,7 +14,7 @@ from boundgen.programs.spec import MAX_STEPS, MAX_WIDTH
 
 # Flags whose values go into the options under the same name (argparse dest).
 OPTION_FLAGS = ("name", "task", "device", "dtype", "labels", "head", "topk", "max_samples", "max_tokens_per_sample",
-                "max_total_tokens", "width", "steps", "max_prompt_tokens", "length_penalty", "min_new_tokens",
+                "max_total_tokens", "width", "steps", "max_prompt_tokens", "length_penalty", "min_new_tokens", "max_requests",
                 "template", "contexts", "executors", "token_bucket", "weights")
 
 
@@ -47,6 +47,8 @@ def register(sub):
                    help="comma-separated stop token ids, or 'none' (default: generation_config.json eos_token_id)")
     g.add_argument("--length-penalty", type=float, default=None, help="HF length_penalty (default 0.0)")
     g.add_argument("--min-new-tokens", type=int, default=None, help="suppress stop tokens before this many tokens")
+    g.add_argument("--max-requests", type=int, default=None,
+                   help="prompts one compiled call may hold: concurrent requests batched (default 1)")
     g = p.add_argument_group("compile and runtime")
     g.add_argument("--template", default=None, help="prompt template with a {text} placeholder")
     g.add_argument("--lowering", action="append", default=None, metavar="OP=IMPL",

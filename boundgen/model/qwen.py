@@ -5,7 +5,7 @@ Two entry points, both plain torch plus `ops`:
   of T tokens in all; returns final-normed hidden states [T, H] and, if asked, each layer's K/V.
 - `decode(tokens, positions, prefix_kv, suffix_kv, step, cu_seqlens, width)`: one step of R x W
   beams, each over its request's prompt K/V (R prompts packed) and its own suffix K/V; writes
-  this step's K/V into suffix slot `step`.
+  this step's K/V into suffix slot `step` (a tensor: one traced step serves every step).
 
 Parameter names follow HF's, except that q/k/v and gate/up projections are fused at load
 (`qkv_proj`, `gate_up_proj`): one matmul each, as every fast path wants.
@@ -119,24 +119,26 @@ class QwenModel(nn.Module):
         return h, ((torch.stack(ks), torch.stack(vs)) if keep_kv else None)
 
     def decode(self, tokens: torch.Tensor, positions: torch.Tensor, prefix_k: torch.Tensor,
-               prefix_v: torch.Tensor, suffix_k: torch.Tensor, suffix_v: torch.Tensor, step: int,
+               prefix_v: torch.Tensor, suffix_k: torch.Tensor, suffix_v: torch.Tensor, step: torch.Tensor,
                cu_seqlens: torch.Tensor | None = None, width: int | None = None):
         """One beam step of R requests of `width` (W) beams each. tokens/positions [R*W], request
         by request; prefix_k/v [n_layers, T, Nkv, D], the R prompts packed as `cu_seqlens`
         [R+1] int32 says (None: one request owning all T rows, W = R*W); suffix_k/v
-        [n_layers, R*W, S, Nkv, D], slot `step` written in place with this step's K/V, slots
-        [0, step] attended. Returns final-normed hidden [R*W, H]."""
+        [n_layers, R*W, S, Nkv, D]; step [1] int64 < S: this step's K/V are written in place
+        into slot `step`, slots [0, step] attended, later slots ignored whatever they hold.
+        Returns final-normed hidden [R*W, H]."""
         ops = self.ops
         if cu_seqlens is None:
             cu_seqlens = torch.tensor([0, prefix_k.shape[1]], dtype=torch.int32, device=tokens.device)
             width = tokens.shape[0]
+        suffix_len = (step + 1).to(torch.int32)
         h, cos, sin = self._embed(tokens, positions)
         for i, layer in enumerate(self.layers):
             q, k, v = layer.attn_in(h, cos, sin, ops)
-            suffix_k[i, :, step] = k
-            suffix_v[i, :, step] = v
-            attn = ops.prefix_attention(q, prefix_k[i], prefix_v[i], suffix_k[i, :, : step + 1],
-                                        suffix_v[i, :, : step + 1], cu_seqlens, width, self.scale)
+            suffix_k[i].index_copy_(1, step, k[:, None])
+            suffix_v[i].index_copy_(1, step, v[:, None])
+            attn = ops.prefix_attention(q, prefix_k[i], prefix_v[i], suffix_k[i], suffix_v[i], suffix_len,
+                                        cu_seqlens, width, self.scale)
             h = layer.attn_out(h, attn, ops)
         return ops.rmsnorm(h, self.norm, self.cfg.rms_norm_eps)
 

@@ -1,8 +1,8 @@
-"""Fixed beam search as one tensor program: prompt prefill, then exactly N_gen - 1 decode steps.
+"""Fixed beam search as three tensor programs: prefill, one decode step (run N_gen - 1 times), finish.
 
 Semantics are HF transformers' beam search (`generate(num_beams=W, num_return_sequences=W,
 max_new_tokens=N_gen, length_penalty=lp, early_stopping=False, do_sample=False)`), step for
-step, with the control flow unrolled at build time so the whole search exports as one graph:
+step:
 
 - K = max(2, 1 + n_stop) * W candidates are kept per step (HF's `beams_to_keep`).
 - Step 0 takes the top K tokens of each prompt's last position (HF's other W - 1 initial beams
@@ -17,12 +17,24 @@ step, with the control flow unrolled at build time so the whole search exports a
 - Reordering by parent index touches only suffix K/V, tokens and scores; prompt K/V is never
   copied.
 
+Stages. The search is split where the model runs, so that a build compiles the model twice
+(prompt pass, decode step) however many steps there are, instead of unrolling N_gen passes
+into one graph (which AOTInductor compiled too slowly: docs/build.md):
+
+    prefill(tokens, positions, cu_seqlens)                  -> prefix_k, prefix_v, suffix_k, suffix_v, *STATE
+    step(step, prefix_k, prefix_v, cu_seqlens, suffix_k, suffix_v, *STATE) -> suffix_k, suffix_v, *STATE
+    finish(*STATE)                                          -> token_ids, scores, finished, beam_indices
+
+`step` is a [1] int64 tensor (0 .. N_gen - 2): one compiled step serves every step. The suffix
+K/V keep their full capacity (N_gen - 1 slots); a step attends to slots [0, step] only. `run_stages`
+chains them; `BeamProgram.forward` is that chain over its own stages, and the compiled runner is
+the same chain over the compiled packages (runtime/compiled.py). No data-dependent Python control
+flow: each stage exports with T (and R) dynamic, and the chain replays as one CUDA graph.
+
 R requests with the same W and N_gen run in one call: R prompts packed as in prefill, R x W
-beams, one set of kernels per step. Every state above has a leading request dim (as HF's own
-batched `_beam_search`), and so does the "done" state (HF's loop ends for the whole batch;
-here a request's finished set freezes on its own), so each request's rows equal running it
-alone. No data-dependent Python control flow: it exports with R and T dynamic and replays
-as a CUDA graph.
+beams, one set of kernels per step. Every state has a leading request dim (as HF's own batched
+`_beam_search`), and so does the "done" state (HF's loop ends for the whole batch; here a
+request's finished set freezes on its own), so each request's rows equal running it alone.
 
 Inputs: tokens [T] int64, positions [T] int64, cu_seqlens [R+1] int32 (the prompts, packed).
 Outputs, rows r*W:(r+1)*W for request r, best first within each request:
@@ -32,6 +44,8 @@ beam_indices [R*W, N_gen] int64 (parent beam within the request at each step, -1
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 from torch import nn
 
@@ -39,6 +53,21 @@ from boundgen.errors import ConfigError
 from boundgen.model.qwen import QwenModel
 
 NEG = -1.0e9  # HF's "impossible" score offset; kept identical so ties and sums match bit for bit
+STAGES = ("prefill", "step", "finish")
+# The search state passed between stages, in this order (R requests, W beams, K candidates, N_gen steps):
+STATE = (
+    "run_seq",      # [R, W, N] int64  running beams' tokens so far (-1 = not yet)
+    "run_bi",       # [R, W, N] int64  their parent beam at each step
+    "fin_seq",      # [R, W, N] int64  finished hypotheses, best first
+    "fin_bi",       # [R, W, N] int64
+    "fin_scores",   # [R, W] fp32      length-penalised scores (NEG = empty slot)
+    "is_fin",       # [R, W] bool      slot holds a hypothesis
+    "can_improve",  # [R] bool         HF's early-stop heuristic not yet satisfied
+    "done",         # [R] bool         the request's search has ended (finished set frozen)
+    "cand_scores",  # [R, K] fp32      this step's candidates, best first
+    "cand_tokens",  # [R, K] int64
+    "cand_parent",  # [R, K] int64     parent beam within the request
+)
 
 
 class BeamProgram(nn.Module):
@@ -57,14 +86,126 @@ class BeamProgram(nn.Module):
         self.min_new_tokens = int(min_new_tokens)
         self.register_buffer("stop_token_ids", torch.tensor(list(stop_token_ids), dtype=torch.int64),
                              persistent=False)
+        # HF divides by the Python float (generated ** lp); the same value per step, in FP32.
+        self.register_buffer("penalty", torch.tensor([float((s + 1) ** self.length_penalty) for s in range(steps)],
+                                                     dtype=torch.float32), persistent=False)
 
-    def _log_probs(self, hidden: torch.Tensor, step: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """hidden [M, H] -> (logits [M, V] model dtype, FP32 log-softmax [M, V]) with HF's processors."""
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, cu_seqlens: torch.Tensor):
+        return run_stages(self.prefill, self.step, self.finish, self.steps, tokens, positions, cu_seqlens)
+
+    def stages(self) -> dict[str, nn.Module]:
+        """Each stage as a module of its own (what the build exports); they share this program's weights."""
+        return {name: BeamStage(self, name) for name in STAGES}
+
+    # -- stages ----------------------------------------------------------------------------------
+
+    def prefill(self, tokens: torch.Tensor, positions: torch.Tensor, cu_seqlens: torch.Tensor):
+        """The prompts' pass and step 0's candidates; the empty search state."""
+        model, W, N, K = self.model, self.width, self.steps, self.keep
+        cfg, device = model.cfg, tokens.device
+        R = cu_seqlens.shape[0] - 1
+        hidden, (prefix_k, prefix_v) = model.prefill(tokens, positions, cu_seqlens, keep_kv=True)
+        ends = cu_seqlens.to(torch.int64)[torch.arange(R, device=device) + 1]
+        # Indexed, not sliced: a slice of cu_seqlens would make export guard R >= 2 (as the example).
+        _, logp = self._log_probs(hidden[ends - 1], torch.zeros(1, dtype=torch.int64, device=device))  # [R, V]
+        cand_scores, cand_tokens = torch.topk(logp, K, dim=-1)  # beam 0 only; its running score is 0
+        suffix_shape = (cfg.num_layers, R * W, max(N - 1, 1), cfg.num_kv_heads, cfg.head_dim)
+        seqs = [torch.full((R, W, N), -1, dtype=torch.int64, device=device) for _ in range(4)]
+        return (prefix_k, prefix_v,
+                torch.zeros(suffix_shape, dtype=prefix_k.dtype, device=device),
+                torch.zeros(suffix_shape, dtype=prefix_v.dtype, device=device),
+                *seqs,
+                torch.full((R, W), NEG, dtype=torch.float32, device=device),  # fin_scores
+                torch.zeros((R, W), dtype=torch.bool, device=device),  # is_fin
+                torch.ones(R, dtype=torch.bool, device=device),  # can_improve
+                torch.zeros(R, dtype=torch.bool, device=device),  # done
+                cand_scores, cand_tokens, torch.zeros((R, K), dtype=torch.int64, device=device))
+
+    def step(self, step: torch.Tensor, prefix_k, prefix_v, cu_seqlens, suffix_k, suffix_v, *state):
+        """Decode step `step` ([1] int64, 0 .. N_gen - 2): keep the best W candidates running,
+        feed their last tokens through the model, expand them into the next candidates."""
+        model, W = self.model, self.width
+        R = cu_seqlens.shape[0] - 1
+        request = torch.arange(R, device=step.device)
+        cu = cu_seqlens.to(torch.int64)
+        prompt_lens = cu[request + 1] - cu[request]  # [R]
+        run_seq, run_bi, run_scores, kv_parent, *kept = self._select(step, False, *state)
+        # Reorder only the suffix K/V by parent (all slots: those past `step` are never attended).
+        rows = (kv_parent + request[:, None] * W).reshape(-1)  # [R*W] parent's row in the packed beams
+        suffix_k, suffix_v = suffix_k[:, rows], suffix_v[:, rows]
+        positions_w = (prompt_lens[:, None] + step).expand(-1, W).reshape(-1)  # [R*W]
+        tokens_w = run_seq.index_select(2, step).reshape(-1)
+        hidden_w = model.decode(tokens_w, positions_w, prefix_k, prefix_v, suffix_k, suffix_v, step, cu_seqlens, W)
+        logits, logp = self._log_probs(hidden_w, step + 1)  # [R*W, V]
+        vocab = logits.shape[-1]
+        cands = self._expand(logits.reshape(-1, W, vocab), logp.reshape(-1, W, vocab), run_scores)
+        return (suffix_k, suffix_v, run_seq, run_bi, *kept, *cands)
+
+    def finish(self, *state):
+        """The last step's selection (every candidate ends: max length) -> the outputs."""
+        N = self.steps
+        last = torch.full((1,), N - 1, dtype=torch.int64, device=state[0].device)
+        _, _, _, _, fin_seq, fin_bi, fin_scores, *_ = self._select(last, True, *state)
+        finished = torch.isin(fin_seq, self.stop_token_ids).any(dim=-1)  # [R, W]
+        return (fin_seq.reshape(-1, N), fin_scores.reshape(-1), finished.reshape(-1), fin_bi.reshape(-1, N))
+
+    # -- pieces ----------------------------------------------------------------------------------
+
+    def _select(self, step: torch.Tensor, last: bool, run_seq, run_bi, fin_seq, fin_bi, fin_scores, is_fin,
+                can_improve, done, cand_scores, cand_tokens, cand_parent):
+        """Step `step`'s candidates -> running beams and finished hypotheses (HF's per-step update).
+        Returns run_seq, run_bi, run_scores, kv_parent, then fin_seq .. done (STATE order)."""
+        W, K = self.width, self.keep
+        device = cand_scores.device
+        # Candidate sequences: parent's tokens plus the new one.
+        cand_seq = _gather_beams(run_seq, cand_parent).index_copy(2, step, cand_tokens[:, :, None])  # [R, K, N]
+        cand_bi = _gather_beams(run_bi, cand_parent).index_copy(2, step, cand_parent[:, :, None])
+        if last:
+            hits = torch.ones_like(cand_tokens, dtype=torch.bool)  # max length reached
+        else:
+            hits = torch.isin(cand_tokens, self.stop_token_ids)
+
+        # Best W candidates that did not stop keep running.
+        running = cand_scores + hits.to(torch.float32) * NEG
+        sel = torch.topk(running, W, dim=-1).indices  # [R, W]
+        run_seq, run_bi = _gather_beams(cand_seq, sel), _gather_beams(cand_bi, sel)
+        run_scores, kv_parent = _gather_beams(running, sel), _gather_beams(cand_parent, sel)
+
+        # Stopped candidates among the first W join the finished hypotheses.
+        penalty = self.penalty[step]  # [1]
+        just_fin = hits & (torch.arange(K, device=device) < W)
+        fin_cand = cand_scores / penalty
+        fin_cand = fin_cand + (~can_improve[:, None]).to(torch.float32) * NEG
+        fin_cand = fin_cand + (~just_fin).to(torch.float32) * NEG
+        merged = torch.cat((fin_scores, fin_cand), dim=1)  # [R, W + K]
+        best = torch.topk(merged, W, dim=-1).indices
+        frozen = done[:, None]
+        fin_scores = torch.where(frozen, fin_scores, _gather_beams(merged, best))
+        fin_seq = torch.where(frozen[..., None], fin_seq, _gather_beams(torch.cat((fin_seq, cand_seq), 1), best))
+        fin_bi = torch.where(frozen[..., None], fin_bi, _gather_beams(torch.cat((fin_bi, cand_bi), 1), best))
+        is_fin = torch.where(frozen, is_fin, _gather_beams(torch.cat((is_fin, just_fin), 1), best))
+
+        # HF's stopping rule, per request: stop when no running beam can beat the worst
+        # finished one, or when every candidate stopped.
+        best_running = run_scores[:, :1] / penalty  # [R, 1]
+        worst_fin = torch.where(is_fin, fin_scores.min(dim=1, keepdim=True).values,
+                                torch.full_like(fin_scores, NEG))
+        can_improve = can_improve & (best_running > worst_fin).any(dim=1)
+        done = done | ~can_improve | hits.all(dim=1)
+        return run_seq, run_bi, run_scores, kv_parent, fin_seq, fin_bi, fin_scores, is_fin, can_improve, done
+
+    def _log_probs(self, hidden: torch.Tensor, generated: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """hidden [M, H] -> (logits [M, V] model dtype, FP32 log-softmax [M, V]) with HF's processors.
+        generated: [1] int64, tokens generated before these (stop tokens are barred below min_new_tokens)."""
         logits = self.model.logits(hidden)
         logp = torch.log_softmax(logits.to(torch.float32), dim=-1)
-        if step < self.min_new_tokens and self.stop_token_ids.numel():
-            logp = logp.index_fill(1, self.stop_token_ids, float("-inf"))
-            logits = logits.index_fill(1, self.stop_token_ids, float("-inf"))
+        if self.min_new_tokens and self.stop_token_ids.numel():
+            # -inf on the stop tokens while too short, + 0 (exact) otherwise.
+            barred = torch.zeros(logits.shape[-1], dtype=torch.float32, device=logits.device)
+            barred = barred.index_fill(0, self.stop_token_ids, float("-inf"))
+            barred = torch.where(generated < self.min_new_tokens, barred, torch.zeros_like(barred))
+            logp = logp + barred
+            logits = logits + barred.to(logits.dtype)
         return logits, logp
 
     def _expand(self, logits, logp, running_scores):
@@ -79,90 +220,30 @@ class BeamProgram(nn.Module):
         tokens = torch.gather(row_ids.reshape(-1, width * keep), 1, flat)
         return scores, tokens, parent
 
-    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, cu_seqlens: torch.Tensor):
-        model, W, N, K = self.model, self.width, self.steps, self.keep
-        cfg = model.cfg
-        device = tokens.device
-        R = cu_seqlens.shape[0] - 1
-        hidden, (prefix_k, prefix_v) = model.prefill(tokens, positions, cu_seqlens, keep_kv=True)
-        request = torch.arange(R, device=device)  # [R]
-        # Indexed, not sliced: a slice of cu_seqlens would make export guard R >= 2 (as the example).
-        starts, ends = cu_seqlens.to(torch.int64)[request], cu_seqlens.to(torch.int64)[request + 1]
-        prompt_lens = ends - starts  # [R]
-        _, logp = self._log_probs(hidden[ends - 1], 0)  # [R, V]
-        cand_scores, cand_tokens = torch.topk(logp, K, dim=-1)  # beam 0 only; its running score is 0
-        cand_parent = torch.zeros((R, K), dtype=torch.int64, device=device)
 
-        suffix_shape = (cfg.num_layers, R * W, max(N - 1, 1), cfg.num_kv_heads, cfg.head_dim)
-        suffix_k = torch.zeros(suffix_shape, dtype=prefix_k.dtype, device=device)
-        suffix_v = torch.zeros(suffix_shape, dtype=prefix_v.dtype, device=device)
-        run_seq = torch.full((R, W, N), -1, dtype=torch.int64, device=device)
-        run_bi = torch.full((R, W, N), -1, dtype=torch.int64, device=device)
-        fin_seq = torch.full((R, W, N), -1, dtype=torch.int64, device=device)
-        fin_bi = torch.full((R, W, N), -1, dtype=torch.int64, device=device)
-        fin_scores = torch.full((R, W), NEG, dtype=torch.float32, device=device)
-        is_fin = torch.zeros((R, W), dtype=torch.bool, device=device)
-        can_improve = torch.ones(R, dtype=torch.bool, device=device)  # HF is_early_stop_heuristic_unsatisfied
-        done = torch.zeros(R, dtype=torch.bool, device=device)  # HF's loop has ended (for this request)
-        top_w = torch.arange(K, device=device) < W
-        first_beam = request[:, None] * W  # [R, 1] row of each request's beam 0
+class BeamStage(nn.Module):
+    """One stage of a BeamProgram as a module: `forward` is the program's stage method."""
 
-        for step in range(N):
-            # Candidate sequences: parent's tokens plus the new one.
-            cand_seq = _gather_beams(run_seq, cand_parent)  # [R, K, N]
-            cand_seq[:, :, step] = cand_tokens
-            cand_bi = _gather_beams(run_bi, cand_parent)
-            cand_bi[:, :, step] = cand_parent
-            if step == N - 1:
-                hits = torch.ones((R, K), dtype=torch.bool, device=device)  # max length reached
-            else:
-                hits = torch.isin(cand_tokens, self.stop_token_ids)
+    def __init__(self, program: BeamProgram, name: str):
+        super().__init__()
+        self.program = program
+        self.stage = name
 
-            # Best W candidates that did not stop keep running.
-            running = cand_scores + hits.to(torch.float32) * NEG
-            sel = torch.topk(running, W, dim=-1).indices  # [R, W]
-            run_seq, run_bi = _gather_beams(cand_seq, sel), _gather_beams(cand_bi, sel)
-            run_scores, kv_parent = _gather_beams(running, sel), _gather_beams(cand_parent, sel)
+    def forward(self, *inputs):
+        return getattr(self.program, self.stage)(*inputs)
 
-            # Stopped candidates among the first W join the finished hypotheses.
-            just_fin = hits & top_w
-            fin_cand = cand_scores / float((step + 1) ** self.length_penalty)
-            fin_cand = fin_cand + (~can_improve[:, None]).to(torch.float32) * NEG
-            fin_cand = fin_cand + (~just_fin).to(torch.float32) * NEG
-            merged = torch.cat((fin_scores, fin_cand), dim=1)  # [R, W + K]
-            best = torch.topk(merged, W, dim=-1).indices
-            frozen = done[:, None]
-            fin_scores = torch.where(frozen, fin_scores, _gather_beams(merged, best))
-            fin_seq = torch.where(frozen[..., None], fin_seq, _gather_beams(torch.cat((fin_seq, cand_seq), 1), best))
-            fin_bi = torch.where(frozen[..., None], fin_bi, _gather_beams(torch.cat((fin_bi, cand_bi), 1), best))
-            is_fin = torch.where(frozen, is_fin, _gather_beams(torch.cat((is_fin, just_fin), 1), best))
 
-            # HF's stopping rule, per request: stop when no running beam can beat the worst
-            # finished one, or when every candidate stopped.
-            best_running = run_scores[:, :1] / float((step + 1) ** self.length_penalty)  # [R, 1]
-            worst_fin = torch.where(is_fin, fin_scores.min(dim=1, keepdim=True).values,
-                                    torch.full_like(fin_scores, NEG))
-            can_improve = can_improve & (best_running > worst_fin).any(dim=1)
-            done = done | ~can_improve | hits.all(dim=1)
-            if step == N - 1:
-                break
-
-            # Decode the running beams' last tokens; reorder only the suffix K/V by parent.
-            if step > 0:
-                rows = (kv_parent + first_beam).reshape(-1)  # [R*W] parent's row in the packed beams
-                suffix_k[:, :, :step] = suffix_k[:, rows, :step]
-                suffix_v[:, :, :step] = suffix_v[:, rows, :step]
-            positions_w = (prompt_lens[:, None] + step).expand(-1, W).reshape(-1)  # [R*W]
-            hidden_w = model.decode(run_seq[:, :, step].reshape(-1), positions_w, prefix_k, prefix_v,
-                                    suffix_k, suffix_v, step, cu_seqlens, W)
-            logits, logp = self._log_probs(hidden_w, step + 1)  # [R*W, V]
-            vocab = logits.shape[-1]
-            cand_scores, cand_tokens, cand_parent = self._expand(
-                logits.reshape(-1, W, vocab), logp.reshape(-1, W, vocab), run_scores)
-
-        finished = torch.isin(fin_seq, self.stop_token_ids).any(dim=-1)  # [R, W]
-        return (fin_seq.reshape(-1, N), fin_scores.reshape(-1), finished.reshape(-1),
-                fin_bi.reshape(-1, N))
+def run_stages(prefill: Callable, step: Callable, finish: Callable, steps: int, tokens: torch.Tensor,
+               positions: torch.Tensor, cu_seqlens: torch.Tensor, step_ids: list[torch.Tensor] | None = None):
+    """The search: prefill, `steps - 1` decode steps, finish. The stages are the program's methods
+    or their compiled packages (lists in, lists out). step_ids: the [1] int64 step tensors on the
+    device (made here if not given; a CUDA graph wants them allocated once)."""
+    if step_ids is None:
+        step_ids = [torch.full((1,), s, dtype=torch.int64, device=tokens.device) for s in range(steps - 1)]
+    prefix_k, prefix_v, *state = prefill(tokens, positions, cu_seqlens)
+    for s in range(steps - 1):
+        state = step(step_ids[s], prefix_k, prefix_v, cu_seqlens, *state)
+    return finish(*state[2:])  # the suffix K/V are not needed past the last step
 
 
 def _gather_beams(tensor: torch.Tensor, index: torch.Tensor) -> torch.Tensor:

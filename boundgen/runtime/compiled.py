@@ -1,10 +1,13 @@
-"""The model node's runner for a built artifact: an AOTInductor package plus its weights.
+"""The model node's runner for a built artifact: its AOTInductor packages plus their weights.
 
-`CompiledRunner(package, weights, device, executors)` loads the package once; `executors`
+`CompiledRunner(package, weights, device, executors)` loads one package once; `executors`
 model instances share one set of weights, so that many calls may run at once. A call takes
-the packed input tensors (on the artifact's device) and returns the program's outputs as a
-list, on the caller's current CUDA stream. Used by the loader and by build-time validation,
-so that the build checks exactly what a deployment runs.
+the program's input tensors (on the artifact's device) and returns its outputs as a list, on
+the caller's current CUDA stream. A score artifact is one package ("model"); a beam artifact
+is three ("prefill", "step", "finish", see programs/beam.py) sharing one weights file, chained
+by `BeamStagesRunner` exactly as the eager program chains its stages. `load_runner` makes the
+right one; the loader and build-time validation both use it, so that the build checks exactly
+what a deployment runs.
 
 `single_threaded=True` is for CUDA graph capture (runtime/graphs.py): AOTInductor's
 thread-aware run records a CUDA event per call and queries it before reusing a model
@@ -37,11 +40,54 @@ def device_index(device: torch.device) -> int:
     return -1 if device.type != "cuda" or device.index is None else device.index
 
 
-class CompiledRunner:
-    def __init__(self, package: str | Path, weights: str | Path | None, device: str | torch.device,
-                 executors: int = 1, custom_ops: list[str] = (), single_threaded: bool = False):
-        from safetensors.torch import load_file
+def load_weights(path: str | Path, device: torch.device) -> dict[str, torch.Tensor]:
+    """A weights file's tensors: memory-mapped on CPU, copied to the device otherwise."""
+    from safetensors.torch import load_file
 
+    return load_file(str(path), device="cpu" if device.type == "cpu" else str(device))
+
+
+def load_runner(root: str | Path, packages: dict[str, str], weights_file: str | None, device: str | torch.device,
+                steps: int = 0, executors: int = 1, custom_ops: list[str] = (), single_threaded: bool = False):
+    """The runner for an artifact's packages ({name: file} under root): a CompiledRunner for one
+    "model" package, a BeamStagesRunner for the beam stages. One copy of the weights serves all."""
+    root, device = Path(root), torch.device(device)
+    import_ops(list(custom_ops))
+    weights = load_weights(root / weights_file, device) if weights_file else None
+    runners = {name: CompiledRunner(root / file, weights, device, executors, single_threaded=single_threaded,
+                                    weights_name=weights_file)
+               for name, file in packages.items()}
+    if set(runners) == {PACKAGE_MODEL}:
+        return runners[PACKAGE_MODEL]
+    return BeamStagesRunner(runners, steps, device)
+
+
+class BeamStagesRunner:
+    """The beam search over its compiled stages: `programs.beam.run_stages`, the step index
+    tensors allocated once (stable addresses for CUDA graph capture)."""
+
+    def __init__(self, stages: dict, steps: int, device: torch.device):
+        from boundgen.programs.beam import STAGES
+
+        if set(stages) != set(STAGES) or steps < 1:
+            raise KeyError(f"a beam artifact needs packages {', '.join(STAGES)} and steps >= 1; "
+                           f"got {', '.join(sorted(stages))}, steps {steps}")
+        self.stages, self.steps = stages, steps
+        self.step_ids = [torch.full((1,), s, dtype=torch.int64, device=device) for s in range(steps - 1)]
+
+    def __call__(self, tokens: torch.Tensor, positions: torch.Tensor, cu_seqlens: torch.Tensor) -> list:
+        from boundgen.programs.beam import run_stages
+
+        s = self.stages
+        return run_stages(s["prefill"], s["step"], s["finish"], self.steps, tokens, positions, cu_seqlens,
+                          self.step_ids)
+
+
+class CompiledRunner:
+    def __init__(self, package: str | Path, weights: str | Path | dict | None, device: str | torch.device,
+                 executors: int = 1, custom_ops: list[str] = (), single_threaded: bool = False,
+                 weights_name: str | None = None):
+        """weights: a weights file, or its tensors already loaded (shared by several packages)."""
         import_ops(list(custom_ops))
         self.device = torch.device(device)
         # The C++ loader directly: `torch._inductor.package.load_package` wraps the same class but
@@ -52,12 +98,15 @@ class CompiledRunner:
         self._serial = threading.Lock() if single_threaded else contextlib.nullcontext()
         self.weights = None
         if weights is not None:
-            # Memory-mapped on CPU; the package reads these tensors in place (user_managed), so keep them.
-            state = load_file(str(weights), device="cpu" if self.device.type == "cpu" else str(self.device))
+            # The package reads these tensors in place (user_managed), so keep them.
+            if isinstance(weights, dict):
+                state = weights
+            else:
+                state, weights_name = load_weights(weights, self.device), Path(weights).name
             needed = self.loader.get_constant_fqns()
             missing = sorted(set(needed) - set(state))
             if missing:
-                raise KeyError(f"weights file {Path(weights).name} lacks {', '.join(missing[:5])}")
+                raise KeyError(f"weights file {weights_name} lacks {', '.join(missing[:5])}")
             self.weights = {name: state[name] for name in needed}
             # (constants, use_inactive, check_full_update, user_managed)
             self.loader.load_constants(self.weights, False, True, True)

@@ -59,15 +59,16 @@ def _load(root: Path, manifest: dict, contexts, executors, cuda_graphs, verify_f
                             f"(recorded {runtime['topology']}, expected {topology}); rebuild the artifact")
     _check_libstdcxx(libstdcxx_check)
 
-    from boundgen.runtime.compiled import CompiledRunner
+    from boundgen.runtime.compiled import load_runner
 
     executors = executors or runtime.get("executors", 1)
     cuda_graphs = runtime.get("cuda_graphs", False) if cuda_graphs is None else cuda_graphs
-    package, weights = root / compiled["package_file"], compiled.get("weights_file")
     custom_ops = [op for op, impl in compiled["lowering"].items() if impl != "torch"]
+    packages = compiled["packages"]
     try:
-        runner = CompiledRunner(package, root / weights if weights else None, device, executors, custom_ops,
-                                single_threaded=cuda_graphs and device.type == "cuda")
+        runner = load_runner(root, packages, compiled.get("weights_file"), device,
+                             getattr(spec, "steps", 0), executors, custom_ops,
+                             single_threaded=cuda_graphs and device.type == "cuda")
     except (RuntimeError, KeyError) as exc:
         raise ArtifactError(f"could not load the compiled package of {manifest['name']}: {exc!s}") from None
     extra = {"artifact_dir": str(root.resolve()), "lowering": compiled["lowering"], "weights": compiled["weights"],

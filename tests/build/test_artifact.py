@@ -2,6 +2,7 @@
 compiled package called directly (byte-identical) and the eager engine (within tolerance)."""
 
 import json
+import threading
 
 import numpy as np
 import pytest
@@ -11,7 +12,7 @@ import boundgen
 from boundgen.build.manifest import MANIFEST_FILE, sha256_file
 from boundgen.errors import InvalidInput
 from boundgen.programs.spec import spec_from_dict
-from boundgen.runtime.compiled import CompiledRunner
+from boundgen.runtime.compiled import CompiledRunner, load_runner
 from boundgen.runtime.eager import eager_engine
 from boundgen.text.tokenizer import Tokenizer
 
@@ -24,7 +25,8 @@ PROMPT = "query: running shoes -> item:"
 def direct_runner(artifact):
     manifest = json.loads((artifact / MANIFEST_FILE).read_text())
     compiled = manifest["compile"]
-    return CompiledRunner(artifact / compiled["package_file"], artifact / compiled["weights_file"], "cpu")
+    return load_runner(artifact, compiled["packages"], compiled["weights_file"], "cpu",
+                       manifest["program"].get("steps", 0))
 
 
 def test_manifest_describes_the_artifact(score_build):
@@ -32,6 +34,7 @@ def test_manifest_describes_the_artifact(score_build):
     on_disk = json.loads((artifact / MANIFEST_FILE).read_text())
     assert on_disk == manifest
     assert set(manifest["files"]) == {"model.pt2", "weights.safetensors", "tokenizer.json", "tokenizer_config.json"}
+    assert manifest["compile"]["packages"] == {"model": "model.pt2"}
     for name, digest in manifest["files"].items():
         assert sha256_file(artifact / name) == digest
     assert manifest["runtime"]["dims"] == {"T": [1, 40], "B": [1, 5]}
@@ -62,12 +65,18 @@ def test_beam_manifest_requires_identical_candidates(beam_build):
     _, manifest, _ = beam_build
     validation = manifest["validation"]
     assert validation["passed"] and validation["ids_must_match"]
-    assert [(c["name"], c["tokens"]) for c in validation["cases"]] == [
-        ("one_token_prompt", 1), ("representative", 16), ("max_prompt", 32)]
+    assert [(c["name"], c["samples"], c["tokens"]) for c in validation["cases"]] == [
+        ("one_token_prompt", 1, 1), ("representative", 1, 16), ("max_prompt", 1, 32),
+        ("several_requests", 2, 17), ("max_requests_max_prompt", 2, 64)]
     for case in validation["cases"]:
         assert case["outputs"]["token_ids"]["identical"] and case["outputs"]["beam_indices"]["identical"]
-    assert manifest["runtime"]["tensors"]["token_ids"]["shape"] == [4, 3]
+    assert manifest["runtime"]["tensors"]["token_ids"]["shape"] == ["R*4", 3]
+    assert manifest["runtime"]["dims"] == {"L": [1, 64], "R": [1, 2]}
     assert manifest["program"]["stop_token_ids"] == [151643]  # from the checkpoint's generation_config.json
+    # One compiled decode step serves every step: three packages, one weights file.
+    assert manifest["compile"]["packages"] == {"prefill": "prefill.pt2", "step": "step.pt2", "finish": "finish.pt2"}
+    assert set(manifest["files"]) == {"prefill.pt2", "step.pt2", "finish.pt2", "weights.safetensors",
+                                      "tokenizer.json", "tokenizer_config.json"}
 
 
 def test_score_engine_is_byte_identical_to_the_package(score_artifact):
@@ -106,6 +115,32 @@ def test_beam_engine_equals_eager(beam_artifact, tiny_qwen2_dir):
     assert engine.spec.width == 4 and engine.spec.steps == 3
 
 
+def test_batched_beam_artifact_equals_one_call_per_request(beam_artifact):
+    """Two concurrent requests share one call of the compiled stages (R = 2); each gets its own
+    rows, equal to running it alone."""
+    single = boundgen.load(beam_artifact)
+    batched = boundgen.load(beam_artifact, batching=True)
+    prompts = [PROMPT, "x"]
+    expected = [single.beam(p) for p in prompts]
+    results = [None] * len(prompts)
+    barrier = threading.Barrier(len(prompts))
+
+    def call(i):
+        barrier.wait()
+        results[i] = batched.beam(prompts[i])
+
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(len(prompts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    batched.close()
+    for exp, res in zip(expected, results):
+        assert res.token_ids.tolist() == exp.token_ids.tolist() and res.texts == exp.texts
+        np.testing.assert_allclose(res.scores, exp.scores, rtol=0, atol=1e-5)
+    assert max(r.timings["batch_requests"] for r in results) <= 2
+
+
 def engine_spec_of(artifact):
     return spec_from_dict(json.loads((artifact / MANIFEST_FILE).read_text())["program"])
 
@@ -139,7 +174,7 @@ def test_concurrency_settings_come_from_the_manifest_and_can_be_overridden(score
 def test_single_threaded_runner_for_cuda_graphs_gives_the_same_bytes(score_artifact):
     manifest = json.loads((score_artifact / MANIFEST_FILE).read_text())
     compiled = manifest["compile"]
-    single = CompiledRunner(score_artifact / compiled["package_file"], score_artifact / compiled["weights_file"],
+    single = CompiledRunner(score_artifact / compiled["packages"]["model"], score_artifact / compiled["weights_file"],
                             "cpu", executors=4, single_threaded=True)
     batch = Tokenizer.from_dir(score_artifact).encode_packed(TEXTS, 16)
     inputs = (batch.tokens, batch.positions, batch.cu_seqlens)

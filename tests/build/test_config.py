@@ -33,7 +33,7 @@ def test_beam_defaults(tiny_qwen2_dir, tmp_path):
     cfg = config.resolve(tiny_qwen2_dir, tmp_path / "beam", {"task": "beam", "width": 100, "steps": 5,
                                                              "max_prompt_tokens": 512})
     assert cfg.name == "beam" and cfg.spec.stop_token_ids == (151643,)
-    assert dim_bounds(cfg.spec) == {"L": (1, 512)}
+    assert dim_bounds(cfg.spec) == {"L": (1, 512), "R": (1, 1)}
 
 
 @pytest.mark.parametrize("options,message", [

@@ -125,6 +125,6 @@ def test_missing_libstdcxx_preload_is_a_clear_error_not_a_crash(score_artifact, 
 
 def test_manifest_missing_an_entry_is_refused(score_artifact, artifact_copy):
     art = artifact_copy(score_artifact)
-    edit_manifest(art, lambda m: m["compile"].pop("package_file"))
-    with pytest.raises(ArtifactError, match="lacks the entry 'package_file'"):
+    edit_manifest(art, lambda m: m["compile"].pop("packages"))
+    with pytest.raises(ArtifactError, match="lacks the entry 'packages'"):
         boundgen.load(art)

@@ -43,7 +43,7 @@ def run(model, device):
         suffix_k = torch.zeros(k.shape[0], 3, 2, *k.shape[2:], device=device)
         suffix_v = torch.zeros_like(suffix_k)
         step = model.decode(tokens[:3], torch.full((3,), 7, device=device), k[:, :7], v[:, :7],
-                            suffix_k, suffix_v, 0)
+                            suffix_k, suffix_v, torch.zeros(1, dtype=torch.int64, device=device))
     return logits, step
 
 
