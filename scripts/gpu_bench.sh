@@ -15,10 +15,11 @@
 # Every step is cut by a deadline so that the whole run stays under BUDGET_S seconds (default 515:
 # < 9 minutes) and the summary is always written. Knobs (environment):
 #   WORK        where checkpoints and artifacts go (default /tmp/boundgen_gpu_bench)
-#   W1_BUILD    extra `boundgen build` flags for W1   (default: Triton packed attention)
-#   BEAM_BUILD  extra `boundgen build` flags for beam, or "skip" (default: skip -- the unrolled
-#               5-step beam program took > 280 s to compile on the H200, 2026-11-29; W2/W3 then run on
-#               the eager engine with Triton attention and CUDA graphs)
+#   W1_BUILD    extra `boundgen build` flags for W1, or "skip" (no W1 build, no W1 bench)
+#               (default: Triton packed attention)
+#   BEAM_BUILD  extra `boundgen build` flags for beam, or "skip" (W2/W3 then run on the eager engine
+#               with Triton attention and CUDA graphs) (default: Triton attention, up to 8 requests
+#               per call, CUDA graphs, 2 contexts)
 #   W1_ENGINE   engine overrides for W1 (default: --contexts 2 --cuda-graphs --batching)
 #   ENGINE      engine overrides for W2/W3 (default: --contexts 4 --cuda-graphs)
 #   BATCHED_ENGINE  if set, W2/W3 run a second time with these engine flags (e.g. --batching ...),
@@ -32,7 +33,7 @@ WORK="${WORK:-/tmp/boundgen_gpu_bench}"
 PY="${PY:-python3}"
 BUDGET_S="${BUDGET_S:-515}"
 W1_BUILD="${W1_BUILD:---lowering packed_attention=triton}"
-BEAM_BUILD="${BEAM_BUILD:-skip}"
+BEAM_BUILD="${BEAM_BUILD:---lowering packed_attention=triton --lowering prefix_attention=triton --max-requests 8 --cuda-graphs --contexts 2}"
 W1_ENGINE="${W1_ENGINE:---contexts 2 --cuda-graphs --batching}"
 ENGINE="${ENGINE:---contexts 4 --cuda-graphs}"
 SWEEP="${SWEEP:---concurrency 1,2,4,8,16,32 --duration 3 --warmup 0.5 --open-loop-rate auto --profile-requests 20}"
@@ -81,9 +82,10 @@ wait $p1; wait $p2
 
 # Both builds at once: compilation is CPU work and the machine has 16 cores.
 build_limit=$(( $(left) - 250 ))
-(( build_limit > 300 )) && build_limit=300
+(( build_limit > 330 )) && build_limit=330
 # shellcheck disable=SC2086
 # W1 bounds hold four 15-sample requests per call, so that concurrent requests can be batched.
+[[ "$W1_BUILD" == skip ]] && { log "W1 skipped (W1_BUILD=skip)"; true; } || \
 step "$build_limit" build_w1 "$PY" -m boundgen build "$Q3" --task score --labels " yes" " no" --max-samples 60 \
   --max-tokens-per-sample 256 --max-total-tokens 15360 --cuda-graphs --token-bucket 512 --contexts 2 \
   --device cuda --dtype bfloat16 --name w1 \
@@ -101,6 +103,7 @@ target_beam="$WORK/art/beam"; [[ -f "$target_beam/manifest.json" ]] || { target_
 # W1 gets ~40% of what is left, W2 + W3 the rest, 25 s kept for the summary.
 w1_limit=$(( ($(left) - 25) * 2 / 5 ))
 # shellcheck disable=SC2086
+[[ "$W1_BUILD" == skip ]] || \
 step "$w1_limit" bench_w1 "$PY" -m boundgen bench --workload W1 --artifact "$target_w1" --peer "$Q3" \
   --out "$OUT" --seed 0 --profile --diagnostic $SWEEP $W1_ENGINE
 if [[ -n "${BATCHED_ENGINE:-}" ]]; then  # W2/W3 a second time, requests batched, no peer
