@@ -12,11 +12,11 @@ per request within the spec's bounds, and the export says so:
 
 B has room for one sequence more than a request may bring: the filler sequence that bucketed
 padding appends for CUDA graphs (runtime/graphs.py). The beam stages' example inputs are what
-the eager stages produce from the example prompt, so each stage is traced on real state.
+the eager stages produce from the example prompts, so each stage is traced on real state.
+Example sizes double as Inductor's tuning hints (`example_lengths`).
 
 A bound of 1 makes that dim static. Example inputs are synthetic ids with sizes that equal no
-other dim (B=2, 3 tokens each), so that export neither specialises a dim to 0/1 nor assumes
-two dims equal.
+other dim, so that export neither specialises a dim to 0/1 nor assumes two dims equal.
 """
 
 from __future__ import annotations
@@ -45,15 +45,25 @@ def packed_example(lengths: list[int], device, vocab_size: int, seed: int = 0):
 
 
 def example_lengths(spec: ScoreSpec | BeamSpec) -> list[int]:
+    """Sample lengths of the example the program is traced on.
+
+    The example's sizes are also the size hints Inductor tunes its kernels for (block sizes of
+    pointwise and reduction kernels), so they are representative of real calls, not tiny:
+    score, up to 15 samples of half the per-sample bound; beam, up to 3 prompts of a quarter of
+    the prompt bound. Two dims never take equal sizes (export would be free to assume them
+    equal), and R, B >= 2 (export specialises a dim whose example size is 1)."""
     if spec.task == "score":
-        samples = min(2, spec.max_samples + 1, spec.max_total_tokens)
-        per_sample = max(1, min(3, spec.max_tokens_per_sample, spec.max_total_tokens // samples))
+        samples = max(2, min(15, spec.max_samples))  # <= max_samples + 1: the filler's slot
+        samples = min(samples, spec.max_total_tokens)
+        per_sample = max(1, min(max(1, spec.max_tokens_per_sample // 2), spec.max_total_tokens // samples))
+        if per_sample * samples in (samples, samples + 1) and per_sample > 1:
+            per_sample -= 1
         return [per_sample] * samples
+    typical = max(1, spec.max_prompt_tokens // 4)
     if spec.max_requests == 1:
-        return [min(5, spec.max_prompt_tokens)]
-    # Several prompts of unequal lengths, R equal to no other size (K, W): nothing specialises.
-    requests = min(3, spec.max_requests)
-    return [max(1, min(3 + i, spec.max_prompt_tokens)) for i in range(requests)]
+        return [max(min(5, spec.max_prompt_tokens), typical)]
+    requests = min(3, spec.max_requests)  # R equal to no other size (K, W): nothing specialises
+    return [max(1, min(typical + i, spec.max_prompt_tokens)) for i in range(requests)]
 
 
 def dynamic_shapes(spec: ScoreSpec | BeamSpec) -> dict:

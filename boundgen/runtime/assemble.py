@@ -41,17 +41,19 @@ def make_dag_engine(name, spec, tokenizer, runner, device: str, dtype: str, cont
     """Assemble the static DAG and the context pool around a runner (eager or compiled).
 
     With `cuda_graphs` on a CUDA device the runner is wrapped in a GraphRunner and score
-    batches are padded to multiples of `token_bucket` tokens (runtime/graphs.py). With
-    `batching`, concurrent score requests share model calls (runtime/batched.py)."""
+    batches are padded to multiples of `token_bucket` tokens (runtime/graphs.py); `warmup()`
+    captures every padded shape. With `batching`, concurrent requests share model calls
+    (runtime/batched.py)."""
     use_graphs = cuda_graphs and device.startswith("cuda")
     if use_graphs:
         runner = GraphRunner(runner)
-    bucket = token_bucket if use_graphs and isinstance(spec, ScoreSpec) else 0
+    is_score = isinstance(spec, ScoreSpec)
+    # Beam padding needs room for a filler request (runtime/graphs.py): artifacts built with max_requests >= 2.
+    bucket = token_bucket if use_graphs and (is_score or spec.max_requests >= 2) else 0
     dag = make_dag(spec, tokenizer, runner, executors, bucket)
     dev = torch.device(device)
     pool = ContextPool([RequestContext(spec.call_max_tokens, spec.call_max_samples, dev) for _ in range(contexts)])
     warm = [{"texts": ["warm up"]}] if isinstance(spec, ScoreSpec) else [{"text": "warm up"}]
-    is_score = isinstance(spec, ScoreSpec)
     batched = bool(batching) and (is_score or spec.max_requests > 1)
     extra = {**(extra or {}), "contexts": contexts, "executors": executors, "cuda_graphs": use_graphs,
              "batching": batched}
@@ -60,4 +62,7 @@ def make_dag_engine(name, spec, tokenizer, runner, device: str, dtype: str, cont
     args = (engine_spec(name, spec, device, dtype, extra), dag, pool, warm)
     if not batched:
         return DagEngine(*args)
-    return BatchedScoreEngine(*args) if is_score else BatchedBeamEngine(*args, max_requests=spec.max_requests)
+    if is_score:
+        return BatchedScoreEngine(*args)
+    # With padding, one request slot of each call is the filler's.
+    return BatchedBeamEngine(*args, max_requests=spec.max_requests - (1 if bucket else 0))

@@ -46,9 +46,9 @@ class _BatchedEngine(DagEngine):
         nodes = {n.spec.name: n for n in self.dag.nodes}
         self._tokenize, self._model, self._encode = nodes["tokenize"], nodes["model"], nodes[self.encode_node]
         self._bounds = self._tokenize.bounds
-        contexts = [self.pool.acquire() for _ in range(self.pool.size)]  # owned by the workers for good
-        self._device = contexts[0].device
-        self._batcher = Batcher(contexts, self._run_batch, self._fits, name=f"{self.spec.name}-batch")
+        self._contexts = [self.pool.acquire() for _ in range(self.pool.size)]  # owned by the workers for good
+        self._device = self._contexts[0].device
+        self._batcher = Batcher(self._contexts, self._run_batch, self._fits, name=f"{self.spec.name}-batch")
 
     def _fits(self, batch: list, item) -> bool:
         raise NotImplementedError
@@ -93,6 +93,7 @@ class _BatchedEngine(DagEngine):
                 self.score(inputs["texts"])
             else:
                 self.beam(inputs["text"])
+        self._capture_graphs(self._contexts)  # before serving: the batcher's workers are idle
 
     def model_node(self, texts: Sequence[str]):
         """The model node alone on `texts`, prepared once on a context of its own (the

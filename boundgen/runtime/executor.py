@@ -54,3 +54,22 @@ class DagEngine(Engine):
     def warmup(self) -> None:
         for inputs in self._warmup_inputs:
             self._run(**inputs)
+        contexts = [self.pool.acquire() for _ in range(self.pool.size)]
+        try:
+            self._capture_graphs(contexts)
+        finally:
+            for ctx in contexts:
+                self.pool.release(ctx)
+
+    def _capture_graphs(self, contexts) -> None:
+        """Run every padded shape once on every context (runtime/graphs.py), so that all CUDA
+        graphs are captured now and never while serving. Nothing to do without graphs."""
+        nodes = {n.spec.name: n for n in self.dag.nodes}
+        tokenize, model = nodes["tokenize"], nodes["model"]
+        batches = tokenize.warm_batches()
+        for ctx in contexts:
+            for tokens, positions, cu_seqlens in batches:
+                model.run(ctx, *ctx.stage(tokens, positions, cu_seqlens))
+                if ctx.stream is not None:  # the host buffers are rewritten by the next stage
+                    ctx.stream.synchronize()
+        self.spec.extra["graph_shapes"] = len(batches)

@@ -7,10 +7,16 @@ stable per context; graphs are cached per (context buffer, shape), share one mem
 context (a context runs one request at a time), and their outputs stay valid until the
 context's next request, after the CPU has copied them.
 
-Score requests have a different token count each time; `pad_batch` rounds the packed batch up
-to a bucket with one filler sequence, and the sample count up to the bound with empty
-sequences, so a handful of graphs covers every request. The filler never changes real
-samples' results: attention is block-diagonal per sequence.
+Requests have a different token count each time; `pad_batch` rounds the packed batch up to a
+bucket with one filler sequence, and the sequence count up with empty sequences, so a bounded
+set of graphs covers every request, and the engine captures them all at warm-up
+(`warm_batches`), never while serving:
+- score: tokens to a multiple of the bucket, sequences to max_samples + 1 (one shape per bucket);
+- beam (artifacts built with max_requests >= 2): tokens to a multiple of the bucket, requests to
+  the next power of two above the real ones (the filler is a request of its own, with its W
+  beams). A call then holds at most max_requests - 1 real requests.
+The filler never changes real results: attention is block-diagonal per sequence, and beams are
+selected per request; its rows come last and are dropped.
 """
 
 from __future__ import annotations
@@ -23,6 +29,13 @@ import torch
 def bucket_size(num_tokens: int, bucket: int, max_tokens: int) -> int:
     """Smallest multiple of `bucket` >= num_tokens, capped at max_tokens."""
     return min(-(-num_tokens // bucket) * bucket, max_tokens)
+
+
+def request_bucket(requests: int, max_requests: int) -> int | None:
+    """Smallest power of two >= requests, capped at max_requests; None when requests > max_requests."""
+    if requests > max_requests:
+        return None
+    return min(1 << (requests - 1).bit_length(), max_requests)
 
 
 def pad_batch(tokens: torch.Tensor, positions: torch.Tensor, cu_seqlens: torch.Tensor, padded_tokens: int,
@@ -41,7 +54,7 @@ def pad_batch(tokens: torch.Tensor, positions: torch.Tensor, cu_seqlens: torch.T
 class GraphRunner:
     """Wraps a runner; replays a captured graph for each (context buffer, input shapes) seen."""
 
-    def __init__(self, runner, max_graphs: int = 64):
+    def __init__(self, runner, max_graphs: int = 512):
         self.runner = runner
         self.max_graphs = max_graphs
         self._graphs: dict = {}

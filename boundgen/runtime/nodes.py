@@ -17,7 +17,7 @@ import torch
 
 from boundgen.errors import InvalidInput
 from boundgen.runtime.dag import Node, NodeSpec
-from boundgen.runtime.graphs import bucket_size, pad_batch
+from boundgen.runtime.graphs import bucket_size, pad_batch, request_bucket
 from boundgen.runtime.results import BeamResult, ScoreResult
 
 PACKED = ("tokens", "positions", "cu_seqlens")
@@ -27,8 +27,9 @@ BEAM_OUTPUTS = ("token_ids", "scores", "finished", "beam_indices")
 class TokenizeNode(Node):
     """Check request bounds, apply the template, tokenize into the context's packed buffers.
 
-    With `token_bucket`, score batches are padded (see runtime/graphs.py) so that CUDA graphs
-    are reused: tokens up to a multiple of the bucket, sequences up to max_samples + 1.
+    With `token_bucket`, batches are padded (see runtime/graphs.py) so that CUDA graphs are
+    reused: tokens up to a multiple of the bucket; score sequences up to max_samples + 1, beam
+    requests up to the next power of two above the real ones plus a filler.
     """
 
     def __init__(self, tokenizer, spec, input_name: str, token_bucket: int = 0):
@@ -61,11 +62,43 @@ class TokenizeNode(Node):
     def stage(self, ctx, batch):
         """Pad for CUDA graphs if configured and write the batch into the context's buffers."""
         tokens, positions, cu = batch.tokens, batch.positions, batch.cu_seqlens
-        if self.token_bucket:
-            padded = bucket_size(int(tokens.shape[0]), self.token_bucket, self.bounds.max_total_tokens)
-            tokens, positions, cu = pad_batch(tokens, positions, cu, padded, self.bounds.max_samples + 1)
+        shape = self.padded_shape(int(tokens.shape[0]), int(cu.shape[0]) - 1)
+        if shape is not None:
+            tokens, positions, cu = pad_batch(tokens, positions, cu, *shape)
         tokens, positions, cu = ctx.stage(tokens, positions, cu)
         return {"tokens": tokens, "positions": positions, "cu_seqlens": cu, "num_samples": batch.num_samples}
+
+    def padded_shape(self, num_tokens: int, num_sequences: int) -> tuple[int, int] | None:
+        """(tokens, sequences) a batch is padded to for CUDA graphs; None: not padded."""
+        if not self.token_bucket:
+            return None
+        b = self.bounds
+        if not self.single:
+            return bucket_size(num_tokens, self.token_bucket, b.max_total_tokens), b.max_samples + 1
+        requests = request_bucket(num_sequences + 1, b.max_requests)  # + 1: the filler request
+        return None if requests is None else (bucket_size(num_tokens, self.token_bucket, b.call_max_tokens), requests)
+
+    def warm_batches(self) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """One synthetic padded batch per shape that `stage` can produce (CPU tensors), to capture
+        every CUDA graph at warm-up: each has one-token sequences, then the filler."""
+        if not self.token_bucket:
+            return []
+        b, bucket = self.bounds, self.token_bucket
+        if not self.single:
+            shapes = {(t, 2) for t in _multiples(bucket, b.max_total_tokens)}
+        else:
+            shapes = set()
+            for real in range(1, b.max_requests):
+                requests = request_bucket(real + 1, b.max_requests)
+                most = bucket_size(real * b.max_prompt_tokens, bucket, b.call_max_tokens)
+                shapes |= {(t, requests) for t in _multiples(bucket, most) if t >= requests - 1}
+        batches = []
+        for total, sequences in sorted(shapes):
+            real = sequences - 1  # one-token sequences; the filler takes the rest
+            ids = torch.zeros(real, dtype=torch.int64)
+            cu = torch.arange(real + 1, dtype=torch.int32)
+            batches.append(pad_batch(ids, ids, cu, total, sequences if self.single else b.max_samples + 1))
+        return batches
 
 
 class ModelNode(Node):
@@ -109,13 +142,14 @@ class ScoreEncodeNode(Node):
 
 
 class BeamEncodeNode(Node):
-    def __init__(self, tokenizer, stop_token_ids):
-        self.tokenizer = tokenizer
+    def __init__(self, tokenizer, stop_token_ids, width: int):
+        self.tokenizer, self.width = tokenizer, width
         self.stop = set(int(t) for t in stop_token_ids)
         self.spec = NodeSpec("encode_beams", "cpu", BEAM_OUTPUTS, ("result",))
 
     def run(self, ctx, token_ids, scores, finished, beam_indices):
-        return {"result": self.encode(*to_host(ctx, token_ids, scores, finished))}
+        rows = slice(0, self.width)  # the request's beams; filler requests' rows (CUDA graphs) dropped
+        return {"result": self.encode(*to_host(ctx, token_ids[rows], scores[rows], finished[rows]))}
 
     def encode(self, ids: np.ndarray, scores: np.ndarray, finished: np.ndarray) -> BeamResult:
         """One request's candidates (host arrays) -> result with decoded texts."""
@@ -132,5 +166,10 @@ def score_nodes(tokenizer, spec, runner, executors: int = 1, token_bucket: int =
 
 
 def beam_nodes(tokenizer, spec, runner, executors: int = 1, token_bucket: int = 0):
-    return ("text",), [TokenizeNode(tokenizer, spec, "text"), ModelNode(runner, BEAM_OUTPUTS, executors),
-                       BeamEncodeNode(tokenizer, spec.stop_token_ids)], ("result",)
+    return ("text",), [TokenizeNode(tokenizer, spec, "text", token_bucket), ModelNode(runner, BEAM_OUTPUTS, executors),
+                       BeamEncodeNode(tokenizer, spec.stop_token_ids, spec.width)], ("result",)
+
+
+def _multiples(step: int, most: int) -> list[int]:
+    """step, 2 step, ... up to `most`, and `most` itself (bucket_size caps there)."""
+    return sorted(set(range(step, most + 1, step)) | {most})

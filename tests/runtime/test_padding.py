@@ -1,10 +1,19 @@
-"""Bucketed padding for CUDA graphs never changes real samples' scores (checked on CPU)."""
+"""Bucketed padding for CUDA graphs never changes real samples' scores or beams (checked on CPU)."""
 
+import numpy as np
 import torch
 
 from boundgen.model.loader import load_model
+from boundgen.programs.beam import BeamProgram
+from boundgen.programs.factory import make_program
 from boundgen.programs.score import ScoreProgram
-from boundgen.runtime.graphs import bucket_size, pad_batch
+from boundgen.programs.spec import BeamSpec
+from boundgen.runtime.assemble import make_dag
+from boundgen.runtime.context import RequestContext
+from boundgen.runtime.eager import EagerRunner
+from boundgen.runtime.graphs import bucket_size, pad_batch, request_bucket
+from boundgen.runtime.nodes import TokenizeNode
+from boundgen.text.tokenizer import Tokenizer
 from tests.hf_reference import make_hf_model, save
 from tests.model.test_parity import packed
 
@@ -27,3 +36,54 @@ def test_filler_sequence_leaves_scores_unchanged(tmp_path):
             (out,) = program(*pad_batch(tokens, positions, cu, padded_tokens, padded_samples=6))
             assert out.shape == (6, 2)
             torch.testing.assert_close(out[:3], ref, rtol=1e-5, atol=1e-6)
+
+
+def test_request_bucket():
+    assert [request_bucket(r, 8) for r in (1, 2, 3, 5, 8, 9)] == [1, 2, 4, 8, 8, None]
+    assert request_bucket(3, 6) == 4 and request_bucket(5, 6) == 6
+
+
+def test_filler_requests_leave_beams_unchanged(tiny_qwen2_dir):
+    """A beam call padded with a filler request (the padding tokens) and an empty one: the real
+    requests' candidates equal the unpadded call's (scores to rounding: GEMMs of other heights)."""
+    program = BeamProgram(load_model(tiny_qwen2_dir), 4, 3, stop_token_ids=[5])
+    seqs = [torch.randint(0, 512, (n,), generator=torch.Generator().manual_seed(n)) for n in (7, 1)]
+    tokens, positions, cu = packed(seqs)
+    with torch.no_grad():
+        ref = program(tokens, positions, cu)
+        for padded_tokens, padded_requests in ((8, 3), (16, 4), (8, 4)):
+            out = program(*pad_batch(tokens, positions, cu, padded_tokens, padded_requests))
+            assert out[0].shape == (4 * padded_requests, 3)
+            token_ids, scores, finished, beam_indices = (t[:8] for t in out)
+            assert torch.equal(token_ids, ref[0]) and torch.equal(finished, ref[2])
+            assert torch.equal(beam_indices, ref[3])
+            torch.testing.assert_close(scores, ref[1], rtol=0, atol=1e-5)
+
+
+def test_beam_tokenize_node_pads_to_bounded_shapes(tiny_qwen2_dir):
+    """Every shape a padded beam call can take is among the warm-up batches (captured at load)."""
+    spec = BeamSpec(width=4, steps=3, max_prompt_tokens=20, max_requests=4)
+    node = TokenizeNode(Tokenizer.from_dir(tiny_qwen2_dir), spec, "text", token_bucket=16)
+    warm = {(int(t.shape[0]), int(cu.shape[0]) - 1) for t, _, cu in node.warm_batches()}
+    assert warm == {(16, 2), (32, 2), (16, 4), (32, 4), (48, 4), (64, 4)}
+    for t, p, cu in node.warm_batches():  # valid packed batches: positions restart per sequence
+        assert int(cu[-1]) == t.shape[0] and bool((cu[1:] >= cu[:-1]).all())
+    for real_tokens, real_requests in ((1, 1), (20, 1), (3, 2), (41, 3), (60, 3)):
+        shape = node.padded_shape(real_tokens, real_requests)
+        assert shape in warm and shape[0] >= real_tokens and shape[1] > real_requests
+    assert node.padded_shape(10, 4) is None  # no room for a filler: runs unpadded
+
+
+def test_padded_single_beam_engine_equals_unpadded(tiny_qwen2_dir):
+    """The DAG with beam padding on (as with CUDA graphs) returns the same candidates."""
+    spec = BeamSpec(width=4, steps=3, max_prompt_tokens=20, max_requests=4)
+    tokenizer = Tokenizer.from_dir(tiny_qwen2_dir)
+    runner = EagerRunner(make_program(load_model(tiny_qwen2_dir), spec))
+    plain = make_dag(spec, tokenizer, runner)
+    padded = make_dag(spec, tokenizer, runner, token_bucket=16)
+    ctx = RequestContext(spec.call_max_tokens, spec.call_max_samples, torch.device("cpu"))
+    for text in ("generative retrieval: shoes", "x"):
+        want = plain.run(ctx, {}, text=text)["result"]
+        got = padded.run(ctx, {}, text=text)["result"]
+        assert got.token_ids.tolist() == want.token_ids.tolist() and got.texts == want.texts
+        np.testing.assert_allclose(got.scores, want.scores, rtol=0, atol=1e-5)
