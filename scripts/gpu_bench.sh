@@ -19,7 +19,7 @@
 #               (default: Triton packed attention)
 #   BEAM_BUILD  extra `boundgen build` flags for beam, or "skip" (W2/W3 then run on the eager engine
 #               with Triton attention and CUDA graphs) (default: Triton attention, up to 8 requests
-#               per call, CUDA graphs, 2 contexts)
+#               per call, CUDA graphs, 2 contexts, token bucket 128)
 #   W1_ENGINE   engine overrides for W1 (default: --contexts 2 --cuda-graphs --batching)
 #   ENGINE      engine overrides for W2/W3 (default: --contexts 4 --cuda-graphs)
 #   BATCHED_ENGINE  if set, W2/W3 run a second time with these engine flags (e.g. --batching ...),
@@ -33,7 +33,7 @@ WORK="${WORK:-/tmp/boundgen_gpu_bench}"
 PY="${PY:-python3}"
 BUDGET_S="${BUDGET_S:-515}"
 W1_BUILD="${W1_BUILD:---lowering packed_attention=triton}"
-BEAM_BUILD="${BEAM_BUILD:---lowering packed_attention=triton --lowering prefix_attention=triton --max-requests 8 --cuda-graphs --contexts 2}"
+BEAM_BUILD="${BEAM_BUILD:---lowering packed_attention=triton --lowering prefix_attention=triton --max-requests 8 --cuda-graphs --contexts 2 --token-bucket 128}"
 W1_ENGINE="${W1_ENGINE:---contexts 2 --cuda-graphs --batching}"
 ENGINE="${ENGINE:---contexts 4 --cuda-graphs}"
 SWEEP="${SWEEP:---concurrency 1,2,4,8,16,32 --duration 3 --warmup 0.5 --open-loop-rate auto --profile-requests 20}"
