@@ -67,7 +67,8 @@ step() {
 { date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1
   "$PY" -c 'import sys, torch, triton, transformers; print("python", sys.version.split()[0], "torch", torch.__version__,
 "cuda", torch.version.cuda, "triton", triton.__version__, "transformers", transformers.__version__)' 2>&1
-  git -C "$root" rev-parse --short HEAD 2>/dev/null || cat "$root/COMMIT" 2>/dev/null || echo "commit: unknown (no .git)"
+  # A snapshot (git archive) carries its commit in COMMIT; inside another checkout, git would name that one.
+  cat "$root/COMMIT" 2>/dev/null || git -C "$root" rev-parse --short HEAD 2>/dev/null || echo "commit: unknown (no .git)"
   echo "LD_PRELOAD=${LD_PRELOAD:-}"; } > "$OUT/env.txt"
 cat "$OUT/env.txt" >&2
 : > "$OUT/commands.txt"

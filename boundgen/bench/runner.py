@@ -148,10 +148,12 @@ def environment() -> dict:
         pass
     try:
         root = Path(__file__).resolve().parents[2]
-        env["commit"] = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
-                                       text=True, timeout=5).stdout.strip()
-        if not env["commit"] and (root / "COMMIT").is_file():  # a `git archive` snapshot (scripts/gpu_final.sh)
+        # A `git archive` snapshot names its commit in COMMIT; git would name the checkout around it.
+        if (root / "COMMIT").is_file():
             env["commit"] = (root / "COMMIT").read_text().strip()
+        else:
+            env["commit"] = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"],
+                                           capture_output=True, text=True, timeout=5).stdout.strip()
         env["commit"] = env["commit"] or "unknown"
     except Exception:
         env["commit"] = "unknown"

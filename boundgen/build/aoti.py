@@ -42,10 +42,41 @@ def compile_package(ep: torch.export.ExportedProgram, out_dir: Path, device: str
     options = inductor_configs(weights)
     keep_custom_ops = torch._functorch.config.patch(decompose_custom_triton_ops=False) if device == "cpu" \
         else contextlib.nullcontext()
-    with keep_custom_ops, warnings.catch_warnings():
+    with keep_custom_ops, unique_int_array_owners(), warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)")  # torch-internal noise
         torch._inductor.aoti_compile_and_package(ep, package_path=str(path), inductor_configs=options)
     return path
+
+
+@contextlib.contextmanager
+def unique_int_array_owners():
+    """Work around an AOTInductor codegen race: the C++ wrapper caches its `int_array_N`
+    declarations by `id()` of the buffer a declaration was written to. A buffer freed during
+    codegen can be followed by a new one at the same address, which then gets the old
+    declaration's name without the declaration: "int_array_26 was not declared in this scope"
+    (2 of 3 beam builds on the H200, 2026-11-29, torch 2.11; the same cache is in 2.13).
+    Keeping every such buffer alive until the compile ends makes the ids unique."""
+    try:
+        from torch._inductor.codegen.cpp_wrapper_cpu import CppWrapperCpu
+    except ImportError:
+        yield
+        return
+    original = getattr(CppWrapperCpu, "codegen_int_array_var", None)
+    if original is None:
+        yield
+        return
+    owners: list = []
+
+    def codegen_int_array_var(self, int_array, writeline, *args, **kwargs):
+        owners.append(getattr(writeline, "__self__", writeline))
+        return original(self, int_array, writeline, *args, **kwargs)
+
+    CppWrapperCpu.codegen_int_array_var = codegen_int_array_var
+    try:
+        yield
+    finally:
+        CppWrapperCpu.codegen_int_array_var = original
+        owners.clear()
 
 
 def write_weights(eps: list[torch.export.ExportedProgram], out_dir: Path) -> Path:
