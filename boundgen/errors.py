@@ -1,7 +1,8 @@
 """Errors a user can cause, each with a message in the user's terms.
 
 `BoundgenError` is the root: the CLI prints its message without a traceback and exits 2;
-the server maps `InvalidInput` to 400 / INVALID_ARGUMENT.
+the server maps `InvalidInput` to 400 / INVALID_ARGUMENT and `DeadlineExceeded` to 504 /
+DEADLINE_EXCEEDED (boundgen/server/status.py).
 """
 
 
@@ -11,6 +12,11 @@ class BoundgenError(Exception):
 
 class InvalidInput(BoundgenError):
     """A request that cannot be served as given (empty, too long, wrong type, out of bounds)."""
+
+
+class DeadlineExceeded(BoundgenError):
+    """A request whose deadline (`time.monotonic()` seconds) passed before the engine could run it;
+    it was not run. Raised by `Engine.score` / `Engine.beam` when given a deadline."""
 
 
 class ConfigError(BoundgenError):

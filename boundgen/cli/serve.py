@@ -62,8 +62,9 @@ def config_from_args(args):
 
 
 def worker_args(args) -> list[str]:
-    """The flags of each worker behind a --replicas / --gpus front end. Workers take no deadline of
-    their own (the front end's admission enforces it) and listen on free loopback ports."""
+    """The flags of each worker behind a --replicas / --gpus front end. Workers have no default
+    deadline of their own: each request brings the front end's remaining time (replica_engine.py).
+    They listen on free loopback ports."""
     out = ["--max-queue", str(args.max_queue), "--max-body-bytes", str(args.max_body_bytes),
            "--drain-timeout-s", str(args.drain_timeout_s), "--default-timeout-ms", "600000"]
     if args.max_inflight is not None:

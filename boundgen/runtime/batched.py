@@ -6,7 +6,8 @@ which node. The caller's thread tokenizes its own request (CPU work scales with 
 call's bounds into one packed batch, stages it, calls the model node once and copies the
 outputs back; each caller takes its rows and encodes its own result. The programs keep
 requests independent (block-diagonal attention; beams attend to their own prompt and are
-selected per request), so results equal one call per request.
+selected per request), so results equal one call per request. A request whose deadline passes
+while it waits for a worker is not run (runtime/batcher.py).
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ class _BatchedEngine(DagEngine):
         self._bounds = self._tokenize.bounds
         self._contexts = [self.pool.acquire() for _ in range(self.pool.size)]  # owned by the workers for good
         self._device = self._contexts[0].device
-        self._batcher = Batcher(self._contexts, self._run_batch, self._fits, name=f"{self.spec.name}-batch")
+        self._batcher = Batcher(self._contexts, self._run_batch, self._fits, name=self.spec.name)
 
     def _fits(self, batch: list, item) -> bool:
         raise NotImplementedError
@@ -70,12 +71,13 @@ class _BatchedEngine(DagEngine):
         return [(share, start - submitted, seconds, len(items))
                 for share, (_, submitted) in zip(self._split(host, items), items)]
 
-    def _submit(self, texts: list[str]):
-        """Tokenize here, run in some batch; returns (this request's outputs, timings)."""
+    def _submit(self, texts: list[str], deadline: float | None):
+        """Tokenize here, run in some batch unless `deadline` passes first; returns (this
+        request's outputs, timings)."""
         t0 = time.perf_counter()
         packed = self._tokenize.encode(texts)
         t1 = time.perf_counter()
-        share, queued, model_s, batch_size = self._batcher.submit((packed, t1))
+        share, queued, model_s, batch_size = self._batcher.submit((packed, t1), deadline)
         return share, {"pre": t1 - t0, "queue": queued, "model": model_s, "batch_requests": batch_size,
                        "start": t0, "returned": time.perf_counter()}
 
@@ -130,10 +132,10 @@ class BatchedScoreEngine(_BatchedEngine):
             row += packed.num_samples
         return shares
 
-    def score(self, texts: Sequence[str]) -> ScoreResult:
+    def score(self, texts: Sequence[str], deadline: float | None = None) -> ScoreResult:
         if self.spec.task != "score" or isinstance(texts, str):
-            return super().score(texts)
-        rows, timings = self._submit(list(texts))
+            return super().score(texts, deadline)
+        rows, timings = self._submit(list(texts), deadline)
         return self._finish(self._encode.encode(*rows), timings)
 
 
@@ -157,8 +159,8 @@ class BatchedBeamEngine(_BatchedEngine):
         w = self.spec.width
         return [[h[i * w:(i + 1) * w] for h in host] for i in range(len(items))]
 
-    def beam(self, text: str) -> BeamResult:
+    def beam(self, text: str, deadline: float | None = None) -> BeamResult:
         if self.spec.task != "beam" or not isinstance(text, str):
-            return super().beam(text)
-        rows, timings = self._submit([text])
+            return super().beam(text, deadline)
+        rows, timings = self._submit([text], deadline)
         return self._finish(self._encode.encode(*rows), timings)

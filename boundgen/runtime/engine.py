@@ -3,6 +3,10 @@
 `Engine` is the interface; `load_engine(path)` returns the implementation for an artifact
 directory. Calls may come from many threads at once: the engine bounds its own concurrency
 with a pool of preallocated request contexts and blocks a caller until one is free.
+
+A call may carry a deadline (`time.monotonic()` seconds): a request still waiting inside the
+engine (for a context, or in the batcher's queue) when it passes is not run, and the call raises
+`boundgen.errors.DeadlineExceeded`. A request already running is never interrupted.
 """
 
 from __future__ import annotations
@@ -34,10 +38,10 @@ class EngineSpec:
 class Engine:
     spec: EngineSpec
 
-    def score(self, texts: Sequence[str]) -> ScoreResult:
+    def score(self, texts: Sequence[str], deadline: float | None = None) -> ScoreResult:
         raise NotImplementedError(f"model {self.spec.name} is a {self.spec.task} model, not a score model")
 
-    def beam(self, text: str) -> BeamResult:
+    def beam(self, text: str, deadline: float | None = None) -> BeamResult:
         raise NotImplementedError(f"model {self.spec.name} is a {self.spec.task} model, not a beam model")
 
     def warmup(self) -> None:

@@ -1,11 +1,15 @@
-"""`DagEngine`: the Engine implementation. A DAG, a pool of request contexts, per-node timings."""
+"""`DagEngine`: the Engine implementation. A DAG, a pool of request contexts, per-node timings.
+
+A request with a deadline waits for a context at most until the deadline, and is checked once
+more after it got one (just before it runs): past its deadline it is not run (DeadlineExceeded).
+"""
 
 from __future__ import annotations
 
 import time
 from typing import Sequence
 
-from boundgen.errors import InvalidInput
+from boundgen.errors import DeadlineExceeded, InvalidInput
 from boundgen.runtime.context import ContextPool
 from boundgen.runtime.dag import Dag
 from boundgen.runtime.engine import Engine, EngineSpec
@@ -20,10 +24,10 @@ class DagEngine(Engine):
         self.spec, self.dag, self.pool = spec, dag, pool
         self._warmup_inputs = list(warmup_inputs)
 
-    def _run(self, **inputs):
+    def _run(self, deadline: float | None = None, **inputs):
         timings: dict[str, float] = {}
         start = time.perf_counter()
-        ctx = self.pool.acquire()
+        ctx = self._acquire(deadline)
         acquired = time.perf_counter()
         try:
             out = self.dag.run(ctx, timings, **inputs)["result"]
@@ -37,19 +41,36 @@ class DagEngine(Engine):
         out.timings = phases
         return out
 
-    def score(self, texts: Sequence[str]) -> ScoreResult:
+    def _acquire(self, deadline: float | None):
+        """A request context, or DeadlineExceeded if `deadline` passes first (then or just after)."""
+        if deadline is None:
+            return self.pool.acquire()
+        start = time.monotonic()
+        if start >= deadline:
+            raise DeadlineExceeded(f"the deadline passed {(start - deadline) * 1e3:.1f} ms before model "
+                                   f"{self.spec.name} could start; the request was not run")
+        ctx = self.pool.acquire(timeout=deadline - start)
+        now = time.monotonic()
+        if ctx is not None and now < deadline:
+            return ctx
+        if ctx is not None:
+            self.pool.release(ctx)
+        raise DeadlineExceeded(f"the deadline passed after {(now - start) * 1e3:.1f} ms waiting for a request "
+                               f"context of model {self.spec.name}; the request was not run")
+
+    def score(self, texts: Sequence[str], deadline: float | None = None) -> ScoreResult:
         if self.spec.task != "score":
-            return super().score(texts)
+            return super().score(texts, deadline)
         if isinstance(texts, str):
             raise InvalidInput("score takes a list of texts, got a single string")
-        return self._run(texts=list(texts))
+        return self._run(deadline, texts=list(texts))
 
-    def beam(self, text: str) -> BeamResult:
+    def beam(self, text: str, deadline: float | None = None) -> BeamResult:
         if self.spec.task != "beam":
-            return super().beam(text)
+            return super().beam(text, deadline)
         if not isinstance(text, str):
             raise InvalidInput(f"beam takes one prompt text, got {type(text).__name__}")
-        return self._run(text=text)
+        return self._run(deadline, text=text)
 
     def warmup(self) -> None:
         for inputs in self._warmup_inputs:

@@ -5,12 +5,19 @@ admission, deadlines and metrics are the ordinary ones (app.py, admission.py). E
 an admission worker thread: it picks a worker (`WorkerPool.acquire`: fewest requests in flight),
 sends the validated texts, and rebuilds the engine result from the answer's raw output tensors.
 
+The request's deadline goes with it, as the remaining time in the KServe `timeout` parameter
+(microseconds, rounded down): the worker's admission and engine then drop it, unrun, if it
+expires while waiting there. (A relative time, as gRPC deadlines are; the worker's deadline is
+later than the front end's by the time the request takes to reach it, and the front end drops
+an answer that comes after its own.)
+
 A worker that dies under a request, or refuses it as unavailable, fails that request with
 503 / UNAVAILABLE; other worker statuses map back to the front end's own errors.
 """
 
 from __future__ import annotations
 
+import time
 from typing import Sequence
 
 import grpc
@@ -32,6 +39,11 @@ _ERRORS = {
     grpc.StatusCode.UNAVAILABLE: Unavailable,
     grpc.StatusCode.CANCELLED: Unavailable,  # the worker went away mid-call
 }
+_OUTCOMES = {  # of boundgen_worker_requests_total; anything else is "error"
+    grpc.StatusCode.UNAVAILABLE: "unavailable",
+    grpc.StatusCode.CANCELLED: "unavailable",
+    grpc.StatusCode.DEADLINE_EXCEEDED: "deadline_exceeded",
+}
 
 
 def spec_from_metadata(meta: dict, concurrency: int) -> EngineSpec:
@@ -50,12 +62,12 @@ class ReplicaEngine(Engine):
     def __init__(self, pool, spec: EngineSpec):
         self.pool, self.spec = pool, spec
 
-    def score(self, texts: Sequence[str]) -> ScoreResult:
-        out = self._forward(texts)
+    def score(self, texts: Sequence[str], deadline: float | None = None) -> ScoreResult:
+        out = self._forward(texts, deadline)
         return ScoreResult(out["SCORES"], list(self.spec.label_token_ids), {})
 
-    def beam(self, text: str) -> BeamResult:
-        out = self._forward([text])
+    def beam(self, text: str, deadline: float | None = None) -> BeamResult:
+        out = self._forward([text], deadline)
         ids = out["TOKEN_IDS"]
         texts = [t.decode("utf-8") for t in out["TEXT_OUT"]]
         return BeamResult(ids, out["SCORES"], (ids == -1).any(axis=1), texts, {})
@@ -66,18 +78,24 @@ class ReplicaEngine(Engine):
     def close(self) -> None:
         self.pool.close()
 
-    def _forward(self, texts: Sequence[str]) -> dict:
+    def _forward(self, texts: Sequence[str], deadline: float | None) -> dict:
         items = [t.encode("utf-8") for t in texts]
         request = pb.ModelInferRequest(model_name=self.spec.name)
         request.inputs.add(name="TEXT", datatype="BYTES", shape=[len(items)])
         request.raw_input_contents.append(serialize_bytes(items))
+        if deadline is not None:
+            left_us = int((deadline - time.monotonic()) * 1e6)
+            if left_us <= 0:  # 0 would mean "no timeout" to the worker
+                raise DeadlineExceeded(f"the deadline passed {-left_us / 1e3:.1f} ms before model {self.spec.name} "
+                                       "could be sent to a worker; the request was not run")
+            request.parameters["timeout"].int64_param = left_us
         worker = self.pool.acquire()
         outcome = "error"
         try:
             response = worker.infer(request, WORKER_CALL_TIMEOUT_S)
             outcome = "success"
         except grpc.RpcError as err:
-            outcome = "unavailable" if err.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED) else "error"
+            outcome = _OUTCOMES.get(err.code(), "error")
             raise _ERRORS.get(err.code(), RuntimeError)(f"worker {worker.index}: {err.details()}") from None
         finally:
             self.pool.release(worker, outcome)

@@ -94,7 +94,8 @@ class WorkerPool:
         self.inflight = Gauge("boundgen_worker_inflight_requests", "Requests forwarded to the worker and not yet "
                               "answered", ["worker"], registry=registry)
         self.requests = Counter("boundgen_worker_requests", "Requests forwarded to the worker, by outcome "
-                                "(success, unavailable, error)", ["worker", "outcome"], registry=registry)
+                                "(success, unavailable, deadline_exceeded, error)", ["worker", "outcome"],
+                                registry=registry)
         self.restarts = Counter("boundgen_worker_restarts", "Times the worker exited and was restarted",
                                 ["worker"], registry=registry)
         for w in self.workers:

@@ -16,8 +16,9 @@ VERSION = "1"  # every model has exactly one version
 
 
 def engine_concurrency(engine: Engine) -> int:
-    """How many requests the engine works on at once: its request contexts (each in-flight request
-    holds one; more would wait inside the engine, where no deadline is checked)."""
+    """How many requests the engine works on at once: one per request context, times the requests
+    one call holds when batching (more would wait inside the engine, unseen by the queue metrics;
+    the engine still checks their deadlines)."""
     extra = engine.spec.extra
     value = extra.get("concurrency") or extra.get("contexts") or getattr(getattr(engine, "pool", None), "size", None)
     return int(value) if value else 1
@@ -45,7 +46,9 @@ class ServedModel:
         """Check, admit, run and encode one request; raises InvalidInput or a status.ServeError."""
         names = self.signature.check_outputs(requested)
         call = self.signature.parse(tensors)
-        result = await self.admission.run(partial(call, self.engine), deadline)
+        # The engine gets the deadline too: a request still waiting inside it (for a context, or
+        # in the batcher's queue) when the deadline passes is not run (DeadlineExceeded, 504).
+        result = await self.admission.run(partial(call, self.engine, deadline=deadline), deadline)
         self.metrics.observe_stages(self.name, result.timings)
         return self.signature.encode(result, names)
 

@@ -36,10 +36,10 @@ class EngineCall:
     task: str
     texts: tuple[str, ...]
 
-    def __call__(self, engine: Engine) -> ScoreResult | BeamResult:
+    def __call__(self, engine: Engine, deadline: float | None = None) -> ScoreResult | BeamResult:
         if self.task == "score":
-            return engine.score(list(self.texts))
-        return engine.beam(self.texts[0])
+            return engine.score(list(self.texts), deadline)
+        return engine.beam(self.texts[0], deadline)
 
 
 class Signature:

@@ -1,8 +1,11 @@
 """What a failed request tells its client: one error class per outcome, with its HTTP status and gRPC code.
 
 `InvalidInput` (boundgen/errors.py) is raised by the tensor decoding, the model signature and
-the engine alike; the server maps it here to 400 / INVALID_ARGUMENT. Everything else a
-request can hit is a `ServeError` below. The `outcome` names are the `outcome` label of the
+the engine alike; the server maps it here to 400 / INVALID_ARGUMENT. The engine raises
+`boundgen.errors.DeadlineExceeded` for a request whose deadline passed while it waited inside
+the engine (runtime/batcher.py, runtime/executor.py): 504 / DEADLINE_EXCEEDED, like the server's
+own `DeadlineExceeded` below, which is a subclass of it. Everything else a request can hit is
+a `ServeError` below. The `outcome` names are the `outcome` label of the
 request counter in metrics.py.
 """
 
@@ -12,6 +15,7 @@ from dataclasses import dataclass
 
 import grpc
 
+from boundgen import errors
 from boundgen.errors import InvalidInput
 
 
@@ -27,7 +31,7 @@ class Overloaded(ServeError):
     outcome = "rejected"
 
 
-class DeadlineExceeded(ServeError):
+class DeadlineExceeded(ServeError, errors.DeadlineExceeded):
     """The request's deadline passed before it could be answered."""
 
     outcome = "deadline_exceeded"
@@ -69,6 +73,8 @@ def status_of(exc: BaseException) -> Status:
         outcome, message = "invalid_input", str(exc)
     elif isinstance(exc, ServeError):
         outcome, message = exc.outcome, str(exc)
+    elif isinstance(exc, errors.DeadlineExceeded):  # the engine's: it waited inside the engine, not run
+        outcome, message = "deadline_exceeded", str(exc)
     elif isinstance(exc, NotImplementedError):  # Engine's answer to the wrong task
         outcome, message = "invalid_input", str(exc)
     else:

@@ -2,11 +2,15 @@
 compute time, and a log of every call that reached it.
 
 Configured by `fake.json` in a directory that stands in for an artifact:
-    {"spec": {EngineSpec fields}, "sleep_s": 0.0, "log": "/path/calls.jsonl", "gate": "/path/file"}
+    {"spec": {EngineSpec fields}, "sleep_s": 0.0, "log": "/path/calls.jsonl", "gate": "/path/file",
+     "workers": null}
 - a text containing `sleep=S` makes its call sleep S seconds instead of `sleep_s`;
 - a text containing `hold=PATH` makes its call wait until the file PATH exists (bounded), so
   tests can keep a request running for exactly as long as they need;
 - `warmup()` blocks until the file `gate` exists (bounded), so tests can hold a server in "loading";
+- `workers: N` runs at most N calls at once, as a real engine with N contexts (or one batching
+  worker) does: a call waits for a free worker, and a call given a deadline that passes while it
+  waits is not run (DeadlineExceeded, as runtime/executor.py and runtime/batcher.py raise it);
 - "tokens" are whitespace-separated words; the limits and messages mirror the real tokenizer's.
 """
 
@@ -22,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from boundgen.errors import InvalidInput
+from boundgen.errors import DeadlineExceeded, InvalidInput
 from boundgen.runtime.engine import Engine, EngineSpec
 from boundgen.runtime.results import BeamResult, ScoreResult
 
@@ -36,33 +40,35 @@ def _h(text: str) -> int:
 
 
 def write_fake_artifact(directory: Path, spec: EngineSpec, sleep_s: float = 0.0, log: Path | None = None,
-                        gate: Path | None = None) -> Path:
+                        gate: Path | None = None, workers: int | None = None) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     config = {"spec": asdict(spec), "sleep_s": sleep_s, "log": str(log) if log else None,
-              "gate": str(gate) if gate else None}
+              "gate": str(gate) if gate else None, "workers": workers}
     (directory / "fake.json").write_text(json.dumps(config))
     return directory
 
 
 class FakeEngine(Engine):
-    def __init__(self, spec: EngineSpec, sleep_s: float = 0.0, log: str | None = None, gate: str | None = None):
+    def __init__(self, spec: EngineSpec, sleep_s: float = 0.0, log: str | None = None, gate: str | None = None,
+                 workers: int | None = None):
         self.spec, self.sleep_s, self.log, self.gate = spec, sleep_s, log, gate
         self._lock = threading.Lock()
+        self._workers = threading.Semaphore(workers) if workers else None
 
     @classmethod
     def from_dir(cls, path) -> "FakeEngine":
         config = json.loads((Path(path) / "fake.json").read_text())
         spec = config["spec"]
         spec = EngineSpec(**{**spec, "labels": tuple(spec["labels"]), "label_token_ids": tuple(spec["label_token_ids"])})
-        return cls(spec, config["sleep_s"], config["log"], config["gate"])
+        return cls(spec, config["sleep_s"], config["log"], config["gate"], config.get("workers"))
 
     # ---- Engine -------------------------------------------------------------------------
 
-    def score(self, texts):
+    def score(self, texts, deadline=None):
         if self.spec.task != "score":
-            return super().score(texts)
+            return super().score(texts, deadline)
         self._check(texts)
-        start = self._compute(texts)
+        start = self._compute(texts, deadline)
         logits = np.array([[(_h(t) >> (4 * j)) % 97 / 10.0 for j in range(len(self.spec.label_token_ids))]
                            for t in texts], dtype=np.float64)
         probs = np.exp(logits - logits.max(axis=1, keepdims=True))
@@ -70,11 +76,11 @@ class FakeEngine(Engine):
         self._record(texts, start)
         return ScoreResult(probs, list(self.spec.label_token_ids), {"pre": 0.0, "model": time.monotonic() - start})
 
-    def beam(self, text):
+    def beam(self, text, deadline=None):
         if self.spec.task != "beam":
-            return super().beam(text)
+            return super().beam(text, deadline)
         self._check([text])
-        start = self._compute([text])
+        start = self._compute([text], deadline)
         w, n, h = self.spec.width, self.spec.steps, _h(text)
         ids = ((h + 31 * np.arange(w)[:, None] + 7 * np.arange(n)[None, :]) % 1000).astype(np.int32)
         scores = (-0.5 * np.arange(w) - (h % 10) / 10.0).astype(np.float32)
@@ -97,15 +103,30 @@ class FakeEngine(Engine):
             if n > limit:
                 raise InvalidInput(f"sample {i} has {n} tokens, more than the limit of {limit} tokens per sample")
 
-    def _compute(self, texts) -> float:
-        start = time.monotonic()
-        asked = [float(m.group(1)) for t in texts for m in SLEEP.finditer(t)]
-        seconds = max(asked) if asked else self.sleep_s
-        if seconds:
-            time.sleep(seconds)
-        for path in [m.group(1) for t in texts for m in HOLD.finditer(t)]:
-            _wait_for_file(path)
-        return start
+    def _compute(self, texts, deadline: float | None) -> float:
+        self._enter(deadline)
+        try:
+            start = time.monotonic()
+            asked = [float(m.group(1)) for t in texts for m in SLEEP.finditer(t)]
+            seconds = max(asked) if asked else self.sleep_s
+            if seconds:
+                time.sleep(seconds)
+            for path in [m.group(1) for t in texts for m in HOLD.finditer(t)]:
+                _wait_for_file(path)
+            return start
+        finally:
+            if self._workers is not None:
+                self._workers.release()
+
+    def _enter(self, deadline: float | None) -> None:
+        """Wait for a free worker (if bounded), at most until the deadline; past it, do not run."""
+        left = None if deadline is None else deadline - time.monotonic()
+        if left is not None and left <= 0:
+            raise DeadlineExceeded(f"fake engine: the deadline had passed before model {self.spec.name} "
+                                   "could start; the request was not run")
+        if self._workers is not None and not self._workers.acquire(timeout=left):
+            raise DeadlineExceeded(f"fake engine: the deadline passed waiting for a worker of model "
+                                   f"{self.spec.name}; the request was not run")
 
     def _record(self, texts, start: float) -> None:
         if self.log:

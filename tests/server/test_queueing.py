@@ -1,6 +1,7 @@
 """Admission through a real server: full queue 429, deadline in the queue 504 (never run),
-late answers dropped, cancel and disconnect free their place. One slot, one queue place;
-requests are held running with the fake engine's `hold=FILE` until the test releases them.
+deadline passing inside the engine 504 (never run), late answers dropped, cancel and disconnect
+free their place. One slot, one queue place; requests are held running with the fake engine's
+`hold=FILE` until the test releases them.
 The default deadline (30 s) is far beyond every wait here, so a freed place is the client's doing."""
 
 from __future__ import annotations
@@ -116,6 +117,45 @@ def test_deadline_in_queue_is_504_and_never_runs(one_slot, pool, protocol):
     a.release()
     fa.result(30)
     assert not ran(one_slot, text)
+
+
+@pytest.fixture(scope="module")
+def busy_engine(launch, tmp_path_factory):
+    """Two admission slots over an engine that runs one call at once (as a batching engine with
+    one context): the second admitted request waits inside the engine."""
+    root = tmp_path_factory.mktemp("busy_engine")
+    log = root / "calls.jsonl"
+    server = launch([write_fake_artifact(root / "fscore", SCORE_SPEC, log=log, workers=1)],
+                    args=["--max-inflight", "2", "--max-queue", "1", "--default-timeout-ms", "30000"])
+    server.log, server.root = log, root
+    yield server
+    assert server.stop() == 0
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc-timeout-parameter", "grpc-deadline"])
+def test_deadline_inside_the_engine_is_504_and_never_runs(busy_engine, pool, protocol):
+    """The server hands the deadline to the engine: a request admitted but waiting inside the
+    engine is not run once it expires, and answers 504 before the busy call ends."""
+    expired = f'boundgen_requests_total{{model="fscore",outcome="deadline_exceeded",protocol="{protocol[:4]}"}}'
+    before = metric(busy_engine, expired)
+    a, fa = occupy(busy_engine, pool)
+    text = f"expires inside the engine {protocol}"
+    with pytest.raises(InferenceServerException) as err:
+        if protocol == "http":
+            http_infer(busy_engine, text, timeout_us=150_000)
+        elif protocol == "grpc-timeout-parameter":
+            grpc_infer(busy_engine, text, timeout_us=150_000)
+        else:
+            grpc_infer(busy_engine, text, client_timeout=0.15)
+    expected = "504" if protocol == "http" else "StatusCode.DEADLINE_EXCEEDED"
+    assert err.value.status() == expected, err.value
+    if protocol != "grpc-deadline":  # there the client gives up first and writes its own message
+        assert "waiting for a worker" in err.value.message() and "not run" in err.value.message()
+    wait_metric(busy_engine, expired, before + 1)
+    a.release()
+    assert fa.result(30).as_numpy("SCORES").shape == (1, 2)
+    assert http_infer(busy_engine, "has time left", timeout_us=20_000_000).as_numpy("SCORES").shape == (1, 2)
+    assert not ran(busy_engine, text) and ran(busy_engine, "has time left")
 
 
 def test_answer_after_deadline_is_504(fake_server):

@@ -16,7 +16,8 @@ import tritonclient.grpc as tgrpc
 import tritonclient.http as thttp
 from tritonclient.utils import InferenceServerException
 
-from tests.server.conftest import metric, wait_metric
+from tests.server.conftest import SCORE_SPEC, metric, wait_metric
+from tests.server.fake_engine import read_log, write_fake_artifact
 
 WORKER = re.compile(r"worker (\d+) \(pid (\d+)\) ready")
 
@@ -94,3 +95,27 @@ def test_killed_worker_fails_its_request_and_comes_back(replicas, tmp_path):
         infer(replicas, f"after restart {i}")
     assert served(replicas, 0) > served_0  # the restarted worker takes traffic again
     assert any("worker 0" in line and "exited with code" in line for line in replicas.output)
+
+
+def test_deadline_reaches_the_worker(launch, tmp_path):
+    """The front end forwards each request's remaining time: a request waiting inside a busy
+    worker's engine expires there, unrun (504), instead of running once the worker is free."""
+    log = tmp_path / "calls.jsonl"
+    artifact = write_fake_artifact(tmp_path / "fscore", SCORE_SPEC, log=log, workers=1)
+    # Two requests in flight on the one worker, whose engine runs one call at once.
+    server = launch([artifact], args=["--replicas", "1", "--max-inflight", "2"])
+    hold = tmp_path / f"release-{uuid.uuid4().hex}"
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(1) as pool:
+        held = pool.submit(infer, server, f"held hold={hold}")
+        wait_metric(server, 'boundgen_worker_inflight_requests{worker="0"}', 1)
+        with pytest.raises(InferenceServerException) as err:
+            infer(server, "expires in the worker", timeout_us=150_000)
+        assert err.value.status() == "504", err.value
+        assert "worker 0: fake engine: the deadline passed waiting for a worker" in err.value.message()
+        assert metric(server, 'boundgen_worker_requests_total{outcome="deadline_exceeded",worker="0"}') == 1
+        hold.touch()
+        assert held.result(timeout=30).shape == (1, 2)
+    assert server.stop() == 0
+    assert not any("expires in the worker" in call["texts"] for call in read_log(log))

@@ -1,0 +1,149 @@
+"""Deadlines inside the engine: a request whose deadline passes while it waits (for the batcher's
+worker, or for a request context) is failed with DeadlineExceeded and never reaches the model
+runner; a request with time left still runs. The one context is held busy by a runner that
+blocks on an Event, so nothing here depends on how fast anything runs."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from boundgen.errors import DeadlineExceeded
+from boundgen.programs.spec import BeamSpec, ScoreSpec
+from boundgen.runtime.eager import eager_engine, label_token_ids
+from boundgen.text.tokenizer import Tokenizer
+
+SOON = 0.05  # seconds: a deadline that passes while the runner is held
+LATER = 60.0  # a deadline no test reaches
+
+
+class HeldRunner:
+    """Wraps a model runner: records the tokens of every call; the first call waits for `release`."""
+
+    def __init__(self, runner):
+        self.runner, self.calls = runner, []
+        self.started, self.release = threading.Event(), threading.Event()
+
+    def __call__(self, tokens, positions, cu_seqlens):
+        self.calls.append(tokens.tolist())
+        if len(self.calls) == 1:
+            self.started.set()
+            assert self.release.wait(30), "the test never released the runner"
+        return self.runner(tokens, positions, cu_seqlens)
+
+
+def node(engine, name):
+    return next(n for n in engine.dag.nodes if n.spec.name == name)
+
+
+def hold(engine) -> HeldRunner:
+    model = node(engine, "model")
+    model.runner = HeldRunner(model.runner)
+    return model.runner
+
+
+def in_thread(fn, *args, **kwargs):
+    out = {}
+
+    def call():
+        try:
+            out["result"] = fn(*args, **kwargs)
+        except BaseException as exc:  # handed to the test
+            out["error"] = exc
+
+    thread = threading.Thread(target=call)
+    thread.start()
+    return thread, out
+
+
+def wait_until(predicate, what):
+    for _ in range(3000):
+        if predicate():
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"never: {what}")
+
+
+@pytest.fixture(scope="module")
+def score_spec(tiny_qwen3_dir):
+    ids = label_token_ids(Tokenizer.from_dir(tiny_qwen3_dir), (" yes", " no"))
+    return ScoreSpec(labels=(" yes", " no"), label_token_ids=ids, max_samples=6, max_tokens_per_sample=32,
+                     max_total_tokens=64)
+
+
+@pytest.mark.parametrize("batching", [True, False], ids=["batched", "contexts"])
+def test_expired_while_waiting_never_runs(tiny_qwen3_dir, score_spec, batching):
+    engine = eager_engine(tiny_qwen3_dir, score_spec, contexts=1, batching=batching)
+    runner = hold(engine)
+    names = ("first holds the worker", "expires while queued", "already late", "has time left")
+    tokens = {name: node(engine, "tokenize").encode([name]).tokens.tolist() for name in names}
+    waited_for = "waiting for model" if batching else "waiting for a request context"
+    try:
+        first, first_out = in_thread(engine.score, ["first holds the worker"])
+        assert runner.started.wait(30)
+        with pytest.raises(DeadlineExceeded, match=f"{waited_for}.*not run"):  # while the worker is still held
+            engine.score(["expires while queued"], deadline=time.monotonic() + SOON)
+        with pytest.raises(DeadlineExceeded, match="not run"):
+            engine.score(["already late"], deadline=time.monotonic() - 1.0)
+        later, later_out = in_thread(engine.score, ["has time left"], deadline=time.monotonic() + LATER)
+        if batching:
+            wait_until(lambda: len(engine._batcher._waiting) == 1, "the request with time left is queued")
+        runner.release.set()
+        first.join(30)
+        later.join(30)
+        assert "error" not in first_out and "error" not in later_out, (first_out, later_out)
+        assert later_out["result"].scores.shape == (1, 2)
+        assert runner.calls == [tokens["first holds the worker"], tokens["has time left"]]
+        if batching:
+            assert engine._batcher.expired == 1  # the already-late one never entered the queue
+    finally:
+        runner.release.set()
+        engine.close()
+
+
+def test_expired_waiting_requests_take_no_room_in_the_batch(tiny_qwen3_dir, score_spec):
+    """A worker taking a batch drops what expired in the queue: the batch is the live requests."""
+    clock = [0.0]
+    engine = eager_engine(tiny_qwen3_dir, score_spec, contexts=1, batching=True)
+    engine._batcher._clock = lambda: clock[0]  # the deadline check's clock, moved by the test
+    runner = hold(engine)
+    try:
+        first, _ = in_thread(engine.score, ["first holds the worker"])
+        assert runner.started.wait(30)
+        waiting = []
+        for i, deadline in enumerate([10.0, None, 10.0, None]):  # two expire before the worker is free
+            waiting.append(in_thread(engine.score, [f"waiting {i}"] * 3, deadline=deadline))
+            wait_until(lambda: len(engine._batcher._waiting) == i + 1, f"request {i} queued")
+        clock[0] = 20.0
+        runner.release.set()
+        for thread, _ in [(first, None), *waiting]:
+            thread.join(30)
+        outs = [out for _, out in waiting]
+        assert isinstance(outs[0]["error"], DeadlineExceeded) and isinstance(outs[2]["error"], DeadlineExceeded)
+        assert outs[1]["result"].scores.shape == (3, 2) and outs[3]["result"].scores.shape == (3, 2)
+        # 3 + 3 samples fit the call's 6 only because the expired requests were dropped first.
+        assert len(runner.calls) == 2 and engine._batcher.expired == 2
+        assert outs[1]["result"].timings["batch_requests"] == 2
+    finally:
+        runner.release.set()
+        engine.close()
+
+
+def test_batched_beam_past_deadline_never_runs(tiny_qwen2_dir):
+    engine = eager_engine(tiny_qwen2_dir, BeamSpec(width=2, steps=2, max_prompt_tokens=16, max_requests=3),
+                          contexts=1, batching=True)
+    runner = hold(engine)
+    try:
+        first, first_out = in_thread(engine.beam, "first holds the worker")
+        assert runner.started.wait(30)
+        with pytest.raises(DeadlineExceeded, match="not run"):
+            engine.beam("expires while queued", deadline=time.monotonic() + SOON)
+        runner.release.set()
+        first.join(30)
+        assert len(first_out["result"].texts) == 2 and len(runner.calls) == 1
+        assert len(engine.beam("has time left", deadline=time.monotonic() + LATER).texts) == 2
+    finally:
+        runner.release.set()
+        engine.close()
