@@ -59,9 +59,10 @@ def example_lengths(spec: ScoreSpec | BeamSpec) -> list[int]:
         if per_sample * samples in (samples, samples + 1) and per_sample > 1:
             per_sample -= 1
         return [per_sample] * samples
-    # Beam prompts stay short: with ~100-token prompts torch 2.11's AOTInductor wrote a C++
-    # wrapper that did not compile (an undeclared int_array in the prefill, H200, 2026-11-29).
-    # The decode step, where beam time goes, is tuned for R x W rows either way.
+    # Beam prompts stay short, as in the one H200 beam build that compiled (run 5): the build
+    # with ~100-token prompts failed, later traced to a codegen race (build/aoti.py), not to
+    # the sizes, so longer examples are untried. The decode step, where beam time goes, is
+    # tuned for R x W rows either way.
     if spec.max_requests == 1:
         return [min(5, spec.max_prompt_tokens)]
     requests = min(3, spec.max_requests)  # R equal to no other size (K, W): nothing specialises

@@ -2,7 +2,6 @@
 compiled package called directly (byte-identical) and the eager engine (within tolerance)."""
 
 import json
-import threading
 
 import numpy as np
 import pytest
@@ -15,6 +14,7 @@ from boundgen.programs.spec import spec_from_dict
 from boundgen.runtime.compiled import CompiledRunner, load_runner
 from boundgen.runtime.eager import eager_engine
 from boundgen.text.tokenizer import Tokenizer
+from tests.concurrency import call_together
 
 pytestmark = pytest.mark.slow  # AOTInductor compiles (session fixtures)
 
@@ -122,18 +122,7 @@ def test_batched_beam_artifact_equals_one_call_per_request(beam_artifact):
     batched = boundgen.load(beam_artifact, batching=True)
     prompts = [PROMPT, "x"]
     expected = [single.beam(p) for p in prompts]
-    results = [None] * len(prompts)
-    barrier = threading.Barrier(len(prompts))
-
-    def call(i):
-        barrier.wait()
-        results[i] = batched.beam(prompts[i])
-
-    threads = [threading.Thread(target=call, args=(i,)) for i in range(len(prompts))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
+    results = call_together(batched.beam, prompts)
     batched.close()
     for exp, res in zip(expected, results):
         assert res.token_ids.tolist() == exp.token_ids.tolist() and res.texts == exp.texts

@@ -1,7 +1,5 @@
 """Concurrent score requests batched into one call give the same results as one call each."""
 
-import threading
-
 import numpy as np
 import pytest
 
@@ -9,6 +7,7 @@ from boundgen.programs.spec import ScoreSpec
 from boundgen.runtime.batched import BatchedScoreEngine, concat_packed
 from boundgen.runtime.eager import eager_engine, label_token_ids
 from boundgen.text.tokenizer import Tokenizer
+from tests.concurrency import call_together
 
 TEXTS = [["a relevant document about shoes", "no"], ["x"], ["lamp", "desk lamp", "three samples here"], ["yes"]]
 
@@ -36,18 +35,7 @@ def test_batched_equals_single(engines):
     single, batched = engines
     assert isinstance(batched, BatchedScoreEngine)
     expected = [single.score(t).scores for t in TEXTS]
-    results = [None] * len(TEXTS)
-    barrier = threading.Barrier(len(TEXTS))
-
-    def call(i):
-        barrier.wait()
-        results[i] = batched.score(TEXTS[i])
-
-    threads = [threading.Thread(target=call, args=(i,)) for i in range(len(TEXTS))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
+    results = call_together(batched.score, TEXTS)
     for exp, res in zip(expected, results):
         np.testing.assert_allclose(res.scores, exp, rtol=1e-5, atol=1e-6)
     assert batched._batcher.items == len(TEXTS)
@@ -89,18 +77,7 @@ def test_batched_beams_equal_single(tiny_qwen2_dir):
     batched = eager_engine(tiny_qwen2_dir, spec, contexts=1, batching=True)
     assert isinstance(batched, BatchedBeamEngine)
     expected = [single.beam(p) for p in PROMPTS]
-    results = [None] * len(PROMPTS)
-    barrier = threading.Barrier(len(PROMPTS))
-
-    def call(i):
-        barrier.wait()
-        results[i] = batched.beam(PROMPTS[i])
-
-    threads = [threading.Thread(target=call, args=(i,)) for i in range(len(PROMPTS))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
+    results = call_together(batched.beam, PROMPTS)
     batched.close()
     for exp, res in zip(expected, results):
         assert res.token_ids.tolist() == exp.token_ids.tolist() and res.texts == exp.texts

@@ -98,21 +98,29 @@ def test_full_queue_rejects_at_once(one_slot, pool):
     assert not ran(one_slot, "rejected over http") and not ran(one_slot, "rejected over grpc")
 
 
+def expect_deadline_exceeded(server, text: str, protocol: str) -> str | None:
+    """Send `text` with a 150 ms deadline the way `protocol` says; it must fail with 504 /
+    DEADLINE_EXCEEDED. Returns the server's message (None where the gRPC client gave up first
+    and wrote its own)."""
+    with pytest.raises(InferenceServerException) as err:
+        if protocol == "http":
+            http_infer(server, text, timeout_us=150_000)
+        elif protocol == "grpc-timeout-parameter":
+            grpc_infer(server, text, timeout_us=150_000)
+        else:
+            grpc_infer(server, text, client_timeout=0.15)
+    expected = "504" if protocol == "http" else "StatusCode.DEADLINE_EXCEEDED"
+    assert err.value.status() == expected, err.value
+    return None if protocol == "grpc-deadline" else err.value.message()
+
+
 @pytest.mark.parametrize("protocol", ["http", "grpc-timeout-parameter", "grpc-deadline"])
 def test_deadline_in_queue_is_504_and_never_runs(one_slot, pool, protocol):
     a, fa = occupy(one_slot, pool)
     text = f"expires in queue {protocol}"
-    with pytest.raises(InferenceServerException) as err:
-        if protocol == "http":
-            http_infer(one_slot, text, timeout_us=150_000)
-        elif protocol == "grpc-timeout-parameter":
-            grpc_infer(one_slot, text, timeout_us=150_000)
-        else:
-            grpc_infer(one_slot, text, client_timeout=0.15)
-    expected = "504" if protocol == "http" else "StatusCode.DEADLINE_EXCEEDED"
-    assert err.value.status() == expected, err.value
-    if protocol != "grpc-deadline":  # there the client gives up first and writes its own message
-        assert "not run" in err.value.message()
+    message = expect_deadline_exceeded(one_slot, text, protocol)
+    if message is not None:
+        assert "not run" in message
     wait_metric(one_slot, QUEUED, 0)
     a.release()
     fa.result(30)
@@ -140,17 +148,9 @@ def test_deadline_inside_the_engine_is_504_and_never_runs(busy_engine, pool, pro
     before = metric(busy_engine, expired)
     a, fa = occupy(busy_engine, pool)
     text = f"expires inside the engine {protocol}"
-    with pytest.raises(InferenceServerException) as err:
-        if protocol == "http":
-            http_infer(busy_engine, text, timeout_us=150_000)
-        elif protocol == "grpc-timeout-parameter":
-            grpc_infer(busy_engine, text, timeout_us=150_000)
-        else:
-            grpc_infer(busy_engine, text, client_timeout=0.15)
-    expected = "504" if protocol == "http" else "StatusCode.DEADLINE_EXCEEDED"
-    assert err.value.status() == expected, err.value
-    if protocol != "grpc-deadline":  # there the client gives up first and writes its own message
-        assert "waiting for a worker" in err.value.message() and "not run" in err.value.message()
+    message = expect_deadline_exceeded(busy_engine, text, protocol)
+    if message is not None:
+        assert "waiting for a worker" in message and "not run" in message
     wait_metric(busy_engine, expired, before + 1)
     a.release()
     assert fa.result(30).as_numpy("SCORES").shape == (1, 2)
