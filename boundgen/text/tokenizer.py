@@ -118,8 +118,9 @@ class Tokenizer:
         if out is not None and len(texts) > out.max_samples:
             raise InvalidInput(f"request has {len(texts)} samples; at most {out.max_samples} are accepted")
         rendered = texts if template.is_identity else [template.render(t) for t in texts]
-        encodings = self.backend.encode_batch(list(rendered), add_special_tokens=False)
-        lengths = [len(e.ids) for e in encodings]
+        # `.ids` builds a new Python list on every access: read it once (0.35 -> 0.13 ms for W1's 15 samples).
+        ids = [e.ids for e in self.backend.encode_batch(list(rendered), add_special_tokens=False)]
+        lengths = [len(i) for i in ids]
         for name, n in zip(names, lengths):
             if n > max_tokens:
                 raise InvalidInput(f"{name} has {n} tokens, more than the limit of {max_tokens} tokens per sample"
@@ -128,7 +129,7 @@ class Tokenizer:
         if out is not None and total > out.max_tokens:
             raise InvalidInput(f"request has {total} tokens in all; at most {out.max_tokens} are accepted")
 
-        tokens = np.fromiter(chain.from_iterable(e.ids for e in encodings), dtype=np.int64, count=total)
+        tokens = np.fromiter(chain.from_iterable(ids), dtype=np.int64, count=total)
         cu = np.zeros(len(lengths) + 1, dtype=np.int32)
         np.cumsum(lengths, out=cu[1:])
         positions = np.arange(total, dtype=np.int64) - np.repeat(cu[:-1].astype(np.int64), lengths)
