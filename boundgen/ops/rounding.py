@@ -7,6 +7,8 @@ FP32 intermediates to bf16/fp16 with `round_to`. Compiled for the GPU that is a 
 SOFT_BF16 = True for CPU tensors: the value is first rounded to the bf16 grid in FP32 by integer
 arithmetic on its bits (ties to even; inf and NaN stay inf and NaN), after which truncation is
 exact (the interpreter still mishandles FP32 subnormals, which no test input produces).
+A kernel whose intermediate roundings must survive GPU compilation passes SOFT_BF16 = True on
+the GPU too (ops/rope.py): a cast round trip FP32 -> bf16 -> FP32 may be folded away there.
 """
 
 import triton
