@@ -164,7 +164,7 @@ def closed_loop(call: Callable, requests: Sequence, concurrency: int, *, duratio
     clock = clock or Clock()
     lock, stop = threading.Lock(), threading.Event()
     records: list[Record] = []
-    state = {"next": 0, "in_window": 0, "in_limit": 0, "window_end": None}
+    state = {"next": 0, "in_window": 0, "in_limit": 0, "window_end": None, "latest_end": float("-inf")}
     begin = clock.now()
     window_start, window_limit = begin + warmup_s, begin + warmup_s + duration_s
 
@@ -181,9 +181,11 @@ def closed_loop(call: Callable, requests: Sequence, concurrency: int, *, duratio
                 if rec.end >= window_start:
                     state["in_window"] += 1
                     state["in_limit"] += rec.end <= window_limit
+                    # Workers reach this lock in any order: a record counted earlier may have ended later.
+                    state["latest_end"] = max(state["latest_end"], rec.end)
                 end = None
                 if state["in_window"] >= max_requests:
-                    end = rec.end
+                    end = state["latest_end"]  # every counted record ends inside the window
                 elif rec.end > window_limit:
                     if state["in_limit"] >= min_requests:
                         end = window_limit

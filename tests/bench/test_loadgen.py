@@ -110,6 +110,41 @@ def test_closed_loop_time_bound_and_slow_target_stretch():
     assert s.completed == 2 and s.window_s == pytest.approx(2.5)  # cut at the time limit
 
 
+class ThreadClock(loadgen.Clock):
+    """Each thread reads its own time, which its target sets: completions can reach the load
+    generator in another order than their end times."""
+
+    def __init__(self):
+        self.local = threading.local()
+
+    def now(self):
+        return getattr(self.local, "t", 100.0)
+
+
+def test_closed_loop_window_covers_every_counted_request_whatever_order_they_report():
+    """The request that ends last reports first; the window must still hold all max_requests
+    (a flake in tests/bench/test_profile.py until the window end was the latest counted end)."""
+    clock = ThreadClock()
+    first_reported = threading.Event()
+
+    def target(req):
+        if req.index == 0:
+            clock.local.t = 110.0  # ends last ...
+            first_reported.set()
+        elif req.index == 1:
+            first_reported.wait(5)
+            threading.Event().wait(0.05)  # ... and reports first (lets index 0 take the lock)
+            clock.local.t = 105.0
+        else:  # index 0's thread, next request: stays out of the way until the level is over
+            threading.Event().wait(0.5)
+            clock.local.t = 200.0
+        return Res()
+
+    s = closed_loop(target, [Req(i) for i in range(3)], 2, duration_s=1000.0, warmup_s=0.0, max_requests=2,
+                    clock=clock, progress=None)
+    assert s.completed == 2 and s.window_s == pytest.approx(10.0)
+
+
 def test_closed_loop_counts_errors_and_keeps_concurrency():
     lock = threading.Lock()
     state = {"in_flight": 0, "peak": 0, "n": 0}
