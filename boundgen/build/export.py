@@ -69,22 +69,26 @@ def example_lengths(spec: ScoreSpec | BeamSpec) -> list[int]:
     return [max(1, min(3 + i, spec.max_prompt_tokens)) for i in range(requests)]
 
 
-def dynamic_shapes(spec: ScoreSpec | BeamSpec) -> dict:
-    bounds = dim_bounds(spec)
-    if spec.task == "score":
-        t_lo, t_hi = bounds["T"]
-        b_lo, b_hi = bounds["B"]
-        tokens = {0: torch.export.Dim("T", min=t_lo, max=t_hi)} if t_hi > t_lo else None
-        cu = {0: torch.export.Dim("B", min=b_lo, max=b_hi) + 1} if b_hi > b_lo else None
-        return {"tokens": tokens, "positions": tokens, "cu_seqlens": cu}
-    l_lo, l_hi = bounds["L"]
-    r_lo, r_hi = bounds["R"]
-    tokens = {0: torch.export.Dim("L", min=l_lo, max=l_hi)} if l_hi > l_lo else None
-    # Export assumes a dynamic size is >= 2 (0/1 specialisation), so R in [1, 2] would be pinned
-    # to 2; a range up to 3 keeps it symbolic. Calls never hold more than max_requests prompts.
-    requests = torch.export.Dim("R", min=r_lo, max=max(r_hi, 3)) if r_hi > r_lo else None
-    cu = {0: requests + 1} if requests is not None else None
-    return {"tokens": tokens, "positions": tokens, "cu_seqlens": cu, "requests": requests}
+def named_dims(spec: ScoreSpec | BeamSpec) -> dict[str, "torch.export.Dim | None"]:
+    """The export Dim of each name in `dim_bounds` (None where the bound makes it static)."""
+    dims = {}
+    for name, (lo, hi) in dim_bounds(spec).items():
+        if name == "R":
+            # Export assumes a dynamic size is >= 2 (0/1 specialisation), so R in [1, 2] would be
+            # pinned to 2; a range up to 3 keeps it symbolic. Calls never hold more than max_requests.
+            hi = max(hi, 3) if hi > lo else hi
+        dims[name] = torch.export.Dim(name, min=lo, max=hi) if hi > lo else None
+    return dims
+
+
+def dynamic_shapes(spec: ScoreSpec | BeamSpec, dims: dict | None = None) -> dict:
+    """The dynamic shapes of the packed inputs (score program, beam prefill), by argument name;
+    `dims` from named_dims, when the caller uses the same Dim objects elsewhere."""
+    dims = dims or named_dims(spec)
+    tokens_dim, seqs_dim = (dims["T"], dims["B"]) if spec.task == "score" else (dims["L"], dims["R"])
+    tokens = {0: tokens_dim} if tokens_dim is not None else None
+    cu = {0: seqs_dim + 1} if seqs_dim is not None else None
+    return {"tokens": tokens, "positions": tokens, "cu_seqlens": cu}
 
 
 def export_programs(program: torch.nn.Module, spec: ScoreSpec | BeamSpec, device,
@@ -94,8 +98,7 @@ def export_programs(program: torch.nn.Module, spec: ScoreSpec | BeamSpec, device
     inputs = packed_example(example_lengths(spec), device, vocab_size)
     with torch.no_grad():
         if spec.task == "score":
-            shapes = dynamic_shapes(spec)
-            return {"model": torch.export.export(program, inputs, dynamic_shapes=shapes, strict=False)}
+            return {"model": torch.export.export(program, inputs, dynamic_shapes=dynamic_shapes(spec), strict=False)}
         return _export_beam_stages(program, spec, inputs)
 
 
@@ -103,8 +106,10 @@ def _export_beam_stages(program, spec: BeamSpec, inputs) -> dict[str, torch.expo
     from boundgen.programs.beam import STATE
 
     stages = program.stages()
-    dims = dynamic_shapes(spec)
-    prompt, cu, r = dims["tokens"], dims["cu_seqlens"], dims["requests"]  # None where static
+    dims = named_dims(spec)
+    r = dims["R"]  # None where static
+    inputs_shapes = dynamic_shapes(spec, dims)
+    prompt, cu = inputs_shapes["tokens"], inputs_shapes["cu_seqlens"]
     prefix = {1: prompt[0]} if prompt else None
     requests = {0: r} if r is not None else None
     beams = {1: spec.width * r} if r is not None else None  # suffix K/V rows: R * W
