@@ -2,7 +2,8 @@
 
 `BoundgenError` is the root: the CLI prints its message without a traceback and exits 2;
 the server maps `InvalidInput` to 400 / INVALID_ARGUMENT and `DeadlineExceeded` to 504 /
-DEADLINE_EXCEEDED (boundgen/server/status.py).
+DEADLINE_EXCEEDED (boundgen/server/status.py). `Cancelled` reaches no client: the server raises
+it only for a request whose client has gone.
 """
 
 
@@ -17,6 +18,11 @@ class InvalidInput(BoundgenError):
 class DeadlineExceeded(BoundgenError):
     """A request whose deadline (`time.monotonic()` seconds) passed before the engine could run it;
     it was not run. Raised by `Engine.score` / `Engine.beam` when given a deadline."""
+
+
+class Cancelled(BoundgenError):
+    """A request whose caller gave it up (set its `cancelled` event) before the engine could run
+    it; it was not run. Raised by `Engine.score` / `Engine.beam` when given a `cancelled` event."""
 
 
 class ConfigError(BoundgenError):

@@ -6,12 +6,13 @@ which node. The caller's thread tokenizes its own request (CPU work scales with 
 call's bounds into one packed batch, stages it, calls the model node once and copies the
 outputs back; each caller takes its rows and encodes its own result. The programs keep
 requests independent (block-diagonal attention; beams attend to their own prompt and are
-selected per request), so results equal one call per request. A request whose deadline passes
-while it waits for a worker is not run (runtime/batcher.py).
+selected per request), so results equal one call per request. A request whose deadline passes,
+or whose `cancelled` event is set, while it waits for a worker is not run (runtime/batcher.py).
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Sequence
 
@@ -71,13 +72,13 @@ class _BatchedEngine(DagEngine):
         return [(share, start - submitted, seconds, len(items))
                 for share, (_, submitted) in zip(self._split(host, items), items)]
 
-    def _submit(self, texts: list[str], deadline: float | None):
-        """Tokenize here, run in some batch unless `deadline` passes first; returns (this
-        request's outputs, timings)."""
+    def _submit(self, texts: list[str], deadline: float | None, cancelled: threading.Event | None):
+        """Tokenize here, run in some batch unless `deadline` passes or `cancelled` is set first;
+        returns (this request's outputs, timings)."""
         t0 = time.perf_counter()
         packed = self._tokenize.encode(texts)
         t1 = time.perf_counter()
-        share, queued, model_s, batch_size = self._batcher.submit((packed, t1), deadline)
+        share, queued, model_s, batch_size = self._batcher.submit((packed, t1), deadline, cancelled)
         return share, {"pre": t1 - t0, "queue": queued, "model": model_s, "batch_requests": batch_size,
                        "start": t0, "returned": time.perf_counter()}
 
@@ -132,10 +133,11 @@ class BatchedScoreEngine(_BatchedEngine):
             row += packed.num_samples
         return shares
 
-    def score(self, texts: Sequence[str], deadline: float | None = None) -> ScoreResult:
+    def score(self, texts: Sequence[str], deadline: float | None = None,
+              cancelled: threading.Event | None = None) -> ScoreResult:
         if self.spec.task != "score" or isinstance(texts, str):
-            return super().score(texts, deadline)
-        rows, timings = self._submit(list(texts), deadline)
+            return super().score(texts, deadline, cancelled)
+        rows, timings = self._submit(list(texts), deadline, cancelled)
         return self._finish(self._encode.encode(*rows), timings)
 
 
@@ -159,8 +161,8 @@ class BatchedBeamEngine(_BatchedEngine):
         w = self.spec.width
         return [[h[i * w:(i + 1) * w] for h in host] for i in range(len(items))]
 
-    def beam(self, text: str, deadline: float | None = None) -> BeamResult:
+    def beam(self, text: str, deadline: float | None = None, cancelled: threading.Event | None = None) -> BeamResult:
         if self.spec.task != "beam" or not isinstance(text, str):
-            return super().beam(text, deadline)
-        rows, timings = self._submit([text], deadline)
+            return super().beam(text, deadline, cancelled)
+        rows, timings = self._submit([text], deadline, cancelled)
         return self._finish(self._encode.encode(*rows), timings)

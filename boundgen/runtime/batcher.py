@@ -12,6 +12,11 @@ deadline. A worker taking a batch first fails every waiting request whose deadli
 whose deadline passes while its request still waits takes it back out of the queue at once,
 rather than waiting for a worker to become free. A request already taken runs to the end.
 
+Cancellation (a `threading.Event`, optional per request, set by the caller's caller when its
+client goes away) is handled the same way: a worker fails every waiting request whose event is
+set (`Cancelled`, not run) before it takes a batch, and a waiting caller looks at its event every
+CANCEL_POLL_S (runtime/engine.py) and takes its request back out of the queue once it is set.
+
 Workers are threads, one per request context; `run_batch(ctx, items)` does the work and
 returns one result per item (or raises, failing every item of that batch).
 """
@@ -25,7 +30,8 @@ from concurrent.futures import Future, wait
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-from boundgen.errors import DeadlineExceeded
+from boundgen.errors import Cancelled, DeadlineExceeded
+from boundgen.runtime.engine import wait_slice
 
 
 @dataclass(eq=False)  # compared by identity: the queue removes this very entry
@@ -33,10 +39,17 @@ class _Entry:
     item: object
     deadline: float | None
     submitted: float
+    cancelled: threading.Event | None = None
     future: Future = field(default_factory=Future)
 
     def expired(self, now: float) -> bool:
         return self.deadline is not None and now >= self.deadline
+
+    def gone(self, now: float) -> str | None:
+        """Why this request must not run any more ("cancelled", "expired"), or None."""
+        if self.cancelled is not None and self.cancelled.is_set():
+            return "cancelled"
+        return "expired" if self.expired(now) else None
 
 
 class Batcher:
@@ -51,16 +64,21 @@ class Batcher:
         self.batches = 0  # calls made
         self.items = 0  # requests served
         self.expired = 0  # requests failed for their deadline, never run
+        self.cancelled = 0  # requests failed because their caller cancelled them, never run
         self._threads = [threading.Thread(target=self._work, args=(ctx,), name=f"{name}-batch-{i}", daemon=True)
                          for i, ctx in enumerate(contexts)]
         for t in self._threads:
             t.start()
 
-    def submit(self, item, deadline: float | None = None):
+    def submit(self, item, deadline: float | None = None, cancelled: threading.Event | None = None):
         """Run `item` in some batch; block until its result is ready and return it (or raise).
-        Raises DeadlineExceeded, without running `item`, if `deadline` passes before a worker takes it."""
-        entry = _Entry(item, deadline, self._clock())
-        if entry.expired(entry.submitted):
+        Raises DeadlineExceeded, without running `item`, if `deadline` passes before a worker takes
+        it, and Cancelled if `cancelled` is set before then."""
+        entry = _Entry(item, deadline, self._clock(), cancelled)
+        gone = entry.gone(entry.submitted)
+        if gone == "cancelled":
+            raise Cancelled(f"the request was cancelled before it reached model {self._name}; it was not run")
+        if gone == "expired":
             raise DeadlineExceeded(f"the deadline passed {(entry.submitted - deadline) * 1e3:.1f} ms before the "
                                    f"request reached model {self._name}; the request was not run")
         with self._cond:
@@ -68,45 +86,59 @@ class Batcher:
                 raise RuntimeError("the engine is closed")
             self._waiting.append(entry)
             self._cond.notify()
-        if deadline is not None and not wait([entry.future], max(0.0, deadline - entry.submitted)).done:
+        while not self._wait(entry):
+            now = self._clock()
+            gone = entry.gone(now)
+            if gone is None:
+                continue  # a cancellation poll: still wanted, still waiting
             with self._cond:
                 queued = entry in self._waiting
                 if queued:
                     self._waiting.remove(entry)
-                    self.expired += 1
+                    self._count(gone)
             if queued:
-                raise self._deadline_error(entry, self._clock())
-            # Taken just in time (it runs), or failed by the worker's own deadline check: wait for it.
+                raise self._error(entry, gone, now)
+            break  # taken just in time (it runs), or failed by the worker's own check: wait for it
         return entry.future.result()
 
-    def _take(self) -> tuple[list[_Entry], list[_Entry]] | None:
-        """The next batch and the waiting requests that expired, or None once closed and drained."""
+    def _wait(self, entry: _Entry) -> bool:
+        """Wait for the entry's result until its deadline or the next look at its cancelled event;
+        True if the result is ready."""
+        return bool(wait([entry.future], wait_slice(self._clock(), entry.deadline, entry.cancelled)).done)
+
+    def _take(self) -> tuple[list[_Entry], list[tuple[_Entry, str]], float] | None:
+        """The next batch, the waiting requests dropped (cancelled or expired) with why, and when
+        they were dropped; None once closed and drained."""
         with self._cond:
             while not self._waiting and not self._closed:
                 self._cond.wait()
             if not self._waiting:
                 return None
             now = self._clock()
-            expired = [e for e in self._waiting if e.expired(now)]
-            if expired:
-                self._waiting = collections.deque(e for e in self._waiting if not e.expired(now))
-                self.expired += len(expired)
+            live, dropped = collections.deque(), []
+            for entry in self._waiting:
+                gone = entry.gone(now)
+                if gone is None:
+                    live.append(entry)
+                else:
+                    dropped.append((entry, gone))
+                    self._count(gone)
+            self._waiting = live
             batch, items = [], []
             while self._waiting and (not batch or self._fits(items, self._waiting[0].item)):
                 entry = self._waiting.popleft()
                 batch.append(entry)
                 items.append(entry.item)
-            return batch, expired
+            return batch, dropped, now
 
     def _work(self, ctx):
         while True:
             taken = self._take()
             if taken is None:
                 return
-            batch, expired = taken
-            now = self._clock()
-            for entry in expired:
-                entry.future.set_exception(self._deadline_error(entry, now))
+            batch, dropped, now = taken
+            for entry, gone in dropped:
+                entry.future.set_exception(self._error(entry, gone, now))
             if not batch:
                 continue
             try:
@@ -120,9 +152,17 @@ class Batcher:
             for entry, result in zip(batch, results):
                 entry.future.set_result(result)
 
-    def _deadline_error(self, entry: _Entry, now: float) -> DeadlineExceeded:
-        return DeadlineExceeded(f"the deadline passed after {(now - entry.submitted) * 1e3:.1f} ms waiting for "
-                                f"model {self._name} (its calls were busy); the request was not run")
+    def _count(self, gone: str) -> None:
+        if gone == "cancelled":
+            self.cancelled += 1
+        else:
+            self.expired += 1
+
+    def _error(self, entry: _Entry, gone: str, now: float) -> Exception:
+        waited = f"{(now - entry.submitted) * 1e3:.1f} ms waiting for model {self._name} (its calls were busy)"
+        if gone == "cancelled":
+            return Cancelled(f"the request was cancelled after {waited}; it was not run")
+        return DeadlineExceeded(f"the deadline passed after {waited}; the request was not run")
 
     def close(self):
         with self._cond:

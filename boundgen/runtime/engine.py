@@ -6,15 +6,33 @@ with a pool of preallocated request contexts and blocks a caller until one is fr
 
 A call may carry a deadline (`time.monotonic()` seconds): a request still waiting inside the
 engine (for a context, or in the batcher's queue) when it passes is not run, and the call raises
-`boundgen.errors.DeadlineExceeded`. A request already running is never interrupted.
+`boundgen.errors.DeadlineExceeded`. It may carry a `cancelled` event too (the server sets it when
+the client goes away): a request still waiting when it is set is not run, and the call raises
+`boundgen.errors.Cancelled` within about CANCEL_POLL_S. A request already running is never
+interrupted.
 """
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 from typing import Sequence
 
 from boundgen.runtime.results import BeamResult, ScoreResult
+
+# Seconds: how often a caller waiting inside an engine looks at its `cancelled` event (an Event
+# cannot wake a thread waiting on something else). Whether a request runs does not depend on it:
+# the event is checked again just before a request would run; only the caller's return waits.
+CANCEL_POLL_S = 0.05
+
+
+def wait_slice(now: float, deadline: float | None, cancelled: threading.Event | None) -> float | None:
+    """How long (seconds, >= 0) a caller waiting inside an engine may block before it looks at its
+    deadline and `cancelled` event again; None: until what it waits for happens."""
+    slices = [] if deadline is None else [max(0.0, deadline - now)]
+    if cancelled is not None:
+        slices.append(CANCEL_POLL_S)
+    return min(slices) if slices else None
 
 
 @dataclass(frozen=True)
@@ -38,10 +56,11 @@ class EngineSpec:
 class Engine:
     spec: EngineSpec
 
-    def score(self, texts: Sequence[str], deadline: float | None = None) -> ScoreResult:
+    def score(self, texts: Sequence[str], deadline: float | None = None,
+              cancelled: threading.Event | None = None) -> ScoreResult:
         raise NotImplementedError(f"model {self.spec.name} is a {self.spec.task} model, not a score model")
 
-    def beam(self, text: str, deadline: float | None = None) -> BeamResult:
+    def beam(self, text: str, deadline: float | None = None, cancelled: threading.Event | None = None) -> BeamResult:
         raise NotImplementedError(f"model {self.spec.name} is a {self.spec.task} model, not a beam model")
 
     def warmup(self) -> None:

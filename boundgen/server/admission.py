@@ -12,9 +12,13 @@
               cannot make it and gets 504 without running, leaving the slot to one that can;
               an answer ready after the deadline is dropped with 504.
 
-A slot is held until the engine call returns, even when the client has gone: engine work
-cannot be interrupted, and releasing early would let the next request wait, unseen and
-without a deadline, inside the thread pool. Time is `time.monotonic()` seconds throughout.
+A client that goes away sets the request's `cancelled` event: a request not yet on a worker
+thread is not started, and the event is meant to be handed to the engine call too (served.py),
+so that a request still waiting inside the engine (a batcher's queue, a request context)
+returns at once, unrun (`boundgen.errors.Cancelled`), and frees its slot. Otherwise a slot is
+held until the engine call returns, even when the client has gone: running engine work cannot
+be interrupted, and releasing early would let the next request wait, unseen and without a
+deadline, inside the thread pool. Time is `time.monotonic()` seconds throughout.
 All methods except the worker-thread body run on the event loop thread.
 """
 
@@ -27,14 +31,11 @@ from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, TypeVar
 
+from boundgen.errors import Cancelled
 from boundgen.server.status import DeadlineExceeded, Overloaded, Unavailable
 
 T = TypeVar("T")
 ESTIMATE_WEIGHT = 0.2  # of the newest engine call in the moving average of compute time
-
-
-class _Abandoned(Exception):
-    """The client went away before its admitted request reached a worker thread."""
 
 
 class Admission:
@@ -61,10 +62,12 @@ class Admission:
     def queued(self) -> int:
         return len(self._waiters)
 
-    async def run(self, fn: Callable[[], T], deadline: float) -> T:
-        """Run `fn()` on a worker thread once admitted; raises Unavailable, Overloaded or DeadlineExceeded."""
+    async def run(self, fn: Callable[[], T], deadline: float, cancelled: threading.Event | None = None) -> T:
+        """Run `fn()` on a worker thread once admitted; raises Unavailable, Overloaded or DeadlineExceeded.
+        `cancelled` is set if the caller is cancelled (the client went away) once admitted; pass
+        the one `fn` hands to the engine."""
         await self._acquire(deadline)
-        cancelled = threading.Event()
+        cancelled = threading.Event() if cancelled is None else cancelled
         try:
             future = asyncio.get_running_loop().run_in_executor(self._pool, self._compute, fn, deadline, cancelled)
         except BaseException:
@@ -74,7 +77,9 @@ class Admission:
         try:
             result = await asyncio.shield(future)
         except asyncio.CancelledError:
-            cancelled.set()  # not started yet: it will not start; running: its answer is dropped
+            # Not started: it will not start. Waiting inside the engine: it will not run.
+            # Running: it runs to the end and its answer is dropped.
+            cancelled.set()
             raise
         late = time.monotonic() - deadline
         if late > 0:
@@ -132,7 +137,7 @@ class Admission:
     def _compute(self, fn: Callable[[], T], deadline: float, cancelled: threading.Event) -> T:
         """Worker thread: the last check before the engine, then the engine call."""
         if cancelled.is_set():
-            raise _Abandoned()
+            raise Cancelled(f"the client went away before model {self.model} was called; the request was not run")
         start = time.monotonic()
         left, needs = deadline - start, self._compute_estimate
         if left <= 0:

@@ -9,7 +9,9 @@ The request's deadline goes with it, as the remaining time in the KServe `timeou
 (microseconds, rounded down): the worker's admission and engine then drop it, unrun, if it
 expires while waiting there. (A relative time, as gRPC deadlines are; the worker's deadline is
 later than the front end's by the time the request takes to reach it, and the front end drops
-an answer that comes after its own.)
+an answer that comes after its own.) So does its `cancelled` event: once the front end's client
+has gone, the call to the worker is cancelled (replicas.Worker.infer), and the worker's admission
+and engine drop the request, unless it already runs (worker outcome label cancelled).
 
 A worker that dies under a request, or refuses it as unavailable, fails that request with
 503 / UNAVAILABLE; other worker statuses map back to the front end's own errors.
@@ -17,13 +19,14 @@ A worker that dies under a request, or refuses it as unavailable, fails that req
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Sequence
 
 import grpc
 import numpy as np
 
-from boundgen.errors import InvalidInput
+from boundgen.errors import Cancelled, InvalidInput
 from boundgen.runtime.engine import Engine, EngineSpec
 from boundgen.runtime.results import BeamResult, ScoreResult
 from boundgen.server import kserve_pb as pb
@@ -62,12 +65,13 @@ class ReplicaEngine(Engine):
     def __init__(self, pool, spec: EngineSpec):
         self.pool, self.spec = pool, spec
 
-    def score(self, texts: Sequence[str], deadline: float | None = None) -> ScoreResult:
-        out = self._forward(texts, deadline)
+    def score(self, texts: Sequence[str], deadline: float | None = None,
+              cancelled: threading.Event | None = None) -> ScoreResult:
+        out = self._forward(texts, deadline, cancelled)
         return ScoreResult(out["SCORES"], list(self.spec.label_token_ids), {})
 
-    def beam(self, text: str, deadline: float | None = None) -> BeamResult:
-        out = self._forward([text], deadline)
+    def beam(self, text: str, deadline: float | None = None, cancelled: threading.Event | None = None) -> BeamResult:
+        out = self._forward([text], deadline, cancelled)
         ids = out["TOKEN_IDS"]
         texts = [t.decode("utf-8") for t in out["TEXT_OUT"]]
         return BeamResult(ids, out["SCORES"], (ids == -1).any(axis=1), texts, {})
@@ -78,7 +82,7 @@ class ReplicaEngine(Engine):
     def close(self) -> None:
         self.pool.close()
 
-    def _forward(self, texts: Sequence[str], deadline: float | None) -> dict:
+    def _forward(self, texts: Sequence[str], deadline: float | None, cancelled: threading.Event | None) -> dict:
         items = [t.encode("utf-8") for t in texts]
         request = pb.ModelInferRequest(model_name=self.spec.name)
         request.inputs.add(name="TEXT", datatype="BYTES", shape=[len(items)])
@@ -89,11 +93,18 @@ class ReplicaEngine(Engine):
                 raise DeadlineExceeded(f"the deadline passed {-left_us / 1e3:.1f} ms before model {self.spec.name} "
                                        "could be sent to a worker; the request was not run")
             request.parameters["timeout"].int64_param = left_us
+        if cancelled is not None and cancelled.is_set():
+            raise Cancelled(f"the request was cancelled before model {self.spec.name} could be sent to a worker; "
+                            "it was not run")
         worker = self.pool.acquire()
         outcome = "error"
         try:
-            response = worker.infer(request, WORKER_CALL_TIMEOUT_S)
+            response = worker.infer(request, WORKER_CALL_TIMEOUT_S, cancelled)
             outcome = "success"
+        except grpc.FutureCancelledError:
+            outcome = "cancelled"
+            raise Cancelled(f"worker {worker.index}: the request was cancelled; the worker runs it only if it "
+                            "had already started") from None
         except grpc.RpcError as err:
             outcome = _OUTCOMES.get(err.code(), "error")
             raise _ERRORS.get(err.code(), RuntimeError)(f"worker {worker.index}: {err.details()}") from None

@@ -12,6 +12,8 @@ A supervisor thread per worker waits on its process: when it exits, it is marked
 line, `boundgen_worker_up` 0, `boundgen_worker_restarts_total` + 1), calls in flight on it fail
 503 / UNAVAILABLE, new calls go to the live workers, and it is restarted after a backoff
 (0.5 s doubling to 10 s while restarts fail). Shutdown (front end drained) SIGTERMs every worker.
+A front-end request whose client goes away cancels its gRPC call to the worker, which cancels
+the request there like any client's (a request waiting in the worker is not run).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import grpc
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from boundgen.errors import BoundgenError
+from boundgen.runtime.engine import CANCEL_POLL_S
 from boundgen.server import kserve_pb as pb
 from boundgen.server.config import API_KEY_ENV
 from boundgen.server.launch import ServerProcess
@@ -76,8 +79,20 @@ class Worker:
                                                request_serializer=lambda m: m.SerializeToString(),
                                                response_deserializer=pb.ModelInferResponse.FromString)
 
-    def infer(self, request, timeout_s: float):
-        return self._infer(request, timeout=timeout_s)
+    def infer(self, request, timeout_s: float, cancelled: threading.Event | None = None):
+        """The worker's answer (or grpc.RpcError). Once `cancelled` is set (looked at every
+        CANCEL_POLL_S), the call is cancelled, which cancels the request in the worker too:
+        raises grpc.FutureCancelledError."""
+        if cancelled is None:
+            return self._infer(request, timeout=timeout_s)
+        call = self._infer.future(request, timeout=timeout_s)
+        done = threading.Event()
+        call.add_done_callback(lambda _: done.set())
+        while not done.wait(CANCEL_POLL_S):
+            if cancelled.is_set():
+                call.cancel()  # False if it finished just now: then result() is its answer
+                break
+        return call.result()
 
 
 class WorkerPool:
@@ -94,7 +109,7 @@ class WorkerPool:
         self.inflight = Gauge("boundgen_worker_inflight_requests", "Requests forwarded to the worker and not yet "
                               "answered", ["worker"], registry=registry)
         self.requests = Counter("boundgen_worker_requests", "Requests forwarded to the worker, by outcome "
-                                "(success, unavailable, deadline_exceeded, error)", ["worker", "outcome"],
+                                "(success, unavailable, deadline_exceeded, cancelled, error)", ["worker", "outcome"],
                                 registry=registry)
         self.restarts = Counter("boundgen_worker_restarts", "Times the worker exited and was restarted",
                                 ["worker"], registry=registry)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from functools import partial
 from typing import Sequence
 
@@ -18,7 +19,7 @@ VERSION = "1"  # every model has exactly one version
 def engine_concurrency(engine: Engine) -> int:
     """How many requests the engine works on at once: one per request context, times the requests
     one call holds when batching (more would wait inside the engine, unseen by the queue metrics;
-    the engine still checks their deadlines)."""
+    the engine still checks their deadlines and cancellations)."""
     extra = engine.spec.extra
     value = extra.get("concurrency") or extra.get("contexts") or getattr(getattr(engine, "pool", None), "size", None)
     return int(value) if value else 1
@@ -46,9 +47,13 @@ class ServedModel:
         """Check, admit, run and encode one request; raises InvalidInput or a status.ServeError."""
         names = self.signature.check_outputs(requested)
         call = self.signature.parse(tensors)
-        # The engine gets the deadline too: a request still waiting inside it (for a context, or
-        # in the batcher's queue) when the deadline passes is not run (DeadlineExceeded, 504).
-        result = await self.admission.run(partial(call, self.engine, deadline=deadline), deadline)
+        # The engine gets the deadline and the cancelled event (set by the admission when the
+        # client goes away) too: a request still waiting inside it (for a context, or in the
+        # batcher's queue) when either comes is not run (DeadlineExceeded: 504; Cancelled: the
+        # client is gone, nothing is sent).
+        cancelled = threading.Event()
+        engine_call = partial(call, self.engine, deadline=deadline, cancelled=cancelled)
+        result = await self.admission.run(engine_call, deadline, cancelled)
         self.metrics.observe_stages(self.name, result.timings)
         return self.signature.encode(result, names)
 

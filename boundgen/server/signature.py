@@ -11,6 +11,7 @@ UTF-8); token limits are the engine's, which raises `InvalidInput` naming sample
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -36,10 +37,11 @@ class EngineCall:
     task: str
     texts: tuple[str, ...]
 
-    def __call__(self, engine: Engine, deadline: float | None = None) -> ScoreResult | BeamResult:
+    def __call__(self, engine: Engine, deadline: float | None = None,
+                 cancelled: threading.Event | None = None) -> ScoreResult | BeamResult:
         if self.task == "score":
-            return engine.score(list(self.texts), deadline)
-        return engine.beam(self.texts[0], deadline)
+            return engine.score(list(self.texts), deadline, cancelled)
+        return engine.beam(self.texts[0], deadline, cancelled)
 
 
 class Signature:

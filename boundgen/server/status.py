@@ -4,9 +4,11 @@
 the engine alike; the server maps it here to 400 / INVALID_ARGUMENT. The engine raises
 `boundgen.errors.DeadlineExceeded` for a request whose deadline passed while it waited inside
 the engine (runtime/batcher.py, runtime/executor.py): 504 / DEADLINE_EXCEEDED, like the server's
-own `DeadlineExceeded` below, which is a subclass of it. Everything else a request can hit is
-a `ServeError` below. The `outcome` names are the `outcome` label of the
-request counter in metrics.py.
+own `DeadlineExceeded` below, which is a subclass of it. `boundgen.errors.Cancelled` is raised
+only for a request whose client has gone (admission.py sets its `cancelled` event), so no answer
+reaches anyone; it maps to outcome `cancelled` (gRPC CANCELLED; HTTP 499, nginx's "client closed
+request") without a log line. Everything else a request can hit is a `ServeError` below. The
+`outcome` names are the `outcome` label of the request counter in metrics.py.
 """
 
 from __future__ import annotations
@@ -63,6 +65,7 @@ _CODES = {
     "deadline_exceeded": (504, grpc.StatusCode.DEADLINE_EXCEEDED),
     "unavailable": (503, grpc.StatusCode.UNAVAILABLE),
     "unauthenticated": (401, grpc.StatusCode.UNAUTHENTICATED),
+    "cancelled": (499, grpc.StatusCode.CANCELLED),
     "internal_error": (500, grpc.StatusCode.INTERNAL),
 }
 
@@ -75,6 +78,8 @@ def status_of(exc: BaseException) -> Status:
         outcome, message = exc.outcome, str(exc)
     elif isinstance(exc, errors.DeadlineExceeded):  # the engine's: it waited inside the engine, not run
         outcome, message = "deadline_exceeded", str(exc)
+    elif isinstance(exc, errors.Cancelled):  # the client went away; the answer reaches nobody
+        outcome, message = "cancelled", str(exc)
     elif isinstance(exc, NotImplementedError):  # Engine's answer to the wrong task
         outcome, message = "invalid_input", str(exc)
     else:

@@ -18,7 +18,7 @@ class FakeScoreEngine(Engine):
                                extra={"fp8_groups": ["mlp"]})
         self.calls, self.closed = 0, False
 
-    def score(self, texts):
+    def score(self, texts, deadline=None, cancelled=None):
         self.calls += 1
         return ScoreResult(np.full((len(texts), 2), 0.5, np.float32), [9693, 902],
                            timings={"pre": 1e-4, "model": 1e-3, "post": 1e-4})

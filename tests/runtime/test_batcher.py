@@ -1,11 +1,15 @@
-"""The batcher: concurrent submissions share calls within bounds; results go to their callers."""
+"""The batcher: concurrent submissions share calls within bounds; results go to their callers;
+cancelled requests never run."""
 
 import threading
 import time
 
 import pytest
 
+from boundgen.errors import Cancelled
+from boundgen.runtime import batcher as batcher_module
 from boundgen.runtime.batcher import Batcher
+from tests.runtime.held import in_thread, wait_until
 
 
 def test_results_reach_their_callers_and_batches_respect_bounds():
@@ -47,3 +51,70 @@ def test_a_failing_batch_fails_only_its_requests():
     batcher.close()
     with pytest.raises(RuntimeError, match="closed"):
         batcher.submit(1)
+
+
+def held_batcher(gate: threading.Event, calls: list) -> Batcher:
+    """One worker whose first call waits for `gate`; a call holds at most two items."""
+
+    def run_batch(ctx, items):
+        calls.append(list(items))
+        if len(calls) == 1:
+            assert gate.wait(10), "the test never opened the gate"
+        return [x * 10 for x in items]
+
+    return Batcher(["ctx"], run_batch, fits=lambda batch, item: len(batch) < 2)
+
+
+def test_a_cancelled_caller_leaves_the_queue_while_the_worker_is_busy():
+    gate, calls = threading.Event(), []
+    batcher = held_batcher(gate, calls)
+    try:
+        first, first_out = in_thread(batcher.submit, 1)
+        wait_until(lambda: calls == [[1]], "the worker is busy")
+        gone = threading.Event()
+        thread, out = in_thread(batcher.submit, 2, cancelled=gone)
+        wait_until(lambda: len(batcher._waiting) == 1, "2 is queued")
+        gone.set()
+        thread.join(10)
+        assert not thread.is_alive() and isinstance(out.get("error"), Cancelled), out
+        assert not batcher._waiting and batcher.cancelled == 1
+        gone_before = threading.Event()
+        gone_before.set()
+        with pytest.raises(Cancelled, match="not run"):
+            batcher.submit(3, cancelled=gone_before)
+        gate.set()
+        first.join(10)
+        assert first_out == {"result": 10}
+        assert batcher.submit(4, cancelled=threading.Event()) == 40
+        assert calls == [[1], [4]]
+    finally:
+        gate.set()
+        batcher.close()
+
+
+def test_a_worker_drops_cancelled_requests_before_taking_a_batch(monkeypatch):
+    """Callers that never look at their event (wait_slice patched to wait for good) still get
+    Cancelled: the worker drops their requests, so they take no room in the call."""
+    monkeypatch.setattr(batcher_module, "wait_slice", lambda now, deadline, cancelled: None)
+    gate, calls = threading.Event(), []
+    batcher = held_batcher(gate, calls)
+    try:
+        first, _ = in_thread(batcher.submit, 1)
+        wait_until(lambda: calls == [[1]], "the worker is busy")
+        events = {2: threading.Event(), 3: None, 4: threading.Event(), 5: None}
+        waiting = []
+        for item, event in events.items():
+            waiting.append(in_thread(batcher.submit, item, cancelled=event))
+            wait_until(lambda: len(batcher._waiting) == len(waiting), f"{item} is queued")
+        events[2].set()
+        events[4].set()
+        gate.set()
+        for thread, _ in [(first, None), *waiting]:
+            thread.join(10)
+        outs = dict(zip(events, (out for _, out in waiting)))
+        assert isinstance(outs[2].get("error"), Cancelled) and isinstance(outs[4].get("error"), Cancelled), outs
+        assert outs[3] == {"result": 30} and outs[5] == {"result": 50}
+        assert calls == [[1], [3, 5]] and batcher.cancelled == 2  # 3 and 5 share the two places
+    finally:
+        gate.set()
+        batcher.close()

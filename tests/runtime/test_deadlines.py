@@ -1,76 +1,21 @@
 """Deadlines inside the engine: a request whose deadline passes while it waits (for the batcher's
 worker, or for a request context) is failed with DeadlineExceeded and never reaches the model
 runner; a request with time left still runs. The one context is held busy by a runner that
-blocks on an Event, so nothing here depends on how fast anything runs."""
+blocks on an Event (tests/runtime/held.py), so nothing here depends on how fast anything runs."""
 
 from __future__ import annotations
 
-import threading
 import time
 
 import pytest
 
 from boundgen.errors import DeadlineExceeded
-from boundgen.programs.spec import BeamSpec, ScoreSpec
-from boundgen.runtime.eager import eager_engine, label_token_ids
-from boundgen.text.tokenizer import Tokenizer
+from boundgen.programs.spec import BeamSpec
+from boundgen.runtime.eager import eager_engine
+from tests.runtime.held import hold, in_thread, node, wait_until
 
 SOON = 0.05  # seconds: a deadline that passes while the runner is held
 LATER = 60.0  # a deadline no test reaches
-
-
-class HeldRunner:
-    """Wraps a model runner: records the tokens of every call; the first call waits for `release`."""
-
-    def __init__(self, runner):
-        self.runner, self.calls = runner, []
-        self.started, self.release = threading.Event(), threading.Event()
-
-    def __call__(self, tokens, positions, cu_seqlens):
-        self.calls.append(tokens.tolist())
-        if len(self.calls) == 1:
-            self.started.set()
-            assert self.release.wait(30), "the test never released the runner"
-        return self.runner(tokens, positions, cu_seqlens)
-
-
-def node(engine, name):
-    return next(n for n in engine.dag.nodes if n.spec.name == name)
-
-
-def hold(engine) -> HeldRunner:
-    model = node(engine, "model")
-    model.runner = HeldRunner(model.runner)
-    return model.runner
-
-
-def in_thread(fn, *args, **kwargs):
-    out = {}
-
-    def call():
-        try:
-            out["result"] = fn(*args, **kwargs)
-        except BaseException as exc:  # handed to the test
-            out["error"] = exc
-
-    thread = threading.Thread(target=call)
-    thread.start()
-    return thread, out
-
-
-def wait_until(predicate, what):
-    for _ in range(3000):
-        if predicate():
-            return
-        time.sleep(0.01)
-    raise AssertionError(f"never: {what}")
-
-
-@pytest.fixture(scope="module")
-def score_spec(tiny_qwen3_dir):
-    ids = label_token_ids(Tokenizer.from_dir(tiny_qwen3_dir), (" yes", " no"))
-    return ScoreSpec(labels=(" yes", " no"), label_token_ids=ids, max_samples=6, max_tokens_per_sample=32,
-                     max_total_tokens=64)
 
 
 @pytest.mark.parametrize("batching", [True, False], ids=["batched", "contexts"])

@@ -9,8 +9,10 @@ Configured by `fake.json` in a directory that stands in for an artifact:
   tests can keep a request running for exactly as long as they need;
 - `warmup()` blocks until the file `gate` exists (bounded), so tests can hold a server in "loading";
 - `workers: N` runs at most N calls at once, as a real engine with N contexts (or one batching
-  worker) does: a call waits for a free worker, and a call given a deadline that passes while it
-  waits is not run (DeadlineExceeded, as runtime/executor.py and runtime/batcher.py raise it);
+  worker) does: a call waits for a free worker, and a call given a deadline that passes, or a
+  `cancelled` event that is set, while it waits is not run (DeadlineExceeded / Cancelled, as
+  runtime/executor.py and runtime/batcher.py raise them); the log records when a call starts to
+  wait and when one is refused (`read_events`);
 - "tokens" are whitespace-separated words; the limits and messages mirror the real tokenizer's.
 """
 
@@ -26,8 +28,8 @@ from pathlib import Path
 
 import numpy as np
 
-from boundgen.errors import DeadlineExceeded, InvalidInput
-from boundgen.runtime.engine import Engine, EngineSpec
+from boundgen.errors import Cancelled, DeadlineExceeded, InvalidInput
+from boundgen.runtime.engine import Engine, EngineSpec, wait_slice
 from boundgen.runtime.results import BeamResult, ScoreResult
 
 SLEEP = re.compile(r"sleep=([0-9.]+)")
@@ -64,11 +66,11 @@ class FakeEngine(Engine):
 
     # ---- Engine -------------------------------------------------------------------------
 
-    def score(self, texts, deadline=None):
+    def score(self, texts, deadline=None, cancelled=None):
         if self.spec.task != "score":
-            return super().score(texts, deadline)
+            return super().score(texts, deadline, cancelled)
         self._check(texts)
-        start = self._compute(texts, deadline)
+        start = self._compute(texts, deadline, cancelled)
         logits = np.array([[(_h(t) >> (4 * j)) % 97 / 10.0 for j in range(len(self.spec.label_token_ids))]
                            for t in texts], dtype=np.float64)
         probs = np.exp(logits - logits.max(axis=1, keepdims=True))
@@ -76,11 +78,11 @@ class FakeEngine(Engine):
         self._record(texts, start)
         return ScoreResult(probs, list(self.spec.label_token_ids), {"pre": 0.0, "model": time.monotonic() - start})
 
-    def beam(self, text, deadline=None):
+    def beam(self, text, deadline=None, cancelled=None):
         if self.spec.task != "beam":
-            return super().beam(text, deadline)
+            return super().beam(text, deadline, cancelled)
         self._check([text])
-        start = self._compute([text], deadline)
+        start = self._compute([text], deadline, cancelled)
         w, n, h = self.spec.width, self.spec.steps, _h(text)
         ids = ((h + 31 * np.arange(w)[:, None] + 7 * np.arange(n)[None, :]) % 1000).astype(np.int32)
         scores = (-0.5 * np.arange(w) - (h % 10) / 10.0).astype(np.float32)
@@ -103,8 +105,12 @@ class FakeEngine(Engine):
             if n > limit:
                 raise InvalidInput(f"sample {i} has {n} tokens, more than the limit of {limit} tokens per sample")
 
-    def _compute(self, texts, deadline: float | None) -> float:
-        self._enter(deadline)
+    def _compute(self, texts, deadline: float | None, cancelled: threading.Event | None) -> float:
+        try:
+            self._enter(texts, deadline, cancelled)
+        except (DeadlineExceeded, Cancelled) as exc:
+            self._write({"texts": list(texts), "event": "refused", "error": type(exc).__name__})
+            raise
         try:
             start = time.monotonic()
             asked = [float(m.group(1)) for t in texts for m in SLEEP.finditer(t)]
@@ -118,21 +124,37 @@ class FakeEngine(Engine):
             if self._workers is not None:
                 self._workers.release()
 
-    def _enter(self, deadline: float | None) -> None:
-        """Wait for a free worker (if bounded), at most until the deadline; past it, do not run."""
-        left = None if deadline is None else deadline - time.monotonic()
-        if left is not None and left <= 0:
+    def _enter(self, texts, deadline: float | None, cancelled: threading.Event | None) -> None:
+        """Wait for a free worker (if bounded), at most until the deadline and while not
+        cancelled (looked at every CANCEL_POLL_S, as the real engines do); else do not run."""
+        self._refuse(time.monotonic(), deadline, cancelled, waiting=False)
+        if self._workers is None or self._workers.acquire(blocking=False):
+            return
+        self._write({"texts": list(texts), "event": "waiting"})
+        while True:
+            now = time.monotonic()
+            self._refuse(now, deadline, cancelled, waiting=True)
+            if self._workers.acquire(timeout=wait_slice(now, deadline, cancelled)):
+                return
+
+    def _refuse(self, now: float, deadline: float | None, cancelled: threading.Event | None, waiting: bool) -> None:
+        if cancelled is not None and cancelled.is_set():
+            where = f"waiting for a worker of model {self.spec.name}" if waiting else "before it could start"
+            raise Cancelled(f"fake engine: the request was cancelled {where}; it was not run")
+        if deadline is not None and now >= deadline:
+            if waiting:
+                raise DeadlineExceeded(f"fake engine: the deadline passed waiting for a worker of model "
+                                       f"{self.spec.name}; the request was not run")
             raise DeadlineExceeded(f"fake engine: the deadline had passed before model {self.spec.name} "
                                    "could start; the request was not run")
-        if self._workers is not None and not self._workers.acquire(timeout=left):
-            raise DeadlineExceeded(f"fake engine: the deadline passed waiting for a worker of model "
-                                   f"{self.spec.name}; the request was not run")
 
     def _record(self, texts, start: float) -> None:
+        self._write({"texts": list(texts), "start": start, "end": time.monotonic()})
+
+    def _write(self, record: dict) -> None:
         if self.log:
-            line = json.dumps({"texts": list(texts), "start": start, "end": time.monotonic()})
             with self._lock, open(self.log, "a") as f:
-                f.write(line + "\n")
+                f.write(json.dumps(record) + "\n")
 
 
 def _wait_for_file(path: str) -> None:
@@ -145,6 +167,25 @@ def _wait_for_file(path: str) -> None:
 
 def read_log(path: Path) -> list[dict]:
     """The calls a fake engine completed (one dict per call: texts, start, end in monotonic seconds)."""
+    return [record for record in _records(path) if "event" not in record]
+
+
+def read_events(path: Path, event: str) -> list[dict]:
+    """The calls that started to wait for a worker (`event` "waiting"), or that were refused
+    without running ("refused"; `error`: the exception's class name)."""
+    return [record for record in _records(path) if record.get("event") == event]
+
+
+def wait_for_event(path: Path, text: str, event: str, timeout_s: float = 10.0) -> None:
+    """Wait (bounded) until the log at `path` holds `event` ("waiting", "refused") for a call with `text`."""
+    end = time.monotonic() + timeout_s
+    while not any(text in record["texts"] for record in read_events(path, event)):
+        if time.monotonic() > end:
+            raise AssertionError(f"the fake engine never logged {event!r} for {text!r}")
+        time.sleep(0.01)
+
+
+def _records(path: Path) -> list[dict]:
     if not Path(path).exists():
         return []
     return [json.loads(line) for line in Path(path).read_text().splitlines() if line]

@@ -9,6 +9,7 @@ import threading
 
 import pytest
 
+from boundgen.errors import Cancelled
 from boundgen.server.admission import Admission
 from boundgen.server.status import DeadlineExceeded, Overloaded, Unavailable
 
@@ -160,6 +161,33 @@ def test_cancel_while_running_holds_the_slot_until_the_engine_returns():
         b.release.set()
         assert await tb == "b"
         assert adm.inflight == 0
+        adm.shutdown()
+
+    run(main())
+
+
+def test_cancel_reaches_the_engine_call():
+    """The event handed to run() is set when the caller is cancelled: an engine call waiting on it
+    (as a request queued inside a busy engine does) returns at once, unrun, and frees the slot."""
+
+    async def main():
+        adm = Admission("m", max_inflight=1, max_queue=1)
+        gone, entered, ran = threading.Event(), threading.Event(), []
+
+        def engine_call():
+            entered.set()
+            assert gone.wait(10.0), "the cancel never reached the engine call"
+            raise Cancelled("waited inside the engine; not run")
+
+        task = asyncio.create_task(adm.run(engine_call, now() + LONG, gone))
+        await asyncio.to_thread(entered.wait, 10.0)
+        task.cancel()
+        await wait_until(lambda: adm.inflight == 0, "the slot freed")
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        b = Work(ran, "b")
+        b.release.set()
+        assert await adm.run(b, now() + LONG) == "b"
         adm.shutdown()
 
     run(main())

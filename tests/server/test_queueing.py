@@ -1,7 +1,8 @@
 """Admission through a real server: full queue 429, deadline in the queue 504 (never run),
 deadline passing inside the engine 504 (never run), late answers dropped, cancel and disconnect
-free their place. One slot, one queue place; requests are held running with the fake engine's
-`hold=FILE` until the test releases them.
+free their place, and reach the engine (a request cancelled while it waits there never runs).
+One slot, one queue place; requests are held running with the fake engine's `hold=FILE` until
+the test releases them.
 The default deadline (30 s) is far beyond every wait here, so a freed place is the client's doing."""
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import tritonclient.http as thttp
 from tritonclient.utils import InferenceServerException
 
 from tests.server.conftest import SCORE_SPEC, metric, wait_metric
-from tests.server.fake_engine import read_log, write_fake_artifact
+from tests.server.fake_engine import read_events, read_log, wait_for_event, write_fake_artifact
 
 INFLIGHT = 'boundgen_inflight_requests{model="fscore"}'
 QUEUED = 'boundgen_queue_depth{model="fscore"}'
@@ -70,6 +71,15 @@ def grpc_infer(server, text, client_timeout=None, timeout_us=None):
 
 def ran(server, text) -> bool:
     return any(text in call["texts"] for call in read_log(server.log))
+
+
+def send_and_leave(server, text) -> socket.socket:
+    """An HTTP infer request on a raw connection, which the caller closes to disconnect."""
+    body = ('{"inputs":[{"name":"TEXT","datatype":"BYTES","shape":[1],"data":["%s"]}]}' % text).encode()
+    sock = socket.create_connection((server.host, server.http_port), timeout=10)
+    sock.sendall(b"POST /v2/models/fscore/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+    return sock
 
 
 def occupy(server, pool):
@@ -158,6 +168,32 @@ def test_deadline_inside_the_engine_is_504_and_never_runs(busy_engine, pool, pro
     assert not ran(busy_engine, text) and ran(busy_engine, "has time left")
 
 
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_cancel_inside_the_engine_never_runs(busy_engine, pool, protocol):
+    """The server hands the client's cancellation to the engine: a request admitted but waiting
+    inside the busy engine leaves it unrun once its client goes away, and its slot frees while
+    the busy call still runs."""
+    cancelled = f'boundgen_requests_total{{model="fscore",outcome="cancelled",protocol="{protocol}"}}'
+    before = metric(busy_engine, cancelled)
+    a, fa = occupy(busy_engine, pool)
+    text = f"cancelled inside the engine {protocol}"
+    if protocol == "http":
+        with send_and_leave(busy_engine, text):
+            wait_for_event(busy_engine.log, text, "waiting")
+    else:
+        client = tgrpc.InferenceServerClient(busy_engine.grpc_url)
+        call = client.async_infer("fscore", [grpc_input(text)], callback=lambda result, error: None)
+        wait_for_event(busy_engine.log, text, "waiting")
+        call.cancel()
+    wait_metric(busy_engine, INFLIGHT, 1)  # its engine call returned while `a` still holds the engine
+    refused = [r["error"] for r in read_events(busy_engine.log, "refused") if text in r["texts"]]
+    assert refused == ["Cancelled"]
+    wait_metric(busy_engine, cancelled, before + 1)
+    a.release()
+    assert fa.result(30).as_numpy("SCORES").shape == (1, 2)
+    assert not ran(busy_engine, text)
+
+
 def test_answer_after_deadline_is_504(fake_server):
     """Runs on the shared server, whose fast engine's compute estimate lets the request start."""
     with pytest.raises(InferenceServerException) as err:
@@ -167,10 +203,7 @@ def test_answer_after_deadline_is_504(fake_server):
 
 def test_http_disconnect_while_queued_frees_the_place(one_slot, pool):
     a, fa = occupy(one_slot, pool)
-    body = b'{"inputs":[{"name":"TEXT","datatype":"BYTES","shape":[1],"data":["gone while queued"]}]}'
-    with socket.create_connection((one_slot.host, one_slot.http_port), timeout=10) as sock:
-        sock.sendall(b"POST /v2/models/fscore/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                     b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+    with send_and_leave(one_slot, "gone while queued"):
         wait_metric(one_slot, QUEUED, 1)
     wait_metric(one_slot, QUEUED, 0)  # the server noticed the client leave
     c = Hold(one_slot.root)
@@ -203,10 +236,7 @@ def test_disconnect_while_running_holds_the_slot_until_done(one_slot, pool):
     cancelled = 'boundgen_requests_total{model="fscore",outcome="cancelled",protocol="http"}'
     before = metric(one_slot, cancelled)
     a = Hold(one_slot.root)
-    body = ('{"inputs":[{"name":"TEXT","datatype":"BYTES","shape":[1],"data":["%s"]}]}' % a.text).encode()
-    with socket.create_connection((one_slot.host, one_slot.http_port), timeout=10) as sock:
-        sock.sendall(b"POST /v2/models/fscore/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                     b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+    with send_and_leave(one_slot, a.text):
         wait_metric(one_slot, INFLIGHT, 1)
     b = Hold(one_slot.root)
     fb = pool.submit(http_infer, one_slot, b.text)

@@ -1,6 +1,6 @@
 """`--replicas N`: one front end, N worker processes (each a fake-engine `boundgen serve`).
 Traffic reaches every worker; a killed worker fails only its own in-flight request (503) and
-comes back, while the others keep serving."""
+comes back, while the others keep serving; deadlines and cancellations reach the worker."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import tritonclient.http as thttp
 from tritonclient.utils import InferenceServerException
 
 from tests.server.conftest import SCORE_SPEC, metric, wait_metric
-from tests.server.fake_engine import read_log, write_fake_artifact
+from tests.server.fake_engine import read_events, read_log, wait_for_event, write_fake_artifact
 
 WORKER = re.compile(r"worker (\d+) \(pid (\d+)\) ready")
 
@@ -119,3 +119,31 @@ def test_deadline_reaches_the_worker(launch, tmp_path):
         assert held.result(timeout=30).shape == (1, 2)
     assert server.stop() == 0
     assert not any("expires in the worker" in call["texts"] for call in read_log(log))
+
+
+def test_cancel_reaches_the_worker(launch, tmp_path):
+    """A client that cancels its front-end request cancels the call to the worker: the request,
+    waiting inside the busy worker's engine, is dropped there unrun while the busy call still runs."""
+    log = tmp_path / "calls.jsonl"
+    artifact = write_fake_artifact(tmp_path / "fscore", SCORE_SPEC, log=log, workers=1)
+    server = launch([artifact], args=["--replicas", "1", "--max-inflight", "2"])
+    hold = tmp_path / f"release-{uuid.uuid4().hex}"
+    text = "cancelled in the worker"
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(1) as pool:
+        held = pool.submit(infer, server, f"held hold={hold}")
+        wait_metric(server, 'boundgen_worker_inflight_requests{worker="0"}', 1)
+        t = tgrpc.InferInput("TEXT", [1], "BYTES")
+        t.set_data_from_numpy(np.array([text.encode()], dtype=object))
+        call = tgrpc.InferenceServerClient(server.grpc_url).async_infer("fscore", [t], callback=lambda r, e: None,
+                                                                        timeout=20_000_000)  # no deadline here
+        wait_for_event(log, text, "waiting")
+        call.cancel()
+        wait_for_event(log, text, "refused")  # while `held` still holds the worker's engine
+        wait_metric(server, 'boundgen_worker_requests_total{outcome="cancelled",worker="0"}', 1)
+        hold.touch()
+        assert held.result(timeout=30).shape == (1, 2)
+    assert server.stop() == 0
+    assert [r["error"] for r in read_events(log, "refused") if text in r["texts"]] == ["Cancelled"]
+    assert not any(text in call["texts"] for call in read_log(log))

@@ -1,0 +1,55 @@
+"""Helpers for tests that keep an engine busy without depending on how fast anything runs: the
+model runner is wrapped so that its first call blocks on an Event until the test releases it,
+and every call's tokens are recorded (a request that never ran has no tokens there)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+
+class HeldRunner:
+    """Wraps a model runner: records the tokens of every call; the first call waits for `release`."""
+
+    def __init__(self, runner):
+        self.runner, self.calls = runner, []
+        self.started, self.release = threading.Event(), threading.Event()
+
+    def __call__(self, tokens, positions, cu_seqlens):
+        self.calls.append(tokens.tolist())
+        if len(self.calls) == 1:
+            self.started.set()
+            assert self.release.wait(30), "the test never released the runner"
+        return self.runner(tokens, positions, cu_seqlens)
+
+
+def node(engine, name):
+    return next(n for n in engine.dag.nodes if n.spec.name == name)
+
+
+def hold(engine) -> HeldRunner:
+    model = node(engine, "model")
+    model.runner = HeldRunner(model.runner)
+    return model.runner
+
+
+def in_thread(fn, *args, **kwargs):
+    out = {}
+
+    def call():
+        try:
+            out["result"] = fn(*args, **kwargs)
+        except BaseException as exc:  # handed to the test
+            out["error"] = exc
+
+    thread = threading.Thread(target=call)
+    thread.start()
+    return thread, out
+
+
+def wait_until(predicate, what):
+    for _ in range(3000):
+        if predicate():
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"never: {what}")
