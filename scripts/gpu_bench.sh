@@ -22,8 +22,8 @@
 #               per call, CUDA graphs, 2 contexts, token bucket 128)
 #   W1_ENGINE   engine overrides for W1 (default: --contexts 2 --cuda-graphs --batching)
 #   ENGINE      engine overrides for W2/W3 (default: --contexts 4 --cuda-graphs)
-#   BATCHED_ENGINE  if set, W2/W3 run a second time with these engine flags (e.g. --batching ...),
-#               results in $OUT/batched/
+#   BATCHED_ENGINE  if set, W2/W3 run a second time, without the peer, with these engine flags
+#               (e.g. --batching ..., or the unbatched flags when ENGINE batches), results in $OUT/batched/
 #   SWEEP       load-generator flags                  (default: levels 1..32, 3 s each)
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

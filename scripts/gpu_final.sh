@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The whole GPU session in one device call (< 10 minutes):
 #   1. first the fused elementwise kernels' gpu tests: they decide whether the eager engines use them;
-#   2. scripts/gpu_bench.sh in the background (demo checkpoints, W1 build, W1/W2/W3 benches vs the peer);
+#   2. scripts/gpu_bench.sh in the background (demo checkpoints, W1 and beam builds, W1 and W2/W3
+#      benches vs the peer, both with concurrent requests batched; W2/W3 a second time unbatched
+#      unless BEAM_UNBATCHED=0);
 #   3. with EXTRAS=1, meanwhile, while it writes checkpoints and compiles: the attention kernels'
 #      gpu tests, scripts/peer_check.py (where the HF peer's W1 time goes) and kernel timings;
-#      with BEAM_BATCHING=1, W2/W3 a second time with concurrent requests batched;
 #   4. everything packed into $OUT (at most 8 files come back from the device tool).
 #   OUT=/dir bash scripts/gpu_final.sh      (system python3; PYTHONPATH is set here)
 set -uo pipefail
@@ -23,11 +24,12 @@ if [[ -n "$fused_tests" ]]; then
   (( rc == 0 )) && fused="--lowering rmsnorm=triton --lowering rope=triton --lowering silu_mul=triton"
 fi
 log "W2/W3 eager engine lowering extra: ${fused:-none}"
-batched=""
-[[ -n "${BEAM_BATCHING:-}" ]] && batched="--contexts 2 --cuda-graphs --batching $fused"
-SWEEP="${SWEEP:---concurrency 1,2,4,8,16 --duration 2 --warmup 0.5 --open-loop-rate auto --profile-requests 20}"
-OUT="$RES" BUDGET_S="${BUDGET_S:-470}" SWEEP="$SWEEP" ENGINE="--contexts 4 --cuda-graphs $fused" BATCHED_ENGINE="$batched" \
-  W1_ENGINE="--contexts 2 --cuda-graphs --batching $fused" bash scripts/gpu_bench.sh > "$RES/gpu_bench.out" 2>&1 &
+unbatched="--contexts 4 --cuda-graphs $fused"
+[[ "${BEAM_UNBATCHED:-1}" == 0 ]] && unbatched=""
+SWEEP="${SWEEP:---concurrency 1,2,4,8,16,32 --duration 2 --warmup 1 --open-loop-rate auto --profile-requests 20}"
+OUT="$RES" BUDGET_S="${BUDGET_S:-470}" SWEEP="$SWEEP" ENGINE="--contexts 2 --cuda-graphs --batching $fused" \
+  BATCHED_ENGINE="$unbatched" W1_ENGINE="--contexts 2 --cuda-graphs --batching $fused" \
+  bash scripts/gpu_bench.sh > "$RES/gpu_bench.out" 2>&1 &
 bench=$!
 if [[ -n "${EXTRAS:-}" ]]; then  # kernel tests, peer check and kernel timings while the W1 artifact compiles
   timeout 150 python3 -m pytest -q -m gpu tests/ops/test_packed_attention.py tests/ops/test_prefix_attention.py \
