@@ -8,6 +8,7 @@
 #      gpu tests, scripts/peer_check.py (where the HF peer's W1 time goes) and kernel timings;
 #   4. everything packed into $OUT (at most 8 files come back from the device tool).
 #   OUT=/dir bash scripts/gpu_final.sh      (system python3; PYTHONPATH is set here)
+# EXTRAS=1 competes with the builds for CPU: leave it off when both artifacts must build.
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -27,7 +28,9 @@ log "W2/W3 eager engine lowering extra: ${fused:-none}"
 unbatched="--contexts 4 --cuda-graphs $fused"
 [[ "${BEAM_UNBATCHED:-1}" == 0 ]] && unbatched=""
 SWEEP="${SWEEP:---concurrency 1,2,4,8,16,32 --duration 2 --warmup 1 --open-loop-rate auto --profile-requests 20}"
-OUT="$RES" BUDGET_S="${BUDGET_S:-470}" SWEEP="$SWEEP" ENGINE="--contexts 2 --cuda-graphs --batching $fused" \
+# 540 s for gpu_bench.sh leaves ~270 s for the two builds side by side (each ~165 s alone on the
+# H200, 2026-11-29) inside one 600 s device call, after the fused kernel tests.
+OUT="$RES" BUDGET_S="${BUDGET_S:-540}" SWEEP="$SWEEP" ENGINE="--contexts 2 --cuda-graphs --batching $fused" \
   BATCHED_ENGINE="$unbatched" W1_ENGINE="--contexts 2 --cuda-graphs --batching $fused" \
   bash scripts/gpu_bench.sh > "$RES/gpu_bench.out" 2>&1 &
 bench=$!
