@@ -91,12 +91,11 @@ def build(cfg: BuildConfig, progress: Progress | None = None) -> dict:
         progress.stage("export", ", ".join(f"{k} in [{lo}, {hi}]" for k, (lo, hi) in bounds.items()))
         eps = export.export_programs(program, cfg.spec, device, vocab)
 
+        progress.stage("compile", f"AOTInductor for {cfg.device}, weights {cfg.weights} (takes a while)")
         packages = {}
-        for i, (name, ep) in enumerate(eps.items()):
-            if i == 0:
-                progress.stage("compile", f"AOTInductor for {cfg.device}, weights {cfg.weights} (takes a while)")
+        for i, (name, ep) in enumerate(eps.items(), 1):
             if len(eps) > 1:
-                progress(f"  package {i + 1}/{len(eps)}: {aoti.package_file(name)}")
+                progress(f"  package {i}/{len(eps)}: {aoti.package_file(name)}")
             packages[name] = aoti.compile_package(ep, tmp, cfg.device, cfg.weights, name).name
         weights = aoti.write_weights(list(eps.values()), tmp).name if cfg.weights == "external" else None
         del eps

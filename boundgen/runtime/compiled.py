@@ -1,6 +1,7 @@
 """The model node's runner for a built artifact: its AOTInductor packages plus their weights.
 
-`CompiledRunner(package, weights, device, executors)` loads one package once; `executors`
+`CompiledRunner(package, weights, device, executors)` loads one package once (`weights`: the
+tensors `load_weights` read from the weights file); `executors`
 model instances share one set of weights, so that many calls may run at once. A call takes
 the program's input tensors (on the artifact's device) and returns its outputs as a list, on
 the caller's current CUDA stream. A score artifact is one package ("model"); a beam artifact
@@ -84,10 +85,11 @@ class BeamStagesRunner:
 
 
 class CompiledRunner:
-    def __init__(self, package: str | Path, weights: str | Path | dict | None, device: str | torch.device,
+    def __init__(self, package: str | Path, weights: dict[str, torch.Tensor] | None, device: str | torch.device,
                  executors: int = 1, custom_ops: list[str] = (), single_threaded: bool = False,
-                 weights_name: str | None = None):
-        """weights: a weights file, or its tensors already loaded (shared by several packages)."""
+                 weights_name: str = "weights"):
+        """weights: the weights file's tensors (`load_weights`; one load serves several packages),
+        or None when they are inside the package; weights_name names the file in errors."""
         import_ops(list(custom_ops))
         self.device = torch.device(device)
         # The C++ loader directly: `torch._inductor.package.load_package` wraps the same class but
@@ -99,15 +101,11 @@ class CompiledRunner:
         self.weights = None
         if weights is not None:
             # The package reads these tensors in place (user_managed), so keep them.
-            if isinstance(weights, dict):
-                state = weights
-            else:
-                state, weights_name = load_weights(weights, self.device), Path(weights).name
             needed = self.loader.get_constant_fqns()
-            missing = sorted(set(needed) - set(state))
+            missing = sorted(set(needed) - set(weights))
             if missing:
                 raise KeyError(f"weights file {weights_name} lacks {', '.join(missing[:5])}")
-            self.weights = {name: state[name] for name in needed}
+            self.weights = {name: weights[name] for name in needed}
             # (constants, use_inactive, check_full_update, user_managed)
             self.loader.load_constants(self.weights, False, True, True)
 

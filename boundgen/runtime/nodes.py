@@ -73,10 +73,11 @@ class TokenizeNode(Node):
         if not self.token_bucket:
             return None
         b = self.bounds
+        tokens = bucket_size(num_tokens, self.token_bucket, b.call_max_tokens)
         if not self.single:
-            return bucket_size(num_tokens, self.token_bucket, b.max_total_tokens), b.max_samples + 1
+            return tokens, b.max_samples + 1
         requests = request_bucket(num_sequences + 1, b.max_requests)  # + 1: the filler request
-        return None if requests is None else (bucket_size(num_tokens, self.token_bucket, b.call_max_tokens), requests)
+        return None if requests is None else (tokens, requests)
 
     def warm_batches(self) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
         """One synthetic padded batch per shape that `stage` can produce (CPU tensors), to capture
@@ -84,20 +85,19 @@ class TokenizeNode(Node):
         if not self.token_bucket:
             return []
         b, bucket = self.bounds, self.token_bucket
+        # (tokens, one-token sequences before the filler, sequences in all)
         if not self.single:
-            shapes = {(t, 2) for t in _multiples(bucket, b.max_total_tokens)}
+            shapes = {(t, 1, b.max_samples + 1) for t in _multiples(bucket, b.call_max_tokens)}
         else:
             shapes = set()
             for real in range(1, b.max_requests):
                 requests = request_bucket(real + 1, b.max_requests)
                 most = bucket_size(real * b.max_prompt_tokens, bucket, b.call_max_tokens)
-                shapes |= {(t, requests) for t in _multiples(bucket, most) if t >= requests - 1}
+                shapes |= {(t, requests - 1, requests) for t in _multiples(bucket, most) if t >= requests - 1}
         batches = []
-        for total, sequences in sorted(shapes):
-            real = sequences - 1  # one-token sequences; the filler takes the rest
+        for total, real, sequences in sorted(shapes):
             ids = torch.zeros(real, dtype=torch.int64)
-            cu = torch.arange(real + 1, dtype=torch.int32)
-            batches.append(pad_batch(ids, ids, cu, total, sequences if self.single else b.max_samples + 1))
+            batches.append(pad_batch(ids, ids, torch.arange(real + 1, dtype=torch.int32), total, sequences))
         return batches
 
 

@@ -11,7 +11,7 @@ import boundgen
 from boundgen.build.manifest import MANIFEST_FILE, sha256_file
 from boundgen.errors import InvalidInput
 from boundgen.programs.spec import spec_from_dict
-from boundgen.runtime.compiled import CompiledRunner, load_runner
+from boundgen.runtime.compiled import load_runner
 from boundgen.runtime.eager import eager_engine
 from boundgen.text.tokenizer import Tokenizer
 from tests.concurrency import call_together
@@ -163,8 +163,8 @@ def test_concurrency_settings_come_from_the_manifest_and_can_be_overridden(score
 def test_single_threaded_runner_for_cuda_graphs_gives_the_same_bytes(score_artifact):
     manifest = json.loads((score_artifact / MANIFEST_FILE).read_text())
     compiled = manifest["compile"]
-    single = CompiledRunner(score_artifact / compiled["packages"]["model"], score_artifact / compiled["weights_file"],
-                            "cpu", executors=4, single_threaded=True)
+    single = load_runner(score_artifact, compiled["packages"], compiled["weights_file"], "cpu", executors=4,
+                         single_threaded=True)
     batch = Tokenizer.from_dir(score_artifact).encode_packed(TEXTS, 16)
     inputs = (batch.tokens, batch.positions, batch.cu_seqlens)
     assert single(*inputs)[0].numpy().tobytes() == direct_runner(score_artifact)(*inputs)[0].numpy().tobytes()
