@@ -4,6 +4,7 @@ and every call's tokens are recorded (a request that never ran has no tokens the
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 
@@ -31,6 +32,17 @@ def hold(engine) -> HeldRunner:
     model = node(engine, "model")
     model.runner = HeldRunner(model.runner)
     return model.runner
+
+
+@contextlib.contextmanager
+def held(engine):
+    """`hold(engine)` for the body of a with-block; then the runner is released and the engine closed."""
+    runner = hold(engine)
+    try:
+        yield runner
+    finally:
+        runner.release.set()
+        engine.close()
 
 
 def in_thread(fn, *args, **kwargs):

@@ -13,7 +13,7 @@ import pytest
 from boundgen.errors import Cancelled
 from boundgen.programs.spec import BeamSpec
 from boundgen.runtime.eager import eager_engine
-from tests.runtime.held import hold, in_thread, node, wait_until
+from tests.runtime.held import held, in_thread, node, wait_until
 
 
 def waiting_callers(engine, batching: bool):
@@ -41,11 +41,10 @@ def cancelled_event() -> threading.Event:
 @pytest.mark.parametrize("batching", [True, False], ids=["batched", "contexts"])
 def test_cancelled_while_waiting_never_runs(tiny_qwen3_dir, score_spec, batching):
     engine = eager_engine(tiny_qwen3_dir, score_spec, contexts=1, batching=batching)
-    runner = hold(engine)
     names = ("first holds the worker", "cancelled while waiting", "cancelled before", "not cancelled")
     tokens = {name: node(engine, "tokenize").encode([name]).tokens.tolist() for name in names}
     waiting = waiting_callers(engine, batching)
-    try:
+    with held(engine) as runner:
         first, first_out = in_thread(engine.score, ["first holds the worker"])
         assert runner.started.wait(30)
         seen = waiting()
@@ -69,16 +68,12 @@ def test_cancelled_while_waiting_never_runs(tiny_qwen3_dir, score_spec, batching
         assert runner.calls == [tokens["first holds the worker"], tokens["not cancelled"]]
         if batching:
             assert engine._batcher.cancelled == 1  # the one cancelled before never entered the queue
-    finally:
-        runner.release.set()
-        engine.close()
 
 
 def test_batched_beam_cancelled_while_queued_never_runs(tiny_qwen2_dir):
     engine = eager_engine(tiny_qwen2_dir, BeamSpec(width=2, steps=2, max_prompt_tokens=16, max_requests=3),
                           contexts=1, batching=True)
-    runner = hold(engine)
-    try:
+    with held(engine) as runner:
         first, first_out = in_thread(engine.beam, "first holds the worker")
         assert runner.started.wait(30)
         gone = threading.Event()
@@ -92,6 +87,3 @@ def test_batched_beam_cancelled_while_queued_never_runs(tiny_qwen2_dir):
         assert len(first_out["result"].texts) == 2 and len(runner.calls) == 1
         assert len(engine.beam("not cancelled", cancelled=threading.Event()).texts) == 2
         assert len(runner.calls) == 2
-    finally:
-        runner.release.set()
-        engine.close()

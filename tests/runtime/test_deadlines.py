@@ -12,7 +12,7 @@ import pytest
 from boundgen.errors import DeadlineExceeded
 from boundgen.programs.spec import BeamSpec
 from boundgen.runtime.eager import eager_engine
-from tests.runtime.held import hold, in_thread, node, wait_until
+from tests.runtime.held import held, in_thread, node, wait_until
 
 SOON = 0.05  # seconds: a deadline that passes while the runner is held
 LATER = 60.0  # a deadline no test reaches
@@ -21,11 +21,10 @@ LATER = 60.0  # a deadline no test reaches
 @pytest.mark.parametrize("batching", [True, False], ids=["batched", "contexts"])
 def test_expired_while_waiting_never_runs(tiny_qwen3_dir, score_spec, batching):
     engine = eager_engine(tiny_qwen3_dir, score_spec, contexts=1, batching=batching)
-    runner = hold(engine)
     names = ("first holds the worker", "expires while queued", "already late", "has time left")
     tokens = {name: node(engine, "tokenize").encode([name]).tokens.tolist() for name in names}
     waited_for = "waiting for model" if batching else "waiting for a request context"
-    try:
+    with held(engine) as runner:
         first, first_out = in_thread(engine.score, ["first holds the worker"])
         assert runner.started.wait(30)
         with pytest.raises(DeadlineExceeded, match=f"{waited_for}.*not run"):  # while the worker is still held
@@ -43,9 +42,6 @@ def test_expired_while_waiting_never_runs(tiny_qwen3_dir, score_spec, batching):
         assert runner.calls == [tokens["first holds the worker"], tokens["has time left"]]
         if batching:
             assert engine._batcher.expired == 1  # the already-late one never entered the queue
-    finally:
-        runner.release.set()
-        engine.close()
 
 
 def test_expired_waiting_requests_take_no_room_in_the_batch(tiny_qwen3_dir, score_spec):
@@ -53,8 +49,7 @@ def test_expired_waiting_requests_take_no_room_in_the_batch(tiny_qwen3_dir, scor
     clock = [0.0]
     engine = eager_engine(tiny_qwen3_dir, score_spec, contexts=1, batching=True)
     engine._batcher._clock = lambda: clock[0]  # the deadline check's clock, moved by the test
-    runner = hold(engine)
-    try:
+    with held(engine) as runner:
         first, _ = in_thread(engine.score, ["first holds the worker"])
         assert runner.started.wait(30)
         waiting = []
@@ -71,16 +66,12 @@ def test_expired_waiting_requests_take_no_room_in_the_batch(tiny_qwen3_dir, scor
         # 3 + 3 samples fit the call's 6 only because the expired requests were dropped first.
         assert len(runner.calls) == 2 and engine._batcher.expired == 2
         assert outs[1]["result"].timings["batch_requests"] == 2
-    finally:
-        runner.release.set()
-        engine.close()
 
 
 def test_batched_beam_past_deadline_never_runs(tiny_qwen2_dir):
     engine = eager_engine(tiny_qwen2_dir, BeamSpec(width=2, steps=2, max_prompt_tokens=16, max_requests=3),
                           contexts=1, batching=True)
-    runner = hold(engine)
-    try:
+    with held(engine) as runner:
         first, first_out = in_thread(engine.beam, "first holds the worker")
         assert runner.started.wait(30)
         with pytest.raises(DeadlineExceeded, match="not run"):
@@ -89,6 +80,3 @@ def test_batched_beam_past_deadline_never_runs(tiny_qwen2_dir):
         first.join(30)
         assert len(first_out["result"].texts) == 2 and len(runner.calls) == 1
         assert len(engine.beam("has time left", deadline=time.monotonic() + LATER).texts) == 2
-    finally:
-        runner.release.set()
-        engine.close()
