@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from boundgen.errors import Cancelled, DeadlineExceeded
-from boundgen.runtime.engine import wait_slice
+from boundgen.runtime.engine import refusal, wait_slice
 
 
 @dataclass(eq=False)  # compared by identity: the queue removes this very entry
@@ -42,14 +42,9 @@ class _Entry:
     cancelled: threading.Event | None = None
     future: Future = field(default_factory=Future)
 
-    def expired(self, now: float) -> bool:
-        return self.deadline is not None and now >= self.deadline
-
     def gone(self, now: float) -> str | None:
         """Why this request must not run any more ("cancelled", "expired"), or None."""
-        if self.cancelled is not None and self.cancelled.is_set():
-            return "cancelled"
-        return "expired" if self.expired(now) else None
+        return refusal(now, self.deadline, self.cancelled)
 
 
 class Batcher:

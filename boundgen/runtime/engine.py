@@ -26,6 +26,13 @@ from boundgen.runtime.results import BeamResult, ScoreResult
 CANCEL_POLL_S = 0.05
 
 
+def refusal(now: float, deadline: float | None, cancelled: threading.Event | None) -> str | None:
+    """Why a waiting request must not run any more: "cancelled", "expired", or None (it may)."""
+    if cancelled is not None and cancelled.is_set():
+        return "cancelled"
+    return "expired" if deadline is not None and now >= deadline else None
+
+
 def wait_slice(now: float, deadline: float | None, cancelled: threading.Event | None) -> float | None:
     """How long (seconds, >= 0) a caller waiting inside an engine may block before it looks at its
     deadline and `cancelled` event again; None: until what it waits for happens."""

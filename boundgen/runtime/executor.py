@@ -15,7 +15,7 @@ from typing import Sequence
 from boundgen.errors import Cancelled, DeadlineExceeded, InvalidInput
 from boundgen.runtime.context import ContextPool
 from boundgen.runtime.dag import Dag
-from boundgen.runtime.engine import Engine, EngineSpec, wait_slice
+from boundgen.runtime.engine import Engine, EngineSpec, refusal, wait_slice
 from boundgen.runtime.results import BeamResult, ScoreResult
 
 # Which node's time counts as what in a result's timings (seconds).
@@ -64,10 +64,11 @@ class DagEngine(Engine):
     def _refuse(self, start: float, now: float, deadline: float | None, cancelled: threading.Event | None) -> None:
         """Raise Cancelled or DeadlineExceeded if the request must not run (any more)."""
         waited = f"after {(now - start) * 1e3:.1f} ms waiting for a request context of model {self.spec.name}"
-        if cancelled is not None and cancelled.is_set():
+        why = refusal(now, deadline, cancelled)
+        if why == "cancelled":
             before = f"before model {self.spec.name} could start" if now == start else waited
             raise Cancelled(f"the request was cancelled {before}; it was not run")
-        if deadline is not None and now >= deadline:
+        if why == "expired":
             if now == start:
                 raise DeadlineExceeded(f"the deadline passed {(now - deadline) * 1e3:.1f} ms before model "
                                        f"{self.spec.name} could start; the request was not run")
