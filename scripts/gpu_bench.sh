@@ -33,7 +33,7 @@ WORK="${WORK:-/tmp/boundgen_gpu_bench}"
 PY="${PY:-python3}"
 BUDGET_S="${BUDGET_S:-515}"
 W1_BUILD="${W1_BUILD:---lowering packed_attention=triton}"
-BEAM_BUILD="${BEAM_BUILD:---lowering packed_attention=triton --lowering prefix_attention=triton --max-requests 8 --cuda-graphs --contexts 2 --token-bucket 128}"
+BEAM_BUILD="${BEAM_BUILD:---lowering packed_attention=triton --lowering prefix_attention=triton --max-requests 8 --cuda-graphs --batching --contexts 2 --token-bucket 128}"
 W1_ENGINE="${W1_ENGINE:---contexts 2 --cuda-graphs --batching}"
 ENGINE="${ENGINE:---contexts 4 --cuda-graphs}"
 SWEEP="${SWEEP:---concurrency 1,2,4,8,16,32 --duration 3 --warmup 0.5 --open-loop-rate auto --profile-requests 20}"
@@ -88,7 +88,7 @@ build_limit=$(( $(left) - 250 ))
 # W1 bounds hold four 15-sample requests per call, so that concurrent requests can be batched.
 [[ "$W1_BUILD" == skip ]] && { log "W1 skipped (W1_BUILD=skip)"; true; } || \
 step "$build_limit" build_w1 "$PY" -m boundgen build "$Q3" --task score --labels " yes" " no" --max-samples 60 \
-  --max-tokens-per-sample 256 --max-total-tokens 15360 --cuda-graphs --token-bucket 512 --contexts 2 \
+  --max-tokens-per-sample 256 --max-total-tokens 15360 --cuda-graphs --batching --token-bucket 512 --contexts 2 \
   --device cuda --dtype bfloat16 --name w1 \
   --out "$WORK/art/w1" $W1_BUILD &
 p1=$!

@@ -25,7 +25,7 @@ if [[ -n "$fused_tests" ]]; then
   (( rc == 0 )) && fused="--lowering rmsnorm=triton --lowering rope=triton --lowering silu_mul=triton"
 fi
 log "W2/W3 eager engine lowering extra: ${fused:-none}"
-unbatched="--contexts 4 --cuda-graphs $fused"
+unbatched="--contexts 4 --cuda-graphs --no-batching $fused"
 [[ "${BEAM_UNBATCHED:-1}" == 0 ]] && unbatched=""
 SWEEP="${SWEEP:---concurrency 1,2,4,8,16,32 --duration 2 --warmup 1 --open-loop-rate auto --profile-requests 20}"
 # 540 s for gpu_bench.sh leaves ~270 s for the two builds side by side (each ~165 s alone on the

@@ -14,6 +14,7 @@ Keys are the CLI flags' long names with `_` for `-`:
      "lowering": {"packed_attention": "triton"},
      "contexts": 2, "executors": 1,        # runtime concurrency, recorded in the manifest
      "cuda_graphs": false, "token_bucket": 256,   # runtime: CUDA graphs per bucket (runtime/graphs.py)
+     "batching": false,                    # runtime: concurrent requests share model calls (runtime/batched.py)
      "weights": "external",                # "external" (safetensors beside the package) | "packaged"
      "tolerances": {"probs": 2e-2}}        # per-output max abs error allowed by validation
 
@@ -35,7 +36,7 @@ SCORE_KEYS = ("labels", "head", "topk", "max_samples", "max_tokens_per_sample", 
 BEAM_KEYS = ("width", "steps", "max_prompt_tokens", "stop_token_ids", "length_penalty", "min_new_tokens",
              "max_requests")
 COMMON_KEYS = ("name", "task", "device", "dtype", "template", "lowering", "contexts", "executors", "cuda_graphs",
-               "token_bucket", "weights", "tolerances")
+               "batching", "token_bucket", "weights", "tolerances")
 KNOWN_KEYS = frozenset(SCORE_KEYS + BEAM_KEYS + COMMON_KEYS)
 WEIGHT_MODES = ("external", "packaged")
 # Measured on CPU (docs/build.md): external safetensors load faster than weights inside the .so.
@@ -54,6 +55,7 @@ class BuildConfig:
     contexts: int = 1
     executors: int = 1
     cuda_graphs: bool = False
+    batching: bool = False
     token_bucket: int = 256
     weights: str = DEFAULT_WEIGHTS
     tolerances: dict = field(default_factory=dict)  # output name -> max abs error, overriding defaults
@@ -155,7 +157,8 @@ def resolve(model_dir, out, options: dict, base_dir: Path | None = None) -> Buil
     cfg = BuildConfig(model_dir=model_dir, out=Path(out), name=o.get("name") or Path(out).name, device=device,
                       dtype=dtype, spec=spec, lowering=OpLowering.from_dict(lowering),
                       contexts=_int(o, "contexts", 1), executors=_int(o, "executors", 1),
-                      cuda_graphs=bool(o.get("cuda_graphs", False)), token_bucket=_int(o, "token_bucket", 256),
+                      cuda_graphs=bool(o.get("cuda_graphs", False)), batching=bool(o.get("batching", False)),
+                      token_bucket=_int(o, "token_bucket", 256),
                       weights=weights,
                       tolerances={k: float(v) for k, v in tolerances.items()})
     cfg.lowering.resolve()  # every named implementation exists

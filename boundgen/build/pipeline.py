@@ -178,6 +178,7 @@ def _manifest(cfg: BuildConfig, model_cfg: dict, topology: dict, num_classes: in
             "contexts": cfg.contexts,
             "executors": cfg.executors,
             "cuda_graphs": cfg.cuda_graphs,
+            "batching": cfg.batching,
             "token_bucket": cfg.token_bucket,
         },
         "compile": {

@@ -57,8 +57,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--executors", type=int, default=None, help="engine model calls at once (default: the artifact's)")
     p.add_argument("--cuda-graphs", action="store_true", default=None, help="engine replays CUDA graphs "
                    "(default: the artifact's setting)")
-    p.add_argument("--batching", action="store_true", default=None,
-                   help="concurrent requests share model calls within the artifact's bounds (eager beam: up to 8)")
+    p.add_argument("--batching", action=argparse.BooleanOptionalAction, default=None,
+                   help="concurrent requests share model calls within the artifact's bounds (eager beam: up to 8); "
+                        "default: the artifact's setting, off for the eager engine")
     p.add_argument("--lowering", action="append", default=[], metavar="OP=IMPL",
                    help="eager engine only: op lowering, repeatable (default on cuda: Triton attention)")
     p.add_argument("--device", default=None, help="device for the peer and an eager engine (default: cuda if present)")

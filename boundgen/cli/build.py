@@ -58,6 +58,8 @@ def register(sub):
     g.add_argument("--contexts", type=int, default=None, help="request contexts preallocated at load (default 1)")
     g.add_argument("--executors", type=int, default=None, help="model calls that may run at once (default 1)")
     g.add_argument("--cuda-graphs", action="store_true", default=None, help="replay CUDA graphs per shape bucket")
+    g.add_argument("--batching", action="store_true", default=None,
+                   help="concurrent requests share model calls (recorded in the manifest; `serve` uses it)")
     g.add_argument("--token-bucket", type=int, default=None, help="score token bucket for CUDA graphs (default 256)")
     p.set_defaults(run=run)
 
@@ -78,6 +80,7 @@ def run(args):
     if args.lowering is not None:
         flags["lowering"] = {**options.get("lowering", {}), **config.parse_lowering_flags(args.lowering)}
     flags["cuda_graphs"] = args.cuda_graphs
+    flags["batching"] = args.batching
     options.update({k: v for k, v in flags.items() if v is not None})
     cfg = config.resolve(args.model, args.out, options, base_dir)
     written = build(cfg)

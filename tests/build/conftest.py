@@ -26,7 +26,7 @@ def pytest_configure(config):
 SCORE_OPTIONS = {"task": "score", "name": "tiny-score", "labels": [" yes", " no"], "max_samples": 4,
                  "max_tokens_per_sample": 16, "max_total_tokens": 40, "contexts": 2}
 BEAM_OPTIONS = {"task": "beam", "name": "tiny-beam", "width": 4, "steps": 3, "max_prompt_tokens": 32,
-                "max_requests": 2}
+                "max_requests": 2, "batching": True}
 
 
 def _build(model_dir, out, options):

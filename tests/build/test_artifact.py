@@ -117,9 +117,10 @@ def test_beam_engine_equals_eager(beam_artifact, tiny_qwen2_dir):
 
 def test_batched_beam_artifact_equals_one_call_per_request(beam_artifact):
     """Two concurrent requests share one call of the compiled stages (R = 2); each gets its own
-    rows, equal to running it alone."""
-    single = boundgen.load(beam_artifact)
-    batched = boundgen.load(beam_artifact, batching=True)
+    rows, equal to running it alone. The artifact was built with batching: load() batches by default."""
+    single = boundgen.load(beam_artifact, batching=False)
+    batched = boundgen.load(beam_artifact)
+    assert batched.spec.extra["batching"] and not single.spec.extra["batching"]
     prompts = [PROMPT, "x"]
     expected = [single.beam(p) for p in prompts]
     results = call_together(batched.beam, prompts)

@@ -18,7 +18,7 @@ def deploy_file(tmp_path, obj):
 def test_deploy_file_then_flags(tiny_qwen3_dir, tmp_path):
     options, base = config.read_deploy_file(deploy_file(tmp_path, {
         "task": "score", "labels": [" yes", " no"], "max_samples": 15, "max_tokens_per_sample": 256,
-        "lowering": {"packed_attention": "triton"}, "contexts": 3, "dtype": "float32"}))
+        "lowering": {"packed_attention": "triton"}, "contexts": 3, "dtype": "float32", "batching": True}))
     options.update(max_samples=8, name="w1")  # flags win
     cfg = config.resolve(tiny_qwen3_dir, tmp_path / "out", options, base)
     assert cfg.name == "w1" and cfg.device == "cpu" and cfg.dtype == "float32"
@@ -26,6 +26,7 @@ def test_deploy_file_then_flags(tiny_qwen3_dir, tmp_path):
     assert cfg.spec.max_total_tokens == 8 * 256  # default: samples x tokens per sample
     assert cfg.spec.label_token_ids == (9834, 902)
     assert cfg.lowering.packed_attention == "triton" and cfg.contexts == 3 and cfg.weights == "external"
+    assert cfg.batching and not cfg.cuda_graphs
     assert dim_bounds(cfg.spec) == {"T": (1, 2048), "B": (1, 9)}
 
 

@@ -1,0 +1,117 @@
+#!/usr/bin/env bash
+# Issue 7 on a multi-GPU machine, in one device call: W1 capacity of `boundgen serve --gpus N`
+# over KServe v2 gRPC at N = 1, 2, ... (up to the GPUs present), and the scaling efficiency.
+#
+#   OUT=/dir bash scripts/gpu_replicas.sh     (system python3; PYTHONPATH set here)
+#
+# Reuses the W1 artifact of scripts/gpu_bench.sh in $WORK when that machine is still the same
+# one (it stays warm ~30 s after a call), else writes the checkpoint and builds it (~2-3 min).
+# With BEAM_REBUILD=1 it first builds the W2/W3 beam artifact once more into $WORK/art/beam2
+# (a second H200 build of the same program: issue 3's "builds reliably").
+# Knobs: GPU_COUNTS (default "1 2"), SWEEP (bench flags), BUDGET_S (default 560);
+# SERVE_FLAG=--replicas and W1=<a CPU score artifact> try the same steps on a CPU machine.
+set -uo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+OUT="${OUT:-$root/out/gpu_replicas}"; WORK="${WORK:-/tmp/boundgen_gpu_bench}"; PY="${PY:-python3}"
+BUDGET_S="${BUDGET_S:-560}"; GPU_COUNTS="${GPU_COUNTS:-1 2}"
+SWEEP="${SWEEP:---concurrency 4,8,16,32,48,64 --duration 3 --warmup 1}"
+mkdir -p "$OUT" "$WORK/models" "$WORK/art"
+export PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+if [[ -z "${LD_PRELOAD:-}" ]]; then  # ../shared/GPU.md: AOTI loads need the system libstdc++
+  lib="$(ldconfig -p 2>/dev/null | grep -m1 'libstdc++.so.6 ' | awk '{print $NF}')"
+  [[ -n "$lib" ]] && export LD_PRELOAD="$lib"
+fi
+start=$SECONDS
+left() { echo $(( BUDGET_S - (SECONDS - start) )); }
+log() { echo "[gpu_replicas +$(( SECONDS - start ))s] $*" | tee -a "$OUT/replicas.log" >&2; }
+{ date -u; nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader 2>&1; nproc
+  cat "$root/COMMIT" 2>/dev/null || git -C "$root" rev-parse --short HEAD 2>/dev/null; } > "$OUT/env_replicas.txt"
+cat "$OUT/env_replicas.txt" >&2
+: > "$OUT/commands_replicas.txt"
+run_logged() {  # LIMIT NAME CMD...
+  local limit=$1 name=$2; shift 2
+  printf '%q ' "$@" >> "$OUT/commands_replicas.txt"; echo >> "$OUT/commands_replicas.txt"
+  timeout -s INT -k 15 "$limit" "$@" > "$OUT/$name.log" 2>&1
+  local rc=$?; log "$name: exit $rc"; (( rc )) && tail -n 15 "$OUT/$name.log" >&2
+  return $rc
+}
+
+Q3="${Q3:-$WORK/models/qwen3-0.6b}"; Q2="$WORK/models/qwen2.5-0.5b"; W1="${W1:-$WORK/art/w1}"
+SERVE_FLAG="${SERVE_FLAG:---gpus}"
+[[ -f "$Q3/model.safetensors" ]] || run_logged 150 demo_qwen3 "$PY" -m boundgen demo-model "$Q3" --preset qwen3-0.6b --seed 0
+pids=()
+if [[ ! -f "$W1/manifest.json" ]] || ! grep -q '"batching": true' "$W1/manifest.json"; then
+  log "no batching W1 artifact in $WORK: building it"
+  rm -rf "$W1"
+  run_logged 330 build_w1 "$PY" -m boundgen build "$Q3" --task score --labels " yes" " no" --max-samples 60 \
+    --max-tokens-per-sample 256 --max-total-tokens 15360 --cuda-graphs --batching --token-bucket 512 --contexts 2 \
+    --device cuda --dtype bfloat16 --name w1 --out "$W1" --lowering packed_attention=triton &
+  pids+=($!)
+else
+  log "reusing $W1"
+fi
+if [[ "${BEAM_REBUILD:-0}" == 1 ]]; then
+  [[ -f "$Q2/model.safetensors" ]] || run_logged 150 demo_qwen2 "$PY" -m boundgen demo-model "$Q2" --preset qwen2.5-0.5b --seed 0
+  rm -rf "$WORK/art/beam2"
+  CUDA_VISIBLE_DEVICES="${BEAM_REBUILD_GPU:-1}" run_logged 330 build_beam2 "$PY" -m boundgen build "$Q2" --task beam \
+    --width 100 --steps 5 --min-new-tokens 5 --max-prompt-tokens 400 --device cuda --dtype bfloat16 --name beam \
+    --out "$WORK/art/beam2" --lowering packed_attention=triton --lowering prefix_attention=triton --max-requests 8 \
+    --cuda-graphs --batching --contexts 2 --token-bucket 128 &
+  pids+=($!)
+fi
+for p in "${pids[@]}"; do wait "$p"; done
+[[ -f "$W1/manifest.json" ]] || { log "no W1 artifact: nothing to serve"; exit 1; }
+
+port=8101
+for n in $GPU_COUNTS; do
+  (( $(left) < 60 )) && { log "SKIP $SERVE_FLAG $n: out of time"; continue; }
+  http=$port; grpc=$(( port + 1 )); port=$(( port + 2 ))
+  log "serve $SERVE_FLAG $n (HTTP :$http, gRPC :$grpc)"
+  printf '%q ' "$PY" -m boundgen serve "$W1" "$SERVE_FLAG" "$n" --http-port "$http" --grpc-port "$grpc" >> "$OUT/commands_replicas.txt"
+  echo >> "$OUT/commands_replicas.txt"
+  "$PY" -m boundgen serve "$W1" "$SERVE_FLAG" "$n" --http-port "$http" --grpc-port "$grpc" > "$OUT/serve_g$n.log" 2>&1 &
+  server=$!
+  ready=0
+  for _ in $(seq 1 240); do
+    curl -sf "http://127.0.0.1:$http/v2/health/ready" > /dev/null 2>&1 && { ready=1; break; }
+    kill -0 $server 2>/dev/null || break
+    sleep 0.5
+  done
+  if (( ready )); then
+    log "$SERVE_FLAG $n ready"
+    # shellcheck disable=SC2086
+    run_logged $(( $(left) - 20 )) bench_g$n "$PY" -m boundgen bench --workload W1 --grpc "127.0.0.1:$grpc" --model w1 \
+      --model-dir "$Q3" --out "$OUT/g$n" --seed 0 $SWEEP
+    curl -s "http://127.0.0.1:$http/metrics" 2>/dev/null | grep -E '^boundgen_(worker|requests)' > "$OUT/metrics_g$n.txt"
+  else
+    log "$SERVE_FLAG $n never became ready"; tail -n 20 "$OUT/serve_g$n.log" >&2
+  fi
+  kill -TERM $server 2>/dev/null
+  for _ in $(seq 1 40); do kill -0 $server 2>/dev/null || break; sleep 0.5; done
+  kill -KILL $server 2>/dev/null; wait $server 2>/dev/null
+done
+
+"$PY" - "$OUT" $GPU_COUNTS <<'EOF' | tee "$OUT/replicas_summary.md"
+import json, sys
+from pathlib import Path
+out, counts = Path(sys.argv[1]), sys.argv[2:]
+rows, base = [], None
+for n in counts:
+    f = out / f"g{n}" / "bench_W1.json"
+    if not f.is_file():
+        rows.append(f"| {n} | no result | | | |")
+        continue
+    system = json.loads(f.read_text())["systems"]["boundgen"]
+    sweep = system.get("sweep") or {}
+    cap = sweep.get("capacity") or {}
+    peak = max((lv["qps"] for lv in sweep.get("levels", []) if lv.get("completed")), default=0.0)
+    qps = cap.get("qps", 0.0)
+    base = base if base is not None else (qps / int(n) if qps else None)
+    eff = f"{qps / (int(n) * base):.0%}" if base and qps else "-"
+    rows.append(f"| {n} | {qps:.1f} | {cap.get('concurrency', '-')} | {peak:.1f} | {eff} |")
+print("| GPUs | W1 QPS within budget | at concurrency | peak QPS | scaling efficiency |")
+print("| --- | --- | --- | --- | --- |")
+print("\n".join(rows))
+EOF
+log "done"
