@@ -20,6 +20,8 @@
 #   BEAM_BUILD  extra `boundgen build` flags for beam, or "skip" (W2/W3 then run on the eager engine
 #               with Triton attention and CUDA graphs) (default: Triton attention, up to 8 requests
 #               per call, CUDA graphs, 2 contexts, token bucket 128)
+#   W1_BENCH    0: build W1 but do not bench it (e.g. for scripts/gpu_replicas.sh)
+#   BENCH_RESERVE_S  seconds of BUDGET_S kept for the benches after the builds (default 250)
 #   W1_ENGINE   engine overrides for W1 (default: --contexts 2 --cuda-graphs --batching)
 #   ENGINE      engine overrides for W2/W3 (default: --contexts 4 --cuda-graphs)
 #   BATCHED_ENGINE  if set, W2/W3 run a second time, without the peer, with these engine flags
@@ -82,7 +84,7 @@ p2=$!
 wait $p1; wait $p2
 
 # Both builds at once: compilation is CPU work and the machine has 16 cores.
-build_limit=$(( $(left) - 250 ))
+build_limit=$(( $(left) - ${BENCH_RESERVE_S:-250} ))
 (( build_limit > 330 )) && build_limit=330
 # shellcheck disable=SC2086
 # W1 bounds hold four 15-sample requests per call, so that concurrent requests can be batched.
@@ -104,7 +106,7 @@ target_beam="$WORK/art/beam"; [[ -f "$target_beam/manifest.json" ]] || { target_
 # W1 gets ~40% of what is left, W2 + W3 the rest, 25 s kept for the summary.
 w1_limit=$(( ($(left) - 25) * 2 / 5 ))
 # shellcheck disable=SC2086
-[[ "$W1_BUILD" == skip ]] || \
+[[ "$W1_BUILD" == skip || "${W1_BENCH:-1}" == 0 ]] || \
 step "$w1_limit" bench_w1 "$PY" -m boundgen bench --workload W1 --artifact "$target_w1" --peer "$Q3" \
   --out "$OUT" --seed 0 --profile --diagnostic $SWEEP $W1_ENGINE
 if [[ -n "${BATCHED_ENGINE:-}" ]]; then  # W2/W3 a second time, requests batched, no peer

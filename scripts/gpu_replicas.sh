@@ -100,18 +100,21 @@ rows, base = [], None
 for n in counts:
     f = out / f"g{n}" / "bench_W1.json"
     if not f.is_file():
-        rows.append(f"| {n} | no result | | | |")
+        rows.append(f"| {n} | no result | | | | |")
         continue
     system = json.loads(f.read_text())["systems"]["boundgen"]
     sweep = system.get("sweep") or {}
     cap = sweep.get("capacity") or {}
     peak = max((lv["qps"] for lv in sweep.get("levels", []) if lv.get("completed")), default=0.0)
     qps = cap.get("qps", 0.0)
-    base = base if base is not None else (qps / int(n) if qps else None)
-    eff = f"{qps / (int(n) * base):.0%}" if base and qps else "-"
-    rows.append(f"| {n} | {qps:.1f} | {cap.get('concurrency', '-')} | {peak:.1f} | {eff} |")
-print("| GPUs | W1 QPS within budget | at concurrency | peak QPS | scaling efficiency |")
-print("| --- | --- | --- | --- | --- |")
+    if base is None:  # the first GPU count measured is the base of the efficiencies
+        base = (int(n), qps, peak)
+    eff = lambda value, ref: f"{value * base[0] / (int(n) * ref):.0%}" if value and ref else "-"
+    rows.append(f"| {n} | {qps:.1f} | {cap.get('concurrency', '-')} | {eff(qps, base[1])} | {peak:.1f} | "
+                f"{eff(peak, base[2])} |")
+print(f"| GPUs | W1 QPS within budget | at concurrency | efficiency vs {base[0] if base else '-'} GPU(s) | peak QPS "
+      "| peak efficiency |")
+print("| --- | --- | --- | --- | --- | --- |")
 print("\n".join(rows))
 EOF
 log "done"

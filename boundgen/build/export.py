@@ -33,12 +33,13 @@ def dim_bounds(spec: ScoreSpec | BeamSpec) -> dict[str, tuple[int, int]]:
     return {"L": (1, spec.call_max_tokens), "R": (1, spec.max_requests)}
 
 
-def packed_example(lengths: list[int], device, vocab_size: int, seed: int = 0):
-    """(tokens [T], positions [T], cu_seqlens [B+1] int32) for samples of the given lengths, random ids."""
+def packed_example(lengths: list[int], device, vocab_size: int, seed: int = 0, tail: int = 0):
+    """(tokens [T], positions [T], cu_seqlens [B+1] int32) for samples of the given lengths, random ids;
+    `tail` more tokens after the last sample belong to none (a beam call padded for CUDA graphs)."""
     gen = torch.Generator().manual_seed(seed)
-    total = sum(lengths)
+    total = sum(lengths) + tail
     tokens = torch.randint(0, vocab_size, (total,), generator=gen, dtype=torch.int64)
-    positions = torch.cat([torch.arange(n, dtype=torch.int64) for n in lengths])
+    positions = torch.cat([torch.arange(n, dtype=torch.int64) for n in (*lengths, tail)])
     cu_seqlens = torch.zeros(len(lengths) + 1, dtype=torch.int32)
     cu_seqlens[1:] = torch.cumsum(torch.tensor(lengths, dtype=torch.int32), 0)
     return tokens.to(device), positions.to(device), cu_seqlens.to(device)

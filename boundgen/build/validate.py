@@ -8,7 +8,8 @@ ids), for a representative request and the boundary shapes of the spec:
            max_tokens_per_sample tokens; the mixed samples padded as for CUDA graphs
            (max_total_tokens in all, max_samples + 1 sequences, the last ones empty)
     beam:  a one-token prompt; a representative prompt; a prompt of max_prompt_tokens; with
-           max_requests > 1, mixed prompts in one call and max_requests prompts of max_prompt_tokens
+           max_requests > 1, mixed prompts in one call and max_requests prompts of max_prompt_tokens;
+           prompts followed by tokens of no request, as CUDA-graph padding leaves them
 
 Per output the maximum absolute error is recorded against a tolerance (fp32 1e-4; bf16 and
 fp16 looser, see TOLERANCES; the deploy file may override per output). Integer outputs
@@ -49,6 +50,7 @@ class ValidationFailed(BoundgenError):
 class Case:
     name: str
     lengths: tuple[int, ...]  # tokens per sample (beam: the prompt)
+    tail: int = 0  # tokens after the last sample, of no sample (beam padding, runtime/graphs.py)
 
 
 def cases(spec) -> list[Case]:
@@ -59,6 +61,10 @@ def cases(spec) -> list[Case]:
         if spec.max_requests > 1:  # several prompts in one call, each request's rows as if alone
             out += [Case("several_requests", (typical, 1, longest)[: spec.max_requests]),
                     Case("max_requests_max_prompt", (longest,) * spec.max_requests)]
+        padded = (typical, 1)[: spec.max_requests]
+        tail = min(7, spec.call_max_tokens - sum(padded))
+        if tail > 0:
+            out.append(Case("padded_for_cuda_graphs", padded, tail))
     else:
         per, total, most = spec.max_tokens_per_sample, spec.max_total_tokens, spec.max_samples
         mixed = [max(1, min(per, n)) for n in (per // 2, 1, per, per // 3)[: min(most, 4)]]
@@ -76,9 +82,9 @@ def cases(spec) -> list[Case]:
                Case("one_sample_max_tokens", (min(per, total),)), Case("padded_for_cuda_graphs", padded)]
     unique, seen = [], set()
     for case in out:  # tiny bounds make some cases coincide
-        if case.lengths not in seen:
+        if (case.lengths, case.tail) not in seen:
             unique.append(case)
-            seen.add(case.lengths)
+            seen.add((case.lengths, case.tail))
     return unique
 
 
@@ -102,7 +108,7 @@ def validate(compiled, reference, spec, output_names: tuple[str, ...], dtype: st
     report = {"passed": True, "dtype": dtype, "tolerances": tolerances, "ids_must_match": exact_required,
               "cases": []}
     for i, case in enumerate(cases(spec)):
-        inputs = packed_example(list(case.lengths), device, vocab_size, seed=1000 + i)
+        inputs = packed_example(list(case.lengths), device, vocab_size, seed=1000 + i, tail=case.tail)
         got, got_s = _timed(compiled, inputs, device)
         want, want_s = _timed(reference, inputs, device)
         outputs = {}
@@ -111,7 +117,7 @@ def validate(compiled, reference, spec, output_names: tuple[str, ...], dtype: st
         if len(got) != len(want):
             outputs["outputs"] = {"passed": False, "problem": f"{len(got)} outputs, the reference has {len(want)}"}
         passed = all(o["passed"] for o in outputs.values())
-        report["cases"].append({"name": case.name, "samples": len(case.lengths), "tokens": sum(case.lengths),
+        report["cases"].append({"name": case.name, "samples": len(case.lengths), "tokens": sum(case.lengths) + case.tail,
                                 "outputs": outputs, "passed": passed,
                                 "seconds": {"compiled": round(got_s, 4), "eager": round(want_s, 4)}})
         report["passed"] &= passed

@@ -22,6 +22,7 @@ class OpLowering:
     packed_attention: str = "torch"
     prefix_attention: str = "torch"
     silu_mul: str = "torch"
+    vocab_topk: str = "torch"
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -46,6 +47,7 @@ class Ops:
     packed_attention: Callable
     prefix_attention: Callable
     silu_mul: Callable
+    vocab_topk: Callable
 
 
 def implementation(op: str, lowering: str) -> Callable:

@@ -9,7 +9,7 @@ step:
   start at -1e9 and can never win).
 - Each decode step feeds the W running beams' last tokens through the model with the shared
   prompt K/V and per-beam suffix K/V. Candidate selection is two-level: per beam top K token
-  ids on the logits, FP32 log-softmax values gathered at those ids plus the running scores,
+  ids on the logits with their FP32 log-softmax values (ops/vocab_topk.py) plus the running scores,
   then a top K over the W x K expansions: the same set as a top K over W x V.
 - Candidates ending in a stop token (or all candidates at the last step) become finished
   hypotheses when among the first W; the best W non-finished continue. HF's early-stop
@@ -136,9 +136,9 @@ class BeamProgram(nn.Module):
         positions_w = (prompt_lens[:, None] + step).expand(-1, W).reshape(-1)  # [R*W]
         tokens_w = run_seq.index_select(2, step).reshape(-1)
         hidden_w = model.decode(tokens_w, positions_w, prefix_k, prefix_v, suffix_k, suffix_v, step, cu_seqlens, W)
-        logits, logp = self._log_probs(hidden_w, step + 1)  # [R*W, V]
-        vocab = logits.shape[-1]
-        cands = self._expand(logits.reshape(-1, W, vocab), logp.reshape(-1, W, vocab), run_scores)
+        logits = model.logits(hidden_w)  # [R*W, V]
+        row_logp, row_ids = model.ops.vocab_topk(logits, self._barred(step + 1, logits), self.keep)  # [R*W, K]
+        cands = self._expand(row_logp.reshape(-1, W, self.keep), row_ids.reshape(-1, W, self.keep), run_scores)
         return (suffix_k, suffix_v, run_seq, run_bi, *kept, *cands)
 
     def finish(self, *state):
@@ -198,23 +198,26 @@ class BeamProgram(nn.Module):
         """hidden [M, H] -> (logits [M, V] model dtype, FP32 log-softmax [M, V]) with HF's processors.
         generated: [1] int64, tokens generated before these (stop tokens are barred below min_new_tokens)."""
         logits = self.model.logits(hidden)
-        logp = torch.log_softmax(logits.to(torch.float32), dim=-1)
+        barred = self._barred(generated, logits)
+        logp = torch.log_softmax(logits.to(torch.float32), dim=-1) + barred
+        return logits + barred.to(logits.dtype), logp
+
+    def _barred(self, generated: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+        """[V] FP32 added to the log-probs (HF's min-new-tokens processor): -inf on the stop tokens
+        while fewer than min_new_tokens were generated, else 0 (adding it changes nothing)."""
+        barred = torch.zeros(logits.shape[-1], dtype=torch.float32, device=logits.device)
         if self.min_new_tokens and self.stop_token_ids.numel():
-            # -inf on the stop tokens while too short, + 0 (exact) otherwise.
-            barred = torch.zeros(logits.shape[-1], dtype=torch.float32, device=logits.device)
             barred = barred.index_fill(0, self.stop_token_ids, float("-inf"))
             barred = torch.where(generated < self.min_new_tokens, barred, torch.zeros_like(barred))
-            logp = logp + barred
-            logits = logits + barred.to(logits.dtype)
-        return logits, logp
+        return barred
 
-    def _expand(self, logits, logp, running_scores):
-        """Two-level top K per request: per beam top K ids, then top K of the W x K sums.
-        logits/logp [R, W, V], running_scores [R, W]. Returns candidate scores [R, K], token ids
-        [R, K], parent beam within the request [R, K] (sorted, best first)."""
+    def _expand(self, row_logp, row_ids, running_scores):
+        """Two-level top K per request: each beam's top K tokens (ops.vocab_topk: ids and FP32
+        log-probs, [R, W, K]), then the top K of the W x K sums with the running scores [R, W].
+        Returns candidate scores [R, K], token ids [R, K], parent beam within the request [R, K]
+        (sorted, best first)."""
         keep, width = self.keep, self.width
-        _, row_ids = torch.topk(logits, keep, dim=-1)  # [R, W, K]
-        sums = torch.gather(logp, 2, row_ids) + running_scores[:, :, None]  # [R, W, K] FP32
+        sums = row_logp + running_scores[:, :, None]  # [R, W, K] FP32
         scores, flat = torch.topk(sums.reshape(-1, width * keep), keep, dim=-1)  # [R, K]
         parent = torch.div(flat, keep, rounding_mode="floor")
         tokens = torch.gather(row_ids.reshape(-1, width * keep), 1, flat)

@@ -48,8 +48,7 @@ def make_dag_engine(name, spec, tokenizer, runner, device: str, dtype: str, cont
     if use_graphs:
         runner = GraphRunner(runner)
     is_score = isinstance(spec, ScoreSpec)
-    # Beam padding needs room for a filler request (runtime/graphs.py): artifacts built with max_requests >= 2.
-    bucket = token_bucket if use_graphs and (is_score or spec.max_requests >= 2) else 0
+    bucket = token_bucket if use_graphs else 0
     dag = make_dag(spec, tokenizer, runner, executors, bucket)
     dev = torch.device(device)
     pool = ContextPool([RequestContext(spec.call_max_tokens, spec.call_max_samples, dev) for _ in range(contexts)])
@@ -64,5 +63,4 @@ def make_dag_engine(name, spec, tokenizer, runner, device: str, dtype: str, cont
         return DagEngine(*args)
     if is_score:
         return BatchedScoreEngine(*args)
-    # With padding, one request slot of each call is the filler's.
-    return BatchedBeamEngine(*args, max_requests=spec.max_requests - (1 if bucket else 0))
+    return BatchedBeamEngine(*args, max_requests=spec.max_requests)

@@ -8,15 +8,17 @@ context (a context runs one request at a time), and their outputs stay valid unt
 context's next request, after the CPU has copied them.
 
 Requests have a different token count each time; `pad_batch` rounds the packed batch up to a
-bucket with one filler sequence, and the sequence count up with empty sequences, so a bounded
-set of graphs covers every request, and the engine captures them all at warm-up
-(`warm_batches`), never while serving:
-- score: tokens to a multiple of the bucket, sequences to max_samples + 1 (one shape per bucket);
-- beam (artifacts built with max_requests >= 2): tokens to a multiple of the bucket, requests to
-  the next power of two above the real ones (the filler is a request of its own, with its W
-  beams). A call then holds at most max_requests - 1 real requests.
-The filler never changes real results: attention is block-diagonal per sequence, and beams are
-selected per request; its rows come last and are dropped.
+token bucket, so a bounded set of graphs covers every request, and the engine captures them all
+at warm-up (`warm_batches`), never while serving:
+- score: tokens to a multiple of the bucket in one filler sequence, then empty sequences up to
+  max_samples + 1 (one shape per bucket; the filler costs its tokens and one score row);
+- beam: tokens to a multiple of the bucket as a tail after the last prompt, of no request
+  (cu_seqlens ends before it), and the request count as it is (one graph per (tokens, R) for
+  R = 1 .. max_requests). A filler *request* would cost W beams of decoding, as much as a real
+  one (session 3, docs/benchmarks.md); tail tokens cost one prompt pass over a few tokens.
+Padding never changes real results: attention is block-diagonal per sequence (tail tokens are
+their own causal segment in the reference and are never attended by a real row), beams are
+selected per request, and padded rows come last and are dropped.
 """
 
 from __future__ import annotations
@@ -31,17 +33,11 @@ def bucket_size(num_tokens: int, bucket: int, max_tokens: int) -> int:
     return min(-(-num_tokens // bucket) * bucket, max_tokens)
 
 
-def request_bucket(requests: int, max_requests: int) -> int | None:
-    """Smallest power of two >= requests, capped at max_requests; None when requests > max_requests."""
-    if requests > max_requests:
-        return None
-    return min(1 << (requests - 1).bit_length(), max_requests)
-
-
 def pad_batch(tokens: torch.Tensor, positions: torch.Tensor, cu_seqlens: torch.Tensor, padded_tokens: int,
               padded_samples: int):
-    """Append a filler sequence of `padded_tokens - T` tokens and empty sequences up to
-    `padded_samples` sequences in all (filler included). Returns new CPU tensors."""
+    """Append `padded_tokens - T` tokens, then empty sequences up to `padded_samples` sequences.
+    With padded_samples > B the new tokens are a filler sequence (score); with padded_samples = B
+    they are a tail of no sequence (beam). Returns new CPU tensors."""
     n, b = tokens.shape[0], cu_seqlens.shape[0] - 1
     fill = padded_tokens - n
     tokens = torch.cat((tokens, torch.zeros(fill, dtype=tokens.dtype)))

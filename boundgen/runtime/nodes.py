@@ -17,7 +17,7 @@ import torch
 
 from boundgen.errors import InvalidInput
 from boundgen.runtime.dag import Node, NodeSpec
-from boundgen.runtime.graphs import bucket_size, pad_batch, request_bucket
+from boundgen.runtime.graphs import bucket_size, pad_batch
 from boundgen.runtime.results import BeamResult, ScoreResult
 
 PACKED = ("tokens", "positions", "cu_seqlens")
@@ -28,8 +28,8 @@ class TokenizeNode(Node):
     """Check request bounds, apply the template, tokenize into the context's packed buffers.
 
     With `token_bucket`, batches are padded (see runtime/graphs.py) so that CUDA graphs are
-    reused: tokens up to a multiple of the bucket; score sequences up to max_samples + 1, beam
-    requests up to the next power of two above the real ones plus a filler.
+    reused: tokens up to a multiple of the bucket (score: a filler sequence, sequences up to
+    max_samples + 1; beam: a tail of no request, the requests as they are).
     """
 
     def __init__(self, tokenizer, spec, input_name: str, token_bucket: int = 0):
@@ -74,26 +74,22 @@ class TokenizeNode(Node):
             return None
         b = self.bounds
         tokens = bucket_size(num_tokens, self.token_bucket, b.call_max_tokens)
-        if not self.single:
-            return tokens, b.max_samples + 1
-        requests = request_bucket(num_sequences + 1, b.max_requests)  # + 1: the filler request
-        return None if requests is None else (tokens, requests)
+        return (tokens, b.max_samples + 1) if not self.single else (tokens, num_sequences)
 
     def warm_batches(self) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
         """One synthetic padded batch per shape that `stage` can produce (CPU tensors), to capture
-        every CUDA graph at warm-up: each has one-token sequences, then the filler."""
+        every CUDA graph at warm-up: each has one-token sequences, then the padding."""
         if not self.token_bucket:
             return []
         b, bucket = self.bounds, self.token_bucket
-        # (tokens, one-token sequences before the filler, sequences in all)
+        # (tokens, one-token sequences before the padding, sequences in all)
         if not self.single:
             shapes = {(t, 1, b.max_samples + 1) for t in _multiples(bucket, b.call_max_tokens)}
         else:
             shapes = set()
-            for real in range(1, b.max_requests):
-                requests = request_bucket(real + 1, b.max_requests)
-                most = bucket_size(real * b.max_prompt_tokens, bucket, b.call_max_tokens)
-                shapes |= {(t, requests - 1, requests) for t in _multiples(bucket, most) if t >= requests - 1}
+            for requests in range(1, b.max_requests + 1):
+                most = bucket_size(requests * b.max_prompt_tokens, bucket, b.call_max_tokens)
+                shapes |= {(t, requests, requests) for t in _multiples(bucket, most) if t >= requests}
         batches = []
         for total, real, sequences in sorted(shapes):
             ids = torch.zeros(real, dtype=torch.int64)
@@ -148,7 +144,7 @@ class BeamEncodeNode(Node):
         self.spec = NodeSpec("encode_beams", "cpu", BEAM_OUTPUTS, ("result",))
 
     def run(self, ctx, token_ids, scores, finished, beam_indices):
-        rows = slice(0, self.width)  # the request's beams; filler requests' rows (CUDA graphs) dropped
+        rows = slice(0, self.width)  # the request's beams
         return {"result": self.encode(*to_host(ctx, token_ids[rows], scores[rows], finished[rows]))}
 
     def encode(self, ids: np.ndarray, scores: np.ndarray, finished: np.ndarray) -> BeamResult:

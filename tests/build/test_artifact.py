@@ -67,7 +67,8 @@ def test_beam_manifest_requires_identical_candidates(beam_build):
     assert validation["passed"] and validation["ids_must_match"]
     assert [(c["name"], c["samples"], c["tokens"]) for c in validation["cases"]] == [
         ("one_token_prompt", 1, 1), ("representative", 1, 16), ("max_prompt", 1, 32),
-        ("several_requests", 2, 17), ("max_requests_max_prompt", 2, 64)]
+        ("several_requests", 2, 17), ("max_requests_max_prompt", 2, 64),
+        ("padded_for_cuda_graphs", 2, 24)]  # two prompts (16 + 1 tokens), then 7 tokens of no request
     for case in validation["cases"]:
         assert case["outputs"]["token_ids"]["identical"] and case["outputs"]["beam_indices"]["identical"]
     assert manifest["runtime"]["tensors"]["token_ids"]["shape"] == ["R*4", 3]

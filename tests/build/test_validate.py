@@ -31,8 +31,10 @@ def test_score_cases_respect_a_total_below_samples_x_tokens():
 
 
 def test_beam_cases():
-    cases = [(c.name, c.lengths) for c in validate.cases(BeamSpec(width=100, steps=5, max_prompt_tokens=512))]
-    assert cases == [("one_token_prompt", (1,)), ("representative", (64,)), ("max_prompt", (512,))]
+    cases = [(c.name, c.lengths, c.tail) for c in validate.cases(BeamSpec(width=100, steps=5, max_prompt_tokens=512))]
+    assert cases == [("one_token_prompt", (1,), 0), ("representative", (64,), 0), ("max_prompt", (512,), 0),
+                     ("padded_for_cuda_graphs", (64,), 7)]  # tokens of no request after the prompt
+    # A one-token bound leaves no room for padding.
     assert [c.name for c in validate.cases(BeamSpec(width=2, steps=2, max_prompt_tokens=1))] == ["one_token_prompt"]
 
 

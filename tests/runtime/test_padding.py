@@ -11,7 +11,7 @@ from boundgen.programs.spec import BeamSpec
 from boundgen.runtime.assemble import make_dag
 from boundgen.runtime.context import RequestContext
 from boundgen.runtime.eager import EagerRunner
-from boundgen.runtime.graphs import bucket_size, pad_batch, request_bucket
+from boundgen.runtime.graphs import bucket_size, pad_batch
 from boundgen.runtime.nodes import TokenizeNode
 from boundgen.text.tokenizer import Tokenizer
 from tests.hf_reference import make_hf_model, save
@@ -38,40 +38,37 @@ def test_filler_sequence_leaves_scores_unchanged(tmp_path):
             torch.testing.assert_close(out[:3], ref, rtol=1e-5, atol=1e-6)
 
 
-def test_request_bucket():
-    assert [request_bucket(r, 8) for r in (1, 2, 3, 5, 8, 9)] == [1, 2, 4, 8, 8, None]
-    assert request_bucket(3, 6) == 4 and request_bucket(5, 6) == 6
-
-
-def test_filler_requests_leave_beams_unchanged(tiny_qwen2_dir):
-    """A beam call padded with a filler request (the padding tokens) and an empty one: the real
-    requests' candidates equal the unpadded call's (scores to rounding: GEMMs of other heights)."""
+def test_tail_tokens_leave_beams_unchanged(tiny_qwen2_dir):
+    """A beam call padded with tokens after the last prompt, of no request (what CUDA-graph
+    padding does): the requests' candidates equal the unpadded call's (scores to rounding: GEMMs
+    of other heights). The tail adds no request, so no beams."""
     program = BeamProgram(load_model(tiny_qwen2_dir), 4, 3, stop_token_ids=[5])
     seqs = [torch.randint(0, 512, (n,), generator=torch.Generator().manual_seed(n)) for n in (7, 1)]
     tokens, positions, cu = packed(seqs)
     with torch.no_grad():
         ref = program(tokens, positions, cu)
-        for padded_tokens, padded_requests in ((8, 3), (16, 4), (8, 4)):
-            out = program(*pad_batch(tokens, positions, cu, padded_tokens, padded_requests))
-            assert out[0].shape == (4 * padded_requests, 3)
-            token_ids, scores, finished, beam_indices = (t[:8] for t in out)
+        for padded_tokens in (9, 16, 32):
+            out = program(*pad_batch(tokens, positions, cu, padded_tokens, padded_samples=2))
+            assert out[0].shape == (8, 3)
+            token_ids, scores, finished, beam_indices = out
             assert torch.equal(token_ids, ref[0]) and torch.equal(finished, ref[2])
             assert torch.equal(beam_indices, ref[3])
             torch.testing.assert_close(scores, ref[1], rtol=0, atol=1e-5)
 
 
 def test_beam_tokenize_node_pads_to_bounded_shapes(tiny_qwen2_dir):
-    """Every shape a padded beam call can take is among the warm-up batches (captured at load)."""
+    """Every shape a padded beam call can take is among the warm-up batches (captured at load):
+    tokens to the bucket, requests as they are, up to max_requests."""
     spec = BeamSpec(width=4, steps=3, max_prompt_tokens=20, max_requests=4)
     node = TokenizeNode(Tokenizer.from_dir(tiny_qwen2_dir), spec, "text", token_bucket=16)
     warm = {(int(t.shape[0]), int(cu.shape[0]) - 1) for t, _, cu in node.warm_batches()}
-    assert warm == {(16, 2), (32, 2), (16, 4), (32, 4), (48, 4), (64, 4)}
-    for t, p, cu in node.warm_batches():  # valid packed batches: positions restart per sequence
-        assert int(cu[-1]) == t.shape[0] and bool((cu[1:] >= cu[:-1]).all())
-    for real_tokens, real_requests in ((1, 1), (20, 1), (3, 2), (41, 3), (60, 3)):
+    assert warm == {(16, 1), (32, 1), (16, 2), (32, 2), (48, 2), (16, 3), (32, 3), (48, 3), (64, 3),
+                    (16, 4), (32, 4), (48, 4), (64, 4), (80, 4)}
+    for t, p, cu in node.warm_batches():  # valid packed batches: one-token prompts, then the tail
+        assert int(cu[-1]) <= t.shape[0] and bool((cu[1:] > cu[:-1]).all())
+    for real_tokens, real_requests in ((1, 1), (20, 1), (3, 2), (41, 3), (60, 3), (10, 4), (80, 4)):
         shape = node.padded_shape(real_tokens, real_requests)
-        assert shape in warm and shape[0] >= real_tokens and shape[1] > real_requests
-    assert node.padded_shape(10, 4) is None  # no room for a filler: runs unpadded
+        assert shape in warm and shape[0] >= real_tokens and shape[1] == real_requests
 
 
 def test_padded_single_beam_engine_equals_unpadded(tiny_qwen2_dir):

@@ -1,0 +1,152 @@
+"""vocab_topk: the Triton kernels against the torch reference, the registered op.
+
+The kernels run under TRITON_INTERPRET=1 on CPU tensors (the CPU lane; slow there, so the
+vocabularies are small and `chunk` is lowered to make rows span several chunks), else compiled on
+CUDA. The kernel ranks equal values by lower column first; torch.topk leaves their order open, so
+the ids are compared with a stable sort of the same values (`stable_reference`), and with the
+reference's ids only where the input has no ties. logp: FP32 within a few ulp (another summation
+order for the log-sum-exp).
+"""
+
+import pytest
+import torch
+
+from boundgen.ops import vocab_topk as op
+from tests.ops.kernel_testing import KERNEL_DEVICE, assert_script_prints_ok, needs_compiled_kernel, needs_kernel
+
+
+def stable_reference(logits, bias, k):
+    """The reference with ties ranked by lower column first (the kernel's order)."""
+    ids = torch.sort(logits + bias.to(logits.dtype), dim=-1, descending=True, stable=True).indices[:, :k]
+    logp = (torch.log_softmax(logits.to(torch.float32), dim=-1) + bias).gather(-1, ids)
+    return logp, ids
+
+
+def make_input(rows, vocab, dtype, device="cpu", seed=0, barred=(), ties=False):
+    gen = torch.Generator().manual_seed(seed)
+    logits = torch.randint(-4, 5, (rows, vocab), generator=gen).float() if ties else \
+        torch.randn(rows, vocab, generator=gen) * 4
+    bias = torch.zeros(vocab)
+    bias[list(barred)] = float("-inf")
+    return logits.to(device=device, dtype=dtype), bias.to(device)
+
+
+def assert_matches(logits, bias, k, **launch_args):
+    logp, ids = op.launch(logits, bias, k, **launch_args)
+    want_logp, want_ids = stable_reference(logits, bias, k)
+    assert ids.dtype == torch.int64 and logp.dtype == torch.float32 and ids.shape == (logits.shape[0], k)
+    assert torch.equal(ids, want_ids)
+    torch.testing.assert_close(logp, want_logp, rtol=0, atol=2e-5)
+    return logp, ids
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("rows,vocab,k,chunk", [(3, 300, 10, 64), (2, 517, 200, 256), (1, 40, 40, None),
+                                                (2, 100, 1, None)], ids=["chunks", "k200", "k-is-v", "k1"])
+def test_kernel_matches_reference(dtype, rows, vocab, k, chunk):
+    logits, bias = make_input(rows, vocab, dtype, KERNEL_DEVICE, barred=(0, vocab // 2, vocab - 1))
+    assert_matches(logits, bias, k, chunk=chunk)
+
+
+@needs_kernel
+def test_ties_rank_the_lower_column_first():
+    """Logits of nine distinct values: every rank is a tie; the order is the stable sort's."""
+    logits, bias = make_input(2, 300, torch.bfloat16, KERNEL_DEVICE, ties=True)
+    logp, ids = assert_matches(logits, bias, 50, chunk=64)
+    _, ref_ids = op.reference(logits, bias, 50)
+    assert torch.equal(logits.gather(1, ids), logits.gather(1, ref_ids))  # the same values as torch.topk's
+
+
+@needs_kernel
+def test_barred_tokens_come_last_with_minus_inf():
+    """A bias of -inf (min_new_tokens) bars a token from the top K unless fewer than K others exist."""
+    logits, bias = make_input(1, 64, torch.float32, KERNEL_DEVICE, barred=range(0, 64, 2))
+    logp, ids = assert_matches(logits, bias, 40)
+    assert bool((ids[0, :32] % 2 == 1).all()) and bool(torch.isinf(logp[0, 32:]).all())
+
+
+def test_reference_is_topk_then_log_softmax():
+    """No ties: the reference's ids are torch.topk's, its values the full log-softmax's."""
+    logits, bias = make_input(3, 1000, torch.float32, barred=(7,))
+    logp, ids = op.reference(logits, bias, 25)
+    assert torch.equal(ids, torch.topk(logits + bias, 25).indices)
+    torch.testing.assert_close(logp, torch.log_softmax(logits, -1).gather(1, ids), rtol=0, atol=0)
+
+
+def test_launcher_rejects_bad_inputs():
+    logits, bias = make_input(2, 50, torch.float32)
+    with pytest.raises(ValueError, match=r"expected logits \[M, V\]"):
+        op.launch(logits[0], bias, 3)
+    with pytest.raises(ValueError, match="bfloat16, float16 or float32"):
+        op.launch(logits.double(), bias, 3)
+    with pytest.raises(ValueError, match="bias must be contiguous FP32"):
+        op.launch(logits, bias[:10], 3)
+    with pytest.raises(ValueError, match="bias must be contiguous FP32"):
+        op.launch(logits, bias.half(), 3)
+    with pytest.raises(ValueError, match=r"k must be in 1..V=50"):
+        op.launch(logits, bias, 51)
+    with pytest.raises(ValueError, match="chunk must be a power of two >= 4"):
+        op.launch(logits, bias, 3, chunk=2)
+
+
+def test_default_chunks_bound_the_merge():
+    """Qwen's vocabulary: K 200 -> 19 chunks of 8,192; K 300 (two stop tokens) -> 10 of 16,384."""
+    assert op.default_chunk(151936, 256) == 8192 and op.default_chunk(151936, 512) == 16384
+    assert op.default_chunk(100, 128) == 128
+
+
+def test_registered_op_runs_reference_on_cpu():
+    logits, bias = make_input(4, 300, torch.float32, barred=(3,))
+    got = torch.ops.boundgen.vocab_topk(logits, bias, 17)
+    want = op.reference(logits, bias, 17)
+    assert torch.equal(got[1], want[1]) and torch.equal(got[0], want[0])
+    assert op.IMPLEMENTATIONS["triton"] is op.vocab_topk
+
+
+class _Expand(torch.nn.Module):
+    def forward(self, logits, bias):
+        return op.IMPLEMENTATIONS["triton"](logits, bias, 5)
+
+
+def test_op_survives_export_as_one_node_with_dynamic_rows():
+    rows = torch.export.Dim("M", min=2, max=4096)
+    logits, bias = make_input(9, 64, torch.float32)
+    exported = torch.export.export(_Expand(), (logits, bias), dynamic_shapes=({0: rows}, None))
+    calls = [n.target for n in exported.graph.nodes if n.op == "call_function"]
+    assert torch.ops.boundgen.vocab_topk.default in calls
+    logits2, _ = make_input(37, 64, torch.float32, seed=3)
+    got, want = exported.module()(logits2, bias), op.reference(logits2, bias, 5)
+    assert torch.equal(got[1], want[1]) and torch.equal(got[0], want[0])
+
+
+_COMPILE_SCRIPT = """
+import torch
+from boundgen.ops import vocab_topk as op
+torch.manual_seed(0)
+logits = (torch.randn(300, 1000, device="cuda") * 4).to(torch.bfloat16)
+bias = torch.zeros(1000, device="cuda")
+fn = torch.compile(lambda x, b: torch.ops.boundgen.vocab_topk(x, b, 200), dynamic=True)
+logp, ids = fn(logits, bias)
+want = torch.sort(logits, dim=-1, descending=True, stable=True).indices[:, :200]
+assert torch.equal(ids, want), "ids differ"
+print("ok")
+"""
+
+
+@pytest.mark.gpu
+@needs_compiled_kernel
+def test_op_compiles_under_inductor():
+    """Inductor lowers the op's two kernel launches (as AOTInductor does in a build)."""
+    assert_script_prints_ok(_COMPILE_SCRIPT)
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU: Qwen's vocabulary in bf16, W2's shapes (100 beams a request; 1 and 8 requests a call).
+
+@pytest.mark.gpu
+@needs_compiled_kernel
+@pytest.mark.parametrize("rows,k", [(100, 200), (800, 200), (100, 300)], ids=["r1-k200", "r8-k200", "r1-k300"])
+def test_gpu_bf16_qwen_vocabulary(rows, k):
+    logits, bias = make_input(rows, 151936, torch.bfloat16, "cuda", barred=(151643, 151645))
+    assert_matches(logits, bias, k)
