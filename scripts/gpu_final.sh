@@ -1,17 +1,19 @@
 #!/usr/bin/env bash
 # The whole GPU session in one device call (< 10 minutes):
-#   1. first the fused elementwise kernels' gpu tests: they decide whether the eager engines use them;
+#   1. with FUSED_TESTS=1, the fused elementwise kernels' gpu tests: they decide whether the eager
+#      engines use them (artifacts use Inductor's own fusions); then the vocabulary top-K kernel's
+#      gpu tests: they decide whether the beam artifact uses it (--lowering vocab_topk=triton);
 #   2. scripts/gpu_bench.sh in the background (demo checkpoints, W1 and beam builds, W1 and W2/W3
 #      benches vs the peer, both with concurrent requests batched; W2/W3 a second time unbatched
 #      unless BEAM_UNBATCHED=0);
 #   3. with EXTRAS=1, meanwhile, while it writes checkpoints and compiles: the attention kernels'
 #      gpu tests, scripts/peer_check.py (where the HF peer's W1 time goes) and kernel timings;
-#   4. on a machine of several GPUs (or REPLICAS=1), scripts/gpu_replicas.sh: W1 served with --gpus 1..N;
+#   4. with REPLICAS=1 (or auto on a machine of several GPUs), scripts/gpu_replicas.sh: W1 served
+#      with --gpus 1..N (the builds then get too little time for both benches: measured in session 3);
 #   5. everything packed into $OUT (at most 8 files come back from the device tool).
 # The beam artifact gets the vocabulary top-K kernel (--lowering vocab_topk=triton) when its GPU tests pass.
 #   OUT=/dir bash scripts/gpu_final.sh      (system python3; PYTHONPATH is set here)
 # EXTRAS=1 competes with the builds for CPU: leave it off when both artifacts must build.
-# FUSED_TESTS=0 skips step 1 (the eager engines then use the torch elementwise ops).
 # Other knobs pass through to gpu_bench.sh (W1_BENCH, BENCH_RESERVE_S, BUDGET_S, BEAM_UNBATCHED).
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -23,7 +25,7 @@ start=$SECONDS; log() { echo "[final +$(( SECONDS - start ))s] $*"; }
 
 fused_tests=$(ls tests/ops/test_rmsnorm.py tests/ops/test_rope.py tests/ops/test_silu_mul.py 2>/dev/null)
 fused=""
-if [[ -n "$fused_tests" && "${FUSED_TESTS:-1}" == 1 ]]; then
+if [[ -n "$fused_tests" && "${FUSED_TESTS:-0}" == 1 ]]; then
   timeout 120 python3 -m pytest -q -m gpu $fused_tests -p no:cacheprovider > "$RES/gpu_tests_fused.log" 2>&1
   rc=$?; log "fused kernel gpu tests: exit $rc -- $(tail -n 1 "$RES/gpu_tests_fused.log")"
   (( rc == 0 )) && fused="--lowering rmsnorm=triton --lowering rope=triton --lowering silu_mul=triton"
@@ -37,13 +39,15 @@ if [[ -f tests/ops/test_vocab_topk.py ]]; then
   (( rc == 0 )) && beam_build="$beam_build --lowering vocab_topk=triton"
 fi
 gpus=$(nvidia-smi --query-gpu=index --format=csv,noheader 2>/dev/null | wc -l)
-replicas=0; [[ "${REPLICAS:-auto}" == 1 || ( "${REPLICAS:-auto}" == auto && $gpus -ge 2 ) ]] && replicas=1
+replicas=0; [[ "${REPLICAS:-0}" == 1 || ( "${REPLICAS:-0}" == auto && $gpus -ge 2 ) ]] && replicas=1
 unbatched="--contexts 4 --cuda-graphs --no-batching $fused"
 [[ "${BEAM_UNBATCHED:-1}" == 0 ]] && unbatched=""
 SWEEP="${SWEEP:---concurrency 1,2,4,8,16,32 --duration 2 --warmup 1 --open-loop-rate auto --profile-requests 20}"
 # 540 s for gpu_bench.sh leaves ~270 s for the two builds side by side (each ~165 s alone on the
 # H200, 2026-11-29) inside one 600 s device call, after the fused kernel tests.
-budget=$(( replicas ? 400 : 540 ))
+# What is left of TOTAL_S (default 575 s, inside one 600 s device call) after the tests above,
+# less 160 s for the replicas run on a machine of several GPUs.
+budget=$(( ${TOTAL_S:-575} - (SECONDS - start) - (replicas ? ${REPLICAS_BUDGET_S:-160} : 0) ))
 OUT="$RES" BUDGET_S="${BUDGET_S:-$budget}" SWEEP="$SWEEP" ENGINE="--contexts 2 --cuda-graphs --batching $fused" \
   BEAM_BUILD="${BEAM_BUILD:-$beam_build}" \
   BATCHED_ENGINE="$unbatched" W1_ENGINE="--contexts 2 --cuda-graphs --batching $fused" \
@@ -65,7 +69,7 @@ fi
 wait $bench
 log "gpu_bench.sh done"
 if (( replicas )); then  # issue 7: serve --gpus 1, 2, ... over gRPC, with the W1 artifact just built
-  OUT="$RES/replicas" BUDGET_S="${REPLICAS_BUDGET_S:-160}" GPU_COUNTS="$(seq -s ' ' 1 "$gpus")" \
+  OUT="$RES/replicas" BUDGET_S="$(( ${TOTAL_S:-575} - (SECONDS - start) ))" GPU_COUNTS="$(seq -s ' ' 1 "$gpus")" \
     SWEEP="--concurrency 1,2,4,8,16,32 --duration 2 --warmup 1" bash scripts/gpu_replicas.sh > "$RES/gpu_replicas.out" 2>&1
   log "gpu_replicas.sh: exit $?"; tail -n 8 "$RES/gpu_replicas.out"
 fi
