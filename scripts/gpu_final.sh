@@ -69,7 +69,7 @@ fi
 wait $bench
 log "gpu_bench.sh done"
 if (( replicas )); then  # issue 7: serve --gpus 1, 2, ... over gRPC, with the W1 artifact just built
-  OUT="$RES/replicas" BUDGET_S="$(( ${TOTAL_S:-575} - (SECONDS - start) ))" GPU_COUNTS="$(seq -s ' ' 1 "$gpus")" \
+  OUT="$RES/replicas" BUDGET_S="$(( ${TOTAL_S:-575} - (SECONDS - start) ))" GPU_COUNTS="0 $(seq -s ' ' 1 "$gpus")" \
     SWEEP="--concurrency 1,2,4,8,16,32 --duration 2 --warmup 1" bash scripts/gpu_replicas.sh > "$RES/gpu_replicas.out" 2>&1
   log "gpu_replicas.sh: exit $?"; tail -n 8 "$RES/gpu_replicas.out"
 fi

@@ -8,13 +8,14 @@
 # one (it stays warm ~30 s after a call), else writes the checkpoint and builds it (~2-3 min).
 # With BEAM_REBUILD=1 it first builds the W2/W3 beam artifact once more into $WORK/art/beam2
 # (a second H200 build of the same program: issue 3's "builds reliably").
-# Knobs: GPU_COUNTS (default "1 2"), SWEEP (bench flags), BUDGET_S (default 560);
+# Knobs: GPU_COUNTS (default "0 1 2"; 0 = plain `serve` on GPU 0, no front end: what the front
+# end's extra gRPC hop costs), SWEEP (bench flags), BUDGET_S (default 560);
 # SERVE_FLAG=--replicas and W1=<a CPU score artifact> try the same steps on a CPU machine.
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 OUT="${OUT:-$root/out/gpu_replicas}"; WORK="${WORK:-/tmp/boundgen_gpu_bench}"; PY="${PY:-python3}"
-BUDGET_S="${BUDGET_S:-560}"; GPU_COUNTS="${GPU_COUNTS:-1 2}"
+BUDGET_S="${BUDGET_S:-560}"; GPU_COUNTS="${GPU_COUNTS:-0 1 2}"
 SWEEP="${SWEEP:---concurrency 4,8,16,32,48,64 --duration 3 --warmup 1}"
 mkdir -p "$OUT" "$WORK/models" "$WORK/art"
 export PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
@@ -67,10 +68,13 @@ port=8101
 for n in $GPU_COUNTS; do
   (( $(left) < 60 )) && { log "SKIP $SERVE_FLAG $n: out of time"; continue; }
   http=$port; grpc=$(( port + 1 )); port=$(( port + 2 ))
-  log "serve $SERVE_FLAG $n (HTTP :$http, gRPC :$grpc)"
-  printf '%q ' "$PY" -m boundgen serve "$W1" "$SERVE_FLAG" "$n" --http-port "$http" --grpc-port "$grpc" >> "$OUT/commands_replicas.txt"
+  flags=("$SERVE_FLAG" "$n"); only=()
+  (( n == 0 )) && { flags=(); only=(CUDA_VISIBLE_DEVICES=0); }  # 0: plain serve on GPU 0, no front end
+  log "serve ${flags[*]:-(no front end)} (HTTP :$http, gRPC :$grpc)"
+  printf '%q ' "$PY" -m boundgen serve "$W1" "${flags[@]}" --http-port "$http" --grpc-port "$grpc" >> "$OUT/commands_replicas.txt"
   echo >> "$OUT/commands_replicas.txt"
-  "$PY" -m boundgen serve "$W1" "$SERVE_FLAG" "$n" --http-port "$http" --grpc-port "$grpc" > "$OUT/serve_g$n.log" 2>&1 &
+  env "${only[@]}" "$PY" -m boundgen serve "$W1" "${flags[@]}" --http-port "$http" \
+    --grpc-port "$grpc" > "$OUT/serve_g$n.log" 2>&1 &
   server=$!
   ready=0
   for _ in $(seq 1 240); do
@@ -107,6 +111,9 @@ for n in counts:
     cap = sweep.get("capacity") or {}
     peak = max((lv["qps"] for lv in sweep.get("levels", []) if lv.get("completed")), default=0.0)
     qps = cap.get("qps", 0.0)
+    if n == "0":  # plain serve, no front end: no efficiency
+        rows.append(f"| 1, no front end | {qps:.1f} | {cap.get('concurrency', '-')} | - | {peak:.1f} | - |")
+        continue
     if base is None:  # the first GPU count measured is the base of the efficiencies
         base = (int(n), qps, peak)
     eff = lambda value, ref: f"{value * base[0] / (int(n) * ref):.0%}" if value and ref else "-"
