@@ -4,8 +4,8 @@
 #      engines use them (artifacts use Inductor's own fusions); then the vocabulary top-K kernel's
 #      gpu tests: they decide whether the beam artifact uses it (--lowering vocab_topk=triton);
 #   2. scripts/gpu_bench.sh in the background (demo checkpoints, W1 and beam builds, W1 and W2/W3
-#      benches vs the peer, both with concurrent requests batched; W2/W3 a second time unbatched
-#      unless BEAM_UNBATCHED=0);
+#      benches vs the peer, both with concurrent requests batched; with BEAM_UNBATCHED=1, W2/W3 a
+#      second time unbatched);
 #   3. with EXTRAS=1, meanwhile, while it writes checkpoints and compiles: the attention kernels'
 #      gpu tests, scripts/peer_check.py (where the HF peer's W1 time goes) and kernel timings;
 #   4. with REPLICAS=1 (or auto on a machine of several GPUs), scripts/gpu_replicas.sh: W1 served
@@ -41,7 +41,7 @@ fi
 gpus=$(nvidia-smi --query-gpu=index --format=csv,noheader 2>/dev/null | wc -l)
 replicas=0; [[ "${REPLICAS:-0}" == 1 || ( "${REPLICAS:-0}" == auto && $gpus -ge 2 ) ]] && replicas=1
 unbatched="--contexts 4 --cuda-graphs --no-batching $fused"
-[[ "${BEAM_UNBATCHED:-1}" == 0 ]] && unbatched=""
+[[ "${BEAM_UNBATCHED:-0}" == 0 ]] && unbatched=""
 SWEEP="${SWEEP:---concurrency 1,2,4,8,16,32 --duration 2 --warmup 1 --open-loop-rate auto --profile-requests 20}"
 # 540 s for gpu_bench.sh leaves ~270 s for the two builds side by side (each ~165 s alone on the
 # H200, 2026-11-29) inside one 600 s device call, after the fused kernel tests.
