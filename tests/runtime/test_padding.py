@@ -1,9 +1,13 @@
 """Bucketed padding for CUDA graphs never changes real samples' scores or beams (checked on CPU)."""
 
+import dataclasses
+
 import numpy as np
 import torch
 
 from boundgen.model.loader import load_model
+from boundgen.ops import packed_attention, prefix_attention
+from boundgen.ops.lowering import REFERENCE
 from boundgen.programs.beam import BeamProgram
 from boundgen.programs.factory import make_program
 from boundgen.programs.score import ScoreProgram
@@ -16,6 +20,7 @@ from boundgen.runtime.nodes import TokenizeNode
 from boundgen.text.tokenizer import Tokenizer
 from tests.hf_reference import make_hf_model, save
 from tests.model.test_parity import packed
+from tests.ops.kernel_testing import KERNEL_DEVICE, needs_kernel
 
 
 def test_bucket_size():
@@ -84,3 +89,22 @@ def test_padded_single_beam_engine_equals_unpadded(tiny_qwen2_dir):
         got = padded.run(ctx, {}, text=text)["result"]
         assert got.token_ids.tolist() == want.token_ids.tolist() and got.texts == want.texts
         np.testing.assert_allclose(got.scores, want.scores, rtol=0, atol=1e-5)
+
+
+@needs_kernel
+def test_tail_tokens_with_the_kernels(tiny_qwen2_dir):
+    """The same with the attention kernels themselves (the interpreter on CPU; compiled on CUDA):
+    they leave tail rows unwritten (whatever the buffer held) and never read them for a real row.
+    (The tail never reaches the vocabulary top-K: only beams' rows are ranked.)"""
+    ops = dataclasses.replace(REFERENCE.resolve(), packed_attention=packed_attention.launch,
+                              prefix_attention=prefix_attention.launch)
+    program = BeamProgram(load_model(tiny_qwen2_dir, device=KERNEL_DEVICE, ops=ops), 4, 3, stop_token_ids=[5])
+    reference = BeamProgram(load_model(tiny_qwen2_dir, device=KERNEL_DEVICE), 4, 3, stop_token_ids=[5])
+    seqs = [torch.randint(0, 512, (n,), generator=torch.Generator().manual_seed(n)) for n in (7, 1)]
+    tokens, positions, cu = packed(seqs)
+    padded = [t.to(KERNEL_DEVICE) for t in pad_batch(tokens, positions, cu, 24, padded_samples=2)]
+    with torch.no_grad():
+        want = reference(*(t.to(KERNEL_DEVICE) for t in (tokens, positions, cu)))
+        got = program(*padded)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[2], want[2]) and torch.equal(got[3], want[3])
+    torch.testing.assert_close(got[1], want[1], rtol=0, atol=1e-4)
