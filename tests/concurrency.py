@@ -2,6 +2,8 @@
 
 import threading
 
+import numpy as np
+
 
 def call_together(fn, inputs: list, timeout: float = 60.0) -> list:
     """fn(x) for every x in `inputs`, each on its own thread, all released at once by a barrier
@@ -25,3 +27,15 @@ def call_together(fn, inputs: list, timeout: float = 60.0) -> list:
     if errors:
         raise errors[0]
     return results
+
+
+def assert_batched_beams_equal_single(single, batched, prompts: list, most: int) -> None:
+    """Each prompt run on `batched` together with the others gets the candidates `single` gives
+    it alone (scores to rounding), and no call held more than `most` requests; closes `batched`."""
+    expected = [single.beam(p) for p in prompts]
+    results = call_together(batched.beam, prompts)
+    batched.close()
+    for exp, res in zip(expected, results):
+        assert res.token_ids.tolist() == exp.token_ids.tolist() and res.texts == exp.texts
+        np.testing.assert_allclose(res.scores, exp.scores, rtol=0, atol=1e-5)
+    assert max(r.timings["batch_requests"] for r in results) <= most

@@ -14,7 +14,7 @@ from boundgen.programs.spec import spec_from_dict
 from boundgen.runtime.compiled import load_runner
 from boundgen.runtime.eager import eager_engine
 from boundgen.text.tokenizer import Tokenizer
-from tests.concurrency import call_together
+from tests.concurrency import assert_batched_beams_equal_single
 
 pytestmark = pytest.mark.slow  # AOTInductor compiles (session fixtures)
 
@@ -122,14 +122,7 @@ def test_batched_beam_artifact_equals_one_call_per_request(beam_artifact):
     single = boundgen.load(beam_artifact, batching=False)
     batched = boundgen.load(beam_artifact)
     assert batched.spec.extra["batching"] and not single.spec.extra["batching"]
-    prompts = [PROMPT, "x"]
-    expected = [single.beam(p) for p in prompts]
-    results = call_together(batched.beam, prompts)
-    batched.close()
-    for exp, res in zip(expected, results):
-        assert res.token_ids.tolist() == exp.token_ids.tolist() and res.texts == exp.texts
-        np.testing.assert_allclose(res.scores, exp.scores, rtol=0, atol=1e-5)
-    assert max(r.timings["batch_requests"] for r in results) <= 2
+    assert_batched_beams_equal_single(single, batched, [PROMPT, "x"], most=2)
 
 
 def engine_spec_of(artifact):

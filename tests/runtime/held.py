@@ -59,6 +59,19 @@ def in_thread(fn, *args, **kwargs):
     return thread, out
 
 
+def release_and_check(runner, calls, ran: list) -> list:
+    """Release the held runner and wait for `calls` ((thread, out) pairs from `in_thread`): each
+    must have succeeded, and the runner must have run exactly the tokens in `ran`, in that order
+    (requests dropped while waiting never reach it). Returns the calls' results."""
+    runner.release.set()
+    for thread, _ in calls:
+        thread.join(30)
+    outs = [out for _, out in calls]
+    assert all("error" not in out for out in outs), outs
+    assert runner.calls == ran
+    return [out["result"] for out in outs]
+
+
 def wait_until(predicate, what):
     for _ in range(3000):
         if predicate():

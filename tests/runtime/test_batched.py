@@ -7,7 +7,7 @@ from boundgen.programs.spec import ScoreSpec
 from boundgen.runtime.batched import BatchedScoreEngine, concat_packed
 from boundgen.runtime.eager import eager_engine, label_token_ids
 from boundgen.text.tokenizer import Tokenizer
-from tests.concurrency import call_together
+from tests.concurrency import assert_batched_beams_equal_single, call_together
 
 TEXTS = [["a relevant document about shoes", "no"], ["x"], ["lamp", "desk lamp", "three samples here"], ["yes"]]
 
@@ -76,10 +76,4 @@ def test_batched_beams_equal_single(tiny_qwen2_dir):
     single = eager_engine(tiny_qwen2_dir, spec)
     batched = eager_engine(tiny_qwen2_dir, spec, contexts=1, batching=True)
     assert isinstance(batched, BatchedBeamEngine)
-    expected = [single.beam(p) for p in PROMPTS]
-    results = call_together(batched.beam, PROMPTS)
-    batched.close()
-    for exp, res in zip(expected, results):
-        assert res.token_ids.tolist() == exp.token_ids.tolist() and res.texts == exp.texts
-        np.testing.assert_allclose(res.scores, exp.scores, rtol=0, atol=1e-5)
-    assert max(r.timings["batch_requests"] for r in results) <= 3
+    assert_batched_beams_equal_single(single, batched, PROMPTS, most=3)

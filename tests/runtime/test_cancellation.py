@@ -13,7 +13,7 @@ import pytest
 from boundgen.errors import Cancelled
 from boundgen.programs.spec import BeamSpec
 from boundgen.runtime.eager import eager_engine
-from tests.runtime.held import held, in_thread, node, wait_until
+from tests.runtime.held import held, in_thread, node, release_and_check, wait_until
 
 
 def waiting_callers(engine, batching: bool):
@@ -60,12 +60,9 @@ def test_cancelled_while_waiting_never_runs(tiny_qwen3_dir, score_spec, batching
         seen = waiting()
         later, later_out = in_thread(engine.score, ["not cancelled"], cancelled=threading.Event())
         wait_until(lambda: waiting() > seen, "the uncancelled request waits inside the engine")
-        runner.release.set()
-        first.join(30)
-        later.join(30)
-        assert "error" not in first_out and "error" not in later_out, (first_out, later_out)
-        assert later_out["result"].scores.shape == (1, 2)
-        assert runner.calls == [tokens["first holds the worker"], tokens["not cancelled"]]
+        _, later_result = release_and_check(runner, [(first, first_out), (later, later_out)],
+                                            [tokens["first holds the worker"], tokens["not cancelled"]])
+        assert later_result.scores.shape == (1, 2)
         if batching:
             assert engine._batcher.cancelled == 1  # the one cancelled before never entered the queue
 

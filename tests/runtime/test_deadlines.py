@@ -12,7 +12,7 @@ import pytest
 from boundgen.errors import DeadlineExceeded
 from boundgen.programs.spec import BeamSpec
 from boundgen.runtime.eager import eager_engine
-from tests.runtime.held import held, in_thread, node, wait_until
+from tests.runtime.held import held, in_thread, node, release_and_check, wait_until
 
 SOON = 0.05  # seconds: a deadline that passes while the runner is held
 LATER = 60.0  # a deadline no test reaches
@@ -34,12 +34,9 @@ def test_expired_while_waiting_never_runs(tiny_qwen3_dir, score_spec, batching):
         later, later_out = in_thread(engine.score, ["has time left"], deadline=time.monotonic() + LATER)
         if batching:
             wait_until(lambda: len(engine._batcher._waiting) == 1, "the request with time left is queued")
-        runner.release.set()
-        first.join(30)
-        later.join(30)
-        assert "error" not in first_out and "error" not in later_out, (first_out, later_out)
-        assert later_out["result"].scores.shape == (1, 2)
-        assert runner.calls == [tokens["first holds the worker"], tokens["has time left"]]
+        _, later_result = release_and_check(runner, [(first, first_out), (later, later_out)],
+                                            [tokens["first holds the worker"], tokens["has time left"]])
+        assert later_result.scores.shape == (1, 2)
         if batching:
             assert engine._batcher.expired == 1  # the already-late one never entered the queue
 
