@@ -1,9 +1,10 @@
 """Per-row top K over the vocabulary with FP32 log-softmax values: the expansion step of beam search.
 
-    logits [M, V] (model dtype), bias [V] FP32 (0 or -inf: tokens barred by min_new_tokens), k
+    logits [M, V] (model dtype), bias [V] FP32 or None (-inf on tokens barred by min_new_tokens), k
     -> logp [M, k] FP32, ids [M, k] int64, best first:
     ids  = top k of (logits + bias) per row (the order the program ranks candidates by)
     logp = (log_softmax(logits in FP32) + bias)[ids]  (HF: log-softmax, then the processors)
+    (no bias: nothing added; the program passes None when no token can be barred)
 
 The reference is what the beam program computed before this op existed: `torch.topk` over the
 row, then a gather from the full [M, V] FP32 log-softmax. On the H200 that pair cost ~0.4 ms per
@@ -29,6 +30,8 @@ column first (torch.topk leaves their order unspecified), and the log-sum-exp su
 order than torch's, so logp can differ from the reference's in the last FP32 bits.
 """
 
+from typing import Optional
+
 import torch
 import triton
 import triton.language as tl
@@ -37,10 +40,10 @@ from torch.library import triton_op, wrap_triton
 MERGE_KEYS = 8192  # keys one merge program ranks: 64 KiB of int64
 
 
-def reference(logits: torch.Tensor, bias: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    ids = torch.topk(logits + bias.to(logits.dtype), k, dim=-1).indices
-    logp = (torch.log_softmax(logits.to(torch.float32), dim=-1) + bias).gather(-1, ids)
-    return logp, ids
+def reference(logits: torch.Tensor, bias: Optional[torch.Tensor], k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    ids = torch.topk(logits if bias is None else logits + bias.to(logits.dtype), k, dim=-1).indices
+    logp = torch.log_softmax(logits.to(torch.float32), dim=-1)
+    return (logp if bias is None else logp + bias).gather(-1, ids), ids
 
 
 # ---------------------------------------------------------------------------------------------
@@ -56,16 +59,18 @@ def _order_key(value, cols):
 
 @triton.jit
 def _chunk_topk_kernel(logits_ptr, bias_ptr, keys_ptr, max_ptr, sum_ptr, vocab, stride_row, num_chunks,
-                       CHUNK: tl.constexpr, KP: tl.constexpr):
+                       CHUNK: tl.constexpr, KP: tl.constexpr, HAS_BIAS: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)
     cols = chunk * CHUNK + tl.arange(0, CHUNK)
     valid = cols < vocab
     x = tl.load(logits_ptr + row * stride_row + cols, mask=valid, other=float("-inf")).to(tl.float32)
-    bias = tl.load(bias_ptr + cols, mask=valid, other=0.0)
     m = tl.max(x, axis=0)
     s = tl.sum(tl.exp(x - m), axis=0)
-    top = tl.topk(_order_key(x + bias, cols), KP)
+    ranked = x
+    if HAS_BIAS:
+        ranked += tl.load(bias_ptr + cols, mask=valid, other=0.0)
+    top = tl.topk(_order_key(ranked, cols), KP)
     slot = row * num_chunks + chunk
     tl.store(keys_ptr + slot * KP + tl.arange(0, KP), top)
     tl.store(max_ptr + slot, m)
@@ -74,7 +79,7 @@ def _chunk_topk_kernel(logits_ptr, bias_ptr, keys_ptr, max_ptr, sum_ptr, vocab, 
 
 @triton.jit
 def _merge_kernel(keys_ptr, max_ptr, sum_ptr, logits_ptr, bias_ptr, logp_ptr, ids_ptr, stride_row, num_chunks, k,
-                  CHUNKS_P2: tl.constexpr, KP: tl.constexpr):
+                  CHUNKS_P2: tl.constexpr, KP: tl.constexpr, HAS_BIAS: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, CHUNKS_P2 * KP)
     keys = tl.load(keys_ptr + row * num_chunks * KP + offs, mask=offs < num_chunks * KP,
@@ -89,8 +94,10 @@ def _merge_kernel(keys_ptr, max_ptr, sum_ptr, logits_ptr, bias_ptr, logp_ptr, id
     out = tl.arange(0, KP)
     keep = out < k
     x = tl.load(logits_ptr + row * stride_row + cols, mask=keep, other=0.0).to(tl.float32)
-    bias = tl.load(bias_ptr + cols, mask=keep, other=0.0)
-    tl.store(logp_ptr + row * k + out, (x - m) - log_sum + bias, mask=keep)
+    logp = (x - m) - log_sum
+    if HAS_BIAS:
+        logp += tl.load(bias_ptr + cols, mask=keep, other=0.0)
+    tl.store(logp_ptr + row * k + out, logp, mask=keep)
     tl.store(ids_ptr + row * k + out, cols.to(tl.int64), mask=keep)
 
 
@@ -100,13 +107,14 @@ def _merge_kernel(keys_ptr, max_ptr, sum_ptr, logits_ptr, bias_ptr, logp_ptr, id
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
-def _check(logits: torch.Tensor, bias: torch.Tensor, k: int) -> None:
+def _check(logits: torch.Tensor, bias: Optional[torch.Tensor], k: int) -> None:
     if logits.dim() != 2 or logits.stride(1) != 1:
         raise ValueError(f"vocab_topk: expected logits [M, V] with contiguous rows; got shape "
                          f"{tuple(logits.shape)}, strides {logits.stride()}")
     if logits.dtype not in SUPPORTED_DTYPES:
         raise ValueError(f"vocab_topk: logits must be bfloat16, float16 or float32; got {logits.dtype}")
-    if bias.dtype != torch.float32 or tuple(bias.shape) != (logits.shape[1],) or bias.stride(0) != 1:
+    if bias is not None and (bias.dtype != torch.float32 or tuple(bias.shape) != (logits.shape[1],)
+                             or bias.stride(0) != 1):
         raise ValueError(f"vocab_topk: bias must be contiguous FP32 [V={logits.shape[1]}]; got {bias.dtype} "
                          f"{tuple(bias.shape)}")
     if not 1 <= k <= logits.shape[1]:
@@ -120,7 +128,7 @@ def default_chunk(vocab: int, kp: int) -> int:
     return max(kp, triton.next_power_of_2(triton.cdiv(vocab, max_chunks)))
 
 
-def launch(logits: torch.Tensor, bias: torch.Tensor, k: int, chunk: int | None = None,
+def launch(logits: torch.Tensor, bias: Optional[torch.Tensor], k: int, chunk: int | None = None,
            num_warps: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Run the Triton kernels; same signature and result as `reference` (ties aside). `chunk`
     (a power of two >= K padded) is overridable for tests, so that tiny vocabularies span chunks."""
@@ -136,12 +144,13 @@ def launch(logits: torch.Tensor, bias: torch.Tensor, k: int, chunk: int | None =
     stats = torch.empty((2, rows, num_chunks), dtype=torch.float32, device=logits.device)
     logp = torch.empty((rows, k), dtype=torch.float32, device=logits.device)
     ids = torch.empty((rows, k), dtype=torch.int64, device=logits.device)
+    bias_ptr = stats if bias is None else bias  # an FP32 tensor the kernels never read without a bias
     wrap_triton(_chunk_topk_kernel)[(rows, num_chunks)](
-        logits, bias, keys, stats[0], stats[1], vocab, logits.stride(0), num_chunks, CHUNK=chunk, KP=kp,
-        num_warps=warps)
+        logits, bias_ptr, keys, stats[0], stats[1], vocab, logits.stride(0), num_chunks, CHUNK=chunk, KP=kp,
+        HAS_BIAS=bias is not None, num_warps=warps)
     wrap_triton(_merge_kernel)[(rows,)](
-        keys, stats[0], stats[1], logits, bias, logp, ids, logits.stride(0), num_chunks, k,
-        CHUNKS_P2=triton.next_power_of_2(num_chunks), KP=kp, num_warps=warps)
+        keys, stats[0], stats[1], logits, bias_ptr, logp, ids, logits.stride(0), num_chunks, k,
+        CHUNKS_P2=triton.next_power_of_2(num_chunks), KP=kp, HAS_BIAS=bias is not None, num_warps=warps)
     return logp, ids
 
 
@@ -149,7 +158,7 @@ def launch(logits: torch.Tensor, bias: torch.Tensor, k: int, chunk: int | None =
 # Registered op: one node under torch.export; the kernels on CUDA, the reference on CPU.
 
 @triton_op("boundgen::vocab_topk", mutates_args=())
-def vocab_topk(logits: torch.Tensor, bias: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+def vocab_topk(logits: torch.Tensor, bias: Optional[torch.Tensor], k: int) -> tuple[torch.Tensor, torch.Tensor]:
     return launch(logits, bias, k)
 
 

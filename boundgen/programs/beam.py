@@ -198,18 +198,21 @@ class BeamProgram(nn.Module):
         """hidden [M, H] -> (logits [M, V] model dtype, FP32 log-softmax [M, V]) with HF's processors.
         generated: [1] int64, tokens generated before these (stop tokens are barred below min_new_tokens)."""
         logits = self.model.logits(hidden)
+        logp = torch.log_softmax(logits.to(torch.float32), dim=-1)
         barred = self._barred(generated, logits)
-        logp = torch.log_softmax(logits.to(torch.float32), dim=-1) + barred
-        return logits + barred.to(logits.dtype), logp
+        if barred is None:
+            return logits, logp
+        return logits + barred.to(logits.dtype), logp + barred
 
-    def _barred(self, generated: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+    def _barred(self, generated: torch.Tensor, logits: torch.Tensor) -> torch.Tensor | None:
         """[V] FP32 added to the log-probs (HF's min-new-tokens processor): -inf on the stop tokens
-        while fewer than min_new_tokens were generated, else 0 (adding it changes nothing)."""
+        while fewer than min_new_tokens were generated, else 0 (adding it changes nothing). None
+        when this program bars no token (no min_new_tokens or no stop tokens): nothing to add."""
+        if not (self.min_new_tokens and self.stop_token_ids.numel()):
+            return None
         barred = torch.zeros(logits.shape[-1], dtype=torch.float32, device=logits.device)
-        if self.min_new_tokens and self.stop_token_ids.numel():
-            barred = barred.index_fill(0, self.stop_token_ids, float("-inf"))
-            barred = torch.where(generated < self.min_new_tokens, barred, torch.zeros_like(barred))
-        return barred
+        barred = barred.index_fill(0, self.stop_token_ids, float("-inf"))
+        return torch.where(generated < self.min_new_tokens, barred, torch.zeros_like(barred))
 
     def _expand(self, row_logp, row_ids, running_scores):
         """Two-level top K per request: each beam's top K tokens (ops.vocab_topk: ids and FP32

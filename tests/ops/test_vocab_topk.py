@@ -17,9 +17,10 @@ from tests.ops.kernel_testing import KERNEL_DEVICE, assert_script_prints_ok, nee
 
 def stable_reference(logits, bias, k):
     """The reference with ties ranked by lower column first (the kernel's order)."""
-    ids = torch.sort(logits + bias.to(logits.dtype), dim=-1, descending=True, stable=True).indices[:, :k]
-    logp = (torch.log_softmax(logits.to(torch.float32), dim=-1) + bias).gather(-1, ids)
-    return logp, ids
+    biased = logits if bias is None else logits + bias.to(logits.dtype)
+    ids = torch.sort(biased, dim=-1, descending=True, stable=True).indices[:, :k]
+    logp = torch.log_softmax(logits.to(torch.float32), dim=-1)
+    return (logp if bias is None else logp + bias).gather(-1, ids), ids
 
 
 def make_input(rows, vocab, dtype, device="cpu", seed=0, barred=(), ties=False):
@@ -50,6 +51,13 @@ def test_kernel_matches_reference(dtype, rows, vocab, k, chunk):
 
 
 @needs_kernel
+def test_kernel_without_bias():
+    """No bias (nothing barred): the plain top K of the logits and their log-probs."""
+    logits, _ = make_input(3, 300, torch.bfloat16, KERNEL_DEVICE)
+    assert_matches(logits, None, 10, chunk=64)
+
+
+@needs_kernel
 def test_ties_rank_the_lower_column_first():
     """Logits of nine distinct values: every rank is a tie; the order is the stable sort's."""
     logits, bias = make_input(2, 300, torch.bfloat16, KERNEL_DEVICE, ties=True)
@@ -72,6 +80,9 @@ def test_reference_is_topk_then_log_softmax():
     logp, ids = op.reference(logits, bias, 25)
     assert torch.equal(ids, torch.topk(logits + bias, 25).indices)
     torch.testing.assert_close(logp, torch.log_softmax(logits, -1).gather(1, ids), rtol=0, atol=0)
+    plain_logp, plain_ids = op.reference(logits, None, 25)  # no bias: token 7 may rank
+    assert torch.equal(plain_ids, torch.topk(logits, 25).indices)
+    torch.testing.assert_close(plain_logp, torch.log_softmax(logits, -1).gather(1, plain_ids), rtol=0, atol=0)
 
 
 def test_launcher_rejects_bad_inputs():
@@ -98,9 +109,10 @@ def test_default_chunks_bound_the_merge():
 
 def test_registered_op_runs_reference_on_cpu():
     logits, bias = make_input(4, 300, torch.float32, barred=(3,))
-    got = torch.ops.boundgen.vocab_topk(logits, bias, 17)
-    want = op.reference(logits, bias, 17)
-    assert torch.equal(got[1], want[1]) and torch.equal(got[0], want[0])
+    for b in (bias, None):
+        got = torch.ops.boundgen.vocab_topk(logits, b, 17)
+        want = op.reference(logits, b, 17)
+        assert torch.equal(got[1], want[1]) and torch.equal(got[0], want[0])
     assert op.IMPLEMENTATIONS["triton"] is op.vocab_topk
 
 
