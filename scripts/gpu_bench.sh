@@ -35,8 +35,9 @@ OUT="${OUT:-$root/out/gpu_bench}"
 WORK="${WORK:-/tmp/boundgen_gpu_bench}"
 PY="${PY:-python3}"
 BUDGET_S="${BUDGET_S:-515}"
-W1_BUILD="${W1_BUILD:---lowering packed_attention=triton}"
-BEAM_BUILD="${BEAM_BUILD:---lowering packed_attention=triton --lowering prefix_attention=triton --max-requests 8 --cuda-graphs --batching --contexts 2 --token-bucket 128}"
+source "$root/scripts/gpu_artifacts.sh"
+W1_BUILD="${W1_BUILD:-$W1_DEFAULT}"
+BEAM_BUILD="${BEAM_BUILD:-$BEAM_DEFAULT}"
 W1_ENGINE="${W1_ENGINE:---contexts 2 --cuda-graphs --batching}"
 ENGINE="${ENGINE:---contexts 4 --cuda-graphs}"
 SWEEP="${SWEEP:---concurrency 1,2,4,8,16,32 --duration 3 --warmup 0.5 --open-loop-rate auto --profile-requests 20}"
@@ -92,17 +93,12 @@ build_limit=$(( $(left) - ${BENCH_RESERVE_S:-250} ))
 (( build_limit < ${MIN_BUILD_S:-300} )) && build_limit=${MIN_BUILD_S:-300}
 (( build_limit > $(left) - 40 )) && build_limit=$(( $(left) - 40 ))
 # shellcheck disable=SC2086
-# W1 bounds hold four 15-sample requests per call, so that concurrent requests can be batched.
 [[ "$W1_BUILD" == skip ]] && { log "W1 skipped (W1_BUILD=skip)"; true; } || \
-step "$build_limit" build_w1 "$PY" -m boundgen build "$Q3" --task score --labels " yes" " no" --max-samples 60 \
-  --max-tokens-per-sample 256 --max-total-tokens 15360 --cuda-graphs --batching --token-bucket 512 --contexts 2 \
-  --device cuda --dtype bfloat16 --name w1 \
-  --out "$WORK/art/w1" $W1_BUILD &
+step "$build_limit" build_w1 "$PY" -m boundgen build "$Q3" "${W1_ARGS[@]}" --out "$WORK/art/w1" $W1_BUILD &
 p1=$!
 # shellcheck disable=SC2086
 [[ "$BEAM_BUILD" == skip ]] && { log "beam build skipped (BEAM_BUILD=skip)"; true; } || \
-step "$build_limit" build_beam "$PY" -m boundgen build "$Q2" --task beam --width 100 --steps 5 --min-new-tokens 5 \
-  --max-prompt-tokens 400 --device cuda --dtype bfloat16 --name beam --out "$WORK/art/beam" $BEAM_BUILD &
+step "$build_limit" build_beam "$PY" -m boundgen build "$Q2" "${BEAM_ARGS[@]}" --out "$WORK/art/beam" $BEAM_BUILD &
 p2=$!
 wait $p1; wait $p2
 target_w1="$WORK/art/w1"; [[ -f "$target_w1/manifest.json" ]] || { target_w1="$Q3"; log "W1: no artifact, benching the eager engine"; }

@@ -32,7 +32,8 @@ if [[ -n "$fused_tests" && "${FUSED_TESTS:-0}" == 1 ]]; then
 fi
 log "W2/W3 eager engine lowering extra: ${fused:-none}"
 # The vocabulary top-K kernel goes into the beam artifact only if its GPU tests pass.
-beam_build="--lowering packed_attention=triton --lowering prefix_attention=triton --max-requests 8 --cuda-graphs --batching --contexts 2 --token-bucket 128"
+source "$root/scripts/gpu_artifacts.sh"
+beam_build="$BEAM_DEFAULT"
 if [[ -f tests/ops/test_vocab_topk.py ]]; then
   timeout 150 python3 -m pytest -q -m gpu tests/ops/test_vocab_topk.py -p no:cacheprovider > "$RES/gpu_tests_vocab_topk.log" 2>&1
   rc=$?; log "vocab_topk gpu tests: exit $rc -- $(tail -n 1 "$RES/gpu_tests_vocab_topk.log")"

@@ -19,6 +19,7 @@ BUDGET_S="${BUDGET_S:-560}"; GPU_COUNTS="${GPU_COUNTS:-0 1 2}"
 SWEEP="${SWEEP:---concurrency 4,8,16,32,48,64 --duration 3 --warmup 1}"
 mkdir -p "$OUT" "$WORK/models" "$WORK/art"
 export PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+source "$root/scripts/gpu_artifacts.sh"
 if [[ -z "${LD_PRELOAD:-}" ]]; then  # ../shared/GPU.md: AOTI loads need the system libstdc++
   lib="$(ldconfig -p 2>/dev/null | grep -m1 'libstdc++.so.6 ' | awk '{print $NF}')"
   [[ -n "$lib" ]] && export LD_PRELOAD="$lib"
@@ -45,9 +46,8 @@ pids=()
 if [[ ! -f "$W1/manifest.json" ]] || ! grep -q '"batching": true' "$W1/manifest.json"; then
   log "no batching W1 artifact in $WORK: building it"
   rm -rf "$W1"
-  run_logged 330 build_w1 "$PY" -m boundgen build "$Q3" --task score --labels " yes" " no" --max-samples 60 \
-    --max-tokens-per-sample 256 --max-total-tokens 15360 --cuda-graphs --batching --token-bucket 512 --contexts 2 \
-    --device cuda --dtype bfloat16 --name w1 --out "$W1" --lowering packed_attention=triton &
+  # shellcheck disable=SC2086
+  run_logged 330 build_w1 "$PY" -m boundgen build "$Q3" "${W1_ARGS[@]}" --out "$W1" $W1_DEFAULT &
   pids+=($!)
 else
   log "reusing $W1"
@@ -55,10 +55,9 @@ fi
 if [[ "${BEAM_REBUILD:-0}" == 1 ]]; then
   [[ -f "$Q2/model.safetensors" ]] || run_logged 150 demo_qwen2 "$PY" -m boundgen demo-model "$Q2" --preset qwen2.5-0.5b --seed 0
   rm -rf "$WORK/art/beam2"
-  CUDA_VISIBLE_DEVICES="${BEAM_REBUILD_GPU:-1}" run_logged 330 build_beam2 "$PY" -m boundgen build "$Q2" --task beam \
-    --width 100 --steps 5 --min-new-tokens 5 --max-prompt-tokens 400 --device cuda --dtype bfloat16 --name beam \
-    --out "$WORK/art/beam2" --lowering packed_attention=triton --lowering prefix_attention=triton --max-requests 8 \
-    --cuda-graphs --batching --contexts 2 --token-bucket 128 &
+  # shellcheck disable=SC2086
+  CUDA_VISIBLE_DEVICES="${BEAM_REBUILD_GPU:-1}" run_logged 330 build_beam2 "$PY" -m boundgen build "$Q2" \
+    "${BEAM_ARGS[@]}" --out "$WORK/art/beam2" $BEAM_DEFAULT &
   pids+=($!)
 fi
 for p in "${pids[@]}"; do wait "$p"; done

@@ -1,0 +1,11 @@
+# Sourced by the GPU scripts: the W1 and W2/W3 artifacts they build, in one place, so that every
+# run builds the same ones. `boundgen build CHECKPOINT "${W1_ARGS[@]}" --out DIR $W1_DEFAULT`.
+# W1 bounds hold four 15-sample requests per call, so that concurrent requests can be batched.
+W1_ARGS=(--task score --labels " yes" " no" --max-samples 60 --max-tokens-per-sample 256 --max-total-tokens 15360
+         --cuda-graphs --batching --token-bucket 512 --contexts 2 --device cuda --dtype bfloat16 --name w1)
+W1_DEFAULT="--lowering packed_attention=triton"
+# One beam artifact serves W2 and W3: W=100, N_gen=5, prompts up to 400 tokens, up to 8 a call.
+BEAM_ARGS=(--task beam --width 100 --steps 5 --min-new-tokens 5 --max-prompt-tokens 400 --device cuda
+           --dtype bfloat16 --name beam)
+BEAM_DEFAULT="--lowering packed_attention=triton --lowering prefix_attention=triton --max-requests 8 --cuda-graphs \
+--batching --contexts 2 --token-bucket 128"
