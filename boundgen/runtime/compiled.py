@@ -86,11 +86,10 @@ class BeamStagesRunner:
 
 class CompiledRunner:
     def __init__(self, package: str | Path, weights: dict[str, torch.Tensor] | None, device: str | torch.device,
-                 executors: int = 1, custom_ops: list[str] = (), single_threaded: bool = False,
-                 weights_name: str = "weights"):
+                 executors: int = 1, single_threaded: bool = False, weights_name: str = "weights"):
         """weights: the weights file's tensors (`load_weights`; one load serves several packages),
-        or None when they are inside the package; weights_name names the file in errors."""
-        import_ops(list(custom_ops))
+        or None when they are inside the package; weights_name names the file in errors. The
+        package's custom ops must be imported first (`load_runner` does)."""
         self.device = torch.device(device)
         # The C++ loader directly: `torch._inductor.package.load_package` wraps the same class but
         # importing torch._inductor costs seconds, and its per-call pytree work costs microseconds.
