@@ -1,13 +1,15 @@
 """boundgen: an inference engine for bounded generation with small Qwen2/Qwen3 models.
 
-See ARCHITECTURE in docs/ for the layers: server/ runtime/ text/ programs/ model/ ops/ build/ bench/.
+See docs/architecture.md for the layers: server/ runtime/ text/ programs/ model/ ops/ compile/
+artifact/ bench/.
 """
 
-__version__ = "0.1.0"
+from boundgen.version import __version__  # noqa: F401
 
 
 def load(artifact_dir, **kwargs):
     """Load a built artifact directory and return an engine with `score(texts)` or `beam(text)`."""
-    from boundgen.runtime.engine import load_engine
+    # Lazy: `import boundgen` (the CLI's --help, the artifact contract) must not import torch.
+    from boundgen.runtime.loading import load_artifact_engine
 
-    return load_engine(artifact_dir, **kwargs)
+    return load_artifact_engine(artifact_dir, **kwargs)

@@ -8,7 +8,7 @@
 #   beam  beam, qwen2.5-0.5b, W=100, N_gen=5, prompts up to 512 tokens (serves W2 and W3), cuda, bf16
 # and, with PACKAGED=1, w1 again with the weights inside the package (the load-time comparison of
 # docs/build.md). Then it loads each artifact in a fresh process and prints one markdown row per
-# artifact (python -m boundgen.build.report): build seconds, size, load seconds, first/warm call,
+# artifact (python -m boundgen.compile.report): build seconds, size, load seconds, first/warm call,
 # validation's worst errors. Logs, commands and report.json go to $OUT.
 # Knobs: WORK (checkpoints and artifacts; default /tmp/boundgen_gpu_build), PY (python3),
 #   W1_BUILD / BEAM_BUILD (extra build flags, e.g. "--lowering packed_attention=triton"),
@@ -29,7 +29,7 @@ Q3_PRESET="${Q3_PRESET:-qwen3-0.6b}"
 Q2_PRESET="${Q2_PRESET:-qwen2.5-0.5b}"
 mkdir -p "$OUT" "$WORK/models" "$WORK/art"
 export PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}"
-# No LD_PRELOAD here on purpose: `python3 -m boundgen` and `python3 -m boundgen.build.report`
+# No LD_PRELOAD here on purpose: `python3 -m boundgen` and `python3 -m boundgen.compile.report`
 # re-execute themselves with the system libstdc++ preloaded (boundgen/runtime/libstdcxx.py);
 # env.txt records whether that is what happened.
 start=$SECONDS
@@ -82,7 +82,7 @@ echo "# boundgen GPU build check ($(( SECONDS - start )) s)"
 first=1
 for a in "${built[@]}"; do
   name=$(basename "$a")
-  step "report_$name" "$PY" -m boundgen.build.report "$a" --json "$OUT/report_$name.json" || continue
+  step "report_$name" "$PY" -m boundgen.compile.report "$a" --json "$OUT/report_$name.json" || continue
   if (( first )); then grep '^| ' "$OUT/report_$name.log" | head -n 2; first=0; fi
   grep '^| ' "$OUT/report_$name.log" | tail -n 1
   du -sh "$a"/* >> "$OUT/sizes.txt"

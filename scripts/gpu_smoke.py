@@ -15,8 +15,9 @@ from boundgen.bench.peer import HFPeer, peer_call
 from boundgen.bench.workloads import get_workload, load_tokenizer, make_requests
 from boundgen.model.demo import write_demo_checkpoint
 from boundgen.ops.lowering import OpLowering
-from boundgen.programs.spec import BeamSpec, ScoreSpec
-from boundgen.runtime.eager import default_stop_tokens, eager_engine, label_token_ids
+from boundgen.artifact.program import BeamSpec, ScoreSpec
+from boundgen.programs.eager import eager_engine
+from boundgen.model.loader import default_stop_tokens
 
 out_dir = Path(sys.argv[1])
 models = Path(sys.argv[2] if len(sys.argv) > 2 else "/tmp/models")
@@ -50,7 +51,7 @@ for wl in ("W1", "W2", "W3"):
     tok = load_tokenizer(model_dir)
     reqs = make_requests(spec_w, tok, 16, seed=0)
     if spec_w.task == "score":
-        spec = ScoreSpec(labels=spec_w.labels, label_token_ids=label_token_ids(tok, spec_w.labels), max_samples=16,
+        spec = ScoreSpec(labels=spec_w.labels, label_token_ids=tok.label_token_ids(spec_w.labels), max_samples=16,
                          max_tokens_per_sample=512, max_total_tokens=4096)
         call_of = lambda e: (lambda r: e.score(r.texts))
     else:

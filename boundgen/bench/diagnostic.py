@@ -3,12 +3,10 @@ tokens), sequentially, through the full engine (`engine.score(texts)`: tokenise,
 node, encode results) and through the compiled model node alone, on inputs prepared once.
 The seed saw ~1% difference.
 
-The one adapter is `node_call`: an engine may offer `engine.model_node(texts)` returning a
-zero-argument callable that runs its compiled model node once on the packed inputs of `texts`
-(prepared once by its own pre-processing) and returns after the device has finished; a
-`DagEngine` without it is reached through its DAG and context pool. Run it sequentially only:
-the node reuses one context's buffers, which `engine.score` may also use between calls (with
-the same texts, so the same data).
+The one adapter is `node_call`: an engine offers `engine.model_call(texts)` returning a
+zero-argument callable that runs its compiled program once on the packed inputs of `texts`
+(prepared once by its own pre-processing, on a context of its own) and returns after the device
+has finished (runtime/local_engine.py).
 """
 
 from __future__ import annotations
@@ -32,37 +30,12 @@ def fixed_request(tokenizer, seed: int = 1024) -> Request:
 
 
 def node_call(engine, texts: Sequence[str]) -> Callable[[], object]:
-    """A zero-argument callable running the engine's model node alone on `texts`, prepared once.
-
-    `engine.model_node(texts)` when the engine offers it; otherwise, for a `DagEngine` (`dag`,
-    `pool`): the DAG's nodes before the model node run once on one context, then each call runs
-    the model node on that context's staged inputs and waits for its stream.
-    """
-    model_node = getattr(engine, "model_node", None)
-    if callable(model_node):
-        return model_node(list(texts))
-    dag, pool = getattr(engine, "dag", None), getattr(engine, "pool", None)
-    if dag is None or pool is None:
-        raise NotImplementedError(f"{type(engine).__name__} has neither model_node(texts) nor a dag and context "
-                                  "pool: the diagnostic cannot reach its model node")
-    model = next(node for node in dag.nodes if node.spec.kind == "model")
-    ctx = pool.acquire()
-    try:
-        values = {dag.graph_inputs[0]: list(texts)}
-        for node in dag.nodes[: dag.nodes.index(model)]:
-            values.update(node.run(ctx, **{name: values[name] for name in node.spec.inputs}))
-    finally:
-        pool.release(ctx)
-    inputs = {name: values[name] for name in model.spec.inputs}
-    stream = getattr(ctx, "stream", None)
-
-    def call():
-        out = model.run(ctx, **inputs)
-        if stream is not None:
-            stream.synchronize()
-        return out
-
-    return call
+    """A zero-argument callable running the engine's program alone on `texts`, prepared once."""
+    model_call = getattr(engine, "model_call", None)
+    if not callable(model_call):
+        raise NotImplementedError(f"{type(engine).__name__} has no model_call(texts): the diagnostic cannot reach "
+                                  "its program")
+    return model_call(list(texts))
 
 
 def _mean_ms(fn: Callable, iterations: int, warmup: int) -> float:

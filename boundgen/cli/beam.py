@@ -5,7 +5,7 @@ from __future__ import annotations
 from boundgen.cli.common import (add_precision_args, check_model_path, is_artifact, parse_id_list, print_json,
                                  resolve_dtype)
 from boundgen.errors import ConfigError, InvalidInput
-from boundgen.programs.spec import MAX_STEPS, MAX_WIDTH
+from boundgen.artifact.program import MAX_STEPS, MAX_WIDTH
 
 
 def register(sub):
@@ -34,7 +34,8 @@ def run(args):
         import boundgen
 
         engine = boundgen.load(args.model)
-        for flag, value, built in (("--width", args.width, engine.spec.width), ("--steps", args.steps, engine.spec.steps)):
+        built_for = engine.spec.program
+        for flag, value, built in (("--width", args.width, built_for.width), ("--steps", args.steps, built_for.steps)):
             if value is not None and value != built:
                 raise ConfigError(f"artifact {args.model} was built with {flag} {built}, not {value}")
     else:
@@ -43,8 +44,9 @@ def run(args):
 
 
 def _eager(args):
-    from boundgen.programs.spec import BeamSpec
-    from boundgen.runtime.eager import default_stop_tokens, eager_engine
+    from boundgen.artifact.program import BeamSpec
+    from boundgen.programs.eager import eager_engine
+    from boundgen.model.loader import default_stop_tokens
 
     if args.width is None or args.steps is None:
         raise ConfigError("pass --width W and --steps N")

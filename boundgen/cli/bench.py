@@ -112,15 +112,16 @@ def _engine(args, specs):
         import boundgen
 
         return boundgen.load(args.artifact, **overrides), f"boundgen artifact {args.artifact}{described}"
-    from boundgen.programs.spec import BeamSpec, ScoreSpec
-    from boundgen.runtime.eager import default_stop_tokens, eager_engine, label_token_ids
+    from boundgen.artifact.program import BeamSpec, ScoreSpec
+    from boundgen.programs.eager import eager_engine
+    from boundgen.model.loader import default_stop_tokens
     from boundgen.text.tokenizer import Tokenizer
 
     device = _default_device(args)
     dtype = args.dtype or ("bfloat16" if device.startswith("cuda") else "float32")
     spec, max_tokens = specs[0], max(s.max_tokens for s in specs)
     if spec.task == "score":
-        ids = label_token_ids(Tokenizer.from_dir(args.artifact), spec.labels)
+        ids = Tokenizer.from_dir(args.artifact).label_token_ids(spec.labels)
         calls = 4 if args.batching else 1  # requests one model call may hold
         pspec = ScoreSpec(labels=spec.labels, label_token_ids=ids, max_samples=calls * spec.samples,
                           max_tokens_per_sample=max_tokens, max_total_tokens=calls * spec.samples * max_tokens)
@@ -149,7 +150,7 @@ def _lowering(pairs, device: str):
 
 
 def _check_engine_matches(engine, spec) -> None:
-    es = engine.spec
+    es = engine.spec.program
     if es.task != spec.task:
         raise ConfigError(f"workload {spec.name} is a {spec.task} workload but the engine is a {es.task} model")
     if spec.task == "score" and tuple(es.labels) != tuple(spec.labels):

@@ -1,21 +1,22 @@
 """`boundgen build MODEL_DIR --task {score,beam} --out ARTIFACT_DIR`: compile a validated artifact.
 
-Options come from a deploy file (`--config`, JSON; build/config.py documents its keys) and
-from flags; a flag given wins over the file. Progress goes to stderr; the last stdout line is
-a JSON summary (artifact path, size, seconds per stage, validation result).
+Options come from a deploy file (`--config`, JSON; compile/config.py documents its keys) and
+from flags; a flag given wins over the file. The program and runtime flags are derived from
+the dataclasses that define them (artifact/program.py, artifact/manifest.py). Progress goes to
+stderr; the last stdout line is a JSON summary (artifact path, size, seconds per stage,
+validation result).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from boundgen.cli.common import print_json
-from boundgen.programs.spec import MAX_STEPS, MAX_WIDTH
+from boundgen.artifact.manifest import RuntimeConfig
+from boundgen.artifact.program import BeamSpec, ScoreSpec, options
+from boundgen.cli.common import parse_id_list, print_json
 
-# Flags whose values go into the options under the same name (argparse dest).
-OPTION_FLAGS = ("name", "task", "device", "dtype", "labels", "head", "topk", "max_samples", "max_tokens_per_sample",
-                "max_total_tokens", "width", "steps", "max_prompt_tokens", "length_penalty", "min_new_tokens", "max_requests",
-                "template", "contexts", "executors", "token_bucket", "weights")
+GROUPS = (("score", ScoreSpec), ("beam", BeamSpec), ("runtime (recorded in the manifest)", RuntimeConfig))
+COMPILE_FLAGS = ("name", "task", "device", "dtype", "weights")
 
 
 def register(sub):
@@ -31,59 +32,56 @@ def register(sub):
     p.add_argument("--device", default=None, help="target device: cpu or cuda (default cpu)")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
                    help="compute dtype (default: float32 on cpu, bfloat16 on cuda)")
-    g = p.add_argument_group("score")
-    g.add_argument("--labels", nargs="+", default=None, metavar="LABEL", help='label texts, each one token (" yes" " no")')
-    g.add_argument("--head", default=None, metavar="FILE", help="MLP head safetensors file instead of labels")
-    g.add_argument("--topk", type=int, default=None, help="also return the top-k next tokens")
-    g.add_argument("--max-samples", type=int, default=None, help="samples per request (default 64)")
-    g.add_argument("--max-tokens-per-sample", type=int, default=None, help="tokens per sample (default 512)")
-    g.add_argument("--max-total-tokens", type=int, default=None,
-                   help="tokens per request (default max-samples x max-tokens-per-sample)")
-    g = p.add_argument_group("beam")
-    g.add_argument("--width", type=int, default=None, help=f"beam width W, 1..{MAX_WIDTH}")
-    g.add_argument("--steps", type=int, default=None, help=f"tokens to generate N, 1..{MAX_STEPS}")
-    g.add_argument("--max-prompt-tokens", type=int, default=None, help="prompt token bound (default 1024)")
-    g.add_argument("--stop-token-ids", default=None, metavar="IDS",
-                   help="comma-separated stop token ids, or 'none' (default: generation_config.json eos_token_id)")
-    g.add_argument("--length-penalty", type=float, default=None, help="HF length_penalty (default 0.0)")
-    g.add_argument("--min-new-tokens", type=int, default=None, help="suppress stop tokens before this many tokens")
-    g.add_argument("--max-requests", type=int, default=None,
-                   help="prompts one compiled call may hold: concurrent requests batched (default 1)")
-    g = p.add_argument_group("compile and runtime")
-    g.add_argument("--template", default=None, help="prompt template with a {text} placeholder")
-    g.add_argument("--lowering", action="append", default=None, metavar="OP=IMPL",
+    p.add_argument("--lowering", action="append", default=None, metavar="OP=IMPL",
                    help="op implementation, e.g. packed_attention=triton (repeatable; default torch)")
-    g.add_argument("--weights", choices=["external", "packaged"], default=None,
+    p.add_argument("--weights", choices=["external", "packaged"], default=None,
                    help="weights as safetensors beside the package (default) or inside it")
-    g.add_argument("--contexts", type=int, default=None, help="request contexts preallocated at load (default 1)")
-    g.add_argument("--executors", type=int, default=None, help="model calls that may run at once (default 1)")
-    g.add_argument("--cuda-graphs", action="store_true", default=None, help="replay CUDA graphs per shape bucket")
-    g.add_argument("--batching", action="store_true", default=None,
-                   help="concurrent requests share model calls (recorded in the manifest; `serve` uses it)")
-    g.add_argument("--token-bucket", type=int, default=None, help="score token bucket for CUDA graphs (default 256)")
+    shared = {o.key for o in options(ScoreSpec)} & {o.key for o in options(BeamSpec)}
+    group = p.add_argument_group("score and beam")
+    for opt in options(ScoreSpec):
+        if opt.key in shared:
+            _add_flag(group, opt)
+    for title, cls in GROUPS:
+        group = p.add_argument_group(title)
+        for opt in options(cls):
+            if opt.key not in shared:
+                _add_flag(group, opt)
     p.set_defaults(run=run)
 
 
-def run(args):
-    from boundgen.build import config
-    from boundgen.build.pipeline import build
-    from boundgen.cli.common import parse_id_list
+def _add_flag(group, opt) -> None:
+    flag = "--" + opt.key.replace("_", "-")
+    default = "" if opt.default in (None, (), False) or opt.required else f" (default {opt.default})"
+    if opt.kind is bool:
+        group.add_argument(flag, dest=opt.key, action="store_true", default=None, help=opt.help)
+    elif opt.kind == "list[str]":
+        group.add_argument(flag, dest=opt.key, nargs="+", default=None, metavar=opt.key.upper()[:-1], help=opt.help)
+    elif opt.kind == "list[int]":  # comma-separated ids, or 'none'
+        group.add_argument(flag, dest=opt.key, default=None, metavar="IDS", help=opt.help + "; comma-separated, or 'none'")
+    else:
+        group.add_argument(flag, dest=opt.key, type=opt.kind, default=None, help=opt.help + default)
 
-    options, base_dir = config.read_deploy_file(args.config)
-    flags = {name: getattr(args, name) for name in OPTION_FLAGS}
-    if args.labels is not None:
-        flags["labels"] = list(args.labels)
-    if args.head is not None:  # relative to the working directory (the deploy file's are relative to it)
-        flags["head"] = str(Path(args.head).resolve())
-    if args.stop_token_ids is not None:
-        flags["stop_token_ids"] = list(parse_id_list(args.stop_token_ids))
+
+def run(args):
+    from boundgen.compile import config  # lazy: `boundgen --help` must not import torch and the compiler
+    from boundgen.compile.pipeline import build
+
+    options_, base_dir = config.read_deploy_file(args.config)
+    flags = {name: getattr(args, name) for name in COMPILE_FLAGS}
+    for _, cls in GROUPS:
+        for opt in options(cls):
+            flags[opt.key] = getattr(args, opt.key)
+    if flags["labels"] is not None:
+        flags["labels"] = list(flags["labels"])
+    if flags["head"] is not None:  # relative to the working directory (the deploy file's are relative to it)
+        flags["head"] = str(Path(flags["head"]).resolve())
+    if flags["stop_token_ids"] is not None:
+        flags["stop_token_ids"] = list(parse_id_list(flags["stop_token_ids"]))
     if args.lowering is not None:
-        flags["lowering"] = {**options.get("lowering", {}), **config.parse_lowering_flags(args.lowering)}
-    flags["cuda_graphs"] = args.cuda_graphs
-    flags["batching"] = args.batching
-    options.update({k: v for k, v in flags.items() if v is not None})
-    cfg = config.resolve(args.model, args.out, options, base_dir)
+        flags["lowering"] = {**options_.get("lowering", {}), **config.parse_lowering_flags(args.lowering)}
+    options_.update({k: v for k, v in flags.items() if v is not None})
+    cfg = config.resolve(args.model, args.out, options_, base_dir)
     written = build(cfg)
     size = sum(p.stat().st_size for p in cfg.out.rglob("*") if p.is_file())
-    print_json({"artifact": str(cfg.out), "name": written["name"], "task": written["task"], "bytes": size,
-                "seconds": written["compile"]["seconds"], "validation_passed": written["validation"]["passed"]})
+    print_json({"artifact": str(cfg.out), "name": written.name, "task": written.task, "bytes": size,
+                "seconds": written.compile.seconds, "validation_passed": written.validation["passed"]})

@@ -29,8 +29,8 @@ def run(args):
         import boundgen
 
         engine = boundgen.load(args.model)
-        if args.labels is not None and tuple(args.labels) != tuple(engine.spec.labels):
-            raise ConfigError(f"artifact {args.model} was built for labels {list(engine.spec.labels)}, "
+        if args.labels is not None and tuple(args.labels) != tuple(engine.spec.program.labels):
+            raise ConfigError(f"artifact {args.model} was built for labels {list(engine.spec.program.labels)}, "
                               f"not {args.labels}")
     else:
         engine = _eager(args)
@@ -42,8 +42,8 @@ def run(args):
 
 
 def _eager(args):
-    from boundgen.programs.spec import ScoreSpec
-    from boundgen.runtime.eager import eager_engine, label_token_ids
+    from boundgen.artifact.program import ScoreSpec
+    from boundgen.programs.eager import eager_engine
     from boundgen.text.tokenizer import Tokenizer
 
     if not args.labels and not args.head:
@@ -51,7 +51,7 @@ def _eager(args):
     if args.max_tokens < 1:
         raise ConfigError(f"--max-tokens must be positive, got {args.max_tokens}")
     labels = tuple(args.labels or ())
-    ids = label_token_ids(Tokenizer.from_dir(args.model), labels)
+    ids = Tokenizer.from_dir(args.model).label_token_ids(labels)
     n = len(args.text)
     spec = ScoreSpec(labels=labels, label_token_ids=ids, head_path=args.head, topk=args.topk, max_samples=n,
                      max_tokens_per_sample=args.max_tokens, max_total_tokens=n * args.max_tokens,

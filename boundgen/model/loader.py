@@ -28,6 +28,17 @@ def parse_dtype(name: str) -> torch.dtype:
     return DTYPES[name]
 
 
+def default_stop_tokens(model_dir: str | Path) -> tuple[int, ...]:
+    """Stop tokens as HF generate takes them: generation_config.json's eos_token_id, else config.json's."""
+    for name in ("generation_config.json", "config.json"):
+        path = Path(model_dir) / name
+        if path.is_file():
+            eos = json.loads(path.read_text()).get("eos_token_id")
+            if eos is not None:
+                return tuple(eos) if isinstance(eos, list) else (int(eos),)
+    return ()
+
+
 def read_config(model_dir: str | Path) -> ModelConfig:
     path = Path(model_dir) / "config.json"
     if not path.is_file():

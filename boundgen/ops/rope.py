@@ -10,7 +10,7 @@ Triton kernel: one program per (token block, head block), each row split in its 
 with each product and the sum rounded to x's dtype, as the reference's three torch ops round
 (products in FP32, which is exact for bf16/fp16 operands): bf16/fp16 results equal the
 reference's bit for bit. bf16 rounding is done on the bits (`round_to` with SOFT_BF16) on every
-device: with plain casts the H200 build matched a single rounding of the FP32 sum instead (run 4:
+device: with plain casts the H200 build matched a single rounding of the FP32 sum instead (2026-11-29:
 up to ~15,500 bf16 ulp where x*cos and r*sin nearly cancel, abs error <= 1 ulp of the terms;
 the same numbers come out of a CPU simulation of one rounding), i.e. the intermediate
 round trips were folded away. Integer rounding cannot be folded. cos/sin rows are loaded once per token block and shared by its heads.

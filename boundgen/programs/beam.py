@@ -21,13 +21,15 @@ Stages. The search is split where the model runs, so that a build compiles the m
 (prompt pass, decode step) however many steps there are, instead of unrolling N_gen passes
 into one graph (which AOTInductor compiled too slowly: docs/build.md):
 
-    prefill(tokens, positions, cu_seqlens)                  -> prefix_k, prefix_v, suffix_k, suffix_v, *STATE
-    step(step, prefix_k, prefix_v, cu_seqlens, suffix_k, suffix_v, *STATE) -> suffix_k, suffix_v, *STATE
-    finish(*STATE)                                          -> token_ids, scores, finished, beam_indices
+    prefill(tokens, positions, cu_seqlens)                  -> prefix_k, prefix_v, suffix_k, suffix_v, *state
+    step(step, prefix_k, prefix_v, cu_seqlens, suffix_k, suffix_v, *state) -> suffix_k, suffix_v, *state
+    finish(*state)                                          -> token_ids, scores, finished, beam_indices
+
+(`state`: a BeamState, by name inside the stages, flattened where they meet; artifact/tensors.py.)
 
 `step` is a [1] int64 tensor (0 .. N_gen - 2): one compiled step serves every step. The suffix
 K/V keep their full capacity (N_gen - 1 slots); a step attends to slots [0, step] only. `run_stages`
-chains them; `BeamProgram.forward` is that chain over its own stages, and the compiled runner is
+(artifact/tensors.py) chains them; `BeamProgram.forward` is that chain over its own stages, and the compiled runner is
 the same chain over the compiled packages (runtime/compiled.py). No data-dependent Python control
 flow: each stage exports with T (and R) dynamic, and the chain replays as one CUDA graph.
 
@@ -44,30 +46,14 @@ beam_indices [R*W, N_gen] int64 (parent beam within the request at each step, -1
 
 from __future__ import annotations
 
-from typing import Callable
-
 import torch
 from torch import nn
 
+from boundgen.artifact.tensors import STAGES, BeamState, run_stages
 from boundgen.errors import ConfigError
 from boundgen.model.qwen import QwenModel
 
 NEG = -1.0e9  # HF's "impossible" score offset; kept identical so ties and sums match bit for bit
-STAGES = ("prefill", "step", "finish")
-# The search state passed between stages, in this order (R requests, W beams, K candidates, N_gen steps):
-STATE = (
-    "run_seq",      # [R, W, N] int64  running beams' tokens so far (-1 = not yet)
-    "run_bi",       # [R, W, N] int64  their parent beam at each step
-    "fin_seq",      # [R, W, N] int64  finished hypotheses, best first
-    "fin_bi",       # [R, W, N] int64
-    "fin_scores",   # [R, W] fp32      length-penalised scores (NEG = empty slot)
-    "is_fin",       # [R, W] bool      slot holds a hypothesis
-    "can_improve",  # [R] bool         HF's early-stop heuristic not yet satisfied
-    "done",         # [R] bool         the request's search has ended (finished set frozen)
-    "cand_scores",  # [R, K] fp32      this step's candidates, best first
-    "cand_tokens",  # [R, K] int64
-    "cand_parent",  # [R, K] int64     parent beam within the request
-)
 
 
 class BeamProgram(nn.Module):
@@ -91,7 +77,8 @@ class BeamProgram(nn.Module):
                                                      dtype=torch.float32), persistent=False)
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, cu_seqlens: torch.Tensor):
-        return run_stages(self.prefill, self.step, self.finish, self.steps, tokens, positions, cu_seqlens)
+        step_ids = [torch.full((1,), s, dtype=torch.int64, device=tokens.device) for s in range(self.steps - 1)]
+        return run_stages(self.prefill, self.step, self.finish, step_ids, tokens, positions, cu_seqlens)
 
     def stages(self) -> dict[str, nn.Module]:
         """Each stage as a module of its own (what the build exports); they share this program's weights."""
@@ -111,15 +98,17 @@ class BeamProgram(nn.Module):
         cand_scores, cand_tokens = torch.topk(logp, K, dim=-1)  # beam 0 only; its running score is 0
         suffix_shape = (cfg.num_layers, R * W, max(N - 1, 1), cfg.num_kv_heads, cfg.head_dim)
         seqs = [torch.full((R, W, N), -1, dtype=torch.int64, device=device) for _ in range(4)]
+        state = BeamState(run_seq=seqs[0], run_bi=seqs[1], fin_seq=seqs[2], fin_bi=seqs[3],
+                          fin_scores=torch.full((R, W), NEG, dtype=torch.float32, device=device),
+                          is_fin=torch.zeros((R, W), dtype=torch.bool, device=device),
+                          can_improve=torch.ones(R, dtype=torch.bool, device=device),
+                          done=torch.zeros(R, dtype=torch.bool, device=device),
+                          cand_scores=cand_scores, cand_tokens=cand_tokens,
+                          cand_parent=torch.zeros((R, K), dtype=torch.int64, device=device))
         return (prefix_k, prefix_v,
                 torch.zeros(suffix_shape, dtype=prefix_k.dtype, device=device),
                 torch.zeros(suffix_shape, dtype=prefix_v.dtype, device=device),
-                *seqs,
-                torch.full((R, W), NEG, dtype=torch.float32, device=device),  # fin_scores
-                torch.zeros((R, W), dtype=torch.bool, device=device),  # is_fin
-                torch.ones(R, dtype=torch.bool, device=device),  # can_improve
-                torch.zeros(R, dtype=torch.bool, device=device),  # done
-                cand_scores, cand_tokens, torch.zeros((R, K), dtype=torch.int64, device=device))
+                *state)
 
     def step(self, step: torch.Tensor, prefix_k, prefix_v, cu_seqlens, suffix_k, suffix_v, *state):
         """Decode step `step` ([1] int64, 0 .. N_gen - 2): keep the best W candidates running,
@@ -129,33 +118,38 @@ class BeamProgram(nn.Module):
         request = torch.arange(R, device=step.device)
         cu = cu_seqlens.to(torch.int64)
         prompt_lens = cu[request + 1] - cu[request]  # [R]
-        run_seq, run_bi, run_scores, kv_parent, *kept = self._select(step, False, *state)
+        state, run_scores, kv_parent = self._select(step, False, BeamState(*state))
         # Reorder only the suffix K/V by parent (all slots: those past `step` are never attended).
         rows = (kv_parent + request[:, None] * W).reshape(-1)  # [R*W] parent's row in the packed beams
         suffix_k, suffix_v = suffix_k[:, rows], suffix_v[:, rows]
         positions_w = (prompt_lens[:, None] + step).expand(-1, W).reshape(-1)  # [R*W]
-        tokens_w = run_seq.index_select(2, step).reshape(-1)
+        tokens_w = state.run_seq.index_select(2, step).reshape(-1)
         hidden_w = model.decode(tokens_w, positions_w, prefix_k, prefix_v, suffix_k, suffix_v, step, cu_seqlens, W)
         logits = model.logits(hidden_w)  # [R*W, V]
         row_logp, row_ids = model.ops.vocab_topk(logits, self._barred(step + 1, logits), self.keep)  # [R*W, K]
-        cands = self._expand(row_logp.reshape(-1, W, self.keep), row_ids.reshape(-1, W, self.keep), run_scores)
-        return (suffix_k, suffix_v, run_seq, run_bi, *kept, *cands)
+        scores, tokens, parent = self._expand(row_logp.reshape(-1, W, self.keep), row_ids.reshape(-1, W, self.keep),
+                                              run_scores)
+        state = state._replace(cand_scores=scores, cand_tokens=tokens, cand_parent=parent)
+        return (suffix_k, suffix_v, *state)
 
     def finish(self, *state):
         """The last step's selection (every candidate ends: max length) -> the outputs."""
         N = self.steps
         last = torch.full((1,), N - 1, dtype=torch.int64, device=state[0].device)
-        _, _, _, _, fin_seq, fin_bi, fin_scores, *_ = self._select(last, True, *state)
-        finished = torch.isin(fin_seq, self.stop_token_ids).any(dim=-1)  # [R, W]
-        return (fin_seq.reshape(-1, N), fin_scores.reshape(-1), finished.reshape(-1), fin_bi.reshape(-1, N))
+        state, _, _ = self._select(last, True, BeamState(*state))
+        finished = torch.isin(state.fin_seq, self.stop_token_ids).any(dim=-1)  # [R, W]
+        return (state.fin_seq.reshape(-1, N), state.fin_scores.reshape(-1), finished.reshape(-1),
+                state.fin_bi.reshape(-1, N))
 
     # -- pieces ----------------------------------------------------------------------------------
 
-    def _select(self, step: torch.Tensor, last: bool, run_seq, run_bi, fin_seq, fin_bi, fin_scores, is_fin,
-                can_improve, done, cand_scores, cand_tokens, cand_parent):
+    def _select(self, step: torch.Tensor, last: bool, state: BeamState):
         """Step `step`'s candidates -> running beams and finished hypotheses (HF's per-step update).
-        Returns run_seq, run_bi, run_scores, kv_parent, then fin_seq .. done (STATE order)."""
+        Returns the state with the new running beams and finished set (candidates as they were),
+        the running beams' scores [R, W] and their parent beams [R, W] (to reorder the suffix K/V)."""
         W, K = self.width, self.keep
+        run_seq, run_bi, fin_seq, fin_bi, fin_scores, is_fin, can_improve, done = state[:8]
+        cand_scores, cand_tokens, cand_parent = state.cand_scores, state.cand_tokens, state.cand_parent
         device = cand_scores.device
         # Candidate sequences: parent's tokens plus the new one.
         cand_seq = _gather_beams(run_seq, cand_parent).index_copy(2, step, cand_tokens[:, :, None])  # [R, K, N]
@@ -192,7 +186,9 @@ class BeamProgram(nn.Module):
                                 torch.full_like(fin_scores, NEG))
         can_improve = can_improve & (best_running > worst_fin).any(dim=1)
         done = done | ~can_improve | hits.all(dim=1)
-        return run_seq, run_bi, run_scores, kv_parent, fin_seq, fin_bi, fin_scores, is_fin, can_improve, done
+        state = state._replace(run_seq=run_seq, run_bi=run_bi, fin_seq=fin_seq, fin_bi=fin_bi, fin_scores=fin_scores,
+                               is_fin=is_fin, can_improve=can_improve, done=done)
+        return state, run_scores, kv_parent
 
     def _log_probs(self, hidden: torch.Tensor, generated: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """hidden [M, H] -> (logits [M, V] model dtype, FP32 log-softmax [M, V]) with HF's processors.
@@ -237,19 +233,6 @@ class BeamStage(nn.Module):
 
     def forward(self, *inputs):
         return getattr(self.program, self.stage)(*inputs)
-
-
-def run_stages(prefill: Callable, step: Callable, finish: Callable, steps: int, tokens: torch.Tensor,
-               positions: torch.Tensor, cu_seqlens: torch.Tensor, step_ids: list[torch.Tensor] | None = None):
-    """The search: prefill, `steps - 1` decode steps, finish. The stages are the program's methods
-    or their compiled packages (lists in, lists out). step_ids: the [1] int64 step tensors on the
-    device (made here if not given; a CUDA graph wants them allocated once)."""
-    if step_ids is None:
-        step_ids = [torch.full((1,), s, dtype=torch.int64, device=tokens.device) for s in range(steps - 1)]
-    prefix_k, prefix_v, *state = prefill(tokens, positions, cu_seqlens)
-    for s in range(steps - 1):
-        state = step(step_ids[s], prefix_k, prefix_v, cu_seqlens, *state)
-    return finish(*state[2:])  # the suffix K/V are not needed past the last step
 
 
 def _gather_beams(tensor: torch.Tensor, index: torch.Tensor) -> torch.Tensor:

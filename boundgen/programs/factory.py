@@ -6,7 +6,7 @@ from boundgen.model.qwen import QwenModel
 from boundgen.programs.beam import BeamProgram
 from boundgen.programs.head import MLPHead
 from boundgen.programs.score import ScoreProgram
-from boundgen.programs.spec import BeamSpec, ScoreSpec
+from boundgen.artifact.program import BeamSpec, ScoreSpec
 
 
 def make_program(model: QwenModel, spec: ScoreSpec | BeamSpec):

@@ -15,7 +15,7 @@ rather than waiting for a worker to become free. A request already taken runs to
 Cancellation (a `threading.Event`, optional per request, set by the caller's caller when its
 client goes away) is handled the same way: a worker fails every waiting request whose event is
 set (`Cancelled`, not run) before it takes a batch, and a waiting caller looks at its event every
-CANCEL_POLL_S (runtime/engine.py) and takes its request back out of the queue once it is set.
+CANCEL_POLL_S (runtime/waiting.py) and takes its request back out of the queue once it is set.
 
 Workers are threads, one per request context; `run_batch(ctx, items)` does the work and
 returns one result per item (or raises, failing every item of that batch).
@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from boundgen.errors import Cancelled, DeadlineExceeded
-from boundgen.runtime.engine import refusal, wait_slice
+from boundgen.runtime.waiting import refusal, wait_slice
 
 
 @dataclass(eq=False)  # compared by identity: the queue removes this very entry

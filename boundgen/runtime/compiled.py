@@ -6,7 +6,7 @@ model instances share one set of weights, so that many calls may run at once. A 
 the program's input tensors (on the artifact's device) and returns its outputs as a list, on
 the caller's current CUDA stream. A score artifact is one package ("model"); a beam artifact
 is three ("prefill", "step", "finish", see programs/beam.py) sharing one weights file, chained
-by `BeamStagesRunner` exactly as the eager program chains its stages. `load_runner` makes the
+by `BeamStagesRunner` with the stage protocol the eager program uses (artifact/tensors.py). `load_runner` makes the
 right one; the loader and build-time validation both use it, so that the build checks exactly
 what a deployment runs.
 
@@ -20,21 +20,16 @@ the runner at all).
 from __future__ import annotations
 
 import contextlib
-import importlib
 import threading
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file
+
+from boundgen.artifact.tensors import SCORE_PACKAGE, STAGES, run_stages
+from boundgen.ops.custom import import_custom_ops
 
 PACKAGE_MODEL = "model"  # the model's name inside a package written by aoti_compile_and_package
-
-
-def import_ops(ops: list[str]) -> None:
-    """Import `boundgen.ops.<op>` for each op, registering the custom ops a package may call by
-    name. Only ops lowered to something other than their torch reference need it (importing a
-    `triton_op` module pulls in torch._inductor: seconds)."""
-    for op in ops:
-        importlib.import_module(f"boundgen.ops.{op}")
 
 
 def device_index(device: torch.device) -> int:
@@ -43,8 +38,6 @@ def device_index(device: torch.device) -> int:
 
 def load_weights(path: str | Path, device: torch.device) -> dict[str, torch.Tensor]:
     """A weights file's tensors: memory-mapped on CPU, copied to the device otherwise."""
-    from safetensors.torch import load_file
-
     return load_file(str(path), device="cpu" if device.type == "cpu" else str(device))
 
 
@@ -53,23 +46,21 @@ def load_runner(root: str | Path, packages: dict[str, str], weights_file: str | 
     """The runner for an artifact's packages ({name: file} under root): a CompiledRunner for one
     "model" package, a BeamStagesRunner for the beam stages. One copy of the weights serves all."""
     root, device = Path(root), torch.device(device)
-    import_ops(list(custom_ops))
+    import_custom_ops(custom_ops)
     weights = load_weights(root / weights_file, device) if weights_file else None
     runners = {name: CompiledRunner(root / file, weights, device, executors, single_threaded=single_threaded,
                                     weights_name=weights_file)
                for name, file in packages.items()}
-    if set(runners) == {PACKAGE_MODEL}:
-        return runners[PACKAGE_MODEL]
+    if set(runners) == {SCORE_PACKAGE}:
+        return runners[SCORE_PACKAGE]
     return BeamStagesRunner(runners, steps, device)
 
 
 class BeamStagesRunner:
-    """The beam search over its compiled stages: `programs.beam.run_stages`, the step index
+    """The beam search over its compiled stages (`artifact.tensors.run_stages`), the step index
     tensors allocated once (stable addresses for CUDA graph capture)."""
 
     def __init__(self, stages: dict, steps: int, device: torch.device):
-        from boundgen.programs.beam import STAGES
-
         if set(stages) != set(STAGES) or steps < 1:
             raise KeyError(f"a beam artifact needs packages {', '.join(STAGES)} and steps >= 1; "
                            f"got {', '.join(sorted(stages))}, steps {steps}")
@@ -77,11 +68,8 @@ class BeamStagesRunner:
         self.step_ids = [torch.full((1,), s, dtype=torch.int64, device=device) for s in range(steps - 1)]
 
     def __call__(self, tokens: torch.Tensor, positions: torch.Tensor, cu_seqlens: torch.Tensor) -> list:
-        from boundgen.programs.beam import run_stages
-
         s = self.stages
-        return run_stages(s["prefill"], s["step"], s["finish"], self.steps, tokens, positions, cu_seqlens,
-                          self.step_ids)
+        return run_stages(s["prefill"], s["step"], s["finish"], self.step_ids, tokens, positions, cu_seqlens)
 
 
 class CompiledRunner:

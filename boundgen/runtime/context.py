@@ -8,6 +8,7 @@ and passes views of logical shape; nothing is allocated per request for the inpu
 
 from __future__ import annotations
 
+import contextlib
 import queue
 
 import torch
@@ -46,8 +47,6 @@ class RequestContext:
     def stream_scope(self):
         """Context manager making this context's stream current (no-op on CPU)."""
         if self.stream is None:
-            import contextlib
-
             return contextlib.nullcontext()
         return torch.cuda.stream(self.stream)
 

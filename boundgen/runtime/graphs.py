@@ -15,7 +15,7 @@ at warm-up (`warm_batches`), never while serving:
 - beam: tokens to a multiple of the bucket as a tail after the last prompt, of no request
   (cu_seqlens ends before it), and the request count as it is (one graph per (tokens, R) for
   R = 1 .. max_requests). A filler *request* would cost W beams of decoding, as much as a real
-  one (session 3, docs/benchmarks.md); tail tokens cost one prompt pass over a few tokens.
+  one (docs/benchmarks.md, 2026-11-29); tail tokens cost one prompt pass over a few tokens.
 Padding never changes real results: attention is block-diagonal per sequence (tail tokens are
 their own causal segment in the reference and are never attended by a real row), beams are
 selected per request, and padded rows come last and are dropped.

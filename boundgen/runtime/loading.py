@@ -1,15 +1,16 @@
 """Load a built artifact directory into an engine (`boundgen.load(path)`).
 
 Checks, in order, each refusing with an ArtifactError that says what differs:
-  1. manifest.json: schema, required keys, its own hash (build/manifest.py);
+  1. manifest.json: version, required keys, its own hash (artifact/manifest.py);
   2. every file's sha256 against the manifest (a tampered or truncated file is named);
   3. device: a CUDA artifact needs a CUDA device of the same compute capability;
   4. versions: torch major.minor (and CUDA major for GPU artifacts) as at build time;
-  5. the runtime DAG this boundgen builds for the spec equals the recorded topology;
-  6. on systems where loading a package crashes without a preloaded libstdc++
+  5. on systems where loading a package crashes without a preloaded libstdc++
      (runtime/libstdcxx.py), that the process has it.
-Then the custom ops are imported, the AOTInductor package and its weights loaded, and the
-DAG engine assembled (runtime/assemble.py) with the manifest's concurrency settings.
+Then the custom ops the packages call are registered (ops/custom.py), the AOTInductor packages
+and their weights loaded (runtime/compiled.py), and the engine assembled (runtime/local_engine.py)
+with the manifest's runtime settings, each overridable here without a rebuild. Nothing here
+imports the model or the programs: a compiled artifact is served from its packages alone.
 """
 
 from __future__ import annotations
@@ -18,83 +19,60 @@ from pathlib import Path
 
 import torch
 
-from boundgen.build import manifest as mf
-from boundgen.errors import ArtifactError, ConfigError
-from boundgen.programs.spec import spec_from_dict
+from boundgen.artifact.manifest import Manifest, check_versions, read_manifest, verify_files as verify_artifact_files
+from boundgen.errors import ArtifactError
 from boundgen.runtime import libstdcxx
-from boundgen.runtime.assemble import make_dag, make_dag_engine
-from boundgen.runtime.executor import DagEngine
+from boundgen.runtime.compiled import load_runner
+from boundgen.runtime.local_engine import LocalEngine, make_engine
 from boundgen.text.tokenizer import Tokenizer
+from boundgen.version import __version__
 
 
 def load_artifact_engine(path, contexts: int | None = None, executors: int | None = None,
                          cuda_graphs: bool | None = None, verify_files: bool = True, batching: bool | None = None,
-                         libstdcxx_check: str = "auto") -> DagEngine:
-    """The engine for an artifact directory. contexts / executors / cuda_graphs override the
-    manifest's runtime config; libstdcxx_check is "auto" (refuse where the load would crash),
-    "require" (refuse unless preloaded, on any Linux) or "skip"."""
+                         token_bucket: int | None = None, libstdcxx_check: str = "auto") -> LocalEngine:
+    """The engine for an artifact directory. contexts / executors / cuda_graphs / batching /
+    token_bucket override the manifest's runtime settings (None: as built); libstdcxx_check is
+    "auto" (refuse where the load would crash), "require" (refuse unless preloaded, on any
+    Linux) or "skip"."""
     root = Path(path)
-    manifest = mf.read_manifest(root)
-    try:
-        return _load(root, manifest, contexts, executors, cuda_graphs, verify_files, libstdcxx_check, batching)
-    except KeyError as exc:
-        raise ArtifactError(f"{root / mf.MANIFEST_FILE} lacks the entry {exc}; rebuild the artifact") from None
-
-
-def _load(root: Path, manifest: dict, contexts, executors, cuda_graphs, verify_files, libstdcxx_check,
-          batching=None) -> DagEngine:
+    manifest = read_manifest(root)
     if verify_files:
-        mf.verify_files(root, manifest)
+        verify_artifact_files(root, manifest)
     device = _check_device(manifest)
-    mf.check_versions(manifest)
-    runtime, compiled = manifest["runtime"], manifest["compile"]
-    try:
-        spec = spec_from_dict(manifest["program"])
-    except (ConfigError, TypeError) as exc:
-        raise ArtifactError(f"{root / mf.MANIFEST_FILE} has an invalid program spec: {exc}") from None
-    tokenizer = Tokenizer.from_dir(root)
-    topology = make_dag(spec, tokenizer, runner=None).topology()
-    if topology != runtime["topology"]:
-        raise ArtifactError(f"artifact {manifest['name']} records a runtime DAG that this boundgen does not build "
-                            f"(recorded {runtime['topology']}, expected {topology}); rebuild the artifact")
+    check_versions(manifest, {"torch": torch.__version__, "cuda": torch.version.cuda})
     _check_libstdcxx(libstdcxx_check)
-
-    from boundgen.runtime.compiled import load_runner
-
-    executors = executors or runtime.get("executors", 1)
-    cuda_graphs = runtime.get("cuda_graphs", False) if cuda_graphs is None else cuda_graphs
-    custom_ops = [op for op, impl in compiled["lowering"].items() if impl != "torch"]
-    packages = compiled["packages"]
+    runtime = manifest.runtime.replace(contexts=contexts, executors=executors, cuda_graphs=cuda_graphs,
+                                       batching=batching, token_bucket=token_bucket)
+    compiled, spec = manifest.compile, manifest.program
+    tokenizer = Tokenizer.from_dir(root)
     try:
-        runner = load_runner(root, packages, compiled.get("weights_file"), device,
-                             getattr(spec, "steps", 0), executors, custom_ops,
-                             single_threaded=cuda_graphs and device.type == "cuda")
+        runner = load_runner(root, compiled.packages, compiled.weights_file, device, getattr(spec, "steps", 0),
+                             runtime.executors, compiled.custom_ops,
+                             single_threaded=runtime.cuda_graphs and device.type == "cuda")
     except (RuntimeError, KeyError) as exc:
-        raise ArtifactError(f"could not load the compiled package of {manifest['name']}: {exc!s}") from None
-    extra = {"artifact_dir": str(root.resolve()), "lowering": compiled["lowering"], "weights": compiled["weights"],
-             "gpu_name": compiled.get("gpu_name"), "validation_passed": manifest["validation"]["passed"]}
-    return make_dag_engine(manifest["name"], spec, tokenizer, runner, str(device), compiled["dtype"],
-                           contexts=contexts or runtime.get("contexts", 1), executors=executors,
-                           cuda_graphs=cuda_graphs,
-                           token_bucket=runtime.get("token_bucket", 256), extra=extra,
-                           batching=runtime.get("batching", False) if batching is None else batching)
+        raise ArtifactError(f"could not load the compiled package of {manifest.name}: {exc!s}") from None
+    extra = {"artifact_dir": str(root.resolve()), "lowering": compiled.lowering, "weights": compiled.weights,
+             "gpu_name": compiled.gpu_name, "validation_passed": manifest.validation.get("passed"),
+             "boundgen": __version__}
+    return make_engine(manifest.name, spec, tokenizer, runner, str(device), compiled.dtype, runtime, extra)
 
 
-def _check_device(manifest: dict) -> torch.device:
-    compiled = manifest["compile"]
-    device = torch.device(compiled["device"])
+def _check_device(manifest: Manifest) -> torch.device:
+    compiled = manifest.compile
+    device = torch.device(compiled.device)
     if device.type != "cuda":
         return device
-    built_on = f"{compiled.get('gpu_name')} (compute capability {compiled.get('gpu_capability')})"
+    built_on = f"{compiled.gpu_name} (compute capability {compiled.gpu_capability})"
     if not torch.cuda.is_available():
-        raise ArtifactError(f"artifact {manifest['name']} was built for {device} on {built_on}, "
+        raise ArtifactError(f"artifact {manifest.name} was built for {device} on {built_on}, "
                             "but this process sees no CUDA device")
     if device.index is not None and device.index >= torch.cuda.device_count():
-        raise ArtifactError(f"artifact {manifest['name']} was built for {device}; this machine has "
+        raise ArtifactError(f"artifact {manifest.name} was built for {device}; this machine has "
                             f"{torch.cuda.device_count()} CUDA device(s)")
     here = ".".join(map(str, torch.cuda.get_device_capability(device)))
-    if compiled.get("gpu_capability") and here != compiled["gpu_capability"]:
-        raise ArtifactError(f"artifact {manifest['name']} was compiled for {built_on}; this GPU "
+    if compiled.gpu_capability and here != compiled.gpu_capability:
+        raise ArtifactError(f"artifact {manifest.name} was compiled for {built_on}; this GPU "
                             f"({torch.cuda.get_device_name(device)}) has compute capability {here}: rebuild it here")
     return device
 

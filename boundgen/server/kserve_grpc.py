@@ -16,7 +16,7 @@ import time
 
 import grpc
 
-import boundgen
+from boundgen.version import __version__
 from boundgen.errors import InvalidInput
 from boundgen.server import kserve_pb as pb
 from boundgen.server.auth import check_api_key
@@ -136,7 +136,7 @@ class GrpcFrontend:
             self._check_key(context)
         except Exception as exc:
             await self._abort(context, exc)
-        return pb.ServerMetadataResponse(name="boundgen", version=boundgen.__version__, extensions=list(EXTENSIONS))
+        return pb.ServerMetadataResponse(name="boundgen", version=__version__, extensions=list(EXTENSIONS))
 
     async def model_ready(self, request, context):
         try:

@@ -25,7 +25,7 @@ from typing import Any
 
 from aiohttp import web
 
-import boundgen
+from boundgen.version import __version__
 from boundgen.errors import InvalidInput
 from boundgen.server.auth import check_api_key
 from boundgen.server.config import ServerConfig
@@ -185,7 +185,7 @@ class HttpFrontend:
         return web.Response(status=200 if self.models.ready else 503)
 
     async def server_metadata(self, request: web.Request) -> web.Response:
-        return web.json_response({"name": "boundgen", "version": boundgen.__version__, "extensions": list(EXTENSIONS)})
+        return web.json_response({"name": "boundgen", "version": __version__, "extensions": list(EXTENSIONS)})
 
     async def metrics(self, request: web.Request) -> web.Response:
         return web.Response(body=self.models.metrics.render(), headers={"Content-Type": CONTENT_TYPE})

@@ -26,6 +26,7 @@ from typing import Sequence
 import grpc
 import numpy as np
 
+from boundgen.artifact.program import spec_from_dict
 from boundgen.errors import Cancelled, InvalidInput
 from boundgen.runtime.engine import Engine, EngineSpec
 from boundgen.runtime.results import BeamResult, ScoreResult
@@ -51,14 +52,7 @@ _OUTCOMES = {  # of boundgen_worker_requests_total; anything else is "error"
 
 def spec_from_metadata(meta: dict, concurrency: int) -> EngineSpec:
     """The EngineSpec a worker's HTTP model metadata describes (signature.py's `parameters()`)."""
-    p = meta["parameters"]
-    extra = {"concurrency": concurrency}
-    if p["task"] == "score":
-        return EngineSpec(name=meta["name"], task="score", max_samples=p["max_samples"],
-                          max_tokens_per_sample=p["max_tokens_per_sample"], max_total_tokens=p["max_total_tokens"],
-                          labels=tuple(p["labels"]), label_token_ids=tuple(p["label_token_ids"]), extra=extra)
-    return EngineSpec(name=meta["name"], task="beam", max_samples=1, max_tokens_per_sample=p["max_prompt_tokens"],
-                      max_total_tokens=p["max_prompt_tokens"], width=p["width"], steps=p["steps"], extra=extra)
+    return EngineSpec(meta["name"], spec_from_dict(meta["parameters"]), extra={"concurrency": concurrency})
 
 
 class ReplicaEngine(Engine):
@@ -68,7 +62,7 @@ class ReplicaEngine(Engine):
     def score(self, texts: Sequence[str], deadline: float | None = None,
               cancelled: threading.Event | None = None) -> ScoreResult:
         out = self._forward(texts, deadline, cancelled)
-        return ScoreResult(out["SCORES"], list(self.spec.label_token_ids), {})
+        return ScoreResult(out["SCORES"], list(self.spec.program.label_token_ids), {})
 
     def beam(self, text: str, deadline: float | None = None, cancelled: threading.Event | None = None) -> BeamResult:
         out = self._forward([text], deadline, cancelled)

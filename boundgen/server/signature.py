@@ -1,5 +1,5 @@
-"""A served model's tensor interface, derived from its `EngineSpec`: metadata, input checks,
-engine results to output tensors.
+"""A served model's tensor interface, derived from its `EngineSpec` (its program's bounds,
+artifact/program.py): metadata, input checks, engine results to output tensors.
 
     score:  TEXT BYTES [N], 1 <= N <= max_samples  ->  SCORES FP32 [N, num_labels]
     beam:   TEXT BYTES [1]                         ->  TOKEN_IDS INT32 [W, N_gen], SCORES FP32 [W],
@@ -17,6 +17,7 @@ from typing import Sequence
 
 import numpy as np
 
+from boundgen.artifact.program import spec_to_dict
 from boundgen.errors import InvalidInput
 from boundgen.runtime.engine import Engine, EngineSpec
 from boundgen.runtime.results import BeamResult, ScoreResult
@@ -48,28 +49,24 @@ class Signature:
     def __init__(self, spec: EngineSpec):
         if spec.task not in ("score", "beam"):
             raise ValueError(f"model {spec.name}: unknown task {spec.task!r}")
-        self.spec = spec
+        self.spec = program = spec.program
+        self.name = spec.name
         if spec.task == "score":
             self.inputs = (TensorSpec("TEXT", "BYTES", (-1,)),)
-            self.outputs = (TensorSpec("SCORES", "FP32", (-1, len(spec.label_token_ids))),)
+            self.outputs = (TensorSpec("SCORES", "FP32", (-1, len(program.label_token_ids))),)
         else:
             self.inputs = (TensorSpec("TEXT", "BYTES", (1,)),)
-            self.outputs = (TensorSpec("TOKEN_IDS", "INT32", (spec.width, spec.steps)),
-                            TensorSpec("SCORES", "FP32", (spec.width,)),
-                            TensorSpec("TEXT_OUT", "BYTES", (spec.width,)))
+            self.outputs = (TensorSpec("TOKEN_IDS", "INT32", (program.width, program.steps)),
+                            TensorSpec("SCORES", "FP32", (program.width,)),
+                            TensorSpec("TEXT_OUT", "BYTES", (program.width,)))
 
     @property
     def max_samples(self) -> int:
-        return self.spec.max_samples if self.spec.task == "score" else 1
+        return self.spec.max_samples
 
     def parameters(self) -> dict:
-        """Task and shape bounds, as listed in the model metadata."""
-        s = self.spec
-        if s.task == "score":
-            return {"task": "score", "max_samples": s.max_samples, "max_tokens_per_sample": s.max_tokens_per_sample,
-                    "max_total_tokens": s.max_total_tokens, "labels": list(s.labels),
-                    "label_token_ids": list(s.label_token_ids)}
-        return {"task": "beam", "max_prompt_tokens": s.max_tokens_per_sample, "width": s.width, "steps": s.steps}
+        """The program's task and bounds (its spec's dict form), as listed in the model metadata."""
+        return spec_to_dict(self.spec)
 
     def check_outputs(self, requested: Sequence[str] | None) -> tuple[str, ...]:
         """The output names to return, in order; all of them when none were requested."""
@@ -78,13 +75,13 @@ class Signature:
             return tuple(known)
         for name in requested:
             if name not in known:
-                raise InvalidInput(f"model {self.spec.name} has no output {name!r}; its outputs are {', '.join(known)}")
+                raise InvalidInput(f"model {self.name} has no output {name!r}; its outputs are {', '.join(known)}")
         if len(set(requested)) != len(requested):
             raise InvalidInput(f"an output was requested twice: {list(requested)}")
         return tuple(requested)
 
     def parse(self, tensors: Sequence[Tensor]) -> EngineCall:
-        name = self.spec.name
+        name = self.name
         by_name = {}
         for t in tensors:
             if t.name != "TEXT":
@@ -109,7 +106,7 @@ class Signature:
     def _check_shape(self, shape: tuple[int, ...]) -> None:
         if self.spec.task == "beam":
             if shape != (1,):
-                raise InvalidInput(f"input TEXT of beam model {self.spec.name} must have shape [1] (one prompt), "
+                raise InvalidInput(f"input TEXT of beam model {self.name} must have shape [1] (one prompt), "
                                    f"got {list(shape)}")
             return
         if len(shape) != 1:
@@ -118,7 +115,7 @@ class Signature:
         if n == 0:
             raise InvalidInput(f"input TEXT is empty: a score request needs 1 to {limit} samples")
         if n > limit:
-            raise InvalidInput(f"input TEXT has {n} samples, over the limit of {limit} for model {self.spec.name}")
+            raise InvalidInput(f"input TEXT has {n} samples, over the limit of {limit} for model {self.name}")
 
     def encode(self, result: ScoreResult | BeamResult, names: Sequence[str]) -> list[Tensor]:
         """The requested output tensors of an engine result."""

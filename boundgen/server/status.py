@@ -3,7 +3,7 @@
 `InvalidInput` (boundgen/errors.py) is raised by the tensor decoding, the model signature and
 the engine alike; the server maps it here to 400 / INVALID_ARGUMENT. The engine raises
 `boundgen.errors.DeadlineExceeded` for a request whose deadline passed while it waited inside
-the engine (runtime/batcher.py, runtime/executor.py): 504 / DEADLINE_EXCEEDED, like the server's
+the engine (runtime/batcher.py): 504 / DEADLINE_EXCEEDED, like the server's
 own `DeadlineExceeded` below, which is a subclass of it. `boundgen.errors.Cancelled` is raised
 only for a request whose client has gone (admission.py sets its `cancelled` event), so no answer
 reaches anyone; it maps to outcome `cancelled` (gRPC CANCELLED; HTTP 499, nginx's "client closed

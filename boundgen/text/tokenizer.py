@@ -150,6 +150,10 @@ class Tokenizer:
                                + "; a label must be exactly one token (mind the leading space, e.g. ' yes')")
         return ids[0]
 
+    def label_token_ids(self, labels) -> tuple[int, ...]:
+        """The ids of labels that must each be exactly one token."""
+        return tuple(self.token_id(label) for label in labels)
+
     # ---- decoding -------------------------------------------------------------------------
 
     def decode(self, ids, skip_special_tokens: bool = True) -> str:

@@ -5,6 +5,7 @@ import json
 import numpy as np
 import pytest
 
+from boundgen.artifact.program import ScoreSpec
 from boundgen.cli import bench as bench_cli
 from boundgen.cli.main import main
 from boundgen.errors import ConfigError
@@ -14,8 +15,8 @@ from boundgen.runtime.results import ScoreResult
 
 class FakeScoreEngine(Engine):
     def __init__(self):
-        self.spec = EngineSpec(name="fake", task="score", max_samples=15, labels=(" yes", " no"),
-                               extra={"fp8_groups": ["mlp"]})
+        program = ScoreSpec(labels=(" yes", " no"), label_token_ids=(9693, 902), max_samples=15)
+        self.spec = EngineSpec("fake", program, extra={"fp8_groups": ["mlp"]})
         self.calls, self.closed = 0, False
 
     def score(self, texts, deadline=None, cancelled=None):

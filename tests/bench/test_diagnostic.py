@@ -4,8 +4,8 @@ import numpy as np
 import torch
 
 from boundgen.bench.diagnostic import fixed_request, node_call, run_diagnostic
-from boundgen.programs.spec import ScoreSpec
-from boundgen.runtime.eager import eager_engine, label_token_ids
+from boundgen.artifact.program import ScoreSpec
+from boundgen.programs.eager import eager_engine
 from boundgen.text.tokenizer import Tokenizer
 
 
@@ -17,12 +17,12 @@ def test_fixed_request_and_node_matches_engine(tiny_qwen3_dir):
     assert fixed_request(tokenizer) == request
 
     labels = (" yes", " no")
-    spec = ScoreSpec(labels=labels, label_token_ids=label_token_ids(tokenizer, labels), max_samples=4,
+    spec = ScoreSpec(labels=labels, label_token_ids=tokenizer.label_token_ids(labels), max_samples=4,
                      max_tokens_per_sample=256, max_total_tokens=1024)
     engine = eager_engine(tiny_qwen3_dir, spec)
     node = node_call(engine, request.texts)
     out = node()
-    np.testing.assert_allclose(torch.as_tensor(out["probs"]).numpy(), engine.score(list(request.texts)).scores,
+    np.testing.assert_allclose(torch.as_tensor(out[0]).numpy(), engine.score(list(request.texts)).scores,
                                atol=1e-6)
     diag = run_diagnostic(engine, request, iterations=1, warmup=0)
     assert diag["tokens"] == 1024 and diag["engine_ms"] > 0 and diag["node_ms"] > 0

@@ -24,14 +24,14 @@ class HeldRunner:
         return self.runner(tokens, positions, cu_seqlens)
 
 
-def node(engine, name):
-    return next(n for n in engine.dag.nodes if n.spec.name == name)
+def tokens_of(engine, text: str) -> list[int]:
+    """The tokens the engine's program is called with for a one-text request (unpadded)."""
+    return engine.packer.encode([text]).tokens.tolist()
 
 
 def hold(engine) -> HeldRunner:
-    model = node(engine, "model")
-    model.runner = HeldRunner(model.runner)
-    return model.runner
+    engine.runner = HeldRunner(engine.runner)
+    return engine.runner
 
 
 @contextlib.contextmanager

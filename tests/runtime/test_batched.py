@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
-from boundgen.programs.spec import ScoreSpec
-from boundgen.runtime.batched import BatchedScoreEngine, concat_packed
-from boundgen.runtime.eager import eager_engine, label_token_ids
+from boundgen.artifact.program import ScoreSpec
+from boundgen.programs.eager import eager_engine
+from boundgen.runtime.requests import concat_packed
 from boundgen.text.tokenizer import Tokenizer
 from tests.concurrency import assert_batched_beams_equal_single, call_together
 
@@ -14,7 +14,7 @@ TEXTS = [["a relevant document about shoes", "no"], ["x"], ["lamp", "desk lamp",
 
 @pytest.fixture(scope="module")
 def engines(tiny_qwen3_dir):
-    ids = label_token_ids(Tokenizer.from_dir(tiny_qwen3_dir), (" yes", " no"))
+    ids = Tokenizer.from_dir(tiny_qwen3_dir).label_token_ids((" yes", " no"))
     spec = ScoreSpec(labels=(" yes", " no"), label_token_ids=ids, max_samples=6, max_tokens_per_sample=32,
                      max_total_tokens=64)
     single = eager_engine(tiny_qwen3_dir, spec)
@@ -33,7 +33,7 @@ def test_concat_packed(tiny_qwen3_dir):
 
 def test_batched_equals_single(engines):
     single, batched = engines
-    assert isinstance(batched, BatchedScoreEngine)
+    assert batched.batching and not single.batching
     expected = [single.score(t).scores for t in TEXTS]
     results = call_together(batched.score, TEXTS)
     for exp, res in zip(expected, results):
@@ -41,12 +41,12 @@ def test_batched_equals_single(engines):
     assert batched._batcher.items == len(TEXTS)
 
 
-def test_model_node_for_the_diagnostic(engines):
+def test_model_call_for_the_diagnostic(engines):
     from boundgen.bench.diagnostic import node_call
 
     single, batched = engines
-    out = node_call(batched, TEXTS[2])()
-    np.testing.assert_allclose(out["probs"][:3].numpy(), single.score(TEXTS[2]).scores, rtol=1e-5, atol=1e-6)
+    probs = node_call(batched, TEXTS[2])()[0]
+    np.testing.assert_allclose(probs[:3].numpy(), single.score(TEXTS[2]).scores, rtol=1e-5, atol=1e-6)
 
 
 def test_warmup_goes_through_the_batcher(engines):
@@ -69,11 +69,10 @@ PROMPTS = ["generative retrieval: shoes", "x", "a longer prompt about running sh
 
 
 def test_batched_beams_equal_single(tiny_qwen2_dir):
-    from boundgen.programs.spec import BeamSpec
-    from boundgen.runtime.batched import BatchedBeamEngine
+    from boundgen.artifact.program import BeamSpec
 
     spec = BeamSpec(width=4, steps=3, max_prompt_tokens=16, max_requests=3)
     single = eager_engine(tiny_qwen2_dir, spec)
     batched = eager_engine(tiny_qwen2_dir, spec, contexts=1, batching=True)
-    assert isinstance(batched, BatchedBeamEngine)
+    assert batched.batching and not single.batching
     assert_batched_beams_equal_single(single, batched, PROMPTS, most=3)

@@ -1,5 +1,5 @@
 """Cancellation inside the engine: a request whose `cancelled` event is set while it waits (for the
-batcher's worker, or for a request context) fails with Cancelled while the busy call still runs,
+batcher's worker, batched or not) fails with Cancelled while the busy call still runs,
 and never reaches the model runner; a request with an event that stays clear still runs. The one
 context is held busy by a runner that blocks on an Event (tests/runtime/held.py), so nothing here
 depends on how fast anything runs."""
@@ -11,25 +11,15 @@ import threading
 import pytest
 
 from boundgen.errors import Cancelled
-from boundgen.programs.spec import BeamSpec
-from boundgen.runtime.eager import eager_engine
-from tests.runtime.held import held, in_thread, node, release_and_check, wait_until
+from boundgen.artifact.program import BeamSpec
+from boundgen.programs.eager import eager_engine
+from tests.runtime.held import held, in_thread, tokens_of, release_and_check, wait_until
 
 
 def waiting_callers(engine, batching: bool):
-    """A count that grows once a caller waits inside the engine: requests in the batcher's queue,
-    or (without batching) the times a caller asked the context pool for a context."""
-    if batching:
-        return lambda: len(engine._batcher._waiting)
-    asked = []
-    acquire = engine.pool.acquire
-
-    def counting(timeout=None):
-        asked.append(timeout)
-        return acquire(timeout)
-
-    engine.pool.acquire = counting
-    return lambda: len(asked)
+    """A count that grows once a caller waits inside the engine: requests in the batcher's queue
+    (every request waits there, batched or not: a batch of one is the unbatched case)."""
+    return lambda: len(engine._batcher._waiting)
 
 
 def cancelled_event() -> threading.Event:
@@ -42,7 +32,7 @@ def cancelled_event() -> threading.Event:
 def test_cancelled_while_waiting_never_runs(tiny_qwen3_dir, score_spec, batching):
     engine = eager_engine(tiny_qwen3_dir, score_spec, contexts=1, batching=batching)
     names = ("first holds the worker", "cancelled while waiting", "cancelled before", "not cancelled")
-    tokens = {name: node(engine, "tokenize").encode([name]).tokens.tolist() for name in names}
+    tokens = {name: tokens_of(engine, name) for name in names}
     waiting = waiting_callers(engine, batching)
     with held(engine) as runner:
         first, first_out = in_thread(engine.score, ["first holds the worker"])

@@ -1,5 +1,5 @@
 """Deadlines inside the engine: a request whose deadline passes while it waits (for the batcher's
-worker, or for a request context) is failed with DeadlineExceeded and never reaches the model
+worker, batched or not) is failed with DeadlineExceeded and never reaches the model
 runner; a request with time left still runs. The one context is held busy by a runner that
 blocks on an Event (tests/runtime/held.py), so nothing here depends on how fast anything runs."""
 
@@ -10,9 +10,9 @@ import time
 import pytest
 
 from boundgen.errors import DeadlineExceeded
-from boundgen.programs.spec import BeamSpec
-from boundgen.runtime.eager import eager_engine
-from tests.runtime.held import held, in_thread, node, release_and_check, wait_until
+from boundgen.artifact.program import BeamSpec
+from boundgen.programs.eager import eager_engine
+from tests.runtime.held import held, in_thread, tokens_of, release_and_check, wait_until
 
 SOON = 0.05  # seconds: a deadline that passes while the runner is held
 LATER = 60.0  # a deadline no test reaches
@@ -22,8 +22,8 @@ LATER = 60.0  # a deadline no test reaches
 def test_expired_while_waiting_never_runs(tiny_qwen3_dir, score_spec, batching):
     engine = eager_engine(tiny_qwen3_dir, score_spec, contexts=1, batching=batching)
     names = ("first holds the worker", "expires while queued", "already late", "has time left")
-    tokens = {name: node(engine, "tokenize").encode([name]).tokens.tolist() for name in names}
-    waited_for = "waiting for model" if batching else "waiting for a request context"
+    tokens = {name: tokens_of(engine, name) for name in names}
+    waited_for = "waiting for model"  # batched or not: every request waits in the batcher
     with held(engine) as runner:
         first, first_out = in_thread(engine.score, ["first holds the worker"])
         assert runner.started.wait(30)

@@ -11,12 +11,13 @@ from boundgen.ops.lowering import REFERENCE
 from boundgen.programs.beam import BeamProgram
 from boundgen.programs.factory import make_program
 from boundgen.programs.score import ScoreProgram
-from boundgen.programs.spec import BeamSpec
-from boundgen.runtime.assemble import make_dag
+from boundgen.artifact.program import BeamSpec
+from boundgen.programs.eager import EagerRunner
 from boundgen.runtime.context import RequestContext
-from boundgen.runtime.eager import EagerRunner
+from boundgen.runtime.engine import EngineSpec
 from boundgen.runtime.graphs import bucket_size, pad_batch
-from boundgen.runtime.nodes import TokenizeNode
+from boundgen.runtime.local_engine import LocalEngine
+from boundgen.runtime.requests import BeamEncoder, RequestPacker
 from boundgen.text.tokenizer import Tokenizer
 from tests.hf_reference import make_hf_model, save
 from tests.model.test_parity import packed
@@ -61,11 +62,11 @@ def test_tail_tokens_leave_beams_unchanged(tiny_qwen2_dir):
             torch.testing.assert_close(scores, ref[1], rtol=0, atol=1e-5)
 
 
-def test_beam_tokenize_node_pads_to_bounded_shapes(tiny_qwen2_dir):
+def test_beam_packer_pads_to_bounded_shapes(tiny_qwen2_dir):
     """Every shape a padded beam call can take is among the warm-up batches (captured at load):
     tokens to the bucket, requests as they are, up to max_requests."""
     spec = BeamSpec(width=4, steps=3, max_prompt_tokens=20, max_requests=4)
-    node = TokenizeNode(Tokenizer.from_dir(tiny_qwen2_dir), spec, "text", token_bucket=16)
+    node = RequestPacker(Tokenizer.from_dir(tiny_qwen2_dir), spec, token_bucket=16)
     warm = {(int(t.shape[0]), int(cu.shape[0]) - 1) for t, _, cu in node.warm_batches()}
     assert warm == {(16, 1), (32, 1), (16, 2), (32, 2), (48, 2), (16, 3), (32, 3), (48, 3), (64, 3),
                     (16, 4), (32, 4), (48, 4), (64, 4), (80, 4)}
@@ -77,18 +78,25 @@ def test_beam_tokenize_node_pads_to_bounded_shapes(tiny_qwen2_dir):
 
 
 def test_padded_single_beam_engine_equals_unpadded(tiny_qwen2_dir):
-    """The DAG with beam padding on (as with CUDA graphs) returns the same candidates."""
+    """The engine with beam padding on (as with CUDA graphs) returns the same candidates."""
     spec = BeamSpec(width=4, steps=3, max_prompt_tokens=20, max_requests=4)
     tokenizer = Tokenizer.from_dir(tiny_qwen2_dir)
     runner = EagerRunner(make_program(load_model(tiny_qwen2_dir), spec))
-    plain = make_dag(spec, tokenizer, runner)
-    padded = make_dag(spec, tokenizer, runner, token_bucket=16)
-    ctx = RequestContext(spec.call_max_tokens, spec.call_max_samples, torch.device("cpu"))
-    for text in ("generative retrieval: shoes", "x"):
-        want = plain.run(ctx, {}, text=text)["result"]
-        got = padded.run(ctx, {}, text=text)["result"]
-        assert got.token_ids.tolist() == want.token_ids.tolist() and got.texts == want.texts
-        np.testing.assert_allclose(got.scores, want.scores, rtol=0, atol=1e-5)
+
+    def engine(bucket: int) -> LocalEngine:
+        ctx = RequestContext(spec.call_max_tokens, spec.call_max_samples, torch.device("cpu"))
+        return LocalEngine(EngineSpec("padding", spec), RequestPacker(tokenizer, spec, bucket), runner,
+                           BeamEncoder(tokenizer, spec.stop_token_ids, spec.width), [ctx])
+
+    plain, padded = engine(0), engine(16)
+    try:
+        for text in ("generative retrieval: shoes", "x"):
+            want, got = plain.beam(text), padded.beam(text)
+            assert got.token_ids.tolist() == want.token_ids.tolist() and got.texts == want.texts
+            np.testing.assert_allclose(got.scores, want.scores, rtol=0, atol=1e-5)
+    finally:
+        plain.close()
+        padded.close()
 
 
 @needs_kernel

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from boundgen.artifact.program import BeamSpec, ScoreSpec
 from boundgen.runtime.engine import EngineSpec
 from boundgen.server.launch import ServerProcess
 from tests.server.fake_engine import write_fake_artifact
@@ -19,10 +20,9 @@ REPO = Path(__file__).resolve().parents[2]
 READY_TIMEOUT_S = 60.0
 FAKE_SERVE = [sys.executable, "-m", "tests.server.fake_serve"]
 
-SCORE_SPEC = EngineSpec(name="fscore", task="score", max_samples=4, max_tokens_per_sample=8, max_total_tokens=32,
-                        labels=(" yes", " no"), label_token_ids=(9693, 902))
-BEAM_SPEC = EngineSpec(name="fbeam", task="beam", max_samples=1, max_tokens_per_sample=8, max_total_tokens=8,
-                       width=3, steps=2)
+SCORE_SPEC = EngineSpec("fscore", ScoreSpec(labels=(" yes", " no"), label_token_ids=(9693, 902), max_samples=4,
+                                           max_tokens_per_sample=8, max_total_tokens=32))
+BEAM_SPEC = EngineSpec("fbeam", BeamSpec(width=3, steps=2, max_prompt_tokens=8))
 
 
 @pytest.fixture(scope="session")

@@ -2,7 +2,7 @@
 compute time, and a log of every call that reached it.
 
 Configured by `fake.json` in a directory that stands in for an artifact:
-    {"spec": {EngineSpec fields}, "sleep_s": 0.0, "log": "/path/calls.jsonl", "gate": "/path/file",
+    {"spec": {"name": ..., "program": {the spec's dict form}}, "sleep_s": 0.0, "log": "/path/calls.jsonl", "gate": "/path/file",
      "workers": null}
 - a text containing `sleep=S` makes its call sleep S seconds instead of `sleep_s`;
 - a text containing `hold=PATH` makes its call wait until the file PATH exists (bounded), so
@@ -11,7 +11,7 @@ Configured by `fake.json` in a directory that stands in for an artifact:
 - `workers: N` runs at most N calls at once, as a real engine with N contexts (or one batching
   worker) does: a call waits for a free worker, and a call given a deadline that passes, or a
   `cancelled` event that is set, while it waits is not run (DeadlineExceeded / Cancelled, as
-  runtime/executor.py and runtime/batcher.py raise them); the log records when a call starts to
+  runtime/batcher.py raises them); the log records when a call starts to
   wait and when one is refused (`read_events`);
 - "tokens" are whitespace-separated words; the limits and messages mirror the real tokenizer's.
 """
@@ -23,13 +23,14 @@ import json
 import re
 import threading
 import time
-from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 
+from boundgen.artifact.program import spec_from_dict, spec_to_dict
 from boundgen.errors import Cancelled, DeadlineExceeded, InvalidInput
-from boundgen.runtime.engine import Engine, EngineSpec, wait_slice
+from boundgen.runtime.engine import Engine, EngineSpec
+from boundgen.runtime.waiting import wait_slice
 from boundgen.runtime.results import BeamResult, ScoreResult
 
 SLEEP = re.compile(r"sleep=([0-9.]+)")
@@ -44,7 +45,7 @@ def _h(text: str) -> int:
 def write_fake_artifact(directory: Path, spec: EngineSpec, sleep_s: float = 0.0, log: Path | None = None,
                         gate: Path | None = None, workers: int | None = None) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
-    config = {"spec": asdict(spec), "sleep_s": sleep_s, "log": str(log) if log else None,
+    config = {"spec": {"name": spec.name, "program": spec_to_dict(spec.program)}, "sleep_s": sleep_s, "log": str(log) if log else None,
               "gate": str(gate) if gate else None, "workers": workers}
     (directory / "fake.json").write_text(json.dumps(config))
     return directory
@@ -60,8 +61,7 @@ class FakeEngine(Engine):
     @classmethod
     def from_dir(cls, path) -> "FakeEngine":
         config = json.loads((Path(path) / "fake.json").read_text())
-        spec = config["spec"]
-        spec = EngineSpec(**{**spec, "labels": tuple(spec["labels"]), "label_token_ids": tuple(spec["label_token_ids"])})
+        spec = EngineSpec(config["spec"]["name"], spec_from_dict(config["spec"]["program"]))
         return cls(spec, config["sleep_s"], config["log"], config["gate"], config.get("workers"))
 
     # ---- Engine -------------------------------------------------------------------------
@@ -71,19 +71,19 @@ class FakeEngine(Engine):
             return super().score(texts, deadline, cancelled)
         self._check(texts)
         start = self._compute(texts, deadline, cancelled)
-        logits = np.array([[(_h(t) >> (4 * j)) % 97 / 10.0 for j in range(len(self.spec.label_token_ids))]
+        logits = np.array([[(_h(t) >> (4 * j)) % 97 / 10.0 for j in range(len(self.spec.program.label_token_ids))]
                            for t in texts], dtype=np.float64)
         probs = np.exp(logits - logits.max(axis=1, keepdims=True))
         probs = (probs / probs.sum(axis=1, keepdims=True)).astype(np.float32)
         self._record(texts, start)
-        return ScoreResult(probs, list(self.spec.label_token_ids), {"pre": 0.0, "model": time.monotonic() - start})
+        return ScoreResult(probs, list(self.spec.program.label_token_ids), {"pre": 0.0, "model": time.monotonic() - start})
 
     def beam(self, text, deadline=None, cancelled=None):
         if self.spec.task != "beam":
             return super().beam(text, deadline, cancelled)
         self._check([text])
         start = self._compute([text], deadline, cancelled)
-        w, n, h = self.spec.width, self.spec.steps, _h(text)
+        w, n, h = self.spec.program.width, self.spec.program.steps, _h(text)
         ids = ((h + 31 * np.arange(w)[:, None] + 7 * np.arange(n)[None, :]) % 1000).astype(np.int32)
         scores = (-0.5 * np.arange(w) - (h % 10) / 10.0).astype(np.float32)
         texts = [f"{text[:6]}→{i}" for i in range(w)]
@@ -97,7 +97,7 @@ class FakeEngine(Engine):
     # ---- helpers ------------------------------------------------------------------------
 
     def _check(self, texts) -> None:
-        limit = self.spec.max_tokens_per_sample
+        limit = self.spec.program.max_tokens_per_sample
         for i, text in enumerate(texts):
             if not text.strip():
                 raise InvalidInput(f"sample {i} is empty or whitespace only; every text needs content")

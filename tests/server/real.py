@@ -14,7 +14,7 @@ def write_eager_artifact(directory: Path, model_dir: Path, spec: dict, name: str
 
 
 def eager_engine_from_config(config: dict):
-    from boundgen.programs.spec import spec_from_dict
-    from boundgen.runtime.eager import eager_engine
+    from boundgen.artifact.program import spec_from_dict
+    from boundgen.programs.eager import eager_engine
 
     return eager_engine(config["model_dir"], spec_from_dict(config["spec"]), name=config["name"])

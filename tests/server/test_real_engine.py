@@ -17,11 +17,11 @@ PROMPT = "query: running shoes -> item id:"
 
 @pytest.fixture(scope="module")
 def eager_models(tiny_qwen3_dir, tmp_path_factory):
-    from boundgen.runtime.eager import label_token_ids
+
     from boundgen.text.tokenizer import Tokenizer
 
     labels = [" yes", " no"]
-    ids = list(label_token_ids(Tokenizer.from_dir(tiny_qwen3_dir), labels))
+    ids = list(Tokenizer.from_dir(tiny_qwen3_dir).label_token_ids(labels))
     root = tmp_path_factory.mktemp("eager")
     score = {"task": "score", "labels": labels, "label_token_ids": ids, "max_samples": 4,
              "max_tokens_per_sample": 32, "max_total_tokens": 128}

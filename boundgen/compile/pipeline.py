@@ -2,12 +2,12 @@
 
 Stages, each reported on stderr as `[build   12.3s] stage: ...` and timed in the manifest:
   load      checkpoint + tokenizer; the program for the spec, with the chosen op lowering
-  export    torch.export with the spec's bounded dims (build/export.py)
+  export    torch.export with the spec's bounded dims (compile/export.py)
   compile   AOTInductor packages (score: one; beam: prefill, step, finish), weights beside them
-            or inside (build/aoti.py)
+            or inside (compile/aoti.py)
   validate  the package, loaded as a deployment loads it, against the eager reference program
-            on representative and boundary inputs (build/validate.py); a failure stops here
-  write     tokenizer files, MLP head, manifest with hashes (build/manifest.py); not timed
+            on representative and boundary inputs (compile/validate.py); a failure stops here
+  write     tokenizer files, MLP head, manifest with hashes (artifact/manifest.py); not timed
 
 The artifact is assembled in a temporary sibling directory and moved into place only when
 everything passed, so an interrupted or failed build never leaves a half-written artifact.
@@ -15,19 +15,30 @@ everything passed, so an interrupted or failed build never leaves a half-written
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import os
+import platform
 import shutil
 import sys
 import time
 from dataclasses import asdict
+from importlib import metadata
 from pathlib import Path
 
 import torch
 
-from boundgen.build import aoti, export, manifest, validate
-from boundgen.build.config import BuildConfig
+from boundgen.artifact.manifest import MANIFEST_FILE, CompileRecord, Manifest, write_manifest
+from boundgen.artifact.tensors import output_names, tensor_interface
+from boundgen.compile import aoti, export, validate
+from boundgen.compile.config import BuildConfig
 from boundgen.errors import ConfigError
+from boundgen.model.loader import load_model, parse_dtype, read_config
+from boundgen.ops.lowering import REFERENCE
+from boundgen.programs.eager import EagerRunner
+from boundgen.programs.factory import make_program
+from boundgen.runtime.compiled import load_runner
+from boundgen.version import __version__
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 HEAD_FILE = "head.safetensors"
@@ -62,16 +73,8 @@ class Progress:
         return self.seconds
 
 
-def build(cfg: BuildConfig, progress: Progress | None = None) -> dict:
+def build(cfg: BuildConfig, progress: Progress | None = None) -> Manifest:
     """Build the artifact cfg describes into cfg.out; returns the manifest written."""
-    from boundgen.model.loader import load_model, parse_dtype
-    from boundgen.ops.lowering import REFERENCE
-    from boundgen.programs.factory import make_program
-    from boundgen.runtime.assemble import make_dag
-    from boundgen.runtime.compiled import load_runner
-    from boundgen.runtime.eager import EagerRunner
-    from boundgen.text.tokenizer import Tokenizer
-
     progress = progress or Progress()
     device = _check_device(cfg.device)
     _check_out(cfg.out)
@@ -81,7 +84,6 @@ def build(cfg: BuildConfig, progress: Progress | None = None) -> dict:
     tmp.mkdir(parents=True)
     try:
         progress.stage("load", f"{cfg.model_dir} in {cfg.dtype}, lowering {_lowering_text(cfg)}")
-        tokenizer = Tokenizer.from_dir(cfg.model_dir)
         dtype = parse_dtype(cfg.dtype)
         model = load_model(cfg.model_dir, dtype, device, cfg.lowering.resolve())
         program = make_program(model, cfg.spec)
@@ -108,7 +110,7 @@ def build(cfg: BuildConfig, progress: Progress | None = None) -> dict:
         else:  # the reference lowering, not the one under test
             reference = EagerRunner(make_program(load_model(cfg.model_dir, dtype, device), cfg.spec))
         num_classes = _num_classes(program, cfg.spec)
-        report = validate.validate(compiled, reference, cfg.spec, _output_names(cfg.spec), cfg.dtype, cfg.device,
+        report = validate.validate(compiled, reference, cfg.spec, output_names(cfg.spec), cfg.dtype, cfg.device,
                                    vocab, cfg.tolerances)
         for case in report["cases"]:
             worst = {k: o.get("max_abs_err", "identical" if o.get("identical") else "differs")
@@ -127,9 +129,8 @@ def build(cfg: BuildConfig, progress: Progress | None = None) -> dict:
         spec = cfg.spec
         if getattr(spec, "head_path", None):
             shutil.copy2(spec.head_path, tmp / HEAD_FILE)
-        topology = make_dag(spec, tokenizer, runner=None).topology()
-        written = manifest.write_manifest(tmp, _manifest(cfg, model_config(cfg.model_dir), topology, num_classes,
-                                                         packages, weights, report, seconds))
+        written = write_manifest(tmp, _manifest(cfg, asdict(read_config(cfg.model_dir)), num_classes, packages,
+                                                weights, report, seconds))
         if cfg.out.exists():
             shutil.rmtree(cfg.out)
         os.replace(tmp, cfg.out)
@@ -141,92 +142,47 @@ def build(cfg: BuildConfig, progress: Progress | None = None) -> dict:
     return written
 
 
-def model_config(model_dir: Path) -> dict:
-    from boundgen.model.loader import read_config
+def versions() -> dict:
+    """Versions of what the artifact depends on, in this process (recorded in the manifest)."""
+    try:
+        triton = metadata.version("triton")
+    except metadata.PackageNotFoundError:
+        triton = None
+    return {"boundgen": __version__, "torch": torch.__version__, "triton": triton, "cuda": torch.version.cuda,
+            "python": platform.python_version()}
 
-    return asdict(read_config(model_dir))
 
-
-def _manifest(cfg: BuildConfig, model_cfg: dict, topology: dict, num_classes: int, packages: dict[str, str],
-              weights: str | None, report: dict, seconds: dict) -> dict:
-    from boundgen.programs.spec import spec_to_dict
-
+def _manifest(cfg: BuildConfig, model_cfg: dict, num_classes: int, packages: dict[str, str], weights: str | None,
+              report: dict, seconds: dict) -> Manifest:
     spec = cfg.spec
-    program = spec_to_dict(spec)
-    if program.get("head_path"):
-        program["head_path"] = HEAD_FILE
+    if getattr(spec, "head_path", None):
+        spec = dataclasses.replace(spec, head_path=HEAD_FILE)  # relative to the artifact
     gpu_name = gpu_capability = None
     if cfg.device.startswith("cuda"):
         dev = torch.device(cfg.device)
         gpu_name = torch.cuda.get_device_name(dev)
         gpu_capability = ".".join(map(str, torch.cuda.get_device_capability(dev)))
-    request = ({"max_samples": spec.max_samples, "max_tokens_per_sample": spec.max_tokens_per_sample,
-                "max_total_tokens": spec.max_total_tokens} if spec.task == "score"
-               else {"max_prompt_tokens": spec.max_prompt_tokens, "width": spec.width, "steps": spec.steps})
-    return {
-        "name": cfg.name,
-        "task": spec.task,
-        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "model": {"source": str(cfg.model_dir.resolve()), "family": model_cfg["family"], "config": model_cfg},
-        "program": program,
-        "runtime": {
-            "topology": topology,
-            "tensors": tensor_interface(spec, num_classes),
-            "dims": {k: list(v) for k, v in export.dim_bounds(spec).items()},
-            "request": request,
-            "device": cfg.device,
-            "contexts": cfg.contexts,
-            "executors": cfg.executors,
-            "cuda_graphs": cfg.cuda_graphs,
-            "batching": cfg.batching,
-            "token_bucket": cfg.token_bucket,
-        },
-        "compile": {
-            "lowering": cfg.lowering.to_dict(),
-            "dtype": cfg.dtype,
-            "device": cfg.device,
-            "gpu_name": gpu_name,
-            "gpu_capability": gpu_capability,
-            "weights": cfg.weights,
-            "packages": packages,
-            "weights_file": weights,
-            "inductor_configs": aoti.inductor_configs(cfg.weights),
-            "decompose_custom_triton_ops": cfg.device != "cpu",
-            "seconds": seconds,
-        },
-        "validation": report,
-        "versions": manifest.versions(),
-    }
-
-
-def tensor_interface(spec, num_classes: int) -> dict:
-    """The model node's tensors: dtype, shape with dims by name (their bounds: `runtime.dims`), direction."""
-    if spec.task == "score":
-        tensors = {"tokens": ("input", "int64", ["T"]), "positions": ("input", "int64", ["T"]),
-                   "cu_seqlens": ("input", "int32", ["B+1"]), "probs": ("output", "float32", ["B", num_classes])}
-        if spec.topk:
-            tensors["topk_ids"] = ("output", "int64", ["B", spec.topk])
-            tensors["topk_probs"] = ("output", "float32", ["B", spec.topk])
-    else:
-        w, n = spec.width, spec.steps
-        rows = f"R*{w}"  # R requests of W beams
-        tensors = {"tokens": ("input", "int64", ["L"]), "positions": ("input", "int64", ["L"]),
-                   "cu_seqlens": ("input", "int32", ["R+1"]), "token_ids": ("output", "int64", [rows, n]),
-                   "scores": ("output", "float32", [rows]), "finished": ("output", "bool", [rows]),
-                   "beam_indices": ("output", "int64", [rows, n])}
-    return {name: {"direction": io, "dtype": dtype, "shape": shape} for name, (io, dtype, shape) in tensors.items()}
+    return Manifest(
+        name=cfg.name,
+        created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        model={"source": str(cfg.model_dir.resolve()), "family": model_cfg["family"], "config": model_cfg},
+        program=spec,
+        interface={"tensors": tensor_interface(spec, num_classes),
+                   "dims": {k: list(v) for k, v in export.dim_bounds(spec).items()}},
+        runtime=cfg.runtime,
+        compile=CompileRecord(device=cfg.device, dtype=cfg.dtype, lowering=cfg.lowering.to_dict(), weights=cfg.weights,
+                              packages=packages, weights_file=weights, gpu_name=gpu_name,
+                              gpu_capability=gpu_capability, inductor_configs=aoti.inductor_configs(cfg.weights),
+                              decompose_custom_triton_ops=cfg.device != "cpu", seconds=seconds),
+        validation=report,
+        versions=versions(),
+    )
 
 
 def _num_classes(program, spec) -> int:
     """Score: columns of `probs` (labels, or the MLP head's classes); beam: 0."""
     head = getattr(program, "head", None)
     return head.num_classes if head is not None else len(getattr(spec, "labels", ()))
-
-
-def _output_names(spec) -> tuple[str, ...]:
-    if spec.task == "score":
-        return ("probs",) + (("topk_ids", "topk_probs") if spec.topk else ())
-    return ("token_ids", "scores", "finished", "beam_indices")
 
 
 def _lowering_text(cfg: BuildConfig) -> str:
@@ -245,6 +201,6 @@ def _check_out(out: Path) -> None:
     if out.exists():
         if not out.is_dir():
             raise ConfigError(f"--out {out} exists and is not a directory")
-        if any(out.iterdir()) and not (out / manifest.MANIFEST_FILE).is_file():
+        if any(out.iterdir()) and not (out / MANIFEST_FILE).is_file():
             raise ConfigError(f"--out {out} is a non-empty directory that is not a boundgen artifact; "
                               "refusing to overwrite it (give a new or empty directory)")

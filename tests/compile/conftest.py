@@ -6,12 +6,14 @@ libstdc++ preloaded, as the CLI does, so that in-process `boundgen.load` may loa
 """
 
 import io
+import json
 import shutil
 
 import pytest
 
-from boundgen.build import config
-from boundgen.build.pipeline import Progress, build
+from boundgen.artifact.manifest import MANIFEST_FILE, Manifest
+from boundgen.compile import config
+from boundgen.compile.pipeline import Progress, build
 from boundgen.runtime import libstdcxx
 
 
@@ -31,7 +33,9 @@ BEAM_OPTIONS = {"task": "beam", "name": "tiny-beam", "width": 4, "steps": 3, "ma
 
 def _build(model_dir, out, options):
     log = io.StringIO()
-    manifest = build(config.resolve(model_dir, out, options), Progress(log))
+    written = build(config.resolve(model_dir, out, options), Progress(log))
+    manifest = json.loads((out / MANIFEST_FILE).read_text())  # as users and loaders see it
+    assert Manifest.from_dict(manifest) == written
     return out, manifest, log.getvalue()
 
 

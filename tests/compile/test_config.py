@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from boundgen.build import config
-from boundgen.build.export import dim_bounds
+from boundgen.compile import config
+from boundgen.compile.export import dim_bounds
 from boundgen.errors import ConfigError
 
 
@@ -25,8 +25,8 @@ def test_deploy_file_then_flags(tiny_qwen3_dir, tmp_path):
     assert cfg.spec.max_samples == 8 and cfg.spec.max_tokens_per_sample == 256
     assert cfg.spec.max_total_tokens == 8 * 256  # default: samples x tokens per sample
     assert cfg.spec.label_token_ids == (9834, 902)
-    assert cfg.lowering.packed_attention == "triton" and cfg.contexts == 3 and cfg.weights == "external"
-    assert cfg.batching and not cfg.cuda_graphs
+    assert cfg.lowering.packed_attention == "triton" and cfg.runtime.contexts == 3 and cfg.weights == "external"
+    assert cfg.runtime.batching and not cfg.runtime.cuda_graphs
     assert dim_bounds(cfg.spec) == {"T": (1, 2048), "B": (1, 9)}
 
 
@@ -40,7 +40,7 @@ def test_beam_defaults(tiny_qwen2_dir, tmp_path):
 @pytest.mark.parametrize("options,message", [
     ({"task": "rank"}, "--task must be score or beam"),
     ({"task": "score", "labels": [" yes"], "width": 4}, "width do not apply to a score build"),
-    ({"task": "beam", "width": 4}, "needs --width W and --steps N"),
+    ({"task": "beam", "width": 4}, "needs --width and --steps"),
     ({"task": "beam", "width": 4, "steps": 9}, r"in \[1, 5\]"),
     ({"task": "score"}, "needs --labels"),
     ({"task": "score", "labels": [" yes please"]}, "exactly one token"),
@@ -74,7 +74,7 @@ def test_lowering_flags():
 
 
 def test_refuses_to_overwrite_a_directory_that_is_not_an_artifact(tiny_qwen3_dir, tmp_path):
-    from boundgen.build.pipeline import build
+    from boundgen.compile.pipeline import build
 
     out = tmp_path / "precious"
     out.mkdir()

@@ -1,55 +1,47 @@
-"""The node kinds of boundgen's two DAGs.
+"""A request's way in and out of a program call: bounds, tokenizing, packing, padding, encoding.
 
-score:  texts -> [tokenize] -> tokens, positions, cu_seqlens -> [model] -> probs -> [encode_scores] -> result
-beam:   text  -> [tokenize] -> tokens, positions, cu_seqlens -> [model] -> token_ids, scores, finished,
-        beam_indices -> [encode_beams] -> result
+    texts -> RequestPacker.encode (CPU: bounds, template, tokens)   -> PackedBatch
+    PackedBatch x R -> concat_packed -> RequestPacker.stage (pad for CUDA graphs, write into a
+                       request context's buffers)                  -> tokens, positions, cu_seqlens
+    program outputs -> to_host -> each request's rows -> ScoreEncoder / BeamEncoder -> result
 
-CPU nodes check request bounds and do text work; the model node calls a runner (the AOTI
-package, or the eager program) on the context's stream, with a bounded number of executors.
+The engine (runtime/local_engine.py) runs these in that order for every request, batched or not.
 """
 
 from __future__ import annotations
 
-import threading
+from typing import Sequence
 
 import numpy as np
 import torch
 
 from boundgen.errors import InvalidInput
-from boundgen.runtime.dag import Node, NodeSpec
 from boundgen.runtime.graphs import bucket_size, pad_batch
 from boundgen.runtime.results import BeamResult, ScoreResult
-
-PACKED = ("tokens", "positions", "cu_seqlens")
-BEAM_OUTPUTS = ("token_ids", "scores", "finished", "beam_indices")
+from boundgen.text.tokenizer import PackedBatch
 
 
-class TokenizeNode(Node):
-    """Check request bounds, apply the template, tokenize into the context's packed buffers.
+class RequestPacker:
+    """Check request bounds, apply the template, tokenize; stage packed batches into contexts.
 
     With `token_bucket`, batches are padded (see runtime/graphs.py) so that CUDA graphs are
     reused: tokens up to a multiple of the bucket (score: a filler sequence, sequences up to
     max_samples + 1; beam: a tail of no request, the requests as they are).
     """
 
-    def __init__(self, tokenizer, spec, input_name: str, token_bucket: int = 0):
+    def __init__(self, tokenizer, spec, token_bucket: int = 0):
         self.tokenizer, self.bounds = tokenizer, spec
-        self.spec = NodeSpec("tokenize", "cpu", (input_name,), PACKED + ("num_samples",))
-        self.single = input_name == "text"
+        self.single = spec.task == "beam"  # one prompt per request; errors speak of "the prompt"
         self.token_bucket = token_bucket
 
-    def run(self, ctx, **inputs):
-        texts = [inputs["text"]] if self.single else list(inputs["texts"])
-        return self.stage(ctx, self.encode(texts))
-
-    def encode(self, texts: list[str]):
+    def encode(self, texts: list[str]) -> PackedBatch:
         """Check the request against the bounds and tokenize it (CPU only, no context needed)."""
         b = self.bounds
         if not texts:
             raise InvalidInput("the request has no samples")
         if len(texts) > b.max_samples:
             raise InvalidInput(f"the request has {len(texts)} samples; this model accepts at most {b.max_samples}")
-        if self.single:  # errors then speak of "the prompt"
+        if self.single:
             batch = self.tokenizer.encode_one(texts[0], b.max_tokens_per_sample, template=b.template)
         else:
             batch = self.tokenizer.encode_packed(texts, max_tokens_per_sample=b.max_tokens_per_sample,
@@ -59,14 +51,14 @@ class TokenizeNode(Node):
             raise InvalidInput(f"the request has {total} tokens in all; this model accepts at most {b.max_total_tokens}")
         return batch
 
-    def stage(self, ctx, batch):
-        """Pad for CUDA graphs if configured and write the batch into the context's buffers."""
+    def stage(self, ctx, batch: PackedBatch):
+        """Pad for CUDA graphs if configured and write the batch into the context's buffers;
+        returns the device views (tokens, positions, cu_seqlens)."""
         tokens, positions, cu = batch.tokens, batch.positions, batch.cu_seqlens
         shape = self.padded_shape(int(tokens.shape[0]), int(cu.shape[0]) - 1)
         if shape is not None:
             tokens, positions, cu = pad_batch(tokens, positions, cu, *shape)
-        tokens, positions, cu = ctx.stage(tokens, positions, cu)
-        return {"tokens": tokens, "positions": positions, "cu_seqlens": cu, "num_samples": batch.num_samples}
+        return ctx.stage(tokens, positions, cu)
 
     def padded_shape(self, num_tokens: int, num_sequences: int) -> tuple[int, int] | None:
         """(tokens, sequences) a batch is padded to for CUDA graphs; None: not padded."""
@@ -97,73 +89,64 @@ class TokenizeNode(Node):
         return batches
 
 
-class ModelNode(Node):
-    """Calls the compiled (or eager) program; at most `executors` calls run at once."""
-
-    def __init__(self, runner, outputs: tuple[str, ...], executors: int = 1):
-        self.runner = runner
-        self.spec = NodeSpec("model", "model", PACKED, outputs)
-        self._slots = threading.Semaphore(max(1, executors))
-
-    def run(self, ctx, tokens, positions, cu_seqlens):
-        with self._slots, ctx.stream_scope():
-            out = self.runner(tokens, positions, cu_seqlens)
-        return dict(zip(self.spec.outputs, out))
+def concat_packed(batches: Sequence[PackedBatch]) -> PackedBatch:
+    """Pack several packed batches into one: sequences back to back, cu_seqlens offset."""
+    if len(batches) == 1:
+        return batches[0]
+    offsets = np.cumsum([0] + [b.num_tokens for b in batches[:-1]])
+    cu = torch.cat([batches[0].cu_seqlens[:1]] + [b.cu_seqlens[1:] + int(o) for b, o in zip(batches, offsets)])
+    return PackedBatch(tokens=torch.cat([b.tokens for b in batches]),
+                       positions=torch.cat([b.positions for b in batches]),
+                       cu_seqlens=cu, lengths=[n for b in batches for n in b.lengths])
 
 
-def to_host(ctx, *tensors):
-    """Copy results to the CPU; the only synchronisation point of a request."""
+def to_host(ctx, tensors: Sequence[torch.Tensor]) -> list[np.ndarray]:
+    """Copy results to the CPU; the only synchronisation point of a call."""
     with ctx.stream_scope():
         host = [t.to("cpu", non_blocking=False) for t in tensors]
     return [h.numpy() for h in host]
 
 
-class ScoreEncodeNode(Node):
-    def __init__(self, label_token_ids, topk: bool):
-        self.label_token_ids = [int(i) for i in label_token_ids]
-        inputs = ("num_samples", "probs") + (("topk_ids", "topk_probs") if topk else ())
-        self.spec = NodeSpec("encode_scores", "cpu", inputs, ("result",))
+class ScoreEncoder:
+    """A score call's host outputs (probs, then top-k when built with it) -> one result per request."""
 
-    def run(self, ctx, num_samples, probs, topk_ids=None, topk_probs=None):
-        outputs = [probs] + ([topk_ids, topk_probs] if topk_ids is not None else [])
-        return {"result": self.encode(*to_host(ctx, *[t[:num_samples] for t in outputs]))}  # padding dropped
+    def __init__(self, label_token_ids, topk: int):
+        self.label_token_ids = [int(i) for i in label_token_ids]
+        self.outputs = 3 if topk else 1  # probs (, topk_ids, topk_probs)
+
+    def split(self, host: list[np.ndarray], batches: Sequence[PackedBatch]) -> list[list[np.ndarray]]:
+        shares, row = [], 0
+        for packed in batches:  # rows past the last request's are the graph padding's
+            shares.append([h[row: row + packed.num_samples] for h in host])
+            row += packed.num_samples
+        return shares
 
     def encode(self, probs: np.ndarray, topk_ids: np.ndarray | None = None,
                topk_probs: np.ndarray | None = None) -> ScoreResult:
-        """One request's rows (host arrays) -> result."""
         result = ScoreResult(scores=probs.astype(np.float32, copy=False), label_token_ids=self.label_token_ids)
         if topk_ids is not None:
             result.topk_ids, result.topk_probs = topk_ids.astype(np.int32), topk_probs.astype(np.float32)
         return result
 
 
-class BeamEncodeNode(Node):
+class BeamEncoder:
+    """A beam call's host outputs (token_ids, scores, finished: R x W rows) -> one result per request."""
+
+    outputs = 3  # beam_indices stay on the device
+
     def __init__(self, tokenizer, stop_token_ids, width: int):
         self.tokenizer, self.width = tokenizer, width
         self.stop = set(int(t) for t in stop_token_ids)
-        self.spec = NodeSpec("encode_beams", "cpu", BEAM_OUTPUTS, ("result",))
 
-    def run(self, ctx, token_ids, scores, finished, beam_indices):
-        rows = slice(0, self.width)  # the request's beams
-        return {"result": self.encode(*to_host(ctx, token_ids[rows], scores[rows], finished[rows]))}
+    def split(self, host: list[np.ndarray], batches: Sequence[PackedBatch]) -> list[list[np.ndarray]]:
+        w = self.width
+        return [[h[i * w:(i + 1) * w] for h in host] for i in range(len(batches))]
 
     def encode(self, ids: np.ndarray, scores: np.ndarray, finished: np.ndarray) -> BeamResult:
-        """One request's candidates (host arrays) -> result with decoded texts."""
         texts = self.tokenizer.decode_batch(
             [[int(t) for t in row if t >= 0 and int(t) not in self.stop] for row in ids])
         return BeamResult(token_ids=ids.astype(np.int32), scores=scores.astype(np.float32, copy=False),
                           finished=finished.astype(bool), texts=texts)
-
-
-def score_nodes(tokenizer, spec, runner, executors: int = 1, token_bucket: int = 0):
-    outputs = ("probs",) + (("topk_ids", "topk_probs") if spec.topk else ())
-    return ("texts",), [TokenizeNode(tokenizer, spec, "texts", token_bucket), ModelNode(runner, outputs, executors),
-                        ScoreEncodeNode(spec.label_token_ids, bool(spec.topk))], ("result",)
-
-
-def beam_nodes(tokenizer, spec, runner, executors: int = 1, token_bucket: int = 0):
-    return ("text",), [TokenizeNode(tokenizer, spec, "text", token_bucket), ModelNode(runner, BEAM_OUTPUTS, executors),
-                       BeamEncodeNode(tokenizer, spec.stop_token_ids, spec.width)], ("result",)
 
 
 def _multiples(step: int, most: int) -> list[int]:

@@ -2,8 +2,8 @@
 
 import torch
 
-from boundgen.build import validate
-from boundgen.programs.spec import BeamSpec, ScoreSpec
+from boundgen.compile import validate
+from boundgen.artifact.program import BeamSpec, ScoreSpec
 
 
 def score_spec(**kw):

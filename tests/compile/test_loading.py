@@ -3,11 +3,13 @@ a device this process lacks, a missing libstdc++ preload where loading would cra
 
 import json
 import re
+import subprocess
+import sys
 
 import pytest
 
 import boundgen
-from boundgen.build import manifest as mf
+from boundgen.artifact import manifest as mf
 from boundgen.errors import ArtifactError
 from boundgen.runtime import libstdcxx
 
@@ -57,7 +59,7 @@ def test_manifest_that_is_not_json_is_refused(score_artifact, artifact_copy):
 def test_other_schema_is_refused(score_artifact, artifact_copy):
     art = artifact_copy(score_artifact)
     edit_manifest(art, lambda m: m.update(schema="boundgen.artifact/0"))
-    with pytest.raises(ArtifactError, match="schema 'boundgen.artifact/0'"):
+    with pytest.raises(ArtifactError, match="manifest version 'boundgen.artifact/0'"):
         boundgen.load(art)
 
 
@@ -96,10 +98,10 @@ def test_cuda_artifact_without_a_gpu_is_refused(score_artifact, artifact_copy):
         boundgen.load(art)
 
 
-def test_changed_runtime_topology_is_refused(score_artifact, artifact_copy):
+def test_an_older_manifest_version_is_refused_by_name(score_artifact, artifact_copy):
     art = artifact_copy(score_artifact)
-    edit_manifest(art, lambda m: m["runtime"]["topology"]["nodes"].pop())
-    with pytest.raises(ArtifactError, match="records a runtime DAG that this boundgen does not build"):
+    edit_manifest(art, lambda m: m.update(schema="boundgen.artifact/2"))
+    with pytest.raises(ArtifactError, match="manifest version 'boundgen.artifact/2'.*reads 'boundgen.artifact/3'"):
         boundgen.load(art)
 
 
@@ -128,3 +130,16 @@ def test_manifest_missing_an_entry_is_refused(score_artifact, artifact_copy):
     edit_manifest(art, lambda m: m["compile"].pop("packages"))
     with pytest.raises(ArtifactError, match="lacks the entry 'packages'"):
         boundgen.load(art)
+
+
+def test_a_beam_artifact_serves_without_the_model_programs_or_compiler(beam_artifact):
+    """The runtime loads the compiled packages alone: one request runs in a fresh process that
+    never imports boundgen's model, programs or compiler, nor torch._inductor (torch lowering)."""
+    code = ("import sys, boundgen; e = boundgen.load(sys.argv[1]); e.warmup(); "
+            "print(len(e.beam('query: shoes').candidates())); "
+            "print(sorted(m for m in sys.modules if m.split('.')[:2] in (['boundgen', 'model'], "
+            "['boundgen', 'programs'], ['boundgen', 'compile']) or m.startswith('torch._inductor')))")
+    out = subprocess.run([sys.executable, "-c", code, str(beam_artifact)], capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split("\n")[:2] == ["4", "[]"]

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
-from boundgen.build.export import packed_example
+from boundgen.compile.export import packed_example
 from boundgen.errors import BoundgenError
 
 # Max abs error per float output, by compute dtype. bf16 carries ~3 significant digits: label

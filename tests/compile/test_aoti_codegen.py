@@ -1,11 +1,11 @@
-"""The AOTInductor codegen workaround of build/aoti.py (no compile: the cache it guards, directly)."""
+"""The AOTInductor codegen workaround of compile/aoti.py (no compile: the cache it guards, directly)."""
 
 import inspect
 import itertools
 
 import pytest
 
-from boundgen.build.aoti import unique_int_array_owners
+from boundgen.compile.aoti import unique_int_array_owners
 
 cpp_wrapper = pytest.importorskip("torch._inductor.codegen.cpp_wrapper_cpu")
 common = pytest.importorskip("torch._inductor.codegen.common")

@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import torch
 
-from boundgen.programs.spec import BeamSpec, ScoreSpec
+from boundgen.artifact.program import BeamSpec, ScoreSpec
+from boundgen.artifact.tensors import BEAM_STATE
 
 
 def dim_bounds(spec: ScoreSpec | BeamSpec) -> dict[str, tuple[int, int]]:
@@ -60,8 +61,8 @@ def example_lengths(spec: ScoreSpec | BeamSpec) -> list[int]:
         if per_sample * samples in (samples, samples + 1) and per_sample > 1:
             per_sample -= 1
         return [per_sample] * samples
-    # Beam prompts stay short, as in the one H200 beam build that compiled (run 5): the build
-    # with ~100-token prompts failed, later traced to a codegen race (build/aoti.py), not to
+    # Beam prompts stay short, as in the first H200 beam build that compiled (2026-11-29): the build
+    # with ~100-token prompts failed, later traced to a codegen race (compile/aoti.py), not to
     # the sizes, so longer examples are untried. The decode step, where beam time goes, is
     # tuned for R x W rows either way.
     if spec.max_requests == 1:
@@ -104,8 +105,6 @@ def export_programs(program: torch.nn.Module, spec: ScoreSpec | BeamSpec, device
 
 
 def _export_beam_stages(program, spec: BeamSpec, inputs) -> dict[str, torch.export.ExportedProgram]:
-    from boundgen.programs.beam import STATE
-
     stages = program.stages()
     dims = named_dims(spec)
     r = dims["R"]  # None where static
@@ -114,11 +113,11 @@ def _export_beam_stages(program, spec: BeamSpec, inputs) -> dict[str, torch.expo
     prefix = {1: prompt[0]} if prompt else None
     requests = {0: r} if r is not None else None
     beams = {1: spec.width * r} if r is not None else None  # suffix K/V rows: R * W
-    state = stages["prefill"](*inputs)  # prefix_k, prefix_v, suffix_k, suffix_v, *STATE
+    state = stages["prefill"](*inputs)  # prefix_k, prefix_v, suffix_k, suffix_v, *state
     step_inputs = (torch.zeros(1, dtype=torch.int64, device=inputs[0].device), state[0], state[1], inputs[2],
                    *state[2:])
     finish_inputs = tuple(state[4:]) if spec.steps == 1 else tuple(stages["step"](*step_inputs)[2:])
-    state_dims = (requests,) * len(STATE)  # every state tensor leads with R
+    state_dims = (requests,) * len(BEAM_STATE)  # every state tensor leads with R
     shapes = {"prefill": (inputs, (prompt, prompt, cu)),
               "step": (step_inputs, (None, prefix, prefix, cu, beams, beams) + state_dims),
               "finish": (finish_inputs, state_dims)}

@@ -1,4 +1,4 @@
-"""`python -m boundgen.build.report ARTIFACT_DIR [...]`: what a build produced and how it loads.
+"""`python -m boundgen.compile.report ARTIFACT_DIR [...]`: what a build produced and how it loads.
 
 Per artifact, one markdown table row: task, device and GPU, dtype, lowering, weights mode,
 build seconds (export / compile / total), size, load seconds in this process (manifest and
@@ -41,6 +41,7 @@ def worst_errors(validation: dict) -> str:
 
 
 def measure(artifact: Path, requests: int = 5) -> dict:
+    # Lazy: main() re-executes the process with libstdc++ preloaded before torch may load.
     import torch
 
     import boundgen
@@ -80,7 +81,7 @@ def main(argv=None) -> int:
 
     if argv is None:
         reexec_with_preload()
-    parser = argparse.ArgumentParser(prog="python -m boundgen.build.report", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m boundgen.compile.report", description=__doc__.split("\n")[0])
     parser.add_argument("artifacts", nargs="+", metavar="ARTIFACT_DIR")
     parser.add_argument("--json", default=None, metavar="FILE", help="also write the rows as JSON")
     args = parser.parse_args(argv)

@@ -8,11 +8,11 @@ import pytest
 import torch
 
 import boundgen
-from boundgen.build.manifest import MANIFEST_FILE, sha256_file
+from boundgen.artifact.manifest import MANIFEST_FILE, sha256_file
 from boundgen.errors import InvalidInput
-from boundgen.programs.spec import spec_from_dict
+from boundgen.artifact.program import spec_from_dict
 from boundgen.runtime.compiled import load_runner
-from boundgen.runtime.eager import eager_engine
+from boundgen.programs.eager import eager_engine
 from boundgen.text.tokenizer import Tokenizer
 from tests.concurrency import assert_batched_beams_equal_single
 
@@ -31,17 +31,19 @@ def direct_runner(artifact):
 
 def test_manifest_describes_the_artifact(score_build):
     artifact, manifest, log = score_build
-    on_disk = json.loads((artifact / MANIFEST_FILE).read_text())
-    assert on_disk == manifest
+    assert manifest["schema"] == "boundgen.artifact/3" and manifest["task"] == "score"
     assert set(manifest["files"]) == {"model.pt2", "weights.safetensors", "tokenizer.json", "tokenizer_config.json"}
     assert manifest["compile"]["packages"] == {"model": "model.pt2"}
     for name, digest in manifest["files"].items():
         assert sha256_file(artifact / name) == digest
-    assert manifest["runtime"]["dims"] == {"T": [1, 40], "B": [1, 5]}
-    assert manifest["runtime"]["request"] == {"max_samples": 4, "max_tokens_per_sample": 16, "max_total_tokens": 40}
-    assert manifest["runtime"]["contexts"] == 2 and manifest["runtime"]["executors"] == 1
-    assert manifest["runtime"]["tensors"]["probs"] == {"direction": "output", "dtype": "float32", "shape": ["B", 2]}
-    assert [n["name"] for n in manifest["runtime"]["topology"]["nodes"]] == ["tokenize", "model", "encode_scores"]
+    assert manifest["interface"]["dims"] == {"T": [1, 40], "B": [1, 5]}
+    program = manifest["program"]
+    assert (program["max_samples"], program["max_tokens_per_sample"], program["max_total_tokens"]) == (4, 16, 40)
+    assert manifest["runtime"] == {"contexts": 2, "executors": 1, "cuda_graphs": False, "batching": False,
+                                   "token_bucket": 256}
+    assert manifest["interface"]["tensors"]["probs"] == {"direction": "output", "dtype": "float32", "shape": ["B", 2]}
+    assert manifest["interface"]["tensors"]["cu_seqlens"] == {"direction": "input", "dtype": "int32",
+                                                              "shape": ["B+1"]}
     assert manifest["compile"]["lowering"]["packed_attention"] == "torch"
     assert manifest["compile"]["weights"] == "external" and manifest["compile"]["device"] == "cpu"
     assert manifest["versions"]["torch"] == torch.__version__
@@ -71,8 +73,8 @@ def test_beam_manifest_requires_identical_candidates(beam_build):
         ("padded_for_cuda_graphs", 2, 24)]  # two prompts (16 + 1 tokens), then 7 tokens of no request
     for case in validation["cases"]:
         assert case["outputs"]["token_ids"]["identical"] and case["outputs"]["beam_indices"]["identical"]
-    assert manifest["runtime"]["tensors"]["token_ids"]["shape"] == ["R*4", 3]
-    assert manifest["runtime"]["dims"] == {"L": [1, 64], "R": [1, 2]}
+    assert manifest["interface"]["tensors"]["token_ids"]["shape"] == ["R*4", 3]
+    assert manifest["interface"]["dims"] == {"L": [1, 64], "R": [1, 2]}
     assert manifest["program"]["stop_token_ids"] == [151643]  # from the checkpoint's generation_config.json
     # One compiled decode step serves every step: three packages, one weights file.
     assert manifest["compile"]["packages"] == {"prefill": "prefill.pt2", "step": "step.pt2", "finish": "finish.pt2"}
@@ -103,7 +105,7 @@ def test_score_engine_equals_eager(score_artifact, tiny_qwen3_dir):
     engine = boundgen.load(score_artifact)
     eager = eager_engine(tiny_qwen3_dir, engine_spec_of(score_artifact))
     np.testing.assert_allclose(engine.score(TEXTS).scores, eager.score(TEXTS).scores, rtol=0, atol=1e-5)
-    assert engine.spec.labels == (" yes", " no") and engine.spec.max_samples == 4
+    assert engine.spec.program.labels == (" yes", " no") and engine.spec.program.max_samples == 4
 
 
 def test_beam_engine_equals_eager(beam_artifact, tiny_qwen2_dir):
@@ -113,7 +115,7 @@ def test_beam_engine_equals_eager(beam_artifact, tiny_qwen2_dir):
     assert got.candidates()[0]["text"] == want.candidates()[0]["text"]
     assert got.token_ids.tolist() == want.token_ids.tolist()
     np.testing.assert_allclose(got.scores, want.scores, rtol=0, atol=1e-4)
-    assert engine.spec.width == 4 and engine.spec.steps == 3
+    assert engine.spec.program.width == 4 and engine.spec.program.steps == 3
 
 
 def test_batched_beam_artifact_equals_one_call_per_request(beam_artifact):
@@ -149,9 +151,9 @@ def test_beam_prompt_beyond_bound_is_invalid_input(beam_artifact):
 
 
 def test_concurrency_settings_come_from_the_manifest_and_can_be_overridden(score_artifact):
-    assert boundgen.load(score_artifact).pool.size == 2
+    assert len(boundgen.load(score_artifact).contexts) == 2
     engine = boundgen.load(score_artifact, contexts=3, executors=2)
-    assert engine.pool.size == 3
+    assert len(engine.contexts) == 3 and engine.spec.extra["executors"] == 2
     np.testing.assert_array_equal(engine.score(TEXTS).scores, boundgen.load(score_artifact).score(TEXTS).scores)
 
 

@@ -1,0 +1,224 @@
+"""`manifest.json`, the artifact's deployment descriptor: a typed, versioned record.
+
+The compiler writes a `Manifest` (compile/pipeline.py); the runtime reads it back by attribute
+(runtime/loading.py). Plain Python, no torch: versions of this process are passed in.
+
+Schema "boundgen.artifact/3", top-level keys:
+- schema, name, task, created (UTC ISO time), model {source, family, config}
+- program: the spec (artifact/program.py; an MLP head path is relative to the artifact)
+- interface: tensors (the program's I/O: dtype and shape, dims by name), dims ({name: [min, max]})
+- runtime: RuntimeConfig (contexts, executors, cuda_graphs, batching, token_bucket): defaults
+  that `boundgen serve` and `boundgen.load` may override without a rebuild
+- compile: CompileRecord (device, dtype, lowering, weights, packages, weights file, GPU, seconds)
+- validation: the build's validation report (compile/validate.py)
+- versions: boundgen, torch, triton, cuda, python at build time
+- files: {relative path: sha256} for every file of the artifact but manifest.json
+- manifest_sha256: sha256 of this JSON without that key (sorted keys, compact), so that an
+  edited manifest is caught like an edited weight file.
+/2 (before this schema) recorded the runtime DAG's topology; it is refused with a message
+naming its version.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import MISSING, asdict, dataclass, field, fields
+from pathlib import Path
+
+from boundgen.artifact.program import option, spec_from_dict, spec_to_dict
+from boundgen.errors import ArtifactError, ConfigError
+
+SCHEMA = "boundgen.artifact/3"
+MANIFEST_FILE = "manifest.json"
+
+
+@dataclass(frozen=True)
+class RuntimeConfig:
+    """How an artifact is served; recorded at build, overridable at load (no recompilation)."""
+
+    contexts: int = option(1, "request contexts preallocated at load (calls in flight at once)")
+    executors: int = option(1, "model calls that may run at once")
+    cuda_graphs: bool = option(False, "replay CUDA graphs per shape bucket", kind=bool)
+    batching: bool = option(False, "concurrent requests share model calls", kind=bool)
+    token_bucket: int = option(256, "token bucket that CUDA-graph shapes are padded to")
+
+    def __post_init__(self):
+        for name in ("contexts", "executors", "token_bucket"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{name} must be an integer >= 1, got {value!r}")
+        for name in ("cuda_graphs", "batching"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"{name} must be true or false, got {getattr(self, name)!r}")
+
+    def replace(self, **overrides) -> "RuntimeConfig":
+        """A copy with the overrides that are not None."""
+        return RuntimeConfig(**{**asdict(self), **{k: v for k, v in overrides.items() if v is not None}})
+
+
+@dataclass(frozen=True)
+class CompileRecord:
+    """How the packages were compiled."""
+
+    device: str  # "cpu" | "cuda" | "cuda:N"
+    dtype: str
+    lowering: dict  # op -> implementation
+    weights: str  # "external" | "packaged"
+    packages: dict  # package name -> file
+    weights_file: str | None = None
+    gpu_name: str | None = None
+    gpu_capability: str | None = None
+    inductor_configs: dict = field(default_factory=dict)
+    decompose_custom_triton_ops: bool = False
+    seconds: dict = field(default_factory=dict)
+
+    @property
+    def custom_ops(self) -> list[str]:
+        """Ops lowered to something other than their torch reference: a loader imports them."""
+        return [op for op, impl in self.lowering.items() if impl != "torch"]
+
+
+@dataclass(frozen=True)
+class Manifest:
+    name: str
+    created: str
+    model: dict  # source, family, config
+    program: object  # ScoreSpec | BeamSpec
+    interface: dict  # tensors, dims
+    runtime: RuntimeConfig
+    compile: CompileRecord
+    validation: dict
+    versions: dict
+    files: dict = field(default_factory=dict)
+
+    @property
+    def task(self) -> str:
+        return self.program.task
+
+    def to_dict(self) -> dict:
+        return {"schema": SCHEMA, "name": self.name, "task": self.task, "created": self.created,
+                "model": self.model, "program": spec_to_dict(self.program), "interface": self.interface,
+                "runtime": asdict(self.runtime), "compile": asdict(self.compile), "validation": self.validation,
+                "versions": self.versions, "files": self.files}
+
+    @classmethod
+    def from_dict(cls, raw: dict, where: str = MANIFEST_FILE) -> "Manifest":
+        if raw.get("schema") != SCHEMA:
+            raise ArtifactError(f"{where} has manifest version {raw.get('schema')!r}; this boundgen reads {SCHEMA!r}: "
+                                "rebuild the artifact with `boundgen build`")
+        missing = [f.name for f in fields(cls) if f.name not in raw] + [k for k in ("task",) if k not in raw]
+        if missing:
+            raise ArtifactError(f"{where} lacks keys {', '.join(missing)}; rebuild the artifact")
+        try:
+            program = spec_from_dict(raw["program"])
+        except (ConfigError, TypeError) as exc:
+            raise ArtifactError(f"{where} has an invalid program spec: {exc}; rebuild the artifact") from None
+        runtime, compiled = _section(RuntimeConfig, raw["runtime"], where), _section(CompileRecord, raw["compile"], where)
+        if program.task != raw["task"]:
+            raise ArtifactError(f"{where} says task {raw['task']!r} but its program is a {program.task} program")
+        return cls(name=raw["name"], created=raw["created"], model=raw["model"], program=program,
+                   interface=raw["interface"], runtime=runtime, compile=compiled, validation=raw["validation"],
+                   versions=raw["versions"], files=raw["files"])
+
+
+def _section(cls, raw, where: str):
+    """A manifest section as its dataclass, or an ArtifactError naming what is wrong."""
+    if not isinstance(raw, dict):
+        raise ArtifactError(f"{where}: {cls.__name__} must be a JSON object; rebuild the artifact")
+    required = [f.name for f in fields(cls) if f.default is MISSING and f.default_factory is MISSING]
+    missing = [name for name in required if name not in raw]
+    if missing:
+        raise ArtifactError(f"{where} lacks the entry {missing[0]!r}; rebuild the artifact")
+    unknown = sorted(set(raw) - {f.name for f in fields(cls)})
+    if unknown:
+        raise ArtifactError(f"{where} has unknown entries {', '.join(unknown)}; rebuild the artifact")
+    try:
+        return cls(**raw)
+    except ConfigError as exc:
+        raise ArtifactError(f"{where} has an invalid entry: {exc}; rebuild the artifact") from None
+
+
+def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def file_hashes(artifact_dir: Path) -> dict[str, str]:
+    """sha256 of every file under artifact_dir except the manifest, by relative POSIX path."""
+    root = Path(artifact_dir)
+    return {p.relative_to(root).as_posix(): sha256_file(p)
+            for p in sorted(root.rglob("*")) if p.is_file() and p.name != MANIFEST_FILE}
+
+
+def _self_hash(raw: dict) -> str:
+    body = {k: v for k, v in raw.items() if k != "manifest_sha256"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def write_manifest(artifact_dir: Path, manifest: Manifest) -> Manifest:
+    """Record every file's hash and the self hash; write manifest.json. Returns it as a loader reads it."""
+    raw = dict(manifest.to_dict(), files=file_hashes(artifact_dir))
+    raw["manifest_sha256"] = _self_hash(raw)
+    text = json.dumps(raw, indent=2, sort_keys=True) + "\n"
+    (Path(artifact_dir) / MANIFEST_FILE).write_text(text)
+    return Manifest.from_dict(json.loads(text))
+
+
+def read_manifest(artifact_dir: Path) -> Manifest:
+    """Parse manifest.json and check its version, keys and self hash (files: `verify_files`)."""
+    path = Path(artifact_dir) / MANIFEST_FILE
+    if not Path(artifact_dir).is_dir():
+        raise ArtifactError(f"{artifact_dir} is not a directory")
+    if not path.is_file():
+        raise ArtifactError(f"{artifact_dir} is not a boundgen artifact: no {MANIFEST_FILE}")
+    try:
+        raw = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ArtifactError(f"{path} is not valid JSON ({exc}); rebuild the artifact") from None
+    if not isinstance(raw, dict):
+        raise ArtifactError(f"{path} must hold a JSON object")
+    if raw.get("schema") == SCHEMA and raw.get("manifest_sha256") != _self_hash(raw):
+        raise ArtifactError(f"{path} was modified after the build (its manifest_sha256 does not match its "
+                            "contents); rebuild the artifact instead of editing it")
+    return Manifest.from_dict(raw, str(path))
+
+
+def verify_files(artifact_dir: Path, manifest: Manifest) -> None:
+    """Every file the manifest lists exists with its recorded sha256."""
+    root = Path(artifact_dir)
+    if not isinstance(manifest.files, dict) or not manifest.files:
+        raise ArtifactError(f"{root / MANIFEST_FILE} lists no files")
+    for name, digest in sorted(manifest.files.items()):
+        path = root / name
+        if ".." in Path(name).parts or not path.is_file():
+            raise ArtifactError(f"artifact file {name} listed in the manifest is missing from {root}")
+        actual = sha256_file(path)
+        if actual != digest:
+            raise ArtifactError(f"artifact file {name} was modified or corrupted: sha256 {actual[:16]}..., "
+                                f"the manifest records {digest[:16]}...")
+
+
+def check_versions(manifest: Manifest, here: dict) -> None:
+    """Refuse an artifact built with another torch major.minor (or CUDA major, for GPU artifacts)
+    than `here` ({"torch": ..., "cuda": ...} of this process)."""
+    built = manifest.versions
+    problems = []
+    if _major_minor(built.get("torch")) != _major_minor(here["torch"]):
+        problems.append(f"torch {built.get('torch')} at build, {here['torch']} here")
+    if str(manifest.compile.device).startswith("cuda") and _major(built.get("cuda")) != _major(here["cuda"]):
+        problems.append(f"CUDA {built.get('cuda')} at build, {here['cuda']} here")
+    if problems:
+        raise ArtifactError(f"artifact {manifest.name} was built for another runtime: {'; '.join(problems)}. "
+                            "Rebuild it with `boundgen build` on this system.")
+
+
+def _major_minor(version: str | None) -> tuple:
+    return tuple((version or "").split("+")[0].split(".")[:2])
+
+
+def _major(version: str | None) -> str:
+    return (version or "none").split(".")[0]

@@ -1,0 +1,92 @@
+"""The compiled programs' tensors by name, and the beam stage protocol.
+
+Every program takes the packed prompts or samples of one call:
+
+    tokens [T] int64, positions [T] int64, cu_seqlens [B+1] int32        (PACKED)
+
+score ("model" package) -> probs [B, C] FP32, then topk_ids [B, k] int64, topk_probs [B, k] FP32
+                           when the spec asks for top-k (`score_outputs`)
+beam  (three packages, STAGES) -> token_ids [R*W, N] int64, scores [R*W] FP32,
+                           finished [R*W] bool, beam_indices [R*W, N] int64   (BEAM_OUTPUTS)
+
+A beam search runs as prefill, `steps - 1` decode steps and finish (`run_stages`); between
+them travels the search state, a `BeamState` (its fields by name, in BEAM_STATE order). It is
+flattened to positional tensors only where a stage is exported and called as a package.
+"""
+
+from __future__ import annotations
+
+from collections import namedtuple
+from typing import Callable, Sequence
+
+PACKED = ("tokens", "positions", "cu_seqlens")
+SCORE_OUTPUTS = ("probs",)
+TOPK_OUTPUTS = ("topk_ids", "topk_probs")
+BEAM_OUTPUTS = ("token_ids", "scores", "finished", "beam_indices")
+BEAM_RESULTS = BEAM_OUTPUTS[:3]  # what a client gets (beam_indices stay on the device)
+SCORE_PACKAGE = "model"  # a score artifact's one package
+STAGES = ("prefill", "step", "finish")  # a beam artifact's packages, in call order
+
+# The search state passed between beam stages (R requests, W beams, K candidates, N steps):
+BEAM_STATE = (
+    "run_seq",      # [R, W, N] int64  running beams' tokens so far (-1 = not yet)
+    "run_bi",       # [R, W, N] int64  their parent beam at each step
+    "fin_seq",      # [R, W, N] int64  finished hypotheses, best first
+    "fin_bi",       # [R, W, N] int64
+    "fin_scores",   # [R, W] fp32      length-penalised scores (NEG = empty slot)
+    "is_fin",       # [R, W] bool      slot holds a hypothesis
+    "can_improve",  # [R] bool         HF's early-stop heuristic not yet satisfied
+    "done",         # [R] bool         the request's search has ended (finished set frozen)
+    "cand_scores",  # [R, K] fp32      this step's candidates, best first
+    "cand_tokens",  # [R, K] int64
+    "cand_parent",  # [R, K] int64     parent beam within the request
+)
+BeamState = namedtuple("BeamState", BEAM_STATE)
+# Around the state: the prompt K/V (written by prefill, read by every step) and the beams' suffix K/V.
+PREFIX_KV = ("prefix_k", "prefix_v")  # [layers, T, N_kv, D]
+SUFFIX_KV = ("suffix_k", "suffix_v")  # [layers, R*W, N-1, N_kv, D]
+
+
+def score_outputs(topk: int) -> tuple[str, ...]:
+    return SCORE_OUTPUTS + (TOPK_OUTPUTS if topk else ())
+
+
+def output_names(spec) -> tuple[str, ...]:
+    """The outputs of a spec's program, in order."""
+    return score_outputs(spec.topk) if spec.task == "score" else BEAM_OUTPUTS
+
+
+def package_names(task: str) -> tuple[str, ...]:
+    return (SCORE_PACKAGE,) if task == "score" else STAGES
+
+
+def run_stages(prefill: Callable, step: Callable, finish: Callable, step_ids: Sequence, tokens, positions,
+               cu_seqlens):
+    """The beam search over its stages: prefill, one decode step per entry of `step_ids` (the
+    [1] int64 step tensors, allocated once by the caller so that a CUDA graph sees stable
+    addresses), finish. The stages are the program's methods or their compiled packages; both
+    take and return flat sequences (the positional form of PREFIX_KV, SUFFIX_KV and BeamState)."""
+    prefix_k, prefix_v, *state = prefill(tokens, positions, cu_seqlens)
+    for step_id in step_ids:
+        state = step(step_id, prefix_k, prefix_v, cu_seqlens, *state)
+    return finish(*state[len(SUFFIX_KV):])  # the suffix K/V are not needed past the last step
+
+
+def tensor_interface(spec, num_classes: int) -> dict:
+    """The program's tensors (what the manifest records): direction, dtype, shape with dims by name."""
+    if spec.task == "score":
+        seqs, rows = "B+1", "B"
+        tensors = {"probs": ("output", "float32", [rows, num_classes])}
+        if spec.topk:
+            tensors["topk_ids"] = ("output", "int64", [rows, spec.topk])
+            tensors["topk_probs"] = ("output", "float32", [rows, spec.topk])
+        tokens = "T"
+    else:
+        w, n = spec.width, spec.steps
+        rows, tokens, seqs = f"R*{w}", "L", "R+1"  # R requests of W beams
+        tensors = {"token_ids": ("output", "int64", [rows, n]), "scores": ("output", "float32", [rows]),
+                   "finished": ("output", "bool", [rows]), "beam_indices": ("output", "int64", [rows, n])}
+    inputs = {"tokens": ("input", "int64", [tokens]), "positions": ("input", "int64", [tokens]),
+              "cu_seqlens": ("input", "int32", [seqs])}
+    return {name: {"direction": io, "dtype": dtype, "shape": shape}
+            for name, (io, dtype, shape) in {**inputs, **tensors}.items()}

@@ -1,0 +1,175 @@
+"""`LocalEngine`: the one execution path of every request over a loaded program.
+
+    caller thread:  texts -> RequestPacker.encode (bounds, tokens)           "pre"
+                    -> Batcher.submit, waits                                  "queue"
+    batch worker:   requests taken together (one when batching is off) -> concat_packed
+      (one per      -> RequestPacker.stage (pad for CUDA graphs, copy into its context)
+       context)     -> program call on the context's stream (GraphRunner replays a graph)
+                    -> to_host -> each request's rows                         "model"
+    caller thread:  rows -> ScoreEncoder / BeamEncoder -> result              "post"
+
+A batch of one is the unbatched case: without batching, the batcher's `fits` admits no second
+request, so each call holds one request, exactly as a batched engine's lone request. Programs
+keep requests independent (block-diagonal attention; beams attend to their own prompt and are
+selected per request), so results equal one call per request. Deadlines and cancellation are
+the batcher's (runtime/batcher.py): a request whose deadline passes, or whose `cancelled` event
+is set, while it waits is never run. CUDA graphs are captured in `warmup`, on every context,
+for every padded shape (runtime/graphs.py), never while serving.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Sequence
+
+import torch
+
+from boundgen.artifact.manifest import RuntimeConfig
+from boundgen.errors import InvalidInput
+from boundgen.runtime.batcher import Batcher
+from boundgen.runtime.context import RequestContext
+from boundgen.runtime.engine import Engine, EngineSpec
+from boundgen.runtime.graphs import GraphRunner
+from boundgen.runtime.requests import BeamEncoder, RequestPacker, ScoreEncoder, concat_packed, to_host
+from boundgen.runtime.results import BeamResult, ScoreResult
+from boundgen.text.tokenizer import PackedBatch
+
+SCORE_REQUESTS_PER_CALL = 8  # admission's room per context when score requests share calls
+
+
+class LocalEngine(Engine):
+    def __init__(self, spec: EngineSpec, packer: RequestPacker, runner, encoder, contexts: list[RequestContext],
+                 executors: int = 1, batching: bool = False):
+        self.spec, self.packer, self.runner, self.encoder = spec, packer, runner, encoder
+        self.contexts = contexts  # owned by the batcher's workers, one each
+        self.batching = batching
+        self._slots = threading.Semaphore(max(1, executors))  # program calls running at once
+        self._batcher = Batcher(contexts, self._run_batch, self._fits if batching else _alone, name=spec.name)
+
+    # -- the calls ---------------------------------------------------------------------------
+
+    def score(self, texts: Sequence[str], deadline: float | None = None,
+              cancelled: threading.Event | None = None) -> ScoreResult:
+        if self.spec.task != "score":
+            return super().score(texts, deadline, cancelled)
+        if isinstance(texts, str):
+            raise InvalidInput("score takes a list of texts, got a single string")
+        return self._request(list(texts), deadline, cancelled)
+
+    def beam(self, text: str, deadline: float | None = None, cancelled: threading.Event | None = None) -> BeamResult:
+        if self.spec.task != "beam":
+            return super().beam(text, deadline, cancelled)
+        if not isinstance(text, str):
+            raise InvalidInput(f"beam takes one prompt text, got {type(text).__name__}")
+        return self._request([text], deadline, cancelled)
+
+    def _request(self, texts: list[str], deadline: float | None, cancelled: threading.Event | None):
+        t0 = time.perf_counter()
+        packed = self.packer.encode(texts)
+        t1 = time.perf_counter()
+        rows, queued, model_s, batch_size = self._batcher.submit((packed, t1), deadline, cancelled)
+        t2 = time.perf_counter()
+        result = self.encoder.encode(*rows)
+        end = time.perf_counter()
+        result.timings = {"pre": t1 - t0, "queue": queued, "model": model_s, "post": end - t2,
+                          "batch_requests": batch_size, "total": end - t0}
+        return result
+
+    # -- the batch worker's side -----------------------------------------------------------
+
+    def _fits(self, batch: list, item) -> bool:
+        """Whether waiting request `item` may join the call that holds `batch` (the batcher's rule)."""
+        return fits_one_call(self.spec.program, [packed for packed, _ in batch] + [item[0]])
+
+    def _call(self, ctx: RequestContext, tokens, positions, cu_seqlens) -> list[torch.Tensor]:
+        """The program on staged inputs, on the context's stream; its outputs stay on the device."""
+        with self._slots, ctx.stream_scope():
+            return self.runner(tokens, positions, cu_seqlens)
+
+    def _run_batch(self, ctx: RequestContext, items: list) -> list:
+        start = time.perf_counter()
+        batches = [packed for packed, _ in items]
+        out = self._call(ctx, *self.packer.stage(ctx, concat_packed(batches)))
+        host = to_host(ctx, out[:self.encoder.outputs])
+        seconds = time.perf_counter() - start
+        return [(share, start - submitted, seconds, len(items))
+                for share, (_, submitted) in zip(self.encoder.split(host, batches), items)]
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def warmup(self) -> None:
+        """One request through the whole path, then every CUDA graph captured on every context
+        (nothing to capture without graphs). Call before serving: the workers are idle."""
+        if self.spec.task == "score":
+            self.score(["warm up"])
+        else:
+            self.beam("warm up")
+        batches = self.packer.warm_batches() if isinstance(self.runner, GraphRunner) else []
+        for ctx in self.contexts:
+            for tokens, positions, cu_seqlens in batches:
+                self._call(ctx, *ctx.stage(tokens, positions, cu_seqlens))
+                if ctx.stream is not None:  # the host buffers are rewritten by the next stage
+                    ctx.stream.synchronize()
+        self.spec.extra["graph_shapes"] = len(batches)
+
+    def model_call(self, texts: Sequence[str], copies: int = 1):
+        """The program alone on `copies` copies of the request `texts` in one call, staged once on a
+        context of its own (the framework-overhead diagnostic, bench/diagnostic.py; the cost of a
+        call against the requests it holds, bench/calls.py): a zero-argument callable that returns
+        once the device is done."""
+        b = self.spec.program
+        ctx = RequestContext(b.call_max_tokens, b.call_max_samples, self.contexts[0].device)
+        packed = self.packer.encode(list(texts))
+        batches = [packed] * copies
+        if not fits_one_call(b, batches):
+            raise ValueError(f"{copies} copies of this request exceed one call's bounds ({b.describe()})")
+        staged = self.packer.stage(ctx, concat_packed(batches))
+
+        def call():
+            out = self._call(ctx, *staged)
+            if ctx.stream is not None:
+                ctx.stream.synchronize()
+            return out
+
+        return call
+
+    def close(self) -> None:
+        self._batcher.close()
+
+
+def fits_one_call(program, batches: Sequence[PackedBatch]) -> bool:
+    """Whether packed requests fit one program call's bounds (samples and tokens)."""
+    return (sum(p.num_samples for p in batches) <= program.call_max_samples
+            and sum(p.num_tokens for p in batches) <= program.call_max_tokens)
+
+
+def _alone(batch: list, item) -> bool:
+    return False  # without batching a call holds one request
+
+
+def make_engine(name: str, spec, tokenizer, runner, device: str, dtype: str, runtime: RuntimeConfig,
+                extra: dict | None = None) -> LocalEngine:
+    """Assemble the engine around a runner (a compiled artifact's, or the eager program's).
+
+    With `runtime.cuda_graphs` on a CUDA device the runner is wrapped in a GraphRunner and calls
+    are padded to multiples of `runtime.token_bucket` tokens (runtime/graphs.py)."""
+    use_graphs = runtime.cuda_graphs and device.startswith("cuda")
+    if use_graphs:
+        runner = GraphRunner(runner)
+    packer = RequestPacker(tokenizer, spec, runtime.token_bucket if use_graphs else 0)
+    if spec.task == "score":
+        encoder = ScoreEncoder(spec.label_token_ids, spec.topk)
+        per_call = SCORE_REQUESTS_PER_CALL
+    else:
+        encoder = BeamEncoder(tokenizer, spec.stop_token_ids, spec.width)
+        per_call = spec.max_requests
+    batching = runtime.batching and per_call > 1
+    dev = torch.device(device)
+    contexts = [RequestContext(spec.call_max_tokens, spec.call_max_samples, dev) for _ in range(runtime.contexts)]
+    extra = {**(extra or {}), "contexts": runtime.contexts, "executors": runtime.executors, "cuda_graphs": use_graphs,
+             "batching": batching,
+             # Requests the server should let in at once: one per context, more when they share calls.
+             "concurrency": runtime.contexts * (per_call if batching else 1)}
+    return LocalEngine(EngineSpec(name, spec, device, dtype, extra), packer, runner, encoder, contexts,
+                       runtime.executors, batching)

@@ -1,0 +1,111 @@
+"""The layers as docs/architecture.md draws them, checked on the source: no import cycle between
+modules or folders (function-level imports included), runtime/ and server/ never import the
+model, the programs or the compiler, and artifact/ (the build/serve contract) imports without torch."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "boundgen"
+
+
+def modules() -> dict[str, Path]:
+    out = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return out
+
+
+def import_graph() -> dict[str, set[str]]:
+    """module -> boundgen modules it imports, at any depth of its code."""
+    mods = modules()
+    graph = defaultdict(set)
+    for name, path in mods.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "boundgen":
+                for alias in node.names:
+                    full = f"{node.module}.{alias.name}"
+                    graph[name].add(full if full in mods else node.module)
+            elif isinstance(node, ast.Import):
+                graph[name].update(a.name for a in node.names if a.name.split(".")[0] == "boundgen")
+    return graph
+
+
+def layer(module: str) -> str:
+    """boundgen.runtime.engine -> runtime; boundgen.errors -> errors; boundgen -> boundgen."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one node (Tarjan)."""
+    index, low, stack, on_stack, found = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in list(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_import_cycle_between_modules():
+    assert cycles(import_graph()) == []
+
+
+def test_no_import_cycle_between_folders():
+    folders = defaultdict(set)
+    for module, targets in import_graph().items():
+        for target in targets:
+            if layer(module) != layer(target):
+                folders[layer(module)].add(layer(target))
+    assert cycles(folders) == []
+
+
+def test_serving_layers_never_import_model_programs_or_compiler():
+    forbidden = {"model", "programs", "compile", "cli", "bench"}
+    bad = sorted((m, t) for m, targets in import_graph().items() if layer(m) in ("runtime", "server")
+                 for t in targets if layer(t) in forbidden)
+    assert bad == []
+
+
+def test_artifact_is_a_leaf():
+    bad = sorted((m, t) for m, targets in import_graph().items() if layer(m) == "artifact"
+                 for t in targets if layer(t) not in ("artifact", "errors"))
+    assert bad == []
+
+
+def test_artifact_imports_without_torch():
+    code = ("import sys, boundgen.artifact.program, boundgen.artifact.tensors, boundgen.artifact.manifest; "
+            "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_the_cycle_finder_finds_cycles():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
