@@ -161,6 +161,8 @@ def run(args, progress=runner.loadgen.stderr_progress) -> int:
             out["workloads"][name] = {**partial, "setup": setup, "requests_per_call": dict(batcher.sizes)}
             report.write_json(args.out, out)
 
+        on_update({"target": peer.description(spec.task), "sweep": None, "open_loop": None, "error": None})
+
         shape, _ = runner.model_shape(spec, [args.peer])
         runner.run_system(batcher, requests, cfg, target=peer.description(spec.task),
                           work_of=runner.work_function(spec, shape), progress=progress, on_update=on_update)
@@ -169,13 +171,22 @@ def run(args, progress=runner.loadgen.stderr_progress) -> int:
 
 
 def run_in_subprocess(argv: Sequence[str], out_json: str | Path) -> dict:
-    """Run this module as a child process (its progress on our stderr); its JSON, or an error."""
+    """Run this module as a child process (its progress on our stderr); its JSON, or an error. On
+    Ctrl-C or a time limit the child is stopped and what it finished comes back, with
+    "interrupted": True (the caller then stops too)."""
     out_json = Path(out_json)
     out_json.unlink(missing_ok=True)
     cmd = [sys.executable, "-m", "boundgen.bench.peer_process", *argv, "--out", str(out_json)]
-    code = subprocess.run(cmd).returncode
+    interrupted = False
+    try:
+        code = subprocess.run(cmd).returncode
+    except KeyboardInterrupt:  # subprocess.run has killed the child
+        code, interrupted = 130, True
     data = json.loads(out_json.read_text()) if out_json.is_file() else {"workloads": {}}
-    if code != 0 and "error" not in data:
+    if interrupted:
+        data["interrupted"] = True
+        data["error"] = "interrupted (Ctrl-C or a time limit): the levels shown finished"
+    elif code != 0 and "error" not in data:
         data["error"] = f"peer process exited with status {code}"
     data["command"] = " ".join(cmd)
     return data

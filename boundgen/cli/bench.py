@@ -314,12 +314,16 @@ def _run_peer(args, mode, tok_dir, specs, results, out, save) -> None:
                         ("--dtype", args.dtype), ("--pads", args.peer_pads)):
         if value is not None:
             argv += [flag, str(value)]
-    data = run_in_subprocess(argv, out / f"peer_{mode}.json")
+    data = run_in_subprocess(argv, out / f"peer_{mode}_{'_'.join(s.name for s in specs)}.json")
     for spec in specs:
         system = data["workloads"].get(spec.name) or {"target": args.peer, "error": data.get("error")
                                                       or "the peer process ended before this workload"}
+        if data.get("interrupted"):
+            system = {**system, "error": data["error"]}
         results[spec.name]["systems"][f"peer_{mode}"] = {**system, "process": data["command"]}
         save(spec.name)
+    if data.get("interrupted"):
+        raise KeyboardInterrupt
 
 
 def main(argv=None) -> int:

@@ -45,3 +45,4 @@ def test_a_failed_call_fails_each_of_its_callers():
     with pytest.raises(ValueError, match="positive"):
         Batcher(run, max_batch=0)
     batcher.close()
+
