@@ -49,6 +49,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "(default %(default)s; the compiled beam peer runs one)")
     p.add_argument("--peer-pads", default=None, help="score paddings the peer probes, comma list of bucket, "
                    "longest (default: eager both, compiled bucket)")
+    p.add_argument("--peer-compile-mode", default="reduce-overhead", help="torch.compile mode of the compiled peer: "
+                   "reduce-overhead (CUDA graphs) or max-autotune (also tunes kernels: minutes more) (default %(default)s)")
     p.add_argument("--concurrency", default="1,2,4,8,16,32,64", help="closed-loop levels, ascending (default %(default)s)")
     p.add_argument("--duration", type=float, default=5.0, help="measured seconds per level (default %(default)s)")
     p.add_argument("--warmup", type=float, default=1.0, help="unmeasured seconds per level (default %(default)s)")
@@ -309,7 +311,8 @@ def _run_peer(args, mode, tok_dir, specs, results, out, save) -> None:
     argv = ["--peer", args.peer, "--mode", mode, "--workload", ",".join(s.name for s in specs),
             "--tokenizer", str(tok_dir), "--pool", str(args.pool), "--seed", str(args.seed),
             "--concurrency", args.concurrency, "--duration", str(args.duration), "--warmup", str(args.warmup),
-            "--max-requests", str(args.max_requests), "--max-batch", str(args.peer_max_batch)]
+            "--max-requests", str(args.max_requests), "--max-batch", str(args.peer_max_batch),
+            "--compile-mode", args.peer_compile_mode]
     for flag, value in (("--open-loop-rate", args.open_loop_rate), ("--device", args.device),
                         ("--dtype", args.dtype), ("--pads", args.peer_pads)):
         if value is not None:
