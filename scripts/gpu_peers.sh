@@ -21,6 +21,7 @@
 #               shape per distinct length, ~1 s each on the H200)
 #   SWEEP       load-generator flags (default levels 1,2,4, 2 s each after 0.5 s)
 #   BUDGET_S    seconds for the two benches together (default 300)
+#   PEER_FLAGS  more `boundgen bench` peer flags (e.g. --peer-max-batch 1, --peer-compile-mode max-autotune)
 #   W1_ENGINE / BEAM_ENGINE  engine flags with the artifacts (default --contexts 2 --cuda-graphs --batching)
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -80,10 +81,11 @@ beam_target=(); [[ -n "${BEAM_ARTIFACT:-}" ]] && beam_target=(--artifact "$BEAM_
 # W1 gets 55% of the budget: its compiled peer compiles the 28-layer model once (dynamic shapes).
 # shellcheck disable=SC2086
 step $(( BUDGET_S * 55 / 100 )) bench_w1 "$PY" -m boundgen bench --workload W1 --peer "$Q3" --peer-mode "$PEER_MODE" \
-  --pool "$POOL" --seed 0 --out "$OUT" $SWEEP "${w1_target[@]}" ${W1_ARTIFACT:+$W1_ENGINE}
+  --pool "$POOL" --seed 0 --out "$OUT" $SWEEP ${PEER_FLAGS:-} "${w1_target[@]}" ${W1_ARTIFACT:+$W1_ENGINE}
 # shellcheck disable=SC2086
 step $(( BUDGET_S - (SECONDS - bench_start) )) bench_w2_w3 "$PY" -m boundgen bench --workload W2,W3 --peer "$Q2" \
-  --peer-mode "$PEER_MODE" --pool "$POOL" --seed 0 --out "$OUT" $SWEEP "${beam_target[@]}" ${BEAM_ARTIFACT:+$BEAM_ENGINE}
+  --peer-mode "$PEER_MODE" --pool "$POOL" --seed 0 --out "$OUT" $SWEEP ${PEER_FLAGS:-} "${beam_target[@]}" \
+  ${BEAM_ARTIFACT:+$BEAM_ENGINE}
 
 shopt -s nullglob
 results=("$OUT"/bench_W*.json)
