@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# The GPU benchmark in one go (issue 5), for the H200 image: system python3, no venv.
+# The GPU benchmark in one go, for the H200 image: system python3, no venv.
 #
 #   OUT=/some/dir bash scripts/gpu_bench.sh
 #
 # Writes demo checkpoints (qwen3-0.6b, qwen2.5-0.5b), builds the W1 score artifact and one beam
 # artifact (W=100, N_gen=5, prompts up to 400 tokens) serving W2 and W3, then runs `boundgen bench`
-# on W1 and on W2,W3 with the HF transformers peer in the same process (profiles, the 1,024-token
+# on W1 and on W2,W3, then the HF transformers peer in its own process (profiles, the 1,024-token
 # diagnostic, an open-loop run at 1.2x the best closed-loop QPS) and prints a markdown summary.
 # $OUT gets bench_W*.json, latency_W*.png, latency_vs_qps.png, summary*.md, profile_*.md,
 # trace_*.json.gz, one log per step, commands.txt and env.txt; checkpoints and artifacts stay in
@@ -28,6 +28,8 @@
 #   BATCHED_ENGINE  if set, W2/W3 run a second time, without the peer, with these engine flags
 #               (e.g. --batching ..., or the unbatched flags when ENGINE batches), results in $OUT/batched/
 #   SWEEP       load-generator flags                  (default: levels 1..32, 3 s each)
+#   PEER        peer flags (default: --peer-mode eager --peer-pads bucket; scripts/gpu_peers.sh measures
+#               both modes and probes the paddings, in its own ~5 minutes)
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -41,6 +43,7 @@ BEAM_BUILD="${BEAM_BUILD:-$BEAM_DEFAULT}"
 W1_ENGINE="${W1_ENGINE:---contexts 2 --cuda-graphs --batching}"
 ENGINE="${ENGINE:---contexts 4 --cuda-graphs}"
 SWEEP="${SWEEP:---concurrency 1,2,4,8,16,32 --duration 3 --warmup 0.5 --open-loop-rate auto --profile-requests 20}"
+PEER="${PEER:---peer-mode eager --peer-pads bucket}"
 mkdir -p "$OUT" "$WORK/models" "$WORK/art"
 export PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}"
 # Loading an AOTInductor package segfaults on this image unless the system libstdc++ is
@@ -86,8 +89,8 @@ p2=$!
 wait $p1; wait $p2
 
 # Both builds at once: compilation is CPU work and the machine has 16 cores.
-# A cold machine needed > 218 s for the beam build with the vocabulary top-K kernel (session 3,
-# run 11): builds get at least MIN_BUILD_S, taken from the benches' reserve if need be.
+# A cold machine needed > 218 s for the beam build with the vocabulary top-K kernel (2026-11-29,
+# c3c4746): builds get at least MIN_BUILD_S, taken from the benches' reserve if need be.
 build_limit=$(( $(left) - ${BENCH_RESERVE_S:-250} ))
 (( build_limit > 330 )) && build_limit=330
 (( build_limit < ${MIN_BUILD_S:-300} )) && build_limit=${MIN_BUILD_S:-300}
@@ -109,7 +112,7 @@ w1_limit=$(( ($(left) - 25) * 2 / 5 ))
 # shellcheck disable=SC2086
 [[ "$W1_BUILD" == skip || "${W1_BENCH:-1}" == 0 ]] || \
 step "$w1_limit" bench_w1 "$PY" -m boundgen bench --workload W1 --artifact "$target_w1" --peer "$Q3" \
-  --out "$OUT" --seed 0 --profile --diagnostic $SWEEP $W1_ENGINE
+  --out "$OUT" --seed 0 --profile --diagnostic $SWEEP $W1_ENGINE $PEER
 if [[ -n "${BATCHED_ENGINE:-}" ]]; then  # W2/W3 a second time, requests batched, no peer
   beam_limit=$(( ($(left) - 25) * 3 / 5 ))
 else
@@ -117,7 +120,7 @@ else
 fi
 # shellcheck disable=SC2086
 step "$beam_limit" bench_w2_w3 "$PY" -m boundgen bench --workload W2,W3 --artifact "$target_beam" --peer "$Q2" \
-  --out "$OUT" --seed 0 --profile $SWEEP $ENGINE
+  --out "$OUT" --seed 0 --profile $SWEEP $ENGINE $PEER
 if [[ -n "${BATCHED_ENGINE:-}" ]]; then
   mkdir -p "$OUT/batched"
   # shellcheck disable=SC2086

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Build checks on the H200 (issue 3), for the GPU image: system python3, no venv.
+# Build checks on the H200, for the GPU image: system python3, no venv.
 #
 #   OUT=/some/dir bash scripts/gpu_build_check.sh
 #

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The whole GPU session in one device call (< 10 minutes):
+# Every GPU measurement in one go (< 10 minutes):
 #   1. with FUSED_TESTS=1, the fused elementwise kernels' gpu tests: they decide whether the eager
 #      engines use them (artifacts use Inductor's own fusions); then the vocabulary top-K kernel's
 #      gpu tests: they decide whether the beam artifact uses it (--lowering vocab_topk=triton);
@@ -9,8 +9,8 @@
 #   3. with EXTRAS=1, meanwhile, while it writes checkpoints and compiles: the attention kernels'
 #      gpu tests, scripts/peer_check.py (where the HF peer's W1 time goes) and kernel timings;
 #   4. with REPLICAS=1 (or auto on a machine of several GPUs), scripts/gpu_replicas.sh: W1 served
-#      with --gpus 1..N (the builds then get too little time for both benches: measured in session 3);
-#   5. everything packed into $OUT (at most 8 files come back from the device tool).
+#      with --gpus 1..N (the builds then get too little time for both benches: measured 2026-11-29);
+#   5. everything packed into $OUT as two tarballs (results, traces), easy to copy off the machine.
 # The beam artifact gets the vocabulary top-K kernel (--lowering vocab_topk=triton) when its GPU tests pass.
 #   OUT=/dir bash scripts/gpu_final.sh      (system python3; PYTHONPATH is set here)
 # EXTRAS=1 competes with the builds for CPU: leave it off when both artifacts must build.
@@ -45,8 +45,8 @@ unbatched="--contexts 4 --cuda-graphs --no-batching $fused"
 [[ "${BEAM_UNBATCHED:-0}" == 0 ]] && unbatched=""
 SWEEP="${SWEEP:---concurrency 1,2,4,8,16,32 --duration 2 --warmup 1 --open-loop-rate auto --profile-requests 20}"
 # 540 s for gpu_bench.sh leaves ~270 s for the two builds side by side (each ~165 s alone on the
-# H200, 2026-11-29) inside one 600 s device call, after the fused kernel tests.
-# What is left of TOTAL_S (default 575 s, inside one 600 s device call) after the tests above,
+# H200, 2026-11-29) inside 600 s, after the fused kernel tests.
+# What is left of TOTAL_S (default 575 s, inside 600 s) after the tests above,
 # less 160 s for the replicas run on a machine of several GPUs.
 budget=$(( ${TOTAL_S:-575} - (SECONDS - start) - (replicas ? ${REPLICAS_BUDGET_S:-160} : 0) ))
 OUT="$RES" BUDGET_S="${BUDGET_S:-$budget}" SWEEP="$SWEEP" ENGINE="--contexts 2 --cuda-graphs --batching $fused" \
@@ -69,7 +69,7 @@ print(markdown_table(run_kernel_benchmarks()))" > "$RES/kernels.md" 2>&1
 fi
 wait $bench
 log "gpu_bench.sh done"
-if (( replicas )); then  # issue 7: serve --gpus 1, 2, ... over gRPC, with the W1 artifact just built
+if (( replicas )); then  # serve --gpus 1, 2, ... over gRPC, with the W1 artifact just built
   OUT="$RES/replicas" BUDGET_S="$(( ${TOTAL_S:-575} - (SECONDS - start) ))" GPU_COUNTS="0 $(seq -s ' ' 1 "$gpus")" \
     SWEEP="--concurrency 1,2,4,8,16,32 --duration 2 --warmup 1" bash scripts/gpu_replicas.sh > "$RES/gpu_replicas.out" 2>&1
   log "gpu_replicas.sh: exit $?"; tail -n 8 "$RES/gpu_replicas.out"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 7 on a multi-GPU machine, in one device call: W1 capacity of `boundgen serve --gpus N`
+# On a multi-GPU machine, in under 10 minutes: W1 capacity of `boundgen serve --gpus N`
 # over KServe v2 gRPC at N = 1, 2, ... (up to the GPUs present), and the scaling efficiency.
 #
 #   OUT=/dir bash scripts/gpu_replicas.sh     (system python3; PYTHONPATH set here)
@@ -7,7 +7,7 @@
 # Reuses the W1 artifact of scripts/gpu_bench.sh in $WORK when that machine is still the same
 # one (it stays warm ~30 s after a call), else writes the checkpoint and builds it (~2-3 min).
 # With BEAM_REBUILD=1 it first builds the W2/W3 beam artifact once more into $WORK/art/beam2
-# (a second H200 build of the same program: issue 3's "builds reliably").
+# (a second H200 build of the same program: does the beam build pass twice in a row).
 # Knobs: GPU_COUNTS (default "0 1 2"; 0 = plain `serve` on GPU 0, no front end: what the front
 # end's extra gRPC hop costs), SWEEP (bench flags), BUDGET_S (default 560);
 # SERVE_FLAG=--replicas and W1=<a CPU score artifact> try the same steps on a CPU machine.

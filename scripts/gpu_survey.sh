@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One device call: GPU kernel tests, kernel timings, AOTI builds (Triton and torch attention),
+# In one go (< 10 minutes): GPU kernel tests, kernel timings, AOTI builds (Triton and torch attention),
 # and a one-request-at-a-time survey of eager and compiled engines against the HF peer.
 #   OUT=/dir bash scripts/gpu_survey.sh      (system python3, PYTHONPATH set here)
 set -uo pipefail

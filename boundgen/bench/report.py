@@ -3,7 +3,7 @@
 A result is one workload's dict as `bench.runner.run_workload` returns it:
     {"workload": {...}, "date", "env", "command",
      "systems": {"boundgen": {"target", "sweep": {"levels", "stop_reason", "capacity"},
-                              "open_loop", "error"}, "peer": {...}},
+                              "open_loop", "error"}, "peer_eager": {...}, "peer_compiled": {...}},
      "diagnostic": {...} | None, "profiles": {system: markdown file name}}
 
 Combine several runs from the shell:
@@ -20,7 +20,8 @@ from typing import Sequence
 
 from boundgen.bench.loadgen import LatencyBudget
 
-STYLES = {"boundgen": dict(color="tab:blue", marker="o"), "peer": dict(color="tab:orange", marker="s")}
+STYLES = {"boundgen": dict(color="tab:blue", marker="o"), "peer": dict(color="tab:orange", marker="s"),
+          "peer_eager": dict(color="tab:orange", marker="s"), "peer_compiled": dict(color="tab:red", marker="D")}
 
 
 def write_json(path: str | Path, result: dict) -> Path:
@@ -108,6 +109,30 @@ def level_row(system: str, lv: dict) -> str:
             f"| {_f(None if mfu is None else 100 * mfu, '{:.1f}%')} | {errors or ''} |")
 
 
+def _capacity_and_peak(system: dict) -> tuple[float, float]:
+    cap = (system.get("sweep") or {}).get("capacity")
+    return (cap["qps"] if cap else 0.0), max((lv["qps"] for lv in _levels(system)), default=0.0)
+
+
+def best_peer(result: dict) -> str | None:
+    """The peer system (name starting with "peer") with the most QPS within the budget, then at peak."""
+    peers = {n: s for n, s in result.get("systems", {}).items() if n.startswith("peer") and _levels(s)}
+    return max(peers, key=lambda n: _capacity_and_peak(peers[n]), default=None)
+
+
+def comparison(result: dict) -> str | None:
+    """boundgen against the best peer of the same run, in one sentence; None without both."""
+    systems, peer = result.get("systems", {}), best_peer(result)
+    if peer is None or not _levels(systems.get("boundgen") or {}):
+        return None
+    (b_cap, b_peak), (p_cap, p_peak) = _capacity_and_peak(systems["boundgen"]), _capacity_and_peak(systems[peer])
+    within = (f"{b_cap:.1f} vs {p_cap:.1f} QPS ({b_cap / p_cap:.1f}x)" if p_cap and b_cap else
+              f"{b_cap:.1f} QPS vs none for the peer" if b_cap else
+              f"none vs {p_cap:.1f} QPS" if p_cap else "neither has a level")
+    return (f"boundgen against the best peer of this run ({peer}): within the budget {within}; at peak "
+            f"{b_peak:.1f} vs {p_peak:.1f} QPS ({b_peak / p_peak:.1f}x).")
+
+
 def markdown_workload(result: dict) -> str:
     """A section for one workload: setup, capacity points, every level, diagnostic, profiles."""
     wl = result.get("workload", {})
@@ -133,6 +158,9 @@ def markdown_workload(result: dict) -> str:
         mfu = cap.get("effective_mfu") if cap else None
         out.append(f"| {name} | {system.get('target', '')} | {cap_text} | {_f(peak)} "
                    f"| {_f(None if mfu is None else 100 * mfu, '{:.1f}%')} | {system.get('error') or sweep.get('stop_reason', '')} |")
+    line = comparison(result)
+    if line:
+        out += ["", line]
     out += ["", LEVEL_HEADER]
     for name, system in result.get("systems", {}).items():
         for lv in _levels(system):

@@ -120,6 +120,16 @@ def open_loop_rate(setting, sweep: loadgen.Sweep) -> float | None:
     return float(setting)
 
 
+def model_shape(spec: WorkloadSpec, dirs: Sequence[str | None]) -> tuple[mfu.ModelShape, str]:
+    """Model shape for MFU: config.json of the first dir that has one, else the workload's shape."""
+    for d in dirs:
+        if d and (Path(d) / "config.json").is_file():
+            from boundgen.model.loader import read_config  # imports torch and the ops: only when needed
+
+            return mfu.ModelShape.of(read_config(d)), f"{d}/config.json"
+    return mfu.SHAPES[spec.preset], f"workload {spec.name} shape ({spec.preset})"
+
+
 def workload_header(spec: WorkloadSpec, requests: Sequence[Request], shape: mfu.ModelShape, seed: int,
                     shape_source: str) -> dict:
     flops = [request_flops(spec, shape, r).total for r in requests]

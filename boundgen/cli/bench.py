@@ -1,10 +1,12 @@
 """`boundgen bench`: capacity sweep of a workload against boundgen (in process or over gRPC) and the
-HF transformers peer in the same run; JSON, PNG and markdown into --out.
+HF transformers peers in the same run; JSON, PNG and markdown into --out.
 
 Runs standalone too (no other subcommand needs to import): `python3 -m boundgen.cli.bench ...`.
-Order: boundgen on every workload given (profile, diagnostic), engine closed, then the peer on
-the same workloads, so the two never share the device. Results are written after every level,
-so an interrupted run (Ctrl-C, a time limit) keeps what finished.
+Order: boundgen on every workload given (profile, diagnostic), engine closed, then each peer mode
+(`--peer-mode eager,compiled`) in its own process on the same workloads (bench/peer_process.py:
+every shape warmed, its best padding and requests per call), so boundgen and a peer never share
+the device or the process. With `--peer` and neither `--artifact` nor `--grpc`, only the peers
+run. Results are written after every level, so an interrupted run keeps what finished.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ EPILOG = """examples:
   boundgen bench --workload W1 --artifact art/w1 --peer models/qwen3-0.6b --profile --diagnostic
   boundgen bench --workload W2,W3 --artifact art/beam --peer models/qwen2.5-0.5b --open-loop-rate auto
   boundgen bench --workload W1 --grpc localhost:8001 --model w1 --model-dir models/qwen3-0.6b
+  boundgen bench --workload W2,W3 --peer models/qwen2.5-0.5b --peer-mode eager,compiled   (peers only)
 --artifact also takes an HF model directory: the eager (uncompiled) engine is then measured."""
 
 
@@ -33,13 +36,21 @@ def register(sub) -> None:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workload", required=True, help="W1, W2 or W3, or a comma list sharing one target (W2,W3)")
-    target = p.add_mutually_exclusive_group(required=True)
+    target = p.add_mutually_exclusive_group()
     target.add_argument("--artifact", metavar="DIR", help="built artifact (or HF model dir: eager engine) in process")
     target.add_argument("--grpc", metavar="HOST:PORT", help="a running `boundgen serve`, over KServe v2 gRPC")
     p.add_argument("--model", metavar="NAME", help="model name on the server (with --grpc)")
     p.add_argument("--model-dir", metavar="DIR", help="HF checkpoint for the tokenizer and the model shape "
                    "(default: --peer, else the artifact dir)")
     p.add_argument("--peer", metavar="MODEL_DIR", help="also measure HF transformers on this checkpoint")
+    p.add_argument("--peer-mode", default="eager", help="eager, compiled (torch.compile) or both as a comma list, "
+                   "each in its own process (default %(default)s)")
+    p.add_argument("--peer-max-batch", type=int, default=4, help="requests the peer may put in one call "
+                   "(default %(default)s; the compiled beam peer runs one)")
+    p.add_argument("--peer-pads", default=None, help="score paddings the peer probes, comma list of bucket, "
+                   "longest (default: eager both, compiled bucket)")
+    p.add_argument("--peer-compile-mode", default="reduce-overhead", help="torch.compile mode of the compiled peer: "
+                   "reduce-overhead (CUDA graphs) or max-autotune (also tunes kernels: minutes more) (default %(default)s)")
     p.add_argument("--concurrency", default="1,2,4,8,16,32,64", help="closed-loop levels, ascending (default %(default)s)")
     p.add_argument("--duration", type=float, default=5.0, help="measured seconds per level (default %(default)s)")
     p.add_argument("--warmup", type=float, default=1.0, help="unmeasured seconds per level (default %(default)s)")
@@ -86,18 +97,6 @@ def _default_device(args) -> str:
     import torch
 
     return "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def _shape(spec, dirs):
-    """Model shape for MFU: config.json of the first dir that has one, else the workload's shape."""
-    from boundgen.bench import mfu
-
-    for d in dirs:
-        if d and (Path(d) / "config.json").is_file():
-            from boundgen.model.loader import read_config
-
-            return mfu.ModelShape.of(read_config(d)), f"{d}/config.json"
-    return mfu.SHAPES[spec.preset], f"workload {spec.name} shape ({spec.preset})"
 
 
 def _engine(args, specs):
@@ -171,6 +170,11 @@ def run(args) -> int:
         raise ConfigError(str(exc)) from None
     if len({s.task for s in specs}) != 1:
         raise ConfigError("workloads given together must share a task (one target serves them all)")
+    if not (args.artifact or args.grpc or args.peer):
+        raise ConfigError("nothing to measure: give --artifact or --grpc (boundgen), --peer, or both")
+    modes = [m.strip() for m in args.peer_mode.split(",") if m.strip()]
+    if not modes or any(m not in ("eager", "compiled") for m in modes):
+        raise ConfigError(f"--peer-mode takes eager, compiled or both (eager,compiled), got {args.peer_mode!r}")
     if args.grpc and not args.model:
         raise ConfigError("--grpc needs --model NAME (the model's name on the server)")
     if (args.profile or args.diagnostic) and args.grpc:
@@ -189,7 +193,7 @@ def run(args) -> int:
     for spec in specs:
         _progress(f"{spec.name}: generating {args.pool} requests (seed {args.seed}) with the tokenizer of {tok_dir}")
         requests = make_requests(spec, tokenizer, args.pool, args.seed)
-        shape, source = _shape(spec, [args.model_dir, args.peer, args.artifact])
+        shape, source = runner.model_shape(spec, [args.model_dir, args.peer, args.artifact])
         results[spec.name] = {
             "workload": runner.workload_header(spec, requests, shape, args.seed, source), "date": runner.now_utc(),
             "env": runner.environment(), "command": command, "systems": {}, "diagnostic": None, "profiles": {},
@@ -205,9 +209,10 @@ def run(args) -> int:
     for spec in specs:
         save(spec.name)
     try:
-        _run_boundgen(args, specs, cfg, results, out, save, tokenizer)
-        if args.peer:
-            _run_peer(args, specs, cfg, results, save)
+        if args.artifact or args.grpc:
+            _run_boundgen(args, specs, cfg, results, out, save, tokenizer)
+        for mode in modes if args.peer else ():
+            _run_peer(args, mode, tok_dir, specs, results, out, save)
     except KeyboardInterrupt:
         for spec in specs:
             save(spec.name, plot=True)
@@ -300,25 +305,29 @@ def _diagnostic(engine, tokenizer, res, save, spec) -> None:
     save(spec.name)
 
 
-def _run_peer(args, specs, cfg, results, save) -> None:
-    from boundgen.bench import runner
-    from boundgen.bench.peer import HFPeer, peer_call
+def _run_peer(args, mode, tok_dir, specs, results, out, save) -> None:
+    from boundgen.bench.peer_process import run_in_subprocess
 
-    _progress(f"loading the peer from {args.peer}")
-    try:
-        peer = HFPeer(args.peer, device=_default_device(args), dtype=args.dtype)
-    except Exception as exc:
-        for spec in specs:
-            results[spec.name]["systems"]["peer"] = {"target": args.peer, "error": f"{type(exc).__name__}: {exc}"}
-            save(spec.name)
-        return
+    _progress(f"{','.join(s.name for s in specs)}: peer {mode} from {args.peer}, in its own process")
+    argv = ["--peer", args.peer, "--mode", mode, "--workload", ",".join(s.name for s in specs),
+            "--tokenizer", str(tok_dir), "--pool", str(args.pool), "--seed", str(args.seed),
+            "--concurrency", args.concurrency, "--duration", str(args.duration), "--warmup", str(args.warmup),
+            "--max-requests", str(args.max_requests), "--max-batch", str(args.peer_max_batch),
+            "--compile-mode", args.peer_compile_mode]
+    for flag, value in (("--open-loop-rate", args.open_loop_rate), ("--device", args.device),
+                        ("--dtype", args.dtype), ("--pads", args.peer_pads)):
+        if value is not None:
+            argv += [flag, str(value)]
+    data = run_in_subprocess(argv, out / f"peer_{mode}_{'_'.join(s.name for s in specs)}.json")
     for spec in specs:
-        res = results[spec.name]
-        _progress(f"{spec.name}: peer ({peer.description})")
-        work = runner.work_function(spec, res["_shape"])
-        runner.run_system(peer_call(peer, spec), res["_requests"], cfg, target=peer.description, work_of=work,
-                          progress=_progress, on_update=_saver(res, "peer", save, spec.name))
-    peer.close()
+        system = data["workloads"].get(spec.name) or {"target": args.peer, "error": data.get("error")
+                                                      or "the peer process ended before this workload"}
+        if data.get("interrupted"):
+            system = {**system, "error": data["error"]}
+        results[spec.name]["systems"][f"peer_{mode}"] = {**system, "process": data["command"]}
+        save(spec.name)
+    if data.get("interrupted"):
+        raise KeyboardInterrupt
 
 
 def main(argv=None) -> int:

@@ -70,3 +70,25 @@ def test_argument_checks(tmp_path):
     assert main(["bench", "--workload", "W1,W2", "--grpc", "h:1", "--model", "m", "--model-dir", "x",
                  "--out", str(tmp_path)]) == 2  # W1 and W2 are different tasks
     assert main(["bench", "--workload", "W1", "--grpc", "h:1", "--out", str(tmp_path)]) == 2  # no --model
+
+
+def test_bench_peer_only_in_its_own_process(tmp_path, tiny_qwen3_dir):
+    """`--peer` without a boundgen target: the eager peer in a child process, shapes warmed, paddings probed."""
+    out = tmp_path / "out"
+    code = main(["bench", "--workload", "W1", "--peer", str(tiny_qwen3_dir), "--peer-mode", "eager",
+                 "--concurrency", "1,2", "--duration", "0.3", "--warmup", "0.05", "--max-requests", "10",
+                 "--pool", "2", "--peer-max-batch", "2", "--out", str(out)])
+    assert code == 0
+    result = json.loads((out / "bench_W1.json").read_text())
+    assert set(result["systems"]) == {"peer_eager"}
+    peer = result["systems"]["peer_eager"]
+    assert peer["error"] is None and "boundgen.bench.peer_process" in peer["process"]
+    assert set(peer["setup"]["probe"]) == {"bucket", "longest"} and peer["setup"]["chosen"]["max_batch"] == 2
+    assert peer["setup"]["warmup_batched"]["requests_per_call"] == [2]
+    assert all(lv["completed"] > 0 for lv in peer["sweep"]["levels"])
+    assert "HF transformers" in peer["target"] and "up to 2 request(s) a call" in peer["target"]
+
+
+def test_peer_mode_and_target_checks(tmp_path):
+    assert main(["bench", "--workload", "W1", "--out", str(tmp_path)]) == 2  # nothing to measure
+    assert main(["bench", "--workload", "W1", "--peer", "x", "--peer-mode", "jit", "--out", str(tmp_path)]) == 2

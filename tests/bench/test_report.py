@@ -54,3 +54,19 @@ def test_failed_system_and_combined_summary(tmp_path):
     assert "### W1: score" in md and "### W2: beam" in md
     assert "failed: ArtifactError: missing manifest.json" in md
     assert (tmp_path / "all.png").stat().st_size > 0
+
+
+def test_best_peer_and_the_comparison():
+    result = _result()
+    slow = Sweep([_level(1, 10, 100, 120)], "budget")
+    fast = Sweep([_level(1, 60, 16, 19), _level(2, 75, 27, 40)], "budget")
+    result["systems"] = {"boundgen": result["systems"]["boundgen"],
+                         "peer_eager": {"target": "HF eager", "sweep": slow.to_dict(), "error": None},
+                         "peer_compiled": {"target": "HF compiled", "sweep": fast.to_dict(), "error": None}}
+    assert report.best_peer(result) == "peer_compiled"
+    line = report.comparison(result)
+    assert line == ("boundgen against the best peer of this run (peer_compiled): within the budget 150.0 vs 60.0 QPS "
+                    "(2.5x); at peak 160.0 vs 75.0 QPS (2.1x).")
+    assert line in report.markdown_workload(result)
+    del result["systems"]["boundgen"]
+    assert report.comparison(result) is None
