@@ -16,7 +16,8 @@ Keys are the CLI flags' long names with `_` for `-`:
      "cuda_graphs": false, "token_bucket": 256,   # runtime: CUDA graphs per bucket (runtime/graphs.py)
      "batching": false,                    # runtime: concurrent requests share model calls (runtime/batched.py)
      "weights": "external",                # "external" (safetensors beside the package) | "packaged"
-     "tolerances": {"probs": 2e-2}}        # per-output max abs error allowed by validation
+     "tolerances": {"probs": 2e-2}}        # per-output max abs error allowed by validation; bf16/fp16 beams
+                                           # also "recall", "spearman", "top1" minimums (build/validate.py)
 
 Defaults: dtype float32 on cpu, bfloat16 on cuda; max_total_tokens = max_samples x
 max_tokens_per_sample; stop tokens from the checkpoint's generation_config.json.
