@@ -50,8 +50,8 @@ PEAK_BF16_FLOPS = 989e12  # H200 dense BF16
 COPY_BYTES_PER_S = 4.1e12  # measured device copy (GPU.md)
 # Packed-kernel launch configs (BLOCK_M, BLOCK_N, num_warps, num_stages) timed beside the default.
 PACKED_SWEEP = [(64, 64, 4, 2), (64, 32, 4, 2), (64, 64, 8, 2), (128, 64, 8, 3)]
-# vocab_topk launch configs (BLOCK, num_warps) timed beside the default.
-SELECTION_SWEEP = [(2048, 4), (4096, 16), (8192, 16)]
+# vocab_topk launch configs (BLOCK, num_warps, pipeline stages) timed beside the default.
+SELECTION_SWEEP = [(4096, 8, 1), (2048, 4, 3), (4096, 16, 3), (8192, 16, 3)]
 QWEN_VOCAB = 151936
 
 
@@ -301,9 +301,9 @@ def bench_vocab_topk(rows: int, k: int, vocab: int = QWEN_VOCAB, hidden: int = 8
              "torch-lse": lambda: vocab_topk.reference_lse(logits, bias, k),
              "triton": lambda: vocab_topk.launch(logits, bias, k)}
     if sweep:
-        for block, warps in SELECTION_SWEEP:
-            impls[f"triton block {block} w{warps}"] = (
-                lambda b=block, w=warps: vocab_topk.launch(logits, bias, k, block=b, num_warps=w))
+        for block, warps, stages in SELECTION_SWEEP:
+            impls[f"triton block {block} w{warps} s{stages}"] = (
+                lambda b=block, w=warps, st=stages: vocab_topk.launch(logits, bias, k, block=b, num_warps=w, stages=st))
     case = f"selection rows={rows} V={vocab} K={k}"
     work = (0.0, float(logits.numel() * logits.element_size()))
     expected = impls["torch reference"]()[0]

@@ -17,36 +17,41 @@ the logits (../shared/GPU.md). `reference_lse` is the cheap torch variant (top K
 model-dtype logits, one FP32 log-sum-exp, no [M, V] FP32 log-softmax kept): same ids; logp equal
 up to the rounding of the subtraction (a few FP32 ulp).
 
-Triton kernel: one program per row, a radix select on the row's values (the AIR top-k / FlashInfer
-filtered top-K design), then one small sort of the survivors.
+Triton kernel: one program per row: a threshold that provably lies at or below the K-th largest
+value, the values above it collected, one small sort (the AIR top-k / FlashInfer filtered top-K
+idea: filter, then sort few).
 - key: each value y = x + bias as FP32, its bits made order-preserving as a signed int32
   (negative values' magnitude bits flipped; -0.0 read as +0.0, so equal values are equal keys).
-- pass 1 (the whole row): max m and sum exp(x - m) of the unbiased logits (online), and a
-  histogram of BINS = 256 bins of the key's bits from 20 up (sign, exponent, 3 mantissa bits:
-  1/8 octave per bin) over values in [2^-8, 2^24) (every smaller value in bin 0, larger in bin
-  255). The bin holding the K-th largest value gives a key range [lo, hi], gt values above it
-  (gt < K) and n inside it.
-- refine (only while gt + n > CAP and the range holds more than one key): one more pass over the
-  row, a histogram of (key - lo) >> s over the keys in [lo, hi] (s such that the range spans 256
-  bins); the range shrinks 256-fold per pass. For bf16 logits (16 significant key bits) one
-  refinement reaches a single value; FP32 needs at most four.
-- collect (the whole row): every key above hi, and the keys in [lo, hi] up to CAP - gt of them
-  in column order (all of them, unless the range is one value repeated more often than that:
-  then the lowest columns, which is the tie order), written as int64 keys (key << 32 | 2^31 - 1
-  - column: value descending, then column ascending) to a [M, CAP] scratch buffer.
-- sort: the <= CAP keys of the row (tl.sort, CAP = 2 x K padded to a power of two), the first K
-  decoded into columns and logp = (y - m) - log(sum).
-The top K is exact: the same ids as a stable descending sort of logits + bias (equal values rank
-the lower column first; torch.topk leaves their order unspecified). NaN logits are not supported.
+- pass 1 (the whole row): per lane (column mod BLOCK) the max of the logits (-> the row max m)
+  and the max key. K lanes hold a key >= the K-th largest lane max t0, so the row's K-th largest
+  key is >= t0: a lower bound from BLOCK maxima (tl.topk of BLOCK int32), no histogram.
+- pass 2 (the whole row): the keys >= t0 into a [M, CAP] scratch buffer as int64 sort keys
+  (key << 32 | 2^31 - 1 - column: value descending, then column ascending), and the row's
+  sum exp(x - m) (one exp per value). For values spread over the lanes (no lane holding many of
+  the top K) about K keys pass; CAP = 2 x K padded leaves room.
+- only if more than CAP keys passed, a radix select finds the threshold instead: a histogram of
+  BINS = 256 bins of the key's bits from 20 up (1/8 octave per bin) over values in [2^-8, 2^24)
+  (smaller in bin 0, larger in bin 255) gives the bin of the K-th largest, a key range [lo, hi],
+  gt keys above it (gt < K) and n in it; while gt + n > CAP and the range holds more than one key,
+  another pass histograms (key - lo) >> s over [lo, hi] (256-fold narrower each time: one pass
+  reaches a single bf16 value, four a single FP32 value); then a collect pass writes every key
+  above hi and the keys in [lo, hi] up to CAP - gt in column order (all of them, unless the range
+  is one value repeated more often: then its lowest columns, which is the tie order).
+- sort: the <= CAP keys of the row (tl.sort), the first K decoded into columns and
+  logp = (y - m) - log(sum).
+The top K is exact on either path: the same ids as a stable descending sort of logits + bias
+(equal values rank the lower column first; torch.topk leaves their order unspecified). NaN
+logits are not supported.
 
-Bytes moved: the logits 2 (bf16) or 3 (with one refinement) times per row, 2 M V bytes each in
-bf16; the passes after the first mostly hit L2 (one row is 304 KB; 132 concurrent rows ~ 40 MB),
-plus CAP int64 keys written and read per row, bias once per pass from L2. Why the block sizes:
-BLOCK = 4,096 columns (16 values per thread at 8 warps) keeps enough loads in flight per program
-for a latency-bound single row; BINS = 256 because Triton's histogram costs ~bins/32 operations per
-value a warp (a 2,048-bin histogram would cost more than reading the row); CAP = 2 K leaves K
-slots for the threshold bin, so that one pass over a bf16 row usually suffices. The benchmark
-(bench/kernels.py, `bench_vocab_topk`) sweeps BLOCK and warps beside the default.
+Bytes moved: the logits twice per row (2 M V bytes each in bf16; the second pass mostly from L2:
+one row is 304 KB), CAP int64 keys written and read per row, the bias once per pass from L2; the
+radix select, when needed, reads the row 2-3 more times. Why the block sizes: BLOCK = 4,096
+columns is both the load tile (16 values per thread at 8 warps, loads pipelined STAGES = 3 deep
+with tl.range, since a program per row is latency-bound) and the lane count, which must be >= K
+for the bound (K <= 800 here) and gives t0 close to the K-th value (for values spread evenly over
+lanes about K (1 + K/BLOCK/2) keys pass); BINS = 256 because Triton's histogram costs ~bins/32
+operations per value a warp; CAP = 2 K. The benchmark (bench/kernels.py, `bench_vocab_topk`)
+sweeps BLOCK, warps and stages beside the default.
 """
 
 from typing import Optional
@@ -110,70 +115,97 @@ def _pick_bin(hist, need, BINS: tl.constexpr):
 
 
 @triton.jit
-def _vocab_topk_kernel(logits_ptr, bias_ptr, buf_ptr, logp_ptr, ids_ptr, vocab, stride_row, k,
-                       BLOCK: tl.constexpr, CAP: tl.constexpr, BINS: tl.constexpr, BIN_SHIFT: tl.constexpr,
-                       BIN_BASE: tl.constexpr, HAS_BIAS: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
-    row_ptr = logits_ptr + row * stride_row
+def _collect(row_ptr, bias_ptr, buf_ptr, vocab, lo, hi, limit, m, BLOCK: tl.constexpr, HAS_BIAS: tl.constexpr,
+             SUM_EXP: tl.constexpr, STAGES: tl.constexpr):
+    """One pass over the row: every key above hi, and the keys in [lo, hi] in column order up to
+    `limit` of them, into buf as int64 sort keys (key << 32 | 2^31 - 1 - column). Returns the
+    count written, the count of keys in [lo, hi], and (SUM_EXP) sum exp(x - m) over the row."""
     offs = tl.arange(0, BLOCK)
-
-    # Pass 1: log-sum-exp statistics and the coarse histogram.
-    m = tl.full([], float("-inf"), tl.float32)
-    total = tl.full([], 0.0, tl.float32)
-    hist = tl.zeros([BINS], dtype=tl.int32)
-    for start in range(0, vocab, BLOCK):
+    written = tl.full([], 0, tl.int32)
+    seen = tl.full([], 0, tl.int32)
+    lane_sum = tl.zeros([BLOCK], dtype=tl.float32)
+    for start in tl.range(0, vocab, BLOCK, num_stages=STAGES):
         cols = start + offs
         valid = cols < vocab
         x, key = _load_keys(row_ptr, bias_ptr, cols, valid, HAS_BIAS)
-        m_new = tl.maximum(m, tl.max(x, axis=0))
-        total = total * tl.exp(m - m_new) + tl.sum(tl.exp(x - m_new), axis=0)
-        m = m_new
-        digit = tl.minimum(tl.maximum((key >> BIN_SHIFT) - BIN_BASE, 0), BINS - 1)
-        hist += _masked_histogram(digit, valid, BINS)
-    b, gt, n = _pick_bin(hist, k, BINS)
-    # The bin's key range (int64: the end bins reach the int32 limits).
-    lo = tl.where(b == 0, -2147483648, (b + BIN_BASE).to(tl.int64) << BIN_SHIFT)
-    hi = tl.where(b == BINS - 1, 2147483647, ((b + 1 + BIN_BASE).to(tl.int64) << BIN_SHIFT) - 1)
+        if SUM_EXP:
+            lane_sum += tl.exp(x - m)
+        key64 = key.to(tl.int64)
+        inside = (valid & (key64 >= lo) & (key64 <= hi)).to(tl.int32)
+        take = ((valid & (key64 > hi)) | ((seen + tl.cumsum(inside, axis=0) <= limit) & (inside != 0))).to(tl.int32)
+        slot = written + tl.cumsum(take, axis=0) - 1
+        tl.store(buf_ptr + slot, (key64 << 32) | (0x7FFFFFFF - cols).to(tl.int64), mask=take != 0)
+        written += tl.sum(take, axis=0)
+        seen += tl.sum(inside, axis=0)
+    return written, seen, tl.sum(lane_sum, axis=0)
 
-    # Refine while the bin holds too many values to sort and more than one distinct key.
-    while (gt + n > CAP) & (hi > lo):
-        shift = tl.full([], 0, tl.int64)
-        while ((hi - lo) >> shift) >= BINS:
-            shift += 1
+
+@triton.jit
+def _vocab_topk_kernel(logits_ptr, bias_ptr, buf_ptr, logp_ptr, ids_ptr, vocab, stride_row, k,
+                       BLOCK: tl.constexpr, KP: tl.constexpr, CAP: tl.constexpr, BINS: tl.constexpr,
+                       BIN_SHIFT: tl.constexpr, BIN_BASE: tl.constexpr, HAS_BIAS: tl.constexpr,
+                       STAGES: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    row_ptr = logits_ptr + row * stride_row
+    buf_ptr += row * CAP
+    offs = tl.arange(0, BLOCK)
+
+    # Pass 1: per-lane maxima (lane = column mod BLOCK) of the logits (log-sum-exp) and of the keys.
+    lane_x = tl.full([BLOCK], float("-inf"), tl.float32)
+    lane_key = tl.full([BLOCK], -2147483648, tl.int32)
+    for start in tl.range(0, vocab, BLOCK, num_stages=STAGES):
+        cols = start + offs
+        valid = cols < vocab
+        x, key = _load_keys(row_ptr, bias_ptr, cols, valid, HAS_BIAS)
+        lane_x = tl.maximum(lane_x, x)
+        lane_key = tl.maximum(lane_key, tl.where(valid, key, -2147483648))
+    m = tl.max(lane_x, axis=0)
+    # K lanes hold a key >= their K-th largest maximum t0, so the row's K-th largest key is >= t0.
+    if KP <= BLOCK:
+        top = tl.topk(lane_key, KP)
+        t0 = tl.sum(tl.where(tl.arange(0, KP) == k - 1, top, 0), axis=0).to(tl.int64)
+    else:
+        t0 = tl.full([], -2147483648, tl.int64)
+
+    # Pass 2: the keys >= t0 (about K for values spread over the lanes) and sum exp(x - m).
+    written, seen, total = _collect(row_ptr, bias_ptr, buf_ptr, vocab, t0, 2147483647, CAP, m, BLOCK, HAS_BIAS,
+                                    True, STAGES)
+    if seen > CAP:  # more than CAP keys >= t0: radix select the threshold instead
         hist = tl.zeros([BINS], dtype=tl.int32)
         for start in range(0, vocab, BLOCK):
             cols = start + offs
             valid = cols < vocab
             _, key = _load_keys(row_ptr, bias_ptr, cols, valid, HAS_BIAS)
-            key = key.to(tl.int64)
-            inside = valid & (key >= lo) & (key <= hi)
-            hist += _masked_histogram(((key - lo) >> shift).to(tl.int32), inside, BINS)
-        b, above, n = _pick_bin(hist, k - gt, BINS)
-        gt += above
-        lo += b.to(tl.int64) << shift
-        hi = tl.minimum(hi, lo + (tl.full([], 1, tl.int64) << shift) - 1)
-
-    # Collect: every key above the range, the range's keys in column order up to CAP - gt.
-    limit = tl.minimum(n, CAP - gt)
-    written = tl.full([], 0, tl.int32)
-    seen = tl.full([], 0, tl.int32)
-    for start in range(0, vocab, BLOCK):
-        cols = start + offs
-        valid = cols < vocab
-        _, key = _load_keys(row_ptr, bias_ptr, cols, valid, HAS_BIAS)
-        key64 = key.to(tl.int64)
-        inside = (valid & (key64 >= lo) & (key64 <= hi)).to(tl.int32)
-        take = ((valid & (key64 > hi)) | ((seen + tl.cumsum(inside, axis=0) <= limit) & (inside != 0))).to(tl.int32)
-        slot = written + tl.cumsum(take, axis=0) - 1
-        sort_key = (key64 << 32) | (0x7FFFFFFF - cols).to(tl.int64)
-        tl.store(buf_ptr + row * CAP + slot, sort_key, mask=take != 0)
-        written += tl.sum(take, axis=0)
-        seen += tl.sum(inside, axis=0)
+            digit = tl.minimum(tl.maximum((key >> BIN_SHIFT) - BIN_BASE, 0), BINS - 1)
+            hist += _masked_histogram(digit, valid, BINS)
+        b, gt, n = _pick_bin(hist, k, BINS)
+        # The bin's key range (int64: the end bins reach the int32 limits).
+        lo = tl.where(b == 0, -2147483648, (b + BIN_BASE).to(tl.int64) << BIN_SHIFT)
+        hi = tl.where(b == BINS - 1, 2147483647, ((b + 1 + BIN_BASE).to(tl.int64) << BIN_SHIFT) - 1)
+        # Refine while the bin holds too many values to sort and more than one distinct key.
+        while (gt + n > CAP) & (hi > lo):
+            shift = tl.full([], 0, tl.int64)
+            while ((hi - lo) >> shift) >= BINS:
+                shift += 1
+            hist = tl.zeros([BINS], dtype=tl.int32)
+            for start in range(0, vocab, BLOCK):
+                cols = start + offs
+                valid = cols < vocab
+                _, key = _load_keys(row_ptr, bias_ptr, cols, valid, HAS_BIAS)
+                key = key.to(tl.int64)
+                inside = valid & (key >= lo) & (key <= hi)
+                hist += _masked_histogram(((key - lo) >> shift).to(tl.int32), inside, BINS)
+            b, above, n = _pick_bin(hist, k - gt, BINS)
+            gt += above
+            lo += b.to(tl.int64) << shift
+            hi = tl.minimum(hi, lo + (tl.full([], 1, tl.int64) << shift) - 1)
+        written, seen, _ = _collect(row_ptr, bias_ptr, buf_ptr, vocab, lo, hi, tl.minimum(n, CAP - gt), m, BLOCK,
+                                    HAS_BIAS, False, STAGES)
     tl.debug_barrier()  # the buffer's writes visible to every thread of the program
 
     # Sort the survivors; the first K are the answer.
     slots = tl.arange(0, CAP)
-    keys = tl.load(buf_ptr + row * CAP + slots, mask=slots < written, other=-9223372036854775807)
+    keys = tl.load(buf_ptr + slots, mask=slots < written, other=-9223372036854775807)
     keys = tl.sort(keys, descending=True)
     cols = (0x7FFFFFFF - (keys & 0xFFFFFFFF)).to(tl.int32)
     ordered = (keys >> 32).to(tl.int32)
@@ -188,7 +220,7 @@ def _vocab_topk_kernel(logits_ptr, bias_ptr, buf_ptr, logp_ptr, ids_ptr, vocab, 
 # Launcher
 
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-DEFAULT_BLOCK, DEFAULT_WARPS = 4096, 8
+DEFAULT_BLOCK, DEFAULT_WARPS, DEFAULT_STAGES = 4096, 8, 3
 
 
 def _check(logits: torch.Tensor, bias: Optional[torch.Tensor], k: int) -> None:
@@ -211,7 +243,8 @@ def default_cap(k: int) -> int:
 
 
 def launch(logits: torch.Tensor, bias: Optional[torch.Tensor], k: int, block: int | None = None,
-           cap: int | None = None, num_warps: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+           cap: int | None = None, num_warps: int | None = None,
+           stages: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Run the Triton kernel; same signature and result as `reference` (ties aside). `block` and
     `cap` (powers of two, cap >= k) are overridable for tests (tiny rows spanning blocks; a small cap
     forces the refinement passes) and for the benchmark's sweep."""
@@ -227,8 +260,10 @@ def launch(logits: torch.Tensor, bias: Optional[torch.Tensor], k: int, block: in
     ids = torch.empty((rows, k), dtype=torch.int64, device=logits.device)
     bias_ptr = logp if bias is None else bias  # an FP32 tensor the kernel never reads without a bias
     wrap_triton(_vocab_topk_kernel)[(rows,)](
-        logits, bias_ptr, buf, logp, ids, vocab, logits.stride(0), k, BLOCK=block, CAP=cap, BINS=BINS,
-        BIN_SHIFT=BIN_SHIFT, BIN_BASE=BIN_BASE, HAS_BIAS=bias is not None, num_warps=num_warps or DEFAULT_WARPS)
+        logits, bias_ptr, buf, logp, ids, vocab, logits.stride(0), k, BLOCK=block,
+        KP=max(2, triton.next_power_of_2(k)), CAP=cap, BINS=BINS,
+        BIN_SHIFT=BIN_SHIFT, BIN_BASE=BIN_BASE, HAS_BIAS=bias is not None, STAGES=stages or DEFAULT_STAGES,
+        num_warps=num_warps or DEFAULT_WARPS)
     return logp, ids
 
 

@@ -83,7 +83,7 @@ def test_selection_benchmark_agrees_with_the_reference_on_cpu(monkeypatch):
     monkeypatch.setattr(kernels, "gpu_time_us", lambda fn, calls, replays: 1.0)
     rows = kernels.bench_vocab_topk(3, 10, vocab=1000, hidden=16, device="cpu")
     assert [r.impl for r in rows] == (["torch reference", "torch-lse", "triton"]
-                                      + [f"triton block {b} w{w}" for b, w in kernels.SELECTION_SWEEP]
+                                      + [f"triton block {b} w{w} s{st}" for b, w, st in kernels.SELECTION_SWEEP]
                                       + ["lm-head GEMM (scale)"])
     assert all(r.max_abs_err < 1e-5 for r in rows[:-1]), kernels.markdown_table(rows)
     rows = [kernels.KernelTiming(r.case, r.impl, times.get(r.impl, 4.0), r.flops, r.bytes, r.max_abs_err)

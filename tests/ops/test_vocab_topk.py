@@ -48,8 +48,8 @@ def assert_matches(logits, bias, k, **launch_args):
     (7, 1000, 200, 256, None),  # K near the block size, 7 rows
     (1, 40, 40, None, None),  # K = V: barred tokens last with -inf
     (3, 100, 1, None, None),  # K = 1
-    (1, 1000, 300, 128, None),  # K > block
-    (3, 1237, 32, 256, 32),  # cap = K: refinement passes (four for FP32 keys)
+    (1, 1000, 300, 128, None),  # K > block: no lane bound, every key survives
+    (3, 1237, 32, 256, 32),  # cap = K: more keys than cap above the lane bound: radix select, refined
 ], ids=["odd-v", "k200-7rows", "k-is-v", "k1", "k-over-block", "refine"])
 def test_kernel_matches_reference(dtype, rows, vocab, k, block, cap):
     logits, bias = make_input(rows, vocab, dtype, KERNEL_DEVICE, barred=(0, vocab // 2, vocab - 1))
@@ -67,8 +67,8 @@ def test_kernel_without_bias():
 @pytest.mark.parametrize("cap", [None, 64], ids=["fits", "tie-overflows-cap"])
 def test_ties_rank_the_lower_column_first(cap):
     """Logits of nine distinct values: every rank is a tie; the order is the stable sort's. With
-    cap 64 the threshold value (~33 copies) does not fit beside the ~33 above it: the kernel refines
-    down to that one value and takes its lowest columns."""
+    cap 64 the keys above the lane bound overflow, and in the radix select the threshold value (~33
+    copies) does not fit beside the ~33 above it: refined down to that one value, its lowest columns."""
     logits, bias = make_input(2, 300, torch.bfloat16, KERNEL_DEVICE, ties=True)
     logp, ids = assert_matches(logits, bias, 50, block=64, cap=cap)
     _, ref_ids = op.reference(logits, bias, 50)
@@ -77,12 +77,12 @@ def test_ties_rank_the_lower_column_first(cap):
 
 @needs_kernel
 def test_negative_and_signed_zero_logits():
-    """All logits <= 0 (the first pass's bottom bin holds the whole row: refined from the full
-    negative key range), with -0.0 and +0.0 among them ranking as equal values."""
+    """All logits <= 0 (cap 64 forces the radix select, whose first bin then holds the whole row:
+    refined from the full negative key range), with -0.0 and +0.0 ranking as equal values."""
     logits = -(torch.randn(2, 517, generator=torch.Generator().manual_seed(5)).abs() * 3)
     logits[:, 100:140] = 0.0
     logits[:, 120:130] = -0.0
-    assert_matches(logits.to(KERNEL_DEVICE), None, 60, block=128)
+    assert_matches(logits.to(KERNEL_DEVICE), None, 60, block=128, cap=64)
 
 
 @needs_kernel
