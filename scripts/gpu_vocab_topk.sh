@@ -11,7 +11,7 @@ OUT="${OUT:-$root/out/gpu_vocab_topk}"
 mkdir -p "$OUT"
 export PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}" TRITON_INTERPRET=0 PYTHONUNBUFFERED=1
 start=$SECONDS; log() { echo "[vocab_topk +$(( SECONDS - start ))s] $*"; }
-timeout 150 python3 -m pytest -q -m gpu tests/ops/test_vocab_topk.py -p no:cacheprovider > "$OUT/gpu_tests.log" 2>&1
+timeout 170 python3 -m pytest -q -m gpu tests/ops/test_vocab_topk.py -p no:cacheprovider > "$OUT/gpu_tests.log" 2>&1
 rc=$?; log "gpu tests: exit $rc -- $(tail -n 1 "$OUT/gpu_tests.log")"
 (( rc == 0 )) || grep -E "^(FAILED|ERROR)|Error|assert" "$OUT/gpu_tests.log" | head -n 20
 timeout 150 python3 -c "
