@@ -29,14 +29,15 @@ idea: filter, then sort few).
   (key << 32 | 2^31 - 1 - column: value descending, then column ascending), and the row's
   sum exp(x - m) (one exp per value). For values spread over the lanes (no lane holding many of
   the top K) about K keys pass; CAP = 2 x K padded leaves room.
-- only if more than CAP keys passed, a radix select finds the threshold instead: a histogram of
-  BINS = 256 bins of the key's bits from 20 up (1/8 octave per bin) over values in [2^-8, 2^24)
-  (smaller in bin 0, larger in bin 255) gives the bin of the K-th largest, a key range [lo, hi],
-  gt keys above it (gt < K) and n in it; while gt + n > CAP and the range holds more than one key,
-  another pass histograms (key - lo) >> s over [lo, hi] (256-fold narrower each time: one pass
-  reaches a single bf16 value, four a single FP32 value); then a collect pass writes every key
-  above hi and the keys in [lo, hi] up to CAP - gt in column order (all of them, unless the range
-  is one value repeated more often: then its lowest columns, which is the tie order).
+- only if more than CAP keys passed (many of the top K in few lanes, or many equal values), a
+  radix select narrows the key range [lo, hi] = [t0, max key], which holds the K-th largest key,
+  with gt keys above it (0 at first) and n in it: while gt + n > CAP and the range holds more than
+  one key, a pass histograms (key - lo) >> s over the range in BINS = 256 bins (s such that they
+  span it) and keeps the bin of the K-th largest (256-fold narrower a pass: 1-2 passes reach a
+  single bf16 value, at most 4 a single FP32 value; none when the row is one value); then a
+  collect pass writes every key above hi and the keys in [lo, hi] up to CAP - gt in column order
+  (all of them, unless the range is one value repeated more often: then its lowest columns,
+  which is the tie order).
 - sort: the <= CAP keys of the row (tl.sort), the first K decoded into columns and
   logp = (y - m) - log(sum).
 The top K is exact on either path: the same ids as a stable descending sort of logits + bias
@@ -61,9 +62,7 @@ import triton
 import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
-BINS = 256  # histogram bins per pass
-BIN_SHIFT = 20  # pass 1 bins on the key's bits from 20 up: 8 bins per octave
-BIN_BASE = 8 * 119  # (key >> 20) of 2^-8 (exponent 119): values below fall in bin 0; 2^24 up in bin 255
+BINS = 256  # histogram bins per radix-select pass
 
 
 def reference(logits: torch.Tensor, bias: Optional[torch.Tensor], k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -143,8 +142,7 @@ def _collect(row_ptr, bias_ptr, buf_ptr, vocab, lo, hi, limit, m, BLOCK: tl.cons
 @triton.jit
 def _vocab_topk_kernel(logits_ptr, bias_ptr, buf_ptr, logp_ptr, ids_ptr, vocab, stride_row, k,
                        BLOCK: tl.constexpr, KP: tl.constexpr, CAP: tl.constexpr, BINS: tl.constexpr,
-                       BIN_SHIFT: tl.constexpr, BIN_BASE: tl.constexpr, HAS_BIAS: tl.constexpr,
-                       STAGES: tl.constexpr):
+                       HAS_BIAS: tl.constexpr, STAGES: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     row_ptr = logits_ptr + row * stride_row
     buf_ptr += row * CAP
@@ -170,20 +168,11 @@ def _vocab_topk_kernel(logits_ptr, bias_ptr, buf_ptr, logp_ptr, ids_ptr, vocab, 
     # Pass 2: the keys >= t0 (about K for values spread over the lanes) and sum exp(x - m).
     written, seen, total = _collect(row_ptr, bias_ptr, buf_ptr, vocab, t0, 2147483647, CAP, m, BLOCK, HAS_BIAS,
                                     True, STAGES)
-    if seen > CAP:  # more than CAP keys >= t0: radix select the threshold instead
-        hist = tl.zeros([BINS], dtype=tl.int32)
-        for start in range(0, vocab, BLOCK):
-            cols = start + offs
-            valid = cols < vocab
-            _, key = _load_keys(row_ptr, bias_ptr, cols, valid, HAS_BIAS)
-            digit = tl.minimum(tl.maximum((key >> BIN_SHIFT) - BIN_BASE, 0), BINS - 1)
-            hist += _masked_histogram(digit, valid, BINS)
-        b, gt, n = _pick_bin(hist, k, BINS)
-        # The bin's key range (int64: the end bins reach the int32 limits).
-        lo = tl.where(b == 0, -2147483648, (b + BIN_BASE).to(tl.int64) << BIN_SHIFT)
-        hi = tl.where(b == BINS - 1, 2147483647, ((b + 1 + BIN_BASE).to(tl.int64) << BIN_SHIFT) - 1)
-        # Refine while the bin holds too many values to sort and more than one distinct key.
-        while (gt + n > CAP) & (hi > lo):
+    if seen > CAP:  # more than CAP keys in [t0, kmax]: narrow the range by radix select
+        lo, hi = t0, tl.max(lane_key, axis=0).to(tl.int64)
+        gt = tl.full([], 0, tl.int32)  # keys above the range
+        n = seen  # keys in it
+        while (gt + n > CAP) & (hi > lo):  # too many to sort, and more than one distinct key
             shift = tl.full([], 0, tl.int64)
             while ((hi - lo) >> shift) >= BINS:
                 shift += 1
@@ -261,8 +250,8 @@ def launch(logits: torch.Tensor, bias: Optional[torch.Tensor], k: int, block: in
     bias_ptr = logp if bias is None else bias  # an FP32 tensor the kernel never reads without a bias
     wrap_triton(_vocab_topk_kernel)[(rows,)](
         logits, bias_ptr, buf, logp, ids, vocab, logits.stride(0), k, BLOCK=block,
-        KP=max(2, triton.next_power_of_2(k)), CAP=cap, BINS=BINS,
-        BIN_SHIFT=BIN_SHIFT, BIN_BASE=BIN_BASE, HAS_BIAS=bias is not None, STAGES=stages or DEFAULT_STAGES,
+        KP=max(2, triton.next_power_of_2(k)), CAP=cap, BINS=BINS, HAS_BIAS=bias is not None,
+        STAGES=stages or DEFAULT_STAGES,
         num_warps=num_warps or DEFAULT_WARPS)
     return logp, ids
 

@@ -86,6 +86,18 @@ def test_negative_and_signed_zero_logits():
 
 
 @needs_kernel
+def test_a_row_of_one_value_and_a_row_with_its_top_in_one_lane():
+    """Row 0 constant (as a padding row may be): every key passes the lane bound, the range is one
+    value, its lowest columns win, without refinement. Row 1: the 40 largest values all in lane 0
+    (columns = 0 mod 64): the lane bound lets 114 keys through, more than cap, so the radix select
+    narrows [t0, max] before collecting."""
+    logits = torch.randn(2, 2560, generator=torch.Generator().manual_seed(7))
+    logits[0] = 0.5
+    logits[1, ::64] = 10 + torch.arange(40.0)
+    assert_matches(logits.to(KERNEL_DEVICE, torch.bfloat16), None, 40, block=64, cap=64)
+
+
+@needs_kernel
 def test_barred_tokens_come_last_with_minus_inf():
     """A bias of -inf (min_new_tokens) bars a token from the top K unless fewer than K others exist."""
     logits, bias = make_input(1, 64, torch.float32, KERNEL_DEVICE, barred=range(0, 64, 2))
