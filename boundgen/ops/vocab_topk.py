@@ -115,10 +115,11 @@ def _pick_bin(hist, need, BINS: tl.constexpr):
 
 @triton.jit
 def _collect(row_ptr, bias_ptr, buf_ptr, vocab, lo, hi, limit, m, BLOCK: tl.constexpr, HAS_BIAS: tl.constexpr,
-             SUM_EXP: tl.constexpr, STAGES: tl.constexpr):
-    """One pass over the row: every key above hi, and the keys in [lo, hi] in column order up to
-    `limit` of them, into buf as int64 sort keys (key << 32 | 2^31 - 1 - column). Returns the
-    count written, the count of keys in [lo, hi], and (SUM_EXP) sum exp(x - m) over the row."""
+             ABOVE: tl.constexpr, SUM_EXP: tl.constexpr, STAGES: tl.constexpr):
+    """One pass over the row: the keys in [lo, hi] in column order up to `limit` of them, and
+    (ABOVE) every key above hi, into buf as int64 sort keys (key << 32 | 2^31 - 1 - column).
+    Returns the count written, the count of keys in [lo, hi], and (SUM_EXP) sum exp(x - m).
+    Without ABOVE (no key lies above hi) one scan per block places the keys."""
     offs = tl.arange(0, BLOCK)
     written = tl.full([], 0, tl.int32)
     seen = tl.full([], 0, tl.int32)
@@ -131,11 +132,18 @@ def _collect(row_ptr, bias_ptr, buf_ptr, vocab, lo, hi, limit, m, BLOCK: tl.cons
             lane_sum += tl.exp(x - m)
         key64 = key.to(tl.int64)
         inside = (valid & (key64 >= lo) & (key64 <= hi)).to(tl.int32)
-        take = ((valid & (key64 > hi)) | ((seen + tl.cumsum(inside, axis=0) <= limit) & (inside != 0))).to(tl.int32)
-        slot = written + tl.cumsum(take, axis=0) - 1
+        rank = seen + tl.cumsum(inside, axis=0)  # 1-based among the range's keys, in column order
+        if ABOVE:
+            take = ((valid & (key64 > hi)) | ((rank <= limit) & (inside != 0))).to(tl.int32)
+            slot = written + tl.cumsum(take, axis=0) - 1
+            written += tl.sum(take, axis=0)
+        else:
+            take = (rank <= limit) & (inside != 0)
+            slot = rank - 1
         tl.store(buf_ptr + slot, (key64 << 32) | (0x7FFFFFFF - cols).to(tl.int64), mask=take != 0)
-        written += tl.sum(take, axis=0)
         seen += tl.sum(inside, axis=0)
+    if not ABOVE:
+        written = tl.minimum(seen, limit)
     return written, seen, tl.sum(lane_sum, axis=0)
 
 
@@ -167,7 +175,7 @@ def _vocab_topk_kernel(logits_ptr, bias_ptr, buf_ptr, logp_ptr, ids_ptr, vocab, 
 
     # Pass 2: the keys >= t0 (about K for values spread over the lanes) and sum exp(x - m).
     written, seen, total = _collect(row_ptr, bias_ptr, buf_ptr, vocab, t0, 2147483647, CAP, m, BLOCK, HAS_BIAS,
-                                    True, STAGES)
+                                    False, True, STAGES)
     if seen > CAP:  # more than CAP keys in [t0, kmax]: narrow the range by radix select
         lo, hi = t0, tl.max(lane_key, axis=0).to(tl.int64)
         gt = tl.full([], 0, tl.int32)  # keys above the range
@@ -189,7 +197,7 @@ def _vocab_topk_kernel(logits_ptr, bias_ptr, buf_ptr, logp_ptr, ids_ptr, vocab, 
             lo += b.to(tl.int64) << shift
             hi = tl.minimum(hi, lo + (tl.full([], 1, tl.int64) << shift) - 1)
         written, seen, _ = _collect(row_ptr, bias_ptr, buf_ptr, vocab, lo, hi, tl.minimum(n, CAP - gt), m, BLOCK,
-                                    HAS_BIAS, False, STAGES)
+                                    HAS_BIAS, True, False, STAGES)
     tl.debug_barrier()  # the buffer's writes visible to every thread of the program
 
     # Sort the survivors; the first K are the answer.
