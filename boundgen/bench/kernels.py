@@ -51,7 +51,7 @@ COPY_BYTES_PER_S = 4.1e12  # measured device copy (GPU.md)
 # Packed-kernel launch configs (BLOCK_M, BLOCK_N, num_warps, num_stages) timed beside the default.
 PACKED_SWEEP = [(64, 64, 4, 2), (64, 32, 4, 2), (64, 64, 8, 2), (128, 64, 8, 3)]
 # vocab_topk launch configs (BLOCK, num_warps, pipeline stages) timed beside the default.
-SELECTION_SWEEP = [(4096, 8, 1), (2048, 4, 3), (4096, 16, 3)]
+SELECTION_SWEEP = [(4096, 8, 3), (4096, 16, 1), (2048, 8, 3)]
 QWEN_VOCAB = 151936
 
 

@@ -47,12 +47,14 @@ logits are not supported.
 Bytes moved: the logits twice per row (2 M V bytes each in bf16; the second pass mostly from L2:
 one row is 304 KB), CAP int64 keys written and read per row, the bias once per pass from L2; the
 radix select, when needed, reads the row 2-3 more times. Why the block sizes: BLOCK = 4,096
-columns is both the load tile (16 values per thread at 8 warps, loads pipelined STAGES = 3 deep
-with tl.range, since a program per row is latency-bound) and the lane count, which must be >= K
-for the bound (K <= 800 here) and gives t0 close to the K-th value (for values spread evenly over
-lanes about K (1 + K/BLOCK/2) keys pass); BINS = 256 because Triton's histogram costs ~bins/32
-operations per value a warp; CAP = 2 K. The benchmark (bench/kernels.py, `bench_vocab_topk`)
-sweeps BLOCK, warps and stages beside the default.
+columns is both the load tile (8 values per thread at 16 warps, loads pipelined STAGES = 3 deep
+with tl.range: a program per row is latency-bound, and the register use, 255 per thread at 8 warps
+in ptxas for sm_90, allows one program per SM either way, so 16 warps keep more loads in flight)
+and the lane count, which must be >= K for the bound (K <= 800 here) and gives t0 close to the
+K-th value (for values spread evenly over lanes about K (1 + K/BLOCK/2) keys pass); BINS = 256
+because Triton's histogram costs ~bins/32 operations per value a warp; CAP = 2 K. These are
+choices from the design, not yet from measurement: the benchmark (bench/kernels.py,
+`bench_vocab_topk`) times SELECTION_SWEEP's BLOCK / warps / stages beside the default.
 """
 
 from typing import Optional
@@ -130,17 +132,19 @@ def _collect(row_ptr, bias_ptr, buf_ptr, vocab, lo, hi, limit, m, BLOCK: tl.cons
         x, key = _load_keys(row_ptr, bias_ptr, cols, valid, HAS_BIAS)
         if SUM_EXP:
             lane_sum += tl.exp(x - m)
-        key64 = key.to(tl.int64)
-        inside = (valid & (key64 >= lo) & (key64 <= hi)).to(tl.int32)
+        if ABOVE:  # [lo, hi] in int64: the radix select's bounds reach past the int32 range
+            inside = (valid & (key.to(tl.int64) >= lo) & (key.to(tl.int64) <= hi)).to(tl.int32)
+        else:  # the range is [lo, max key]
+            inside = (valid & (key >= lo)).to(tl.int32)
         rank = seen + tl.cumsum(inside, axis=0)  # 1-based among the range's keys, in column order
         if ABOVE:
-            take = ((valid & (key64 > hi)) | ((rank <= limit) & (inside != 0))).to(tl.int32)
+            take = ((valid & (key.to(tl.int64) > hi)) | ((rank <= limit) & (inside != 0))).to(tl.int32)
             slot = written + tl.cumsum(take, axis=0) - 1
             written += tl.sum(take, axis=0)
         else:
             take = (rank <= limit) & (inside != 0)
             slot = rank - 1
-        tl.store(buf_ptr + slot, (key64 << 32) | (0x7FFFFFFF - cols).to(tl.int64), mask=take != 0)
+        tl.store(buf_ptr + slot, (key.to(tl.int64) << 32) | (0x7FFFFFFF - cols).to(tl.int64), mask=take != 0)
         seen += tl.sum(inside, axis=0)
     if not ABOVE:
         written = tl.minimum(seen, limit)
@@ -169,15 +173,15 @@ def _vocab_topk_kernel(logits_ptr, bias_ptr, buf_ptr, logp_ptr, ids_ptr, vocab, 
     # K lanes hold a key >= their K-th largest maximum t0, so the row's K-th largest key is >= t0.
     if KP <= BLOCK:
         top = tl.topk(lane_key, KP)
-        t0 = tl.sum(tl.where(tl.arange(0, KP) == k - 1, top, 0), axis=0).to(tl.int64)
+        t0 = tl.sum(tl.where(tl.arange(0, KP) == k - 1, top, 0), axis=0)
     else:
-        t0 = tl.full([], -2147483648, tl.int64)
+        t0 = tl.full([], -2147483648, tl.int32)
 
     # Pass 2: the keys >= t0 (about K for values spread over the lanes) and sum exp(x - m).
-    written, seen, total = _collect(row_ptr, bias_ptr, buf_ptr, vocab, t0, 2147483647, CAP, m, BLOCK, HAS_BIAS,
+    written, seen, total = _collect(row_ptr, bias_ptr, buf_ptr, vocab, t0, None, CAP, m, BLOCK, HAS_BIAS,
                                     False, True, STAGES)
     if seen > CAP:  # more than CAP keys in [t0, kmax]: narrow the range by radix select
-        lo, hi = t0, tl.max(lane_key, axis=0).to(tl.int64)
+        lo, hi = t0.to(tl.int64), tl.max(lane_key, axis=0).to(tl.int64)
         gt = tl.full([], 0, tl.int32)  # keys above the range
         n = seen  # keys in it
         while (gt + n > CAP) & (hi > lo):  # too many to sort, and more than one distinct key
@@ -217,7 +221,7 @@ def _vocab_topk_kernel(logits_ptr, bias_ptr, buf_ptr, logp_ptr, ids_ptr, vocab, 
 # Launcher
 
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-DEFAULT_BLOCK, DEFAULT_WARPS, DEFAULT_STAGES = 4096, 8, 3
+DEFAULT_BLOCK, DEFAULT_WARPS, DEFAULT_STAGES = 4096, 16, 3
 
 
 def _check(logits: torch.Tensor, bias: Optional[torch.Tensor], k: int) -> None:
