@@ -11,6 +11,7 @@ within a few ulp (another summation order for the log-sum-exp).
 import pytest
 import torch
 
+from boundgen.bench import kernels
 from boundgen.ops import vocab_topk as op
 from tests.ops.kernel_testing import KERNEL_DEVICE, assert_script_prints_ok, needs_compiled_kernel, needs_kernel
 
@@ -177,6 +178,7 @@ def test_op_survives_export_as_one_node_with_dynamic_rows():
 
 _COMPILE_SCRIPT = """
 import torch
+from boundgen.bench import kernels
 from boundgen.ops import vocab_topk as op
 torch.manual_seed(0)
 logits = (torch.randn(300, 1000, device="cuda") * 4).to(torch.bfloat16)
@@ -199,19 +201,10 @@ def test_op_compiles_under_inductor():
 # ---------------------------------------------------------------------------------------------
 # GPU: Qwen's vocabulary in bf16, beam shapes (100 beams a request; 1, 8 and 16 requests a call).
 
-def lm_head_logits(rows, vocab, device, seed=0, hidden=896):
-    """bf16 logits shaped like an LM head's rather than N(0, 1): hidden states times an embedding
-    matrix with uneven token norms, plus a Zipf-like token prior (a long upper tail), and a few
-    peaked rows (one token far ahead). Ties are common at bf16's resolution (ulp 1/16 at 8-16)."""
-    gen = torch.Generator(device=device).manual_seed(seed)
-    h = torch.randn(rows, hidden, device=device, generator=gen)
-    norms = 0.5 + torch.rand(vocab, 1, device=device, generator=gen)
-    weight = torch.randn(vocab, hidden, device=device, generator=gen) * norms / hidden ** 0.5
-    rank = torch.randperm(vocab, device=device, generator=gen).float()
-    prior = 6.0 - 1.5 * torch.log1p(rank / 50)  # a few tokens ~6 above most
-    logits = 3.0 * (h @ weight.T) + prior
-    logits[::17, 1234] += 25.0  # peaked rows
-    return logits.to(torch.bfloat16)
+def lm_head_logits(rows, vocab, device, seed=0):
+    """bf16 logits shaped like an LM head's rather than N(0, 1) (bench/kernels.py: uneven token
+    norms, a Zipf-like prior, peaked rows). Ties are common at bf16's resolution (ulp 1/16 at 8-16)."""
+    return kernels.lm_head_logits(rows, vocab, device=device, seed=seed)[2]
 
 
 @pytest.mark.gpu
