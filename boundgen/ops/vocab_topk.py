@@ -180,7 +180,8 @@ def _vocab_topk_kernel(logits_ptr, bias_ptr, buf_ptr, logp_ptr, ids_ptr, vocab, 
     # Pass 2: the keys >= t0 (about K for values spread over the lanes) and sum exp(x - m).
     written, seen, total = _collect(row_ptr, bias_ptr, buf_ptr, vocab, t0, None, CAP, m, BLOCK, HAS_BIAS,
                                     False, True, STAGES)
-    if seen > CAP:  # more than CAP keys in [t0, kmax]: narrow the range by radix select
+    if seen > CAP:  # more than CAP keys in [t0, max key]: narrow the range by radix select
+        tl.debug_barrier()  # pass 2's writes land before the collect below rewrites the buffer
         lo, hi = t0.to(tl.int64), tl.max(lane_key, axis=0).to(tl.int64)
         gt = tl.full([], 0, tl.int32)  # keys above the range
         n = seen  # keys in it
