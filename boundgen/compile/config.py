@@ -10,7 +10,8 @@ them (`deploy_keys()`):
   executors, cuda_graphs, batching, token_bucket;
 - compilation: name, task, device, dtype, lowering ({"packed_attention": "triton"}), weights
   ("external": safetensors beside the package | "packaged"), tolerances ({"probs": 2e-2}:
-  per-output max abs error allowed by validation).
+  per-output max abs error allowed by validation; bf16/fp16 beams also "recall", "spearman",
+  "top1" minimums against the FP32 program, compile/validate.py).
 
     {"name": "w1", "task": "score", "device": "cuda", "dtype": "bfloat16",
      "labels": [" yes", " no"], "max_samples": 15, "max_tokens_per_sample": 256,

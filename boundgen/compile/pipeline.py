@@ -110,8 +110,10 @@ def build(cfg: BuildConfig, progress: Progress | None = None) -> Manifest:
         else:  # the reference lowering, not the one under test
             reference = EagerRunner(make_program(load_model(cfg.model_dir, dtype, device), cfg.spec))
         num_classes = _num_classes(program, cfg.spec)
+        fp32_reference = None if cfg.dtype == "float32" or cfg.task != "beam" else EagerRunner(  # judges bf16 beams
+            make_program(load_model(cfg.model_dir, torch.float32, device), cfg.spec))
         report = validate.validate(compiled, reference, cfg.spec, output_names(cfg.spec), cfg.dtype, cfg.device,
-                                   vocab, cfg.tolerances)
+                                   vocab, cfg.tolerances, fp32_reference=fp32_reference)
         for case in report["cases"]:
             worst = {k: o.get("max_abs_err", "identical" if o.get("identical") else "differs")
                      for k, o in case["outputs"].items()}

@@ -6,28 +6,55 @@
     logp = (log_softmax(logits in FP32) + bias)[ids]  (HF: log-softmax, then the processors)
     (no bias: nothing added; the program passes None when no token can be barred)
 
-The reference is what the beam program computed before this op existed: `torch.topk` over the
-row, then a gather from the full [M, V] FP32 log-softmax. On the H200 that pair cost ~0.4 ms per
-decode step at M = 100 rows (a radix select in three launches plus a one-program-per-row
-softmax reduction) and grows linearly with the requests batched into one call
-(docs/benchmarks.md, session 3). Bytes moved by the kernel: the logits once (2 M V bytes in
-bf16), bias once per program from L2, M x chunks x KP int64 keys written and read back.
+No full-vocabulary log-softmax or sort is needed: log_softmax(x)_i = x_i - lse(x) is monotone in
+x_i within a row, so the top K by log-prob is the top K by logit, and one FP32 log-sum-exp per row
+(max m, sum exp(x - m)) turns the K selected logits into log-probs.
 
-Triton kernel, two launches:
-- chunks: one program per (row, chunk of CHUNK columns). It loads the chunk, computes its max m
-  and sum exp(x - m) (the log-softmax statistics, unbiased logits), and keeps the chunk's top KP
-  (K padded to a power of two) of the biased logits with `tl.topk`. Each value travels as one
-  int64 key: the FP32 bits made order-preserving as a signed int in the high half, 2^31 - 1 - col
-  in the low half, so equal values rank the lower column first and the column comes back with
-  the value.
-- merge: one program per row over its chunks' keys (chunks x KP, padded): the top KP keys, the
-  row's log-sum-exp from the chunks' statistics, and for the first K the logit reloaded by column
-  -> logp = (x - max) - log(sum) + bias.
-CHUNK is chosen so that the merge sees at most MERGE_KEYS keys (chunks padded to a power of two,
-times KP): V = 151,936 and K = 200 (KP 256) give 19 chunks of 8,192; K = 300 (KP 512), 10 of
-16,384. The top K is exact; ties between equal logits rank the lower
-column first (torch.topk leaves their order unspecified), and the log-sum-exp sums in another
-order than torch's, so logp can differ from the reference's in the last FP32 bits.
+The reference is what the beam program computed before this op existed: `torch.topk` over the
+row, then a gather from the full [M, V] FP32 log-softmax. On the H200 the pair costs 422 / 2,330 /
+4,466 us at M = 100 / 800 / 1,600 rows, K = 200, V = 151,936: 4-7x the LM-head GEMM that makes
+the logits (../shared/GPU.md). `reference_lse` is the cheap torch variant (top K of the
+model-dtype logits, one FP32 log-sum-exp, no [M, V] FP32 log-softmax kept): same ids; logp equal
+up to the rounding of the subtraction (a few FP32 ulp).
+
+Triton kernel: one program per row: a threshold that provably lies at or below the K-th largest
+value, the values above it collected, one small sort (the AIR top-k / FlashInfer filtered top-K
+idea: filter, then sort few).
+- key: each value y = x + bias as FP32, its bits made order-preserving as a signed int32
+  (negative values' magnitude bits flipped; -0.0 read as +0.0, so equal values are equal keys).
+- pass 1 (the whole row): per lane (column mod BLOCK) the max of the logits (-> the row max m)
+  and the max key. K lanes hold a key >= the K-th largest lane max t0, so the row's K-th largest
+  key is >= t0: a lower bound from BLOCK maxima (tl.topk of BLOCK int32), no histogram.
+- pass 2 (the whole row): the keys >= t0 into a [M, CAP] scratch buffer as int64 sort keys
+  (key << 32 | 2^31 - 1 - column: value descending, then column ascending), and the row's
+  sum exp(x - m) (one exp per value). For values spread over the lanes (no lane holding many of
+  the top K) about K keys pass; CAP = 2 x K padded leaves room.
+- only if more than CAP keys passed (many of the top K in few lanes, or many equal values), a
+  radix select narrows the key range [lo, hi] = [t0, max key], which holds the K-th largest key,
+  with gt keys above it (0 at first) and n in it: while gt + n > CAP and the range holds more than
+  one key, a pass histograms (key - lo) >> s over the range in BINS = 256 bins (s such that they
+  span it) and keeps the bin of the K-th largest (256-fold narrower a pass: 1-2 passes reach a
+  single bf16 value, at most 4 a single FP32 value; none when the row is one value); then a
+  collect pass writes every key above hi and the keys in [lo, hi] up to CAP - gt in column order
+  (all of them, unless the range is one value repeated more often: then its lowest columns,
+  which is the tie order).
+- sort: the <= CAP keys of the row (tl.sort), the first K decoded into columns and
+  logp = (y - m) - log(sum).
+The top K is exact on either path: the same ids as a stable descending sort of logits + bias
+(equal values rank the lower column first; torch.topk leaves their order unspecified). NaN
+logits are not supported.
+
+Bytes moved: the logits twice per row (2 M V bytes each in bf16; the second pass mostly from L2:
+one row is 304 KB), CAP int64 keys written and read per row, the bias once per pass from L2; the
+radix select, when needed, reads the row 2-3 more times. Why the block sizes: BLOCK = 4,096
+columns is both the load tile (8 values per thread at 16 warps, loads pipelined STAGES = 3 deep
+with tl.range: a program per row is latency-bound, and the register use, 255 per thread at 8 warps
+in ptxas for sm_90, allows one program per SM either way, so 16 warps keep more loads in flight)
+and the lane count, which must be >= K for the bound (K <= 800 here) and gives t0 close to the
+K-th value (for values spread evenly over lanes about K (1 + K/BLOCK/2) keys pass); BINS = 256
+because Triton's histogram costs ~bins/32 operations per value a warp; CAP = 2 K. These are
+choices from the design, not yet from measurement: the benchmark (bench/kernels.py,
+`bench_vocab_topk`) times SELECTION_SWEEP's BLOCK / warps / stages beside the default.
 """
 
 from typing import Optional
@@ -37,7 +64,7 @@ import triton
 import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
-MERGE_KEYS = 8192  # keys one merge program ranks: 64 KiB of int64
+BINS = 256  # histogram bins per radix-select pass
 
 
 def reference(logits: torch.Tensor, bias: Optional[torch.Tensor], k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -46,65 +73,156 @@ def reference(logits: torch.Tensor, bias: Optional[torch.Tensor], k: int) -> tup
     return (logp if bias is None else logp + bias).gather(-1, ids), ids
 
 
+def reference_lse(logits: torch.Tensor, bias: Optional[torch.Tensor], k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The reference without the [M, V] FP32 log-softmax: top K of the model-dtype logits, then
+    x - logsumexp(x) on the K selected only. Same ids; logp within a few FP32 ulp of `reference`."""
+    top = torch.topk(logits if bias is None else logits + bias.to(logits.dtype), k, dim=-1)
+    lse = torch.logsumexp(logits.to(torch.float32), dim=-1, keepdim=True)  # [M, 1]
+    logp = logits.gather(-1, top.indices).to(torch.float32) - lse
+    return (logp if bias is None else logp + bias[top.indices]), top.indices
+
+
 # ---------------------------------------------------------------------------------------------
-# Triton kernels
+# Triton kernel
 
 @triton.jit
-def _order_key(value, cols):
-    """FP32 values and their columns -> int64 keys ordered as (value, -column)."""
-    bits = value.to(tl.int32, bitcast=True)
-    ordered = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
-    return (ordered.to(tl.int64) << 32) | (0x7FFFFFFF - cols).to(tl.int64)
-
-
-@triton.jit
-def _chunk_topk_kernel(logits_ptr, bias_ptr, keys_ptr, max_ptr, sum_ptr, vocab, stride_row, num_chunks,
-                       CHUNK: tl.constexpr, KP: tl.constexpr, HAS_BIAS: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
-    chunk = tl.program_id(1)
-    cols = chunk * CHUNK + tl.arange(0, CHUNK)
-    valid = cols < vocab
-    x = tl.load(logits_ptr + row * stride_row + cols, mask=valid, other=float("-inf")).to(tl.float32)
-    m = tl.max(x, axis=0)
-    s = tl.sum(tl.exp(x - m), axis=0)
-    ranked = x
+def _load_keys(row_ptr, bias_ptr, cols, valid, HAS_BIAS: tl.constexpr):
+    """A block of the row -> (x FP32, the order-preserving int32 key of x + bias)."""
+    x = tl.load(row_ptr + cols, mask=valid, other=float("-inf")).to(tl.float32)
+    y = x
     if HAS_BIAS:
-        ranked += tl.load(bias_ptr + cols, mask=valid, other=0.0)
-    top = tl.topk(_order_key(ranked, cols), KP)
-    slot = row * num_chunks + chunk
-    tl.store(keys_ptr + slot * KP + tl.arange(0, KP), top)
-    tl.store(max_ptr + slot, m)
-    tl.store(sum_ptr + slot, s)
+        y += tl.load(bias_ptr + cols, mask=valid, other=0.0)
+    y = tl.where(y == 0.0, 0.0, y)  # -0.0 == +0.0: one key
+    bits = y.to(tl.int32, bitcast=True)
+    return x, tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
 
 
 @triton.jit
-def _merge_kernel(keys_ptr, max_ptr, sum_ptr, logits_ptr, bias_ptr, logp_ptr, ids_ptr, stride_row, num_chunks, k,
-                  CHUNKS_P2: tl.constexpr, KP: tl.constexpr, HAS_BIAS: tl.constexpr):
+def _masked_histogram(digits, inside, BINS: tl.constexpr):
+    """Histogram of digits (in [0, BINS)) where `inside`; the others are counted out of bin 0."""
+    hist = tl.histogram(tl.where(inside, digits, 0), BINS)
+    outside = tl.sum((inside == 0).to(tl.int32), axis=0)
+    return hist - tl.where(tl.arange(0, BINS) == 0, outside, 0)
+
+
+@triton.jit
+def _pick_bin(hist, need, BINS: tl.constexpr):
+    """The bin holding the need-th largest value (need >= 1), the count above it, the count in it."""
+    bins = tl.arange(0, BINS)
+    above = tl.sum(hist, axis=0) - tl.cumsum(hist, axis=0)  # values in higher bins
+    b = tl.max(tl.where(above + hist >= need, bins, -1), axis=0)
+    at = bins == b
+    return b, tl.sum(tl.where(at, above, 0), axis=0), tl.sum(tl.where(at, hist, 0), axis=0)
+
+
+@triton.jit
+def _collect(row_ptr, bias_ptr, buf_ptr, vocab, lo, hi, limit, m, BLOCK: tl.constexpr, HAS_BIAS: tl.constexpr,
+             ABOVE: tl.constexpr, SUM_EXP: tl.constexpr, STAGES: tl.constexpr):
+    """One pass over the row: the keys in [lo, hi] in column order up to `limit` of them, and
+    (ABOVE) every key above hi, into buf as int64 sort keys (key << 32 | 2^31 - 1 - column).
+    Returns the count written, the count of keys in [lo, hi], and (SUM_EXP) sum exp(x - m).
+    Without ABOVE (no key lies above hi) one scan per block places the keys."""
+    offs = tl.arange(0, BLOCK)
+    written = tl.full([], 0, tl.int32)
+    seen = tl.full([], 0, tl.int32)
+    lane_sum = tl.zeros([BLOCK], dtype=tl.float32)
+    for start in tl.range(0, vocab, BLOCK, num_stages=STAGES):
+        cols = start + offs
+        valid = cols < vocab
+        x, key = _load_keys(row_ptr, bias_ptr, cols, valid, HAS_BIAS)
+        if SUM_EXP:
+            lane_sum += tl.exp(x - m)
+        if ABOVE:  # [lo, hi] in int64: the radix select's bounds reach past the int32 range
+            inside = (valid & (key.to(tl.int64) >= lo) & (key.to(tl.int64) <= hi)).to(tl.int32)
+        else:  # the range is [lo, max key]
+            inside = (valid & (key >= lo)).to(tl.int32)
+        rank = seen + tl.cumsum(inside, axis=0)  # 1-based among the range's keys, in column order
+        if ABOVE:
+            take = ((valid & (key.to(tl.int64) > hi)) | ((rank <= limit) & (inside != 0))).to(tl.int32)
+            slot = written + tl.cumsum(take, axis=0) - 1
+            written += tl.sum(take, axis=0)
+        else:
+            take = (rank <= limit) & (inside != 0)
+            slot = rank - 1
+        tl.store(buf_ptr + slot, (key.to(tl.int64) << 32) | (0x7FFFFFFF - cols).to(tl.int64), mask=take != 0)
+        seen += tl.sum(inside, axis=0)
+    if not ABOVE:
+        written = tl.minimum(seen, limit)
+    return written, seen, tl.sum(lane_sum, axis=0)
+
+
+@triton.jit
+def _vocab_topk_kernel(logits_ptr, bias_ptr, buf_ptr, logp_ptr, ids_ptr, vocab, stride_row, k,
+                       BLOCK: tl.constexpr, KP: tl.constexpr, CAP: tl.constexpr, BINS: tl.constexpr,
+                       HAS_BIAS: tl.constexpr, STAGES: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
-    offs = tl.arange(0, CHUNKS_P2 * KP)
-    keys = tl.load(keys_ptr + row * num_chunks * KP + offs, mask=offs < num_chunks * KP,
-                   other=-9223372036854775807)
-    top = tl.topk(keys, KP)
-    cols = (0x7FFFFFFF - (top & 0xFFFFFFFF)).to(tl.int32)
-    chunks = tl.arange(0, CHUNKS_P2)
-    m_c = tl.load(max_ptr + row * num_chunks + chunks, mask=chunks < num_chunks, other=float("-inf"))
-    s_c = tl.load(sum_ptr + row * num_chunks + chunks, mask=chunks < num_chunks, other=0.0)
-    m = tl.max(m_c, axis=0)
-    log_sum = tl.log(tl.sum(s_c * tl.exp(m_c - m), axis=0))
-    out = tl.arange(0, KP)
-    keep = out < k
-    x = tl.load(logits_ptr + row * stride_row + cols, mask=keep, other=0.0).to(tl.float32)
-    logp = (x - m) - log_sum
-    if HAS_BIAS:
-        logp += tl.load(bias_ptr + cols, mask=keep, other=0.0)
-    tl.store(logp_ptr + row * k + out, logp, mask=keep)
-    tl.store(ids_ptr + row * k + out, cols.to(tl.int64), mask=keep)
+    row_ptr = logits_ptr + row * stride_row
+    buf_ptr += row * CAP
+    offs = tl.arange(0, BLOCK)
+
+    # Pass 1: per-lane maxima (lane = column mod BLOCK) of the logits (log-sum-exp) and of the keys.
+    lane_x = tl.full([BLOCK], float("-inf"), tl.float32)
+    lane_key = tl.full([BLOCK], -2147483648, tl.int32)
+    for start in tl.range(0, vocab, BLOCK, num_stages=STAGES):
+        cols = start + offs
+        valid = cols < vocab
+        x, key = _load_keys(row_ptr, bias_ptr, cols, valid, HAS_BIAS)
+        lane_x = tl.maximum(lane_x, x)
+        lane_key = tl.maximum(lane_key, tl.where(valid, key, -2147483648))
+    m = tl.max(lane_x, axis=0)
+    # K lanes hold a key >= their K-th largest maximum t0, so the row's K-th largest key is >= t0.
+    if KP <= BLOCK:
+        top = tl.topk(lane_key, KP)
+        t0 = tl.sum(tl.where(tl.arange(0, KP) == k - 1, top, 0), axis=0)
+    else:
+        t0 = tl.full([], -2147483648, tl.int32)
+
+    # Pass 2: the keys >= t0 (about K for values spread over the lanes) and sum exp(x - m).
+    written, seen, total = _collect(row_ptr, bias_ptr, buf_ptr, vocab, t0, None, CAP, m, BLOCK, HAS_BIAS,
+                                    False, True, STAGES)
+    if seen > CAP:  # more than CAP keys in [t0, max key]: narrow the range by radix select
+        tl.debug_barrier()  # pass 2's writes land before the collect below rewrites the buffer
+        lo, hi = t0.to(tl.int64), tl.max(lane_key, axis=0).to(tl.int64)
+        gt = tl.full([], 0, tl.int32)  # keys above the range
+        n = seen  # keys in it
+        while (gt + n > CAP) & (hi > lo):  # too many to sort, and more than one distinct key
+            shift = tl.full([], 0, tl.int64)
+            while ((hi - lo) >> shift) >= BINS:
+                shift += 1
+            hist = tl.zeros([BINS], dtype=tl.int32)
+            for start in range(0, vocab, BLOCK):
+                cols = start + offs
+                valid = cols < vocab
+                _, key = _load_keys(row_ptr, bias_ptr, cols, valid, HAS_BIAS)
+                key = key.to(tl.int64)
+                inside = valid & (key >= lo) & (key <= hi)
+                hist += _masked_histogram(((key - lo) >> shift).to(tl.int32), inside, BINS)
+            b, above, n = _pick_bin(hist, k - gt, BINS)
+            gt += above
+            lo += b.to(tl.int64) << shift
+            hi = tl.minimum(hi, lo + (tl.full([], 1, tl.int64) << shift) - 1)
+        written, seen, _ = _collect(row_ptr, bias_ptr, buf_ptr, vocab, lo, hi, tl.minimum(n, CAP - gt), m, BLOCK,
+                                    HAS_BIAS, True, False, STAGES)
+    tl.debug_barrier()  # the buffer's writes visible to every thread of the program
+
+    # Sort the survivors; the first K are the answer.
+    slots = tl.arange(0, CAP)
+    keys = tl.load(buf_ptr + slots, mask=slots < written, other=-9223372036854775807)
+    keys = tl.sort(keys, descending=True)
+    cols = (0x7FFFFFFF - (keys & 0xFFFFFFFF)).to(tl.int32)
+    ordered = (keys >> 32).to(tl.int32)
+    y = tl.where(ordered >= 0, ordered, ordered ^ 0x7FFFFFFF).to(tl.float32, bitcast=True)
+    logp = (y - m) - tl.log(total)
+    keep = slots < k
+    tl.store(logp_ptr + row * k + slots, logp, mask=keep)
+    tl.store(ids_ptr + row * k + slots, cols.to(tl.int64), mask=keep)
 
 
 # ---------------------------------------------------------------------------------------------
 # Launcher
 
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+DEFAULT_BLOCK, DEFAULT_WARPS, DEFAULT_STAGES = 4096, 16, 3
 
 
 def _check(logits: torch.Tensor, bias: Optional[torch.Tensor], k: int) -> None:
@@ -121,41 +239,38 @@ def _check(logits: torch.Tensor, bias: Optional[torch.Tensor], k: int) -> None:
         raise ValueError(f"vocab_topk: k must be in 1..V={logits.shape[1]}; got {k}")
 
 
-def default_chunk(vocab: int, kp: int) -> int:
-    """Columns per chunk program: a power of two >= KP such that a row's chunks, padded to a power
-    of two, hold at most MERGE_KEYS keys (or one chunk when KP alone is that many)."""
-    max_chunks = max(1, MERGE_KEYS // kp)
-    return max(kp, triton.next_power_of_2(triton.cdiv(vocab, max_chunks)))
+def default_cap(k: int) -> int:
+    """Survivors sorted per row: 2 K padded to a power of two (K slots for the threshold bin)."""
+    return max(16, 2 * triton.next_power_of_2(k))
 
 
-def launch(logits: torch.Tensor, bias: Optional[torch.Tensor], k: int, chunk: int | None = None,
-           num_warps: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Run the Triton kernels; same signature and result as `reference` (ties aside). `chunk`
-    (a power of two >= K padded) is overridable for tests, so that tiny vocabularies span chunks."""
+def launch(logits: torch.Tensor, bias: Optional[torch.Tensor], k: int, block: int | None = None,
+           cap: int | None = None, num_warps: int | None = None,
+           stages: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Run the Triton kernel; same signature and result as `reference` (ties aside). `block` and
+    `cap` (powers of two, cap >= k) are overridable for tests (tiny rows spanning blocks; a small cap
+    forces the refinement passes) and for the benchmark's sweep."""
     _check(logits, bias, k)
     rows, vocab = logits.shape
-    kp = max(2, triton.next_power_of_2(k))  # tl.topk of one element would be a scalar
-    chunk = chunk or default_chunk(vocab, kp)
-    if chunk < kp or chunk & (chunk - 1):
-        raise ValueError(f"vocab_topk: chunk must be a power of two >= {kp}; got {chunk}")
-    num_chunks = triton.cdiv(vocab, chunk)
-    warps = num_warps or (8 if chunk >= 4096 else 4)
-    keys = torch.empty((rows, num_chunks, kp), dtype=torch.int64, device=logits.device)
-    stats = torch.empty((2, rows, num_chunks), dtype=torch.float32, device=logits.device)
+    block = block or DEFAULT_BLOCK
+    cap = cap or default_cap(k)
+    if cap < k or cap & (cap - 1) or block & (block - 1):
+        raise ValueError(f"vocab_topk: block and cap must be powers of two, cap >= k={k}; got block {block}, "
+                         f"cap {cap}")
+    buf = torch.empty((rows, cap), dtype=torch.int64, device=logits.device)
     logp = torch.empty((rows, k), dtype=torch.float32, device=logits.device)
     ids = torch.empty((rows, k), dtype=torch.int64, device=logits.device)
-    bias_ptr = stats if bias is None else bias  # an FP32 tensor the kernels never read without a bias
-    wrap_triton(_chunk_topk_kernel)[(rows, num_chunks)](
-        logits, bias_ptr, keys, stats[0], stats[1], vocab, logits.stride(0), num_chunks, CHUNK=chunk, KP=kp,
-        HAS_BIAS=bias is not None, num_warps=warps)
-    wrap_triton(_merge_kernel)[(rows,)](
-        keys, stats[0], stats[1], logits, bias_ptr, logp, ids, logits.stride(0), num_chunks, k,
-        CHUNKS_P2=triton.next_power_of_2(num_chunks), KP=kp, HAS_BIAS=bias is not None, num_warps=warps)
+    bias_ptr = logp if bias is None else bias  # an FP32 tensor the kernel never reads without a bias
+    wrap_triton(_vocab_topk_kernel)[(rows,)](
+        logits, bias_ptr, buf, logp, ids, vocab, logits.stride(0), k, BLOCK=block,
+        KP=max(2, triton.next_power_of_2(k)), CAP=cap, BINS=BINS, HAS_BIAS=bias is not None,
+        STAGES=stages or DEFAULT_STAGES,
+        num_warps=num_warps or DEFAULT_WARPS)
     return logp, ids
 
 
 # ---------------------------------------------------------------------------------------------
-# Registered op: one node under torch.export; the kernels on CUDA, the reference on CPU.
+# Registered op: one node under torch.export; the kernel on CUDA, the reference on CPU.
 
 @triton_op("boundgen::vocab_topk", mutates_args=())
 def vocab_topk(logits: torch.Tensor, bias: Optional[torch.Tensor], k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -172,4 +287,4 @@ def _(logits, bias, k):
 
 
 # Lowerings by name; the build config picks one per op and records it in the manifest.
-IMPLEMENTATIONS = {"torch": reference, "triton": vocab_topk}
+IMPLEMENTATIONS = {"torch": reference, "torch-lse": reference_lse, "triton": vocab_topk}

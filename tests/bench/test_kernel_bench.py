@@ -73,3 +73,20 @@ def test_elementwise_benchmarks_agree_with_the_reference_on_cpu(monkeypatch):
             + kernels.bench_silu_mul(5, 40, **kw))
     assert [r.impl for r in rows] == ["triton", "torch reference"] * 5
     assert all(r.max_abs_err < 1e-5 for r in rows), kernels.markdown_table(rows)
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="needs TRITON_INTERPRET=1")
+def test_selection_benchmark_agrees_with_the_reference_on_cpu(monkeypatch):
+    """The selection case: every lowering (the Triton sweep included) finds the reference's log-probs
+    on LM-head-like logits; the table reports speedup over (a) and the multiple of the GEMM."""
+    times = {"torch reference": 40.0, "lm-head GEMM (scale)": 10.0}
+    monkeypatch.setattr(kernels, "gpu_time_us", lambda fn, calls, replays: 1.0)
+    rows = kernels.bench_vocab_topk(3, 10, vocab=1000, hidden=16, device="cpu")
+    assert [r.impl for r in rows] == (["torch reference", "torch-lse", "triton"]
+                                      + [f"triton block {b} w{w} s{st}" for b, w, st in kernels.SELECTION_SWEEP]
+                                      + ["lm-head GEMM (scale)"])
+    assert all(r.max_abs_err < 1e-5 for r in rows[:-1]), kernels.markdown_table(rows)
+    rows = [kernels.KernelTiming(r.case, r.impl, times.get(r.impl, 4.0), r.flops, r.bytes, r.max_abs_err)
+            for r in rows]
+    table = kernels.selection_table(rows).splitlines()
+    assert table[4].startswith("| selection rows=3 V=1000 K=10 | triton | 4.0 | 10.00 | 0.40 |")

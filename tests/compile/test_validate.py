@@ -1,9 +1,14 @@
 """Validation cases cover the bounds; a disagreement beyond tolerance fails with a clear message."""
 
+import pytest
 import torch
 
+from boundgen.compile import report as build_report
 from boundgen.compile import validate
+from boundgen.model.loader import load_model
+from boundgen.programs.factory import make_program
 from boundgen.artifact.program import BeamSpec, ScoreSpec
+from boundgen.programs.eager import EagerRunner
 
 
 def score_spec(**kw):
@@ -76,27 +81,99 @@ def test_wrong_dtype_or_nan_fails():
     assert not validate.validate(nan, Reference(), spec, ("probs",), "float32", "cpu", 100)["passed"]
 
 
+BEAM_NAMES = ("token_ids", "scores", "finished", "beam_indices")
+# One request of W = 4: candidate sequences (2 tokens) and scores, best first.
+REF_SEQS = [[5, 6], [7, 8], [1, 2], [3, 4]]
+REF_SCORES = [-1.0, -1.001, -1.5, -2.0]
+
+
+def beam_runner(seqs, scores, finished=None):
+    outputs = (torch.tensor(seqs), torch.tensor(scores, dtype=torch.float32),
+               torch.tensor(finished or [False] * len(seqs)), torch.zeros(len(seqs), 2, dtype=torch.int64))
+    return lambda *inputs: outputs
+
+
+def beam_report(got, dtype="bfloat16", overrides=None, want=None, **kw):
+    spec = BeamSpec(width=4, steps=2, max_prompt_tokens=4)
+    return validate.validate(got, want or beam_runner(REF_SEQS, REF_SCORES), spec, BEAM_NAMES, dtype, "cpu", 100,
+                             overrides, **kw)
+
+
+# bf16 near the reference: the first two swapped (scores 0.001 apart), all scores off by < 0.01.
+NEAR_SEQS = [[7, 8], [5, 6], [1, 2], [3, 4]]
+NEAR_SCORES = [-0.998, -1.004, -1.49, -2.005]
+
+
 def test_candidate_ids_must_match_in_fp32_only():
-    spec = BeamSpec(width=2, steps=2, max_prompt_tokens=4)
-    ids = torch.tensor([[5, 6], [7, 8]])
+    """fp32: the same candidates in the same rows. bf16: a near tie may swap two candidates."""
+    fp32 = beam_report(beam_runner(NEAR_SEQS, NEAR_SCORES), "float32")
+    assert not fp32["passed"] and fp32["cases"][0]["outputs"]["token_ids"]["identical_rows"] == 0.5
+    bf16 = beam_report(beam_runner(NEAR_SEQS, NEAR_SCORES))
+    assert bf16["passed"], validate.failure_message(bf16)
+    candidates = bf16["cases"][0]["outputs"]["candidates"]
+    assert candidates["recall"] == 1.0 and candidates["top1"] == [True] and candidates["spearman"] == 0.8
+    assert abs(candidates["scores_max_abs_err"] - 0.01) < 1e-6 and not candidates["failed"]
+    assert bf16["cases"][0]["outputs"]["token_ids"]["candidate_overlap"] == 1.0
+    summary = build_report.worst_errors(bf16)  # compile/report.py reads the judged entries
+    assert summary.startswith("passed: scores 1.0e-02, candidates 1.0e-02, token_ids 50% identical rows")
+    assert summary.endswith("token_ids 100% same candidates")
 
-    def ref(*x):
-        return ids, torch.tensor([-1.0, -2.0]), torch.tensor([False, False]), torch.zeros(2, 2, dtype=torch.int64)
 
-    def swapped(*x):
-        return ids.flip(0), torch.tensor([-1.0, -2.0]), torch.tensor([False, False]), torch.zeros(2, 2, dtype=torch.int64)
-    names = ("token_ids", "scores", "finished", "beam_indices")
-    fp32 = validate.validate(swapped, ref, spec, names, "float32", "cpu", 100)
-    assert not fp32["passed"] and fp32["cases"][0]["outputs"]["token_ids"]["identical_rows"] == 0.0
-    assert validate.validate(swapped, ref, spec, names, "bfloat16", "cpu", 100)["passed"]
+def test_a_near_tie_at_the_cutoff_is_not_a_miss():
+    """The last candidate replaced by another (a near tie at the cutoff): recall 3/4, 4/4 beyond ties.
+    A candidate missed above the cutoff counts as missed; the deploy file's minimum applies."""
+    report = beam_report(beam_runner(REF_SEQS[:3] + [[9, 9]], [-1.0, -1.001, -1.502, -2.003]))
+    candidates = report["cases"][0]["outputs"]["candidates"]
+    assert report["passed"] and candidates["recall"] == 0.75 and candidates["recall_beyond_ties"] == 1.0
+    middle = beam_runner([[5, 6], [7, 8], [9, 9], [3, 4]], [-1.0, -1.001, -1.502, -2.003])
+    assert beam_report(middle)["passed"]  # 3 of 4: the default minimum
+    strict = beam_report(middle, overrides={"recall": 1.0})
+    assert not strict["passed"] and strict["tolerances"]["recall"] == 1.0
+    assert "recall 0.75 < 1.0" in validate.failure_message(strict)
 
 
-def test_candidate_overlap_counts_the_same_sequences_in_any_order():
-    spec = BeamSpec(width=3, steps=2, max_prompt_tokens=4)
-    rest = (torch.tensor([-1.0, -2.0, -3.0]), torch.zeros(3, dtype=torch.bool), torch.zeros(3, 2, dtype=torch.int64))
-    ref = lambda *x: (torch.tensor([[5, 6], [7, 8], [1, 2]]),) + rest  # noqa: E731
-    got = lambda *x: (torch.tensor([[7, 8], [5, 6], [3, 4]]),) + rest  # noqa: E731
-    report = validate.validate(got, ref, spec, ("token_ids", "scores", "finished", "beam_indices"), "bfloat16",
-                               "cpu", 100)
-    token_ids = report["cases"][0]["outputs"]["token_ids"]
-    assert token_ids["identical_rows"] == 0.0 and abs(token_ids["candidate_overlap"] - 2 / 3) < 1e-5
+@pytest.mark.parametrize("seqs,scores,finished,problem", [
+    (REF_SEQS, [-1.5, -2.0, -1.0, -1.001], None, "> 0.25 on common candidates"),  # shuffled
+    (REF_SEQS, [s - 0.6 for s in REF_SCORES], None, "score error"),  # off by more than bf16 allows
+    ([[5, 6], [7, 9], [1, 3], [3, 5]], REF_SCORES, None, "recall 0.5 < 0.75"),  # other sequences
+    (REF_SEQS[::-1], REF_SCORES[::-1], None, "not sorted best first"),  # worst first
+    (REF_SEQS, REF_SCORES, [False, True, False, False], "another finished flag"),
+    (REF_SEQS, [-1.0, -1.001, -1.5, float("nan")], None, "score error nan"),
+], ids=["shuffled-scores", "perturbed", "wrong-sequences", "reversed", "finished", "nan"])
+def test_a_broken_lowering_fails_in_low_precision(seqs, scores, finished, problem):
+    report = beam_report(beam_runner(seqs, scores, finished))
+    assert not report["passed"]
+    message = validate.failure_message(report)
+    assert "disagrees with the bfloat16 eager reference" in message and problem in message, message
+
+
+def test_low_precision_beams_are_judged_against_the_fp32_reference():
+    """With fp32_reference given, a bf16 beam artifact is compared with it (not the bf16 program);
+    fp32 artifacts and score programs ignore it."""
+    wrong = beam_runner(REF_SEQS, [s - 1 for s in REF_SCORES])
+    report = beam_report(beam_runner(NEAR_SEQS, NEAR_SCORES), want=wrong,
+                         fp32_reference=beam_runner(REF_SEQS, REF_SCORES))
+    assert report["passed"] and report["reference"] == "float32 eager"
+    fp32 = beam_report(beam_runner(REF_SEQS, REF_SCORES), "float32", want=beam_runner(REF_SEQS, REF_SCORES),
+                       fp32_reference=wrong)
+    assert fp32["passed"] and fp32["reference"] == "float32 eager" and fp32["ids_must_match"]
+
+
+def test_bf16_beam_program_against_fp32_passes_and_a_scrambled_one_fails(tiny_qwen2_dir):
+    """The real beam program (random tiny Qwen2, flat distributions: near ties everywhere) in bf16
+    against itself in FP32 passes the candidate checks; its scores shuffled within each request
+    (a lowering that attaches scores to the wrong candidates) fail them."""
+    spec = BeamSpec(width=8, steps=3, max_prompt_tokens=16, stop_token_ids=(5,), max_requests=2)
+    fp32, bf16 = (EagerRunner(make_program(load_model(tiny_qwen2_dir, dtype, "cpu"), spec))
+                  for dtype in (torch.float32, torch.bfloat16))
+    vocab = load_model(tiny_qwen2_dir, torch.float32, "cpu").cfg.vocab_size
+    report = validate.validate(bf16, bf16, spec, BEAM_NAMES, "bfloat16", "cpu", vocab, fp32_reference=fp32)
+    assert report["passed"], validate.failure_message(report)
+
+    def scrambled(*inputs):
+        token_ids, scores, finished, beam_indices = bf16(*inputs)
+        flipped = scores.reshape(-1, spec.width).flip(1).reshape(-1)  # best score on the worst candidate
+        return token_ids, flipped, finished, beam_indices
+
+    broken = validate.validate(scrambled, bf16, spec, BEAM_NAMES, "bfloat16", "cpu", vocab, fp32_reference=fp32)
+    assert not broken["passed"] and "not sorted best first" in validate.failure_message(broken)

@@ -1,16 +1,17 @@
-"""vocab_topk: the Triton kernels against the torch reference, the registered op.
+"""vocab_topk: the Triton kernel against the torch reference, the registered op.
 
-The kernels run under TRITON_INTERPRET=1 on CPU tensors (the CPU lane; slow there, so the
-vocabularies are small and `chunk` is lowered to make rows span several chunks), else compiled on
-CUDA. The kernel ranks equal values by lower column first; torch.topk leaves their order open, so
-the ids are compared with a stable sort of the same values (`stable_reference`), and with the
-reference's ids only where the input has no ties. logp: FP32 within a few ulp (another summation
-order for the log-sum-exp).
+The kernel runs under TRITON_INTERPRET=1 on CPU tensors (the CPU lane; slow there, so the
+vocabularies are small and `block` is lowered to make rows span several blocks, `cap` to force the
+refinement passes), else compiled on CUDA. The kernel ranks equal values by lower column first;
+torch.topk leaves their order open, so the ids are compared with a stable sort of the same values
+(`stable_reference`), and with the reference's ids only where the input has no ties. logp: FP32
+within a few ulp (another summation order for the log-sum-exp).
 """
 
 import pytest
 import torch
 
+from boundgen.bench import kernels
 from boundgen.ops import vocab_topk as op
 from tests.ops.kernel_testing import KERNEL_DEVICE, assert_script_prints_ok, needs_compiled_kernel, needs_kernel
 
@@ -43,27 +44,58 @@ def assert_matches(logits, bias, k, **launch_args):
 
 @needs_kernel
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-@pytest.mark.parametrize("rows,vocab,k,chunk", [(3, 300, 10, 64), (2, 517, 200, 256), (1, 40, 40, None),
-                                                (2, 100, 1, None)], ids=["chunks", "k200", "k-is-v", "k1"])
-def test_kernel_matches_reference(dtype, rows, vocab, k, chunk):
+@pytest.mark.parametrize("rows,vocab,k,block,cap", [
+    (3, 1237, 10, 256, None),  # odd V over several blocks
+    (7, 1000, 200, 256, None),  # K near the block size, 7 rows
+    (1, 40, 40, None, None),  # K = V: barred tokens last with -inf
+    (3, 100, 1, None, None),  # K = 1
+    (1, 1000, 300, 128, None),  # K > block: no lane bound, every key survives
+    (3, 1237, 32, 256, 32),  # cap = K: more keys than cap above the lane bound: radix select, refined
+], ids=["odd-v", "k200-7rows", "k-is-v", "k1", "k-over-block", "refine"])
+def test_kernel_matches_reference(dtype, rows, vocab, k, block, cap):
     logits, bias = make_input(rows, vocab, dtype, KERNEL_DEVICE, barred=(0, vocab // 2, vocab - 1))
-    assert_matches(logits, bias, k, chunk=chunk)
+    assert_matches(logits, bias, k, block=block, cap=cap)
 
 
 @needs_kernel
 def test_kernel_without_bias():
     """No bias (nothing barred): the plain top K of the logits and their log-probs."""
     logits, _ = make_input(3, 300, torch.bfloat16, KERNEL_DEVICE)
-    assert_matches(logits, None, 10, chunk=64)
+    assert_matches(logits, None, 10, block=64)
 
 
 @needs_kernel
-def test_ties_rank_the_lower_column_first():
-    """Logits of nine distinct values: every rank is a tie; the order is the stable sort's."""
+@pytest.mark.parametrize("cap", [None, 64], ids=["fits", "tie-overflows-cap"])
+def test_ties_rank_the_lower_column_first(cap):
+    """Logits of nine distinct values: every rank is a tie; the order is the stable sort's. With
+    cap 64 the keys above the lane bound overflow, and in the radix select the threshold value (~33
+    copies) does not fit beside the ~33 above it: refined down to that one value, its lowest columns."""
     logits, bias = make_input(2, 300, torch.bfloat16, KERNEL_DEVICE, ties=True)
-    logp, ids = assert_matches(logits, bias, 50, chunk=64)
+    logp, ids = assert_matches(logits, bias, 50, block=64, cap=cap)
     _, ref_ids = op.reference(logits, bias, 50)
     assert torch.equal(logits.gather(1, ids), logits.gather(1, ref_ids))  # the same values as torch.topk's
+
+
+@needs_kernel
+def test_negative_and_signed_zero_logits():
+    """All logits <= 0 (cap 64 forces the radix select, whose first bin then holds the whole row:
+    refined from the full negative key range), with -0.0 and +0.0 ranking as equal values."""
+    logits = -(torch.randn(2, 517, generator=torch.Generator().manual_seed(5)).abs() * 3)
+    logits[:, 100:140] = 0.0
+    logits[:, 120:130] = -0.0
+    assert_matches(logits.to(KERNEL_DEVICE), None, 60, block=128, cap=64)
+
+
+@needs_kernel
+def test_a_row_of_one_value_and_a_row_with_its_top_in_one_lane():
+    """Row 0 constant (as a padding row may be): every key passes the lane bound, the range is one
+    value, its lowest columns win, without refinement. Row 1: the 40 largest values all in lane 0
+    (columns = 0 mod 64): the lane bound lets 114 keys through, more than cap, so the radix select
+    narrows [t0, max] before collecting."""
+    logits = torch.randn(2, 2560, generator=torch.Generator().manual_seed(7))
+    logits[0] = 0.5
+    logits[1, ::64] = 10 + torch.arange(40.0)
+    assert_matches(logits.to(KERNEL_DEVICE, torch.bfloat16), None, 40, block=64, cap=64)
 
 
 @needs_kernel
@@ -97,14 +129,26 @@ def test_launcher_rejects_bad_inputs():
         op.launch(logits, bias.half(), 3)
     with pytest.raises(ValueError, match=r"k must be in 1..V=50"):
         op.launch(logits, bias, 51)
-    with pytest.raises(ValueError, match="chunk must be a power of two >= 4"):
-        op.launch(logits, bias, 3, chunk=2)
+    with pytest.raises(ValueError, match="cap must be powers of two, cap >= k=3"):
+        op.launch(logits, bias, 3, cap=2)
+    with pytest.raises(ValueError, match="block and cap must be powers of two"):
+        op.launch(logits, bias, 3, block=100)
 
 
-def test_default_chunks_bound_the_merge():
-    """Qwen's vocabulary: K 200 -> 19 chunks of 8,192; K 300 (two stop tokens) -> 10 of 16,384."""
-    assert op.default_chunk(151936, 256) == 8192 and op.default_chunk(151936, 512) == 16384
-    assert op.default_chunk(100, 128) == 128
+def test_default_cap_leaves_k_slots_for_the_threshold_bin():
+    assert op.default_cap(200) == 512 and op.default_cap(300) == 1024 and op.default_cap(800) == 2048
+    assert op.default_cap(1) == 16
+
+
+def test_reference_lse_has_the_reference_ids_and_log_probs():
+    """The cheap torch lowering: no [M, V] log-softmax, the same ids, logp within FP32 rounding."""
+    for dtype in (torch.float32, torch.bfloat16):
+        logits, bias = make_input(3, 1000, dtype, barred=(7, 500))
+        for b in (bias, None):
+            logp, ids = op.reference_lse(logits, b, 40)
+            want_logp, want_ids = op.reference(logits, b, 40)
+            assert torch.equal(ids, want_ids)
+            torch.testing.assert_close(logp, want_logp, rtol=0, atol=2e-6)
 
 
 def test_registered_op_runs_reference_on_cpu():
@@ -134,6 +178,7 @@ def test_op_survives_export_as_one_node_with_dynamic_rows():
 
 _COMPILE_SCRIPT = """
 import torch
+from boundgen.bench import kernels
 from boundgen.ops import vocab_topk as op
 torch.manual_seed(0)
 logits = (torch.randn(300, 1000, device="cuda") * 4).to(torch.bfloat16)
@@ -149,16 +194,35 @@ print("ok")
 @pytest.mark.gpu
 @needs_compiled_kernel
 def test_op_compiles_under_inductor():
-    """Inductor lowers the op's two kernel launches (as AOTInductor does in a build)."""
+    """Inductor lowers the op's kernel launch (as AOTInductor does in a build)."""
     assert_script_prints_ok(_COMPILE_SCRIPT)
 
 
 # ---------------------------------------------------------------------------------------------
-# GPU: Qwen's vocabulary in bf16, W2's shapes (100 beams a request; 1 and 8 requests a call).
+# GPU: Qwen's vocabulary in bf16, beam shapes (100 beams a request; 1, 8 and 16 requests a call).
+
+def lm_head_logits(rows, vocab, device, seed=0):
+    """bf16 logits shaped like an LM head's rather than N(0, 1) (bench/kernels.py: uneven token
+    norms, a Zipf-like prior, peaked rows). Ties are common at bf16's resolution (ulp 1/16 at 8-16)."""
+    return kernels.lm_head_logits(rows, vocab, device=device, seed=seed)[2]
+
 
 @pytest.mark.gpu
 @needs_compiled_kernel
-@pytest.mark.parametrize("rows,k", [(100, 200), (800, 200), (100, 300)], ids=["r1-k200", "r8-k200", "r1-k300"])
+@pytest.mark.parametrize("k", [200, 400, 800])
+@pytest.mark.parametrize("rows", [100, 800, 1600])
 def test_gpu_bf16_qwen_vocabulary(rows, k):
-    logits, bias = make_input(rows, 151936, torch.bfloat16, "cuda", barred=(151643, 151645))
-    assert_matches(logits, bias, k)
+    logits = lm_head_logits(rows, 151936, "cuda", seed=rows + k)
+    bias = torch.zeros(151936, device="cuda")
+    bias[[151643, 151645]] = float("-inf")
+    assert_matches(logits, bias if k != 400 else None, k)
+
+
+@pytest.mark.gpu
+@needs_compiled_kernel
+def test_gpu_gaussian_and_fp32_logits():
+    """N(0, 4) bf16 logits, and FP32 logits (all 32 key bits: refinement down to single values)."""
+    logits, bias = make_input(300, 151936, torch.bfloat16, "cuda", barred=(151643, 151645))
+    assert_matches(logits, bias, 200)
+    assert_matches(lm_head_logits(64, 151936, "cuda").float() + torch.randn(64, 151936, device="cuda") * 1e-3,
+                   None, 300)

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Candidate selection on the GPU in one call: the vocab_topk GPU tests (exactness at rows
+# 100/800/1,600, K 200/400/800, V 151,936), then the selection benchmark (torch reference,
+# torch-lse, the Triton kernel and its launch sweep, the LM-head GEMM for scale) as a markdown table.
+#   bash scripts/gpu_vocab_topk.sh            (OUT=/dir to keep the logs; system python3)
+# About 2-3 minutes on an H200, most of it Triton compiles.
+set -uo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+OUT="${OUT:-$root/out/gpu_vocab_topk}"
+mkdir -p "$OUT"
+export PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}" TRITON_INTERPRET=0 PYTHONUNBUFFERED=1
+start=$SECONDS; log() { echo "[vocab_topk +$(( SECONDS - start ))s] $*"; }
+timeout 170 python3 -m pytest -q -m gpu tests/ops/test_vocab_topk.py -p no:cacheprovider > "$OUT/gpu_tests.log" 2>&1
+rc=$?; log "gpu tests: exit $rc -- $(tail -n 1 "$OUT/gpu_tests.log")"
+(( rc == 0 )) || grep -E "^(FAILED|ERROR)|Error|assert" "$OUT/gpu_tests.log" | head -n 20
+timeout 150 python3 -c "
+from boundgen.bench.kernels import bench_vocab_topk, selection_table
+rows = []
+for k in (200, 400):
+    for r in (100, 800, 1600):
+        rows += bench_vocab_topk(r, k, sweep=k == 200)  # the launch sweep at K 200 only: compiles
+        print(selection_table(rows), file=open('$OUT/selection.md', 'w'))  # kept if cut short
+print(selection_table(rows))" > "$OUT/selection.log" 2>&1
+rc2=$?; log "selection benchmark: exit $rc2"
+(( rc2 == 0 )) || tail -n 20 "$OUT/selection.log"
+cat "$OUT/selection.md" 2>/dev/null
+exit $(( rc || rc2 ))
