@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from pathlib import Path
 from typing import Sequence
 
 
@@ -43,3 +44,37 @@ def markdown(rows: list[dict], title: str) -> str:
              "|---|---|---|---|"]
     lines += [f"| {r['requests']} | {r['call_ms']:.2f} | {r['request_ms']:.2f} | {r['speedup']:.2f}x |" for r in rows]
     return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    """`python -m boundgen.bench.calls ARTIFACT --workload W2 [--requests 1,2,4,8]`: the curve for
+    one request of the workload (seeded), printed as markdown; --json writes the rows too."""
+    import argparse
+    import json
+
+    import boundgen
+    from boundgen.bench.workloads import get_workload, load_tokenizer, make_requests
+
+    parser = argparse.ArgumentParser(prog="python -m boundgen.bench.calls", description=main.__doc__)
+    parser.add_argument("artifact")
+    parser.add_argument("--workload", required=True, help="W1, W2 or W3")
+    parser.add_argument("--requests", default="1,2,4,8,16", help="requests per call, comma list")
+    parser.add_argument("--iterations", type=int, default=20)
+    parser.add_argument("--json", default=None, help="also write the rows to this file")
+    args = parser.parse_args(argv)
+    spec = get_workload(args.workload)
+    request = make_requests(spec, load_tokenizer(args.artifact), 1, seed=0)[0]
+    engine = boundgen.load(args.artifact)
+    try:
+        engine.warmup()  # CUDA graphs captured for every padded shape, as when serving
+        rows = call_curve(engine, request.texts, [int(r) for r in args.requests.split(",")], args.iterations)
+    finally:
+        engine.close()
+    print(markdown(rows, f"{args.workload} ({request.tokens} tokens a request), {args.artifact}"))
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

