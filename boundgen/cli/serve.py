@@ -39,6 +39,14 @@ def register(sub):
                         "default: the environment variable BOUNDGEN_API_KEY, else no key")
     p.add_argument("--drain-timeout-s", type=float, default=30.0, metavar="S",
                    help="on SIGTERM, longest wait for admitted requests before exiting (default 30)")
+    p.add_argument("--idle-timeout-s", type=float, default=30.0, metavar="S",
+                   help="close a connection that has not sent a whole request head for S seconds: idle, "
+                        "between requests, or stalled in its headers (HTTP; gRPC: no call open) (default 30)")
+    p.add_argument("--read-timeout-s", type=float, default=10.0, metavar="S",
+                   help="an HTTP inference body must arrive in full within S seconds, else 408 and the "
+                        "connection is closed (default 10)")
+    p.add_argument("--max-connections", type=int, default=1024, metavar="N",
+                   help="HTTP connections open at once; one more is answered 503 and closed (default 1024)")
     group = p.add_mutually_exclusive_group()
     group.add_argument("--replicas", type=int, default=None, metavar="N",
                        help="serve through N worker processes (CPU) behind this front end; each request goes to "
@@ -56,7 +64,9 @@ def config_from_args(args):
         return ServerConfig(host=args.host, http_port=args.http_port, grpc_port=args.grpc_port,
                             max_inflight=args.max_inflight, max_queue=args.max_queue,
                             default_timeout_ms=args.default_timeout_ms, max_body_bytes=args.max_body_bytes,
-                            api_key=api_key, drain_timeout_s=args.drain_timeout_s)
+                            api_key=api_key, drain_timeout_s=args.drain_timeout_s,
+                            idle_timeout_s=args.idle_timeout_s, read_timeout_s=args.read_timeout_s,
+                            max_connections=args.max_connections)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
 
