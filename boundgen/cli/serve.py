@@ -93,10 +93,11 @@ def run(args, engine_factory=None, worker_command=None):
         if not os.path.isdir(path):
             raise ConfigError(f"{path} is not a directory (expected an artifact built by `boundgen build`)")
     config = config_from_args(args)
+    from boundgen.server.replicas import exit_with_parent, parse_gpus, serve_replicas
+
+    exit_with_parent()  # a --replicas / --gpus worker: exit with its front end
     if args.replicas is None and args.gpus is None:
         return serve(args.artifacts, config, engine_factory or default_engine_factory)
-    from boundgen.server.replicas import parse_gpus, serve_replicas
-
     if args.gpus is not None:
         gpus = parse_gpus(args.gpus, _cuda_device_count)
     elif args.replicas < 1:
