@@ -61,10 +61,15 @@ class Server:
         self.grpc_port: int | None = None
         self._runner: web.AppRunner | None = None
         self._http: asyncio.AbstractServer | None = None
+        self._say_lock = threading.Lock()
         self._grpc: grpc.aio.Server | None = None
 
     def say(self, message: str) -> None:
-        print(message, file=self.out, flush=True)
+        """One line on `out`, written whole: worker threads say things at once (print() writes the
+        text and its newline separately, so two lines could interleave into one)."""
+        with self._say_lock:
+            self.out.write(message + "\n")
+            self.out.flush()
 
     async def start(self) -> None:
         cfg = self.config

@@ -187,4 +187,5 @@ def test_workers_die_with_a_killed_front_end(launch, fake_dirs):
     end = time.monotonic() + 10.0
     while any(_alive(pid) for pid in pids) and time.monotonic() < end:
         time.sleep(0.05)
-    assert not any(_alive(pid) for pid in pids), "workers outlived their SIGKILLed front end"
+    left = {pid: open(f"/proc/{pid}/stat").read() for pid in pids if _alive(pid)}
+    assert not left, f"workers outlived their SIGKILLed front end: {left}"
