@@ -47,7 +47,7 @@ def file_hashes(artifact_dir: Path) -> dict[str, str]:
     """sha256 of every file under artifact_dir except the manifest, by relative POSIX path."""
     root = Path(artifact_dir)
     return {p.relative_to(root).as_posix(): sha256_file(p)
-            for p in sorted(root.rglob("*")) if p.is_file() and p.name != MANIFEST_FILE}
+            for p in sorted(root.rglob("*")) if p.is_file() and p.name not in (MANIFEST_FILE, "manifest.sig")}  # artifact/signing.py
 
 
 def _self_hash(manifest: dict) -> str:

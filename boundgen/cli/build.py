@@ -61,6 +61,9 @@ def register(sub):
     g.add_argument("--batching", action="store_true", default=None,
                    help="concurrent requests share model calls (recorded in the manifest; `serve` uses it)")
     g.add_argument("--token-bucket", type=int, default=None, help="score token bucket for CUDA graphs (default 256)")
+    p.add_argument("--sign-key", default=None, metavar="KEY",
+                   help="Ed25519 private key (PEM, `boundgen keygen`) to sign the artifact's manifest with "
+                        "(manifest.sig); `boundgen serve --trust-key` then refuses unsigned or altered artifacts")
     p.set_defaults(run=run)
 
 
@@ -69,6 +72,11 @@ def run(args):
     from boundgen.build.pipeline import build
     from boundgen.cli.common import parse_id_list
 
+    sign_key = None
+    if args.sign_key is not None:  # read before building: a bad key must not cost a build
+        from boundgen.artifact.signing import load_private_key
+
+        sign_key = load_private_key(args.sign_key)
     options, base_dir = config.read_deploy_file(args.config)
     flags = {name: getattr(args, name) for name in OPTION_FLAGS}
     if args.labels is not None:
@@ -84,6 +92,10 @@ def run(args):
     options.update({k: v for k, v in flags.items() if v is not None})
     cfg = config.resolve(args.model, args.out, options, base_dir)
     written = build(cfg)
+    if sign_key is not None:
+        from boundgen.artifact.signing import sign
+
+        sign(cfg.out, sign_key)
     size = sum(p.stat().st_size for p in cfg.out.rglob("*") if p.is_file())
     print_json({"artifact": str(cfg.out), "name": written["name"], "task": written["task"], "bytes": size,
                 "seconds": written["compile"]["seconds"], "validation_passed": written["validation"]["passed"]})
