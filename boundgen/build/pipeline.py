@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from boundgen.build import aoti, export, manifest, validate
+from boundgen.build import aoti, export, manifest, memory, validate
 from boundgen.build.config import BuildConfig
 from boundgen.errors import ConfigError
 
@@ -75,6 +75,7 @@ def build(cfg: BuildConfig, progress: Progress | None = None) -> dict:
     progress = progress or Progress()
     device = _check_device(cfg.device)
     _check_out(cfg.out)
+    memory.check_fits(cfg)  # before anything is loaded or compiled (build/memory.py)
     progress(f"building {cfg.summary()} -> {cfg.out}")
     tmp = cfg.out.parent / f".{cfg.out.name}.building-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
