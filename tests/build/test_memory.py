@@ -30,8 +30,10 @@ def test_default_score_bounds_fit_24_gib():
 
 def test_build_that_cannot_fit_names_the_bound(tmp_path):
     with pytest.raises(ConfigError, match=r"needs about .* GiB .* lower --max-total-tokens"):
-        check_fits(cfg(tmp_path, DEFAULT_SCORE), available=8 * GIB)
+        check_fits(cfg(tmp_path, DEFAULT_SCORE), available=12 * GIB)
     with pytest.raises(ConfigError, match="lower --max-prompt-tokens or --max-requests"):
         check_fits(cfg(tmp_path, BeamSpec(width=400, steps=5, max_prompt_tokens=8192, max_requests=8)),
-                   available=8 * GIB)
+                   available=12 * GIB)
+    with pytest.raises(ConfigError, match="lower --dtype bfloat16"):  # the weights alone do not fit
+        check_fits(cfg(tmp_path, DEFAULT_SCORE), available=8 * GIB)
     check_fits(cfg(tmp_path, DEFAULT_SCORE), available=64 * GIB)  # fits: no error
