@@ -191,14 +191,13 @@ class HttpFrontend:
     @web.middleware
     async def _auth(self, request: web.Request, handler):
         if request.path not in PUBLIC_PATHS:
-            headers = request.headers.getall("Authorization", [])
             try:
-                if getattr(request.match_info.route, "handler", None) == self.infer:  # counted as an inference request
-                    with self.models.observe("http", request.match_info.get("model", "")):
-                        check_api_key(self.config.api_key, headers)
-                else:
-                    check_api_key(self.config.api_key, headers)
+                check_api_key(self.config.api_key, request.headers.getall("Authorization", []))
             except Exception as exc:
+                if getattr(request.match_info.route, "handler", None) == self.infer:  # an inference request: counted
+                    name = request.match_info.get("model", "")
+                    self.models.metrics.observe_request(name if name in self.models.models else "", "http",
+                                                        status_of(exc).outcome, 0.0)
                 return error_response(exc)
         return await handler(request)
 
