@@ -46,6 +46,9 @@ def register(sub):
         for opt in options(cls):
             if opt.key not in shared:
                 _add_flag(group, opt)
+    p.add_argument("--sign-key", default=None, metavar="KEY",
+                   help="Ed25519 private key (PEM, `boundgen keygen`) to sign the artifact's manifest with "
+                        "(manifest.sig); `boundgen serve --trust-key` then refuses unsigned or altered artifacts")
     p.set_defaults(run=run)
 
 
@@ -66,6 +69,11 @@ def run(args):
     from boundgen.compile import config  # lazy: `boundgen --help` must not import torch and the compiler
     from boundgen.compile.pipeline import build
 
+    sign_key = None
+    if args.sign_key is not None:  # read before building: a bad key must not cost a build
+        from boundgen.artifact import signing  # lazy: `cryptography` is needed only to sign
+
+        sign_key = signing.load_private_key(args.sign_key)
     options_, base_dir = config.read_deploy_file(args.config)
     flags = {name: getattr(args, name) for name in COMPILE_FLAGS}
     for _, cls in GROUPS:
@@ -82,6 +90,8 @@ def run(args):
     options_.update({k: v for k, v in flags.items() if v is not None})
     cfg = config.resolve(args.model, args.out, options_, base_dir)
     written = build(cfg)
+    if sign_key is not None:
+        signing.sign(cfg.out, sign_key)
     size = sum(p.stat().st_size for p in cfg.out.rglob("*") if p.is_file())
     print_json({"artifact": str(cfg.out), "name": written.name, "task": written.task, "bytes": size,
                 "seconds": written.compile.seconds, "validation_passed": written.validation["passed"]})

@@ -22,6 +22,7 @@ COMMANDS = (
     "boundgen.cli.serve",
     "boundgen.cli.bench",
     "boundgen.cli.demo",
+    "boundgen.cli.keygen",
 )
 
 

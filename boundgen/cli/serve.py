@@ -39,6 +39,18 @@ def register(sub):
                         "default: the environment variable BOUNDGEN_API_KEY, else no key")
     p.add_argument("--drain-timeout-s", type=float, default=30.0, metavar="S",
                    help="on SIGTERM, longest wait for admitted requests before exiting (default 30)")
+    p.add_argument("--idle-timeout-s", type=float, default=30.0, metavar="S",
+                   help="close a connection that has not sent a whole request head for S seconds: idle, "
+                        "between requests, or stalled in its headers (HTTP; gRPC: no call open) (default 30)")
+    p.add_argument("--read-timeout-s", type=float, default=10.0, metavar="S",
+                   help="an HTTP inference body must arrive in full within S seconds, else 408 and the "
+                        "connection is closed (default 10)")
+    p.add_argument("--max-connections", type=int, default=1024, metavar="N",
+                   help="HTTP connections open at once; one more is answered 503 and closed (default 1024)")
+    p.add_argument("--trust-key", default=None, metavar="KEY",
+                   help="Ed25519 public key (PEM, `boundgen keygen`'s OUT.pub): serve only artifacts whose "
+                        "manifest.sig is its signature of their manifest.json, checked before anything else is "
+                        "read (default: no signature check)")
     group = p.add_mutually_exclusive_group()
     group.add_argument("--replicas", type=int, default=None, metavar="N",
                        help="serve through N worker processes (CPU) behind this front end; each request goes to "
@@ -56,7 +68,9 @@ def config_from_args(args):
         return ServerConfig(host=args.host, http_port=args.http_port, grpc_port=args.grpc_port,
                             max_inflight=args.max_inflight, max_queue=args.max_queue,
                             default_timeout_ms=args.default_timeout_ms, max_body_bytes=args.max_body_bytes,
-                            api_key=api_key, drain_timeout_s=args.drain_timeout_s)
+                            api_key=api_key, drain_timeout_s=args.drain_timeout_s,
+                            idle_timeout_s=args.idle_timeout_s, read_timeout_s=args.read_timeout_s,
+                            max_connections=args.max_connections)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
 
@@ -69,6 +83,9 @@ def worker_args(args) -> list[str]:
            "--drain-timeout-s", str(args.drain_timeout_s), "--default-timeout-ms", "600000"]
     if args.max_inflight is not None:
         out += ["--max-inflight", str(args.max_inflight)]
+    if args.trust_key is not None:  # every worker checks the artifacts it loads too
+        out += ["--trust-key", os.path.abspath(args.trust_key)]
+    out += ["--idle-timeout-s", str(args.idle_timeout_s), "--read-timeout-s", str(args.read_timeout_s)]
     return out
 
 
@@ -83,10 +100,14 @@ def run(args, engine_factory=None, worker_command=None):
         if not os.path.isdir(path):
             raise ConfigError(f"{path} is not a directory (expected an artifact built by `boundgen build`)")
     config = config_from_args(args)
-    if args.replicas is None and args.gpus is None:
-        return serve(args.artifacts, config, engine_factory or default_engine_factory)
-    from boundgen.server.replicas import parse_gpus, serve_replicas
+    factory = engine_factory or default_engine_factory
+    if args.trust_key is not None:
+        factory = _verified(factory, args.trust_key)
+    from boundgen.server.replicas import exit_with_parent, parse_gpus, serve_replicas
 
+    exit_with_parent()  # a --replicas / --gpus worker: exit with its front end
+    if args.replicas is None and args.gpus is None:
+        return serve(args.artifacts, config, factory)
     if args.gpus is not None:
         gpus = parse_gpus(args.gpus, _cuda_device_count)
     elif args.replicas < 1:
@@ -96,6 +117,19 @@ def run(args, engine_factory=None, worker_command=None):
     # The front end admits (workers' in-flight limit) x (workers) per model, from the workers' own.
     config = dataclasses.replace(config, max_inflight=None)
     return serve_replicas(args.artifacts, config, gpus, worker_args(args), worker_command)
+
+
+def _verified(factory, trust_key: str):
+    """`factory`, checking each artifact's signature with `trust_key` before it is loaded."""
+    from boundgen.artifact.signing import load_public_key, verify
+
+    key = load_public_key(trust_key)  # a bad key file stops serve before it listens
+
+    def load(path):
+        verify(path, key)
+        return factory(path)
+
+    return load
 
 
 def _cuda_device_count() -> int:

@@ -30,7 +30,7 @@ import torch
 
 from boundgen.artifact.manifest import MANIFEST_FILE, CompileRecord, Manifest, write_manifest
 from boundgen.artifact.tensors import output_names, tensor_interface
-from boundgen.compile import aoti, export, validate
+from boundgen.compile import aoti, export, memory, validate
 from boundgen.compile.config import BuildConfig
 from boundgen.errors import ConfigError
 from boundgen.model.loader import load_model, parse_dtype, read_config
@@ -78,6 +78,7 @@ def build(cfg: BuildConfig, progress: Progress | None = None) -> Manifest:
     progress = progress or Progress()
     device = _check_device(cfg.device)
     _check_out(cfg.out)
+    memory.check_fits(cfg)  # before anything is loaded or compiled (compile/memory.py)
     progress(f"building {cfg.summary()} -> {cfg.out}")
     tmp = cfg.out.parent / f".{cfg.out.name}.building-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)

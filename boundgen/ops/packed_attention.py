@@ -11,8 +11,13 @@ cu_seqlens[B] = T) -> out [T, N_q, D] in q's dtype. Softmax in FP32.
 Bytes moved by a fused kernel: read q, k, v once per query block, write out; FLOPs
 4 * D * N_q * sum_s L_s (L_s + 1) / 2.
 
-`reference` materialises the [N_q, T, T] score matrix: it defines the semantics and is the
-torch lowering (and the op's CPU kernel); the Triton kernel never materialises scores.
+`reference` defines the semantics and is the torch lowering (and the op's CPU kernel); the
+Triton kernel never materialises scores. Eager, it attends one sequence at a time, so its scores
+take N_q * max_s L_s^2 floats at once and its work grows with sum_s L_s^2, not T^2 (the whole
+packed batch's [N_q, T, T] scores were 25.8 GB at the default score bounds). Traced (torch.export
+with a symbolic T, where a loop over data-dependent lengths cannot be written), it calls
+scaled_dot_product_attention with the block-diagonal causal mask: one [T, T] bool, with the
+scores blocked inside the SDPA kernel rather than an [N_q, T, T] FP32 tensor.
 
 Triton kernel (FlashAttention-2 forward, varlen):
 - One program per (query block, query head). Query blocks are sequence-aligned: sequence s owns
@@ -49,6 +54,50 @@ def sequence_ids(cu_seqlens: torch.Tensor, num_tokens: int) -> torch.Tensor:
 
 def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor,
               scale: float) -> torch.Tensor:
+    if torch.compiler.is_compiling():
+        return _reference_traced(q, k, v, cu_seqlens, scale)
+    out = torch.empty_like(q)
+    bounds = cu_seqlens.tolist()
+    for start, end in zip(bounds[:-1], bounds[1:]):
+        if end > start:
+            out[start:end] = _attend_causal(q[start:end], k[start:end], v[start:end], scale)
+    return out
+
+
+def _attend_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    """Causal GQA attention within one sequence: q [L, N_q, D], k/v [L, N_kv, D] -> [L, N_q, D]."""
+    length, num_q_heads, head_dim = q.shape
+    num_kv_heads = k.shape[1]
+    group = num_q_heads // num_kv_heads
+    qg = q.reshape(length, num_kv_heads, group, head_dim).to(torch.float32)  # [L, Nkv, G, D]
+    scores = torch.einsum("ikgd,jkd->kgij", qg, k.to(torch.float32)) * scale  # [Nkv, G, L, L]
+    idx = torch.arange(length, device=q.device)
+    scores = scores.masked_fill(idx[None, :] > idx[:, None], float("-inf"))
+    probs = torch.softmax(scores, dim=-1)
+    out = torch.einsum("kgij,jkd->ikgd", probs, v.to(torch.float32))  # [L, Nkv, G, D]
+    return out.reshape(length, num_q_heads, head_dim).to(q.dtype)
+
+
+def _reference_traced(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor,
+                      scale: float) -> torch.Tensor:
+    """The same attention as one SDPA call under a [T, T] block-diagonal causal mask (export-friendly)."""
+    num_tokens, num_q_heads, head_dim = q.shape
+    num_kv_heads = k.shape[1]
+    seq = sequence_ids(cu_seqlens, num_tokens)
+    idx = torch.arange(num_tokens, device=q.device)
+    allowed = (seq[:, None] == seq[None, :]) & (idx[None, :] <= idx[:, None])  # [T, T]
+    group = num_q_heads // num_kv_heads  # K/V expanded per query head: [T, N_q, D] is small beside [T, T]
+    k = k.repeat_interleave(group, dim=1) if group > 1 else k
+    v = v.repeat_interleave(group, dim=1) if group > 1 else v
+    out = torch.nn.functional.scaled_dot_product_attention(
+        q.transpose(0, 1).to(torch.float32), k.transpose(0, 1).to(torch.float32),
+        v.transpose(0, 1).to(torch.float32), attn_mask=allowed, scale=scale)  # [N_q, T, D]
+    return out.transpose(0, 1).to(q.dtype)
+
+
+def reference_dense(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor,
+                    scale: float) -> torch.Tensor:
+    """The semantics written over the whole packed batch ([N_q, T, T] scores): tests compare with it."""
     num_tokens, num_q_heads, head_dim = q.shape
     num_kv_heads = k.shape[1]
     group = num_q_heads // num_kv_heads

@@ -28,6 +28,7 @@ from aiohttp import web, web_server
 
 from boundgen.errors import BoundgenError
 from boundgen.runtime.engine import Engine
+from boundgen.server import connections
 from boundgen.server.config import ServerConfig
 from boundgen.server.kserve_grpc import GrpcFrontend
 from boundgen.server.kserve_http import HttpFrontend
@@ -59,23 +60,30 @@ class Server:
         self.http_port: int | None = None
         self.grpc_port: int | None = None
         self._runner: web.AppRunner | None = None
+        self._http: asyncio.AbstractServer | None = None
+        self._say_lock = threading.Lock()
         self._grpc: grpc.aio.Server | None = None
 
     def say(self, message: str) -> None:
-        print(message, file=self.out, flush=True)
+        """One line on `out`, written whole: worker threads say things at once (print() writes the
+        text and its newline separately, so two lines could interleave into one)."""
+        with self._say_lock:
+            self.out.write(message + "\n")
+            self.out.flush()
 
     async def start(self) -> None:
         cfg = self.config
         # Cancel a handler whose client disconnects, so that its queue place frees (aiohttp < 3.9 always did).
         cancel = {"handler_cancellation": True} if _HANDLER_CANCELLATION else {}
-        self._runner = web.AppRunner(HttpFrontend(self.models, cfg).app(), access_log=None, **cancel)
+        handler_kwargs = {"access_log": None, "keepalive_timeout": cfg.idle_timeout_s}
+        self._runner = web.AppRunner(HttpFrontend(self.models, cfg).app(), **handler_kwargs, **cancel)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, cfg.host, cfg.http_port, reuse_address=True)
         try:
-            await site.start()
+            self._http = await connections.listen(self._runner, cfg.host, cfg.http_port, cfg.max_connections,
+                                                  handler_kwargs)
         except OSError as exc:
             raise BoundgenError(f"cannot listen for HTTP on {cfg.host}:{cfg.http_port}: {exc.strerror or exc}") from None
-        self.http_port = self._runner.addresses[0][1]
+        self.http_port = self._http.sockets[0].getsockname()[1]
         frontend = GrpcFrontend(self.models, cfg)
         self._grpc = grpc.aio.server(options=frontend.options())
         self._grpc.add_generic_rpc_handlers((frontend.handler(),))
@@ -110,6 +118,8 @@ class Server:
     async def stop(self) -> None:
         if self._grpc is not None:
             await self._grpc.stop(grace=1.0)
+        if self._http is not None:
+            self._http.close()  # no new connections; cleanup() below closes the open ones
         if self._runner is not None:
             await self._runner.cleanup()
         self.models.close()
@@ -145,13 +155,20 @@ async def _in_daemon_thread(fn, *args):
     loop = asyncio.get_running_loop()
     future = loop.create_future()
 
+    def settle(error: BaseException | None, result) -> None:
+        if not future.done():
+            future.set_result(result) if error is None else future.set_exception(error)
+
     def target():
+        # The error is passed as an argument: Python deletes an `except ... as exc` name when the
+        # block ends, so a callback that read `exc` later raised NameError and left `future`
+        # pending for ever (a load failure then hung the server, live 200 / ready 503).
         try:
             result = fn(*args)
         except BaseException as exc:  # handed to the awaiting coroutine
-            loop.call_soon_threadsafe(lambda: future.done() or future.set_exception(exc))
+            loop.call_soon_threadsafe(settle, exc, None)
         else:
-            loop.call_soon_threadsafe(lambda: future.done() or future.set_result(result))
+            loop.call_soon_threadsafe(settle, None, result)
 
     threading.Thread(target=target, name="boundgen-loader", daemon=True).start()
     return await future

@@ -19,6 +19,9 @@ class ServerConfig:
     max_body_bytes: int = 4 << 20  # HTTP body / gRPC message
     api_key: str | None = None  # required on every route but /v2/health/{live,ready} when set
     drain_timeout_s: float = 30.0  # SIGTERM: longest wait for running and queued requests
+    idle_timeout_s: float = 30.0  # close a connection without a whole request head for this long (connections.py)
+    read_timeout_s: float = 10.0  # an HTTP inference body must arrive in full within this long of its head
+    max_connections: int = 1024  # HTTP connections open at once; one more is answered 503 and closed
 
     def __post_init__(self):
         for name in ("http_port", "grpc_port"):
@@ -39,3 +42,8 @@ class ServerConfig:
             raise ValueError("api_key must not be empty (leave it unset to serve without a key)")
         if self.drain_timeout_s < 0:
             raise ValueError(f"drain_timeout_s must be >= 0, got {self.drain_timeout_s}")
+        for name in ("idle_timeout_s", "read_timeout_s"):
+            if not 0 < getattr(self, name) < float("inf"):
+                raise ValueError(f"{name} must be a number of seconds > 0, got {getattr(self, name)}")
+        if self.max_connections < 1:
+            raise ValueError(f"max_connections must be >= 1, got {self.max_connections}")

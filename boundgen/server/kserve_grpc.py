@@ -104,7 +104,9 @@ class GrpcFrontend:
         answer INVALID_ARGUMENT itself; beyond that gRPC refuses them with RESOURCE_EXHAUSTED."""
         limit = self.config.max_body_bytes
         return [("grpc.max_receive_message_length", max(2 * limit, limit + (1 << 20))),
-                ("grpc.max_send_message_length", -1)]
+                ("grpc.max_send_message_length", -1),
+                # An idle connection (no call open) is closed after --idle-timeout-s, as HTTP's is.
+                ("grpc.max_connection_idle_ms", int(self.config.idle_timeout_s * 1000))]
 
     def _decode_infer(self, data: bytes):
         if len(data) > self.config.max_body_bytes:
@@ -122,8 +124,8 @@ class GrpcFrontend:
         await context.abort(status.grpc, status.message)
 
     def _check_key(self, context) -> None:
-        metadata = dict(context.invocation_metadata() or ())
-        check_api_key(self.config.api_key, metadata.get("authorization"))
+        values = [value for key, value in context.invocation_metadata() or () if key == "authorization"]
+        check_api_key(self.config.api_key, values)
 
     async def server_live(self, request, context):
         return pb.ServerLiveResponse(live=True)

@@ -12,11 +12,13 @@ Binary extension: the header `Inference-Header-Content-Length: N` says the body 
 JSON followed by raw tensor data; each input with `parameters.binary_data_size` takes its bytes
 from there in order. Outputs come back binary when requested (`parameters.binary_data` per
 output, or request-level `parameters.binary_data_output`), JSON otherwise. Errors are
-`{"error": "..."}` with the status of status.py.
+`{"error": "..."}` with the status of status.py, aiohttp's own answers (404 unknown route, 405
+wrong method, 413) included; protocol-level errors too (connections.py).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -32,7 +34,7 @@ from boundgen.server.config import ServerConfig
 from boundgen.server.metrics import CONTENT_TYPE
 from boundgen.server.models import ModelSet
 from boundgen.server.served import VERSION
-from boundgen.server.status import status_of
+from boundgen.server.status import ReadTimeout, status_of
 from boundgen.server.tensors import Tensor, check_header, from_json, from_raw, to_json, to_raw
 
 log = logging.getLogger("boundgen.server")
@@ -150,7 +152,10 @@ def error_response(exc: BaseException) -> web.Response:
     if status.outcome == "internal_error":
         log.error("internal error", exc_info=exc)
     headers = {"WWW-Authenticate": "Bearer"} if status.http == 401 else None
-    return web.json_response({"error": status.message}, status=status.http, headers=headers)
+    response = web.json_response({"error": status.message}, status=status.http, headers=headers)
+    if status.outcome == "read_timeout":  # part of the body is unread: the connection cannot carry another request
+        response.force_close()
+    return response
 
 
 class HttpFrontend:
@@ -158,7 +163,7 @@ class HttpFrontend:
         self.models, self.config = models, config
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=self.config.max_body_bytes, middlewares=[self._auth])
+        app = web.Application(client_max_size=self.config.max_body_bytes, middlewares=[self._json_errors, self._auth])
         app.router.add_get("/v2/health/live", self.live)
         app.router.add_get("/v2/health/ready", self.ready)
         app.router.add_get("/v2", self.server_metadata)
@@ -170,11 +175,29 @@ class HttpFrontend:
         return app
 
     @web.middleware
+    async def _json_errors(self, request: web.Request, handler):
+        """aiohttp's own error answers (404, 405, 413, ...) as JSON `{"error": ...}`, as ours are."""
+        try:
+            return await handler(request)
+        except web.HTTPException as exc:
+            if exc.status < 400:
+                raise
+            response = web.json_response({"error": f"{exc.reason}: {request.method} {request.path}"}, status=exc.status)
+            for key in ("Allow",):
+                if key in exc.headers:
+                    response.headers[key] = exc.headers[key]
+            return response
+
+    @web.middleware
     async def _auth(self, request: web.Request, handler):
         if request.path not in PUBLIC_PATHS:
             try:
-                check_api_key(self.config.api_key, request.headers.get("Authorization"))
+                check_api_key(self.config.api_key, request.headers.getall("Authorization", []))
             except Exception as exc:
+                if getattr(request.match_info.route, "handler", None) == self.infer:  # an inference request: counted
+                    name = request.match_info.get("model", "")
+                    self.models.metrics.observe_request(name if name in self.models.models else "", "http",
+                                                        status_of(exc).outcome, 0.0)
                 return error_response(exc)
         return await handler(request)
 
@@ -222,8 +245,11 @@ class HttpFrontend:
         if request.content_length is not None and request.content_length > limit:
             raise InvalidInput(f"the request body is {request.content_length} bytes, over the server's limit "
                                f"of {limit} (--max-body-bytes)")
-        try:
-            return await request.read()
+        try:  # the whole body within --read-timeout-s: a stalled or endless one must not hold the connection
+            return await asyncio.wait_for(request.read(), self.config.read_timeout_s)
+        except asyncio.TimeoutError:
+            raise ReadTimeout(f"the request body did not arrive in full within {self.config.read_timeout_s:g} s "
+                              "(--read-timeout-s)") from None
         except web.HTTPRequestEntityTooLarge:
             raise InvalidInput(f"the request body is over the server's limit of {limit} bytes "
                                "(--max-body-bytes)") from None

@@ -30,14 +30,15 @@ class ServerProcess:
     def __init__(self, artifact_dirs: Sequence[str | Path], *, host: str = "127.0.0.1", http_port: int = 0,
                  grpc_port: int = 0, args: Sequence[str] = (), command: Sequence[str] | None = None,
                  env: dict | None = None, cwd: str | Path | None = None, ready_timeout_s: float = 300.0,
-                 echo: bool = False):
+                 echo: bool = False, pass_fds: Sequence[int] = ()):
         """`args`: further `boundgen serve` flags (e.g. ["--max-inflight", "2"]); `command`: what
-        to run in place of `python -m boundgen serve` (it gets the same arguments)."""
+        to run in place of `python -m boundgen serve` (it gets the same arguments); `pass_fds`:
+        file descriptors the child inherits (replicas.py's lifeline pipe)."""
         self.command = list(command or [sys.executable, "-m", "boundgen", "serve"])
         self.argv = self.command + [str(d) for d in artifact_dirs] + [
             "--host", host, "--http-port", str(http_port), "--grpc-port", str(grpc_port), *args]
         self.host, self.env, self.cwd = host, env, cwd
-        self.ready_timeout_s, self.echo = ready_timeout_s, echo
+        self.ready_timeout_s, self.echo, self.pass_fds = ready_timeout_s, echo, tuple(pass_fds)
         self.proc: subprocess.Popen | None = None
         self.http_port: int | None = None
         self.grpc_port: int | None = None
@@ -58,7 +59,7 @@ class ServerProcess:
         env = dict(os.environ if self.env is None else self.env)
         env.setdefault("PYTHONUNBUFFERED", "1")
         self.proc = subprocess.Popen(self.argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                     env=env, cwd=self.cwd)
+                                     env=env, cwd=self.cwd, pass_fds=self.pass_fds)
         self._reader = threading.Thread(target=self._read_output, daemon=True)
         self._reader.start()
         try:

@@ -3,7 +3,8 @@
     boundgen_requests_total{model,protocol,outcome}      counter; outcome is one of status.py's
                                                          (success, invalid_input, rejected,
                                                          deadline_exceeded, unavailable,
-                                                         unauthenticated, cancelled, internal_error)
+                                                         unauthenticated, cancelled, read_timeout,
+                                                         internal_error)
     boundgen_request_seconds{model,protocol}             histogram, end to end inside the server
     boundgen_queue_seconds{model}                        histogram, wait for an in-flight slot
     boundgen_compute_seconds{model}                      histogram, engine call on the worker thread

@@ -21,6 +21,7 @@ from boundgen.server.status import Unavailable, status_of
 from boundgen.server.tensors import Tensor
 
 LOADING, READY, DRAINING = "loading", "ready", "draining"
+MAX_TIMEOUT_US = (1 << 63) - 1  # the gRPC int64_param's range; HTTP JSON integers are unbounded
 
 
 class ModelSet:
@@ -85,9 +86,10 @@ class ModelSet:
         (microseconds, as Triton; 0 means none), its gRPC deadline, else the server default."""
         budgets = []
         if timeout_us is not None:
-            if not isinstance(timeout_us, int) or isinstance(timeout_us, bool) or timeout_us < 0:
-                raise InvalidInput(f"parameter 'timeout' must be a non-negative integer (microseconds), "
-                                   f"got {timeout_us!r}")
+            if not isinstance(timeout_us, int) or isinstance(timeout_us, bool) or not 0 <= timeout_us <= MAX_TIMEOUT_US:
+                shown = timeout_us if len(repr(timeout_us)) <= 40 else f"{repr(timeout_us)[:20]}... ({len(repr(timeout_us))} digits)"
+                raise InvalidInput(f"parameter 'timeout' must be an integer from 0 to {MAX_TIMEOUT_US} (microseconds, "
+                                   f"an int64 as in gRPC), got {shown}")
             if timeout_us > 0:
                 budgets.append(timeout_us / 1e6)
         if remaining_s is not None:

@@ -13,8 +13,12 @@ an answer that comes after its own.) So does its `cancelled` event: once the fro
 has gone, the call to the worker is cancelled (replicas.Worker.infer), and the worker's admission
 and engine drop the request, unless it already runs (worker outcome label cancelled).
 
-A worker that dies under a request, or refuses it as unavailable, fails that request with
-503 / UNAVAILABLE; other worker statuses map back to the front end's own errors.
+The gRPC call itself carries the same deadline plus WORKER_GRACE_S (so that a worker refusing
+the request at its deadline is heard, with its reason): a worker that does not answer in time
+(stopped, wedged, overloaded) fails the request with 504 within WORKER_GRACE_S of its deadline,
+never later; without a deadline the call is bounded by WORKER_CALL_TIMEOUT_S. A worker that dies under a request, or refuses it
+as unavailable, fails that request with 503 / UNAVAILABLE; other worker statuses map back to
+the front end's own errors.
 """
 
 from __future__ import annotations
@@ -34,7 +38,8 @@ from boundgen.server import kserve_pb as pb
 from boundgen.server.status import DeadlineExceeded, Overloaded, Unavailable
 from boundgen.server.tensors import from_raw, serialize_bytes
 
-WORKER_CALL_TIMEOUT_S = 600.0  # bound on one forwarded call; the front end's admission drops late answers
+WORKER_CALL_TIMEOUT_S = 600.0  # bound on a forwarded call that brings no deadline
+WORKER_GRACE_S = 0.2  # a forwarded call's own timeout: the request's time left plus this
 
 _ERRORS = {
     grpc.StatusCode.INVALID_ARGUMENT: InvalidInput,
@@ -81,8 +86,11 @@ class ReplicaEngine(Engine):
         request = pb.ModelInferRequest(model_name=self.spec.name)
         request.inputs.add(name="TEXT", datatype="BYTES", shape=[len(items)])
         request.raw_input_contents.append(serialize_bytes(items))
+        call_timeout_s = WORKER_CALL_TIMEOUT_S
         if deadline is not None:
-            left_us = int((deadline - time.monotonic()) * 1e6)
+            left_s = deadline - time.monotonic()
+            call_timeout_s = left_s + WORKER_GRACE_S
+            left_us = int(left_s * 1e6)
             if left_us <= 0:  # 0 would mean "no timeout" to the worker
                 raise DeadlineExceeded(f"the deadline passed {-left_us / 1e3:.1f} ms before model {self.spec.name} "
                                        "could be sent to a worker; the request was not run")
@@ -93,7 +101,8 @@ class ReplicaEngine(Engine):
         worker = self.pool.acquire()
         outcome = "error"
         try:
-            response = worker.infer(request, WORKER_CALL_TIMEOUT_S, cancelled)
+            call_end = time.monotonic() + call_timeout_s
+            response = worker.infer(request, call_timeout_s, cancelled)
             outcome = "success"
         except grpc.FutureCancelledError:
             outcome = "cancelled"
@@ -101,6 +110,9 @@ class ReplicaEngine(Engine):
                             "had already started") from None
         except grpc.RpcError as err:
             outcome = _OUTCOMES.get(err.code(), "error")
+            if err.code() == grpc.StatusCode.DEADLINE_EXCEEDED and time.monotonic() >= call_end:  # ours, not the worker's
+                raise DeadlineExceeded(f"worker {worker.index} did not answer model {self.spec.name} by the "
+                                       "request's deadline (is it stalled?); the answer, if any, is dropped") from None
             raise _ERRORS.get(err.code(), RuntimeError)(f"worker {worker.index}: {err.details()}") from None
         finally:
             self.pool.release(worker, outcome)

@@ -14,6 +14,18 @@ line, `boundgen_worker_up` 0, `boundgen_worker_restarts_total` + 1), calls in fl
 (0.5 s doubling to 10 s while restarts fail). Shutdown (front end drained) SIGTERMs every worker.
 A front-end request whose client goes away cancels its gRPC call to the worker, which cancels
 the request there like any client's (a request waiting in the worker is not run).
+
+A worker that is alive but does not answer (stopped, wedged) is found by a health thread: every
+HEALTH_INTERVAL_S it calls each up worker's gRPC ServerLive with a HEALTH_TIMEOUT_S deadline;
+after HEALTH_FAILURES misses in a row the worker is marked down (no new requests), killed
+(SIGKILL works on a stopped process too) and so restarted by its supervisor like any exit.
+Calls already on it end at their own deadline (replica_engine.py), never later.
+
+Workers die with the front end, even a SIGKILLed one: each inherits the read end of a lifeline
+pipe whose write end only the front end holds; when the front end is gone the kernel closes it,
+and the worker's watcher thread reads EOF and exits (`exit_with_parent`, called by the serve CLI
+when BOUNDGEN_LIFELINE_FD is set). Not prctl(PR_SET_PDEATHSIG): that fires when the *thread*
+that started the child exits, and workers are started from short-lived pool threads.
 """
 
 from __future__ import annotations
@@ -21,6 +33,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
+import sys
 import threading
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -41,6 +55,8 @@ from boundgen.server.status import Unavailable
 LOADED = re.compile(r"boundgen serve: model (\S+) \(\w+\) loaded and warmed up, max in flight (\d+)")
 BACKOFF_S, BACKOFF_MAX_S = 0.5, 10.0
 WORKER_READY_TIMEOUT_S = 600.0
+HEALTH_INTERVAL_S, HEALTH_TIMEOUT_S, HEALTH_FAILURES = 1.0, 1.0, 3  # a wedged worker is down within ~6 s
+LIFELINE_ENV = "BOUNDGEN_LIFELINE_FD"
 _NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
@@ -78,6 +94,16 @@ class Worker:
         self._infer = self.channel.unary_unary(f"/{pb.SERVICE}/ModelInfer",
                                                request_serializer=lambda m: m.SerializeToString(),
                                                response_deserializer=pb.ModelInferResponse.FromString)
+        self._live = self.channel.unary_unary(f"/{pb.SERVICE}/ServerLive",
+                                              request_serializer=lambda m: m.SerializeToString(),
+                                              response_deserializer=pb.ServerLiveResponse.FromString)
+
+    def answers(self, timeout_s: float) -> bool:
+        """Whether the worker answers ServerLive within `timeout_s`."""
+        try:
+            return self._live(pb.ServerLiveRequest(), timeout=timeout_s).live
+        except grpc.RpcError:
+            return False
 
     def infer(self, request, timeout_s: float, cancelled: threading.Event | None = None):
         """The worker's answer (or grpc.RpcError). Once `cancelled` is set (looked at every
@@ -105,6 +131,7 @@ class WorkerPool:
         self._closing = threading.Event()
         self._started = False
         self._specs: list | None = None
+        self._lifeline = os.pipe()  # (read, write): workers inherit the read end only; neither is inheritable else
         self.up = Gauge("boundgen_worker_up", "1 while the worker process is up and ready", ["worker"], registry=registry)
         self.inflight = Gauge("boundgen_worker_inflight_requests", "Requests forwarded to the worker and not yet "
                               "answered", ["worker"], registry=registry)
@@ -141,6 +168,7 @@ class WorkerPool:
         self._started = True
         for w in self.workers:
             threading.Thread(target=self._supervise, args=(w,), name=f"boundgen-worker-{w.index}", daemon=True).start()
+        threading.Thread(target=self._check_health, name="boundgen-worker-health", daemon=True).start()
 
     def close(self) -> None:
         """SIGTERM every worker (each drains), wait for them; idempotent."""
@@ -149,6 +177,8 @@ class WorkerPool:
         self._closing.set()
         with ThreadPoolExecutor(len(self.workers)) as pool:
             list(pool.map(lambda w: w.server and w.server.stop(), self.workers))
+        for fd in self._lifeline:
+            os.close(fd)
 
     # ---- routing --------------------------------------------------------------------------
 
@@ -174,8 +204,9 @@ class WorkerPool:
         env = {k: v for k, v in os.environ.items() if k != API_KEY_ENV}  # workers listen on loopback only
         if w.gpu is not None:
             env["CUDA_VISIBLE_DEVICES"] = str(w.gpu)
+        env[LIFELINE_ENV] = str(self._lifeline[0])
         w.server = ServerProcess(self.artifact_dirs, args=self.worker_args, command=self.command, env=env,
-                                 ready_timeout_s=WORKER_READY_TIMEOUT_S).start()
+                                 ready_timeout_s=WORKER_READY_TIMEOUT_S, pass_fds=(self._lifeline[0],)).start()
         if self._closing.is_set():  # closed while it started: close() did not see it
             w.server.stop()
             return
@@ -211,10 +242,50 @@ class WorkerPool:
                     failures += 1
                     code = f"{exc}".splitlines()[0]
 
+    def _check_health(self) -> None:
+        """Mark down and kill a worker that is up but has not answered ServerLive HEALTH_FAILURES times in a row."""
+        misses = {w.index: 0 for w in self.workers}
+        while not self._closing.wait(HEALTH_INTERVAL_S):
+            for w in self.workers:
+                server = w.server
+                if not w.up or server is None:
+                    misses[w.index] = 0
+                    continue
+                misses[w.index] = 0 if w.answers(HEALTH_TIMEOUT_S) else misses[w.index] + 1
+                if misses[w.index] < HEALTH_FAILURES or self._closing.is_set():
+                    continue
+                misses[w.index] = 0
+                with self._lock:
+                    w.up = False  # no new requests; its supervisor restarts it once it has exited
+                self.up.labels(str(w.index)).set(0)
+                self.say(f"boundgen serve: worker {w.index} (pid {server.proc.pid}) did not answer a health check "
+                         f"within {HEALTH_TIMEOUT_S:g} s {HEALTH_FAILURES} times in a row; killing it")
+                server.kill()
+
     @staticmethod
     def _metadata(server: ServerProcess, model: str) -> dict:
         with _NO_PROXY.open(f"http://{server.http_url}/v2/models/{model}", timeout=30) as r:
             return json.loads(r.read())
+
+
+def exit_with_parent(environ=os.environ) -> None:
+    """In a worker (LIFELINE_ENV set): exit as soon as the front end that started it is gone."""
+    fd = environ.get(LIFELINE_ENV)
+    if not fd:
+        return
+
+    def watch():
+        try:
+            while os.read(int(fd), 1):  # nothing is ever written: returns b"" once the front end is gone
+                pass
+        except OSError:
+            pass
+        try:  # its output pipe went with the front end: this print may fail, the exit must not
+            print("boundgen serve: the front end is gone; this worker exits", file=sys.stderr, flush=True)
+        finally:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="boundgen-lifeline", daemon=True).start()
 
 
 def serve_replicas(artifact_dirs: Sequence[str | Path], config, gpus: Sequence[int | None],

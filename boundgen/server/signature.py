@@ -7,6 +7,17 @@ artifact/program.py): metadata, input checks, engine results to output tensors.
 
 Checks here are the ones that need no tokenizer (names, datatypes, shapes, sample count,
 UTF-8); token limits are the engine's, which raises `InvalidInput` naming sample and limit.
+
+One token check needs no tokenizer, and runs here, on the event loop, before admission: a text
+of B bytes is at least ceil(B / MAX_TOKEN_BYTES) tokens, because every token of a byte-level
+BPE covers at most MAX_TOKEN_BYTES bytes of UTF-8 (Qwen: the longest entry of qwen.tiktoken is
+128 bytes, a run of spaces; the added special tokens are at most 20). A template only adds
+bytes, so the bound holds for the templated text too. A text whose byte length proves it over
+`max_tokens_per_sample`, or texts whose byte lengths prove them over `max_total_tokens`, are
+refused in O(1) per text, before they can spend seconds in a tokenizer holding a model's
+in-flight slot. (The converse does not hold: B bytes can be up to B tokens, so shorter texts
+still go to the engine's exact check.) An engine with another vocabulary can give its own
+bound as `spec.extra["max_token_bytes"]`.
 """
 
 from __future__ import annotations
@@ -22,6 +33,8 @@ from boundgen.errors import InvalidInput
 from boundgen.runtime.engine import Engine, EngineSpec
 from boundgen.runtime.results import BeamResult, ScoreResult
 from boundgen.server.tensors import Tensor
+
+MAX_TOKEN_BYTES = 128  # the Qwen vocabulary's longest token, in bytes (see the docstring)
 
 
 @dataclass(frozen=True)
@@ -50,7 +63,7 @@ class Signature:
         if spec.task not in ("score", "beam"):
             raise ValueError(f"model {spec.name}: unknown task {spec.task!r}")
         self.spec = program = spec.program
-        self.name = spec.name
+        self.name, self.extra = spec.name, spec.extra
         if spec.task == "score":
             self.inputs = (TensorSpec("TEXT", "BYTES", (-1,)),)
             self.outputs = (TensorSpec("SCORES", "FP32", (-1, len(program.label_token_ids))),)
@@ -95,6 +108,7 @@ class Signature:
         if text.datatype != "BYTES":
             raise InvalidInput(f"input TEXT must be BYTES, got {text.datatype}")
         self._check_shape(text.shape)
+        self._check_byte_lengths(text.data)
         texts = []
         for i, item in enumerate(text.data):
             try:
@@ -102,6 +116,21 @@ class Signature:
             except UnicodeDecodeError as exc:
                 raise InvalidInput(f"TEXT[{i}] is not valid UTF-8 (byte {item[exc.start]:#04x} at offset {exc.start})") from None
         return EngineCall(self.spec.task, tuple(texts))
+
+    def _check_byte_lengths(self, items: Sequence[bytes]) -> None:
+        """Refuse texts whose byte length alone proves them over the token bounds (module docstring)."""
+        per_token = int(self.extra.get("max_token_bytes") or MAX_TOKEN_BYTES)
+        limit, total = self.spec.max_tokens_per_sample, 0
+        for i, item in enumerate(items):
+            at_least = -(-len(item) // per_token)
+            if at_least > limit:
+                raise InvalidInput(f"TEXT[{i}] is {len(item)} bytes, so at least {at_least} tokens (a token is at most "
+                                   f"{per_token} bytes), more than the limit of {limit} tokens per sample")
+            total += at_least
+        if self.spec.task == "score" and total > self.spec.max_total_tokens:
+            raise InvalidInput(f"the {len(items)} texts are {sum(map(len, items))} bytes, so at least {total} tokens "
+                               f"(a token is at most {per_token} bytes), more than the limit of "
+                               f"{self.spec.max_total_tokens} tokens per request")
 
     def _check_shape(self, shape: tuple[int, ...]) -> None:
         if self.spec.task == "beam":

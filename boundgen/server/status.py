@@ -45,6 +45,12 @@ class Unavailable(ServeError):
     outcome = "unavailable"
 
 
+class ReadTimeout(ServeError):
+    """The HTTP request body did not arrive in full within --read-timeout-s (HTTP only)."""
+
+    outcome = "read_timeout"
+
+
 class Unauthenticated(ServeError):
     """The API key is missing or wrong."""
 
@@ -66,6 +72,7 @@ _CODES = {
     "unavailable": (503, grpc.StatusCode.UNAVAILABLE),
     "unauthenticated": (401, grpc.StatusCode.UNAUTHENTICATED),
     "cancelled": (499, grpc.StatusCode.CANCELLED),
+    "read_timeout": (408, grpc.StatusCode.DEADLINE_EXCEEDED),
     "internal_error": (500, grpc.StatusCode.INTERNAL),
 }
 

@@ -2,8 +2,8 @@
 compute time, and a log of every call that reached it.
 
 Configured by `fake.json` in a directory that stands in for an artifact:
-    {"spec": {"name": ..., "program": {the spec's dict form}}, "sleep_s": 0.0, "log": "/path/calls.jsonl", "gate": "/path/file",
-     "workers": null}
+    {"spec": {"name": ..., "program": {the spec's dict form}}, "sleep_s": 0.0, "log": "/path/calls.jsonl",
+     "gate": "/path/file", "workers": null, "load_error": null, "tokenize_s_per_mb": 0.0}
 - a text containing `sleep=S` makes its call sleep S seconds instead of `sleep_s`;
 - a text containing `hold=PATH` makes its call wait until the file PATH exists (bounded), so
   tests can keep a request running for exactly as long as they need;
@@ -13,7 +13,10 @@ Configured by `fake.json` in a directory that stands in for an artifact:
   `cancelled` event that is set, while it waits is not run (DeadlineExceeded / Cancelled, as
   runtime/batcher.py raises them); the log records when a call starts to
   wait and when one is refused (`read_events`);
-- "tokens" are whitespace-separated words; the limits and messages mirror the real tokenizer's.
+- "tokens" are whitespace-separated words; the limits and messages mirror the real tokenizer's;
+  `tokenize_s_per_mb` makes counting them cost that many seconds per MB of text, on the calling
+  thread, as a real tokenizer's time grows with the text;
+- `load_error: "..."` makes loading the artifact fail with ArtifactError (as a corrupted one does).
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from boundgen.artifact.program import spec_from_dict, spec_to_dict
-from boundgen.errors import Cancelled, DeadlineExceeded, InvalidInput
+from boundgen.errors import ArtifactError, Cancelled, DeadlineExceeded, InvalidInput
 from boundgen.runtime.engine import Engine, EngineSpec
 from boundgen.runtime.waiting import wait_slice
 from boundgen.runtime.results import BeamResult, ScoreResult
@@ -43,26 +46,32 @@ def _h(text: str) -> int:
 
 
 def write_fake_artifact(directory: Path, spec: EngineSpec, sleep_s: float = 0.0, log: Path | None = None,
-                        gate: Path | None = None, workers: int | None = None) -> Path:
+                        gate: Path | None = None, workers: int | None = None, load_error: str | None = None,
+                        tokenize_s_per_mb: float = 0.0) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
-    config = {"spec": {"name": spec.name, "program": spec_to_dict(spec.program)}, "sleep_s": sleep_s, "log": str(log) if log else None,
-              "gate": str(gate) if gate else None, "workers": workers}
+    config = {"spec": {"name": spec.name, "program": spec_to_dict(spec.program)}, "sleep_s": sleep_s,
+              "log": str(log) if log else None, "gate": str(gate) if gate else None, "workers": workers,
+              "load_error": load_error, "tokenize_s_per_mb": tokenize_s_per_mb}
     (directory / "fake.json").write_text(json.dumps(config))
     return directory
 
 
 class FakeEngine(Engine):
     def __init__(self, spec: EngineSpec, sleep_s: float = 0.0, log: str | None = None, gate: str | None = None,
-                 workers: int | None = None):
+                 workers: int | None = None, tokenize_s_per_mb: float = 0.0):
         self.spec, self.sleep_s, self.log, self.gate = spec, sleep_s, log, gate
+        self.tokenize_s_per_mb = tokenize_s_per_mb
         self._lock = threading.Lock()
         self._workers = threading.Semaphore(workers) if workers else None
 
     @classmethod
     def from_dir(cls, path) -> "FakeEngine":
         config = json.loads((Path(path) / "fake.json").read_text())
+        if config.get("load_error"):
+            raise ArtifactError(config["load_error"])
         spec = EngineSpec(config["spec"]["name"], spec_from_dict(config["spec"]["program"]))
-        return cls(spec, config["sleep_s"], config["log"], config["gate"], config.get("workers"))
+        return cls(spec, config["sleep_s"], config["log"], config["gate"], config.get("workers"),
+                   config.get("tokenize_s_per_mb", 0.0))
 
     # ---- Engine -------------------------------------------------------------------------
 
@@ -98,6 +107,8 @@ class FakeEngine(Engine):
 
     def _check(self, texts) -> None:
         limit = self.spec.program.max_tokens_per_sample
+        if self.tokenize_s_per_mb:
+            time.sleep(self.tokenize_s_per_mb * sum(len(t.encode()) for t in texts) / 1e6)
         for i, text in enumerate(texts):
             if not text.strip():
                 raise InvalidInput(f"sample {i} is empty or whitespace only; every text needs content")

@@ -1,6 +1,8 @@
 """`--replicas N`: one front end, N worker processes (each a fake-engine `boundgen serve`).
 Traffic reaches every worker; a killed worker fails only its own in-flight request (503) and
-comes back, while the others keep serving; deadlines and cancellations reach the worker."""
+comes back, while the others keep serving; deadlines and cancellations reach the worker; a
+stopped worker fails its request at the deadline and is replaced; workers die with a killed
+front end."""
 
 from __future__ import annotations
 
@@ -54,11 +56,12 @@ def replicas(launch, fake_dirs):
 
 
 def _alive(pid: int) -> bool:
+    """Running (a zombie waiting for a reaper counts as gone)."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
         return False
-    return True
 
 
 def test_traffic_reaches_both_workers(replicas):
@@ -147,3 +150,42 @@ def test_cancel_reaches_the_worker(launch, tmp_path):
     assert server.stop() == 0
     assert [r["error"] for r in read_events(log, "refused") if text in r["texts"]] == ["Cancelled"]
     assert not any(text in call["texts"] for call in read_log(log))
+
+
+def test_stalled_worker_fails_at_the_deadline_and_is_replaced(replicas):
+    """A stopped worker (SIGSTOP: alive, silent) fails the request routed to it at its deadline, not
+    600 s later; the health check marks it down, kills it and it is restarted; others keep serving."""
+    stopped = worker_pids(replicas)[0]
+    os.kill(stopped, signal.SIGSTOP)
+    try:
+        t = thttp.InferInput("TEXT", [1], "BYTES")
+        t.set_data_from_numpy(np.array([b"to the stopped worker"], dtype=object))
+        client = thttp.InferenceServerClient(replicas.http_url, network_timeout=30.0)
+        start = time.monotonic()
+        with pytest.raises(InferenceServerException) as err:
+            client.infer("fscore", [t], timeout=500_000)  # idle tie: worker 0 first
+        assert err.value.status() == "504", err.value
+        assert time.monotonic() - start < 5.0  # at its deadline (0.5 s), where it used to wait 600 s
+        wait_metric(replicas, 'boundgen_worker_up{worker="0"}', 0, timeout_s=20)
+        for i in range(3):
+            assert infer(replicas, f"while worker 0 is down {i}").shape == (1, 2)
+        wait_metric(replicas, 'boundgen_worker_restarts_total{worker="0"}', 1, timeout_s=20)
+        wait_metric(replicas, 'boundgen_worker_up{worker="0"}', 1, timeout_s=30)
+    finally:
+        if _alive(stopped):
+            os.kill(stopped, signal.SIGCONT)
+    assert not _alive(stopped)
+    assert any("did not answer a health check" in line for line in replicas.output)
+
+
+def test_workers_die_with_a_killed_front_end(launch, fake_dirs):
+    server = launch([fake_dirs["score"]], args=["--replicas", "2"])
+    pids = list(worker_pids(server).values())
+    assert len(pids) == 2 and all(_alive(pid) for pid in pids)
+    server.proc.kill()  # SIGKILL: no drain, no cleanup code runs
+    server.proc.wait(10)
+    end = time.monotonic() + 10.0
+    while any(_alive(pid) for pid in pids) and time.monotonic() < end:
+        time.sleep(0.05)
+    left = {pid: open(f"/proc/{pid}/stat").read() for pid in pids if _alive(pid)}
+    assert not left, f"workers outlived their SIGKILLed front end: {left}"

@@ -1,0 +1,87 @@
+"""Host memory a CPU build needs, estimated before anything is compiled, so that a build that
+cannot fit says so at once and names the bound to lower (instead of dying in validation).
+
+    weights      params x dtype bytes x 3: the eager model, the reference program's (a second
+                 model when the lowering under test is not the torch one; counted always), and
+                 the compiled package's own copy loaded for validation
+    activations  the largest validation case, T tokens (score: max_total_tokens; beam: the
+                 prompt plus max_requests x W x steps decode rows): per layer FP32
+                 T x (q + k + v + out + 3 x intermediate + 4 x hidden), x 2 (eager and compiled)
+    attention    eager reference: N_q x max_L^2 FP32 scores, x 3 (scores, masked, probs);
+                 traced reference: the [T, T] block-diagonal mask, bool and as FP32 inside SDPA
+    logits       rows read x vocab FP32 (score: samples; beam: W rows per request)
+    overhead     COMPILE_OVERHEAD_BYTES for Inductor and the process
+
+An estimate, deliberately on the high side; plain arithmetic over config.json and the spec
+(no torch).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from boundgen.errors import ConfigError
+
+GIB = 1 << 30
+COMPILE_OVERHEAD_BYTES = 3 * GIB
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+def estimate_bytes(model_config: dict, spec, dtype: str) -> dict[str, int]:
+    """Bytes by part (weights, activations, attention, logits, overhead) of building `spec`."""
+    c = model_config
+    hidden, inter, layers = c["hidden_size"], c["intermediate_size"], c["num_hidden_layers"]
+    num_q, num_kv = c["num_attention_heads"], c.get("num_key_value_heads", c["num_attention_heads"])
+    head_dim, vocab = c.get("head_dim") or hidden // num_q, c["vocab_size"]
+    per_layer = hidden * head_dim * (2 * num_q + 2 * num_kv) + 3 * hidden * inter
+    params = layers * per_layer + vocab * hidden * (1 if c.get("tie_word_embeddings", True) else 2)
+    if spec.task == "score":
+        tokens, longest, rows = spec.max_total_tokens, spec.max_tokens_per_sample, spec.max_samples
+    else:
+        rows = spec.width * spec.max_requests
+        tokens = spec.max_prompt_tokens * spec.max_requests + rows * spec.steps
+        longest = spec.max_prompt_tokens + spec.steps
+    width = head_dim * (2 * num_q + 2 * num_kv) + 3 * inter + 4 * hidden
+    return {
+        "weights": 3 * params * DTYPE_BYTES.get(dtype, 4),
+        "activations": 2 * tokens * width * 4,
+        "attention": 3 * num_q * longest * longest * 4 + 5 * tokens * tokens,
+        "logits": 2 * rows * vocab * 4,
+        "overhead": COMPILE_OVERHEAD_BYTES,
+    }
+
+
+def available_bytes() -> int | None:
+    """MemAvailable from /proc/meminfo (Linux); None where it cannot be read."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def check_fits(cfg, available: int | None = None) -> None:
+    """Raise ConfigError, naming the bound to lower, if a CPU build of `cfg` needs more memory than is available."""
+    if not str(cfg.device).startswith("cpu"):
+        return  # GPU memory is the device's; the runtime reports it when it runs out
+    available = available_bytes() if available is None else available
+    if available is None:
+        return
+    config = json.loads((Path(cfg.model_dir) / "config.json").read_text())
+    parts = estimate_bytes(config, cfg.spec, cfg.dtype)
+    need = sum(parts.values())
+    if need <= available:
+        return
+    if parts["weights"] + parts["overhead"] > available:  # no bound on requests can help
+        lower = "--dtype bfloat16, or build on a machine with more memory"
+    elif cfg.spec.task == "score":
+        lower = "--max-total-tokens (or --max-samples, --max-tokens-per-sample)"
+    else:
+        lower = "--max-prompt-tokens or --max-requests"
+    detail = ", ".join(f"{k} {v / GIB:.1f}" for k, v in parts.items())
+    raise ConfigError(f"this build needs about {need / GIB:.1f} GiB of memory ({detail} GiB), more than the "
+                      f"{available / GIB:.1f} GiB available; lower {lower}")

@@ -1,0 +1,78 @@
+"""HTTP connections: limits that keep slow, idle or too many clients from holding the server.
+
+    idle_timeout_s    a connection without a whole request head for this long is closed: a new
+                      one that sends nothing, one idle between requests (keep-alive), one whose
+                      request line or headers stall or trickle (aiohttp's keep-alive timer, which
+                      runs from the connection's start or its last answer while it waits for a
+                      complete head; bytes arriving do not reset it)
+    read_timeout_s    an inference body must arrive in full within this long of its head
+                      (kserve_http reads it under this bound): a stalled or endless body is
+                      answered 408 and the connection closed
+    max_connections   HTTP connections open at once; one more is answered 503 and closed at once,
+                      before anything of it is read
+
+Errors found before a request reaches a route (a malformed request line or header, a line over
+8190 bytes) are answered like every other error: JSON `{"error": ...}`, not aiohttp's text/plain.
+gRPC connections get the idle timeout as `grpc.max_connection_idle_ms` (kserve_grpc.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+
+from aiohttp import web, web_protocol, web_server
+from aiohttp.http_exceptions import LineTooLong
+
+log = logging.getLogger("boundgen.server")
+
+
+def _json_error(status: int, message: str) -> web.Response:
+    response = web.json_response({"error": message}, status=status)
+    response.force_close()
+    return response
+
+
+class LimitedRequestHandler(web_protocol.RequestHandler):
+    """aiohttp's per-connection protocol with the connection cap and JSON protocol errors."""
+
+    def __init__(self, manager: web_server.Server, *, max_connections: int, **kwargs):
+        super().__init__(manager, **kwargs)
+        self._max_connections = max_connections
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        open_now = len(self._manager.connections) if self._manager is not None else 0
+        if open_now > self._max_connections:
+            body = json.dumps({"error": f"the server has {self._max_connections} HTTP connections open, its limit "
+                                        "(--max-connections); retry later"}).encode()
+            head = (f"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+                    f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode()
+            transport.write(head + body)
+            self.force_close()
+            transport.close()
+
+    def handle_error(self, request, status: int = 500, exc: BaseException | None = None,
+                     message: str | None = None) -> web.StreamResponse:
+        if request.writer.output_size > 0:  # part of an answer went out: aiohttp's own handling
+            return super().handle_error(request, status, exc, message)
+        if status == 500:
+            log.error("internal error handling an HTTP request", exc_info=exc)
+            return _json_error(500, f"internal error: {type(exc).__name__ if exc else 'unknown'}")
+        if isinstance(exc, LineTooLong):
+            return _json_error(status, f"a request line or header is too long: {message or exc}")
+        return _json_error(status, f"malformed HTTP request: {message or exc}")
+
+
+async def listen(runner: web.AppRunner, host: str, port: int, max_connections: int,
+                 handler_kwargs: dict) -> asyncio.AbstractServer:
+    """Listen on host:port with `runner`'s application, each connection a LimitedRequestHandler.
+    Close the returned server before `runner.cleanup()` (which closes the connections)."""
+    loop = asyncio.get_running_loop()
+    manager = runner.server
+
+    def factory() -> LimitedRequestHandler:
+        return LimitedRequestHandler(manager, loop=loop, max_connections=max_connections, **handler_kwargs)
+
+    return await loop.create_server(factory, host, port, reuse_address=True)
