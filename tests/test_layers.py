@@ -109,3 +109,13 @@ def test_artifact_imports_without_torch():
 def test_the_cycle_finder_finds_cycles():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_every_module_imports():
+    """A broken import in a module no test happens to load (a renamed name, a moved module) fails here."""
+    code = ("import importlib, pkgutil, boundgen\n"
+            "for m in pkgutil.walk_packages(boundgen.__path__, 'boundgen.'):\n"
+            "    if not m.name.endswith('__main__'):\n"
+            "        importlib.import_module(m.name)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]

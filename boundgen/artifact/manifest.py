@@ -31,6 +31,7 @@ from boundgen.errors import ArtifactError, ConfigError
 
 SCHEMA = "boundgen.artifact/3"
 MANIFEST_FILE = "manifest.json"
+SIGNATURE_FILE = "manifest.sig"  # written by artifact/signing.py, beside the manifest it signs
 
 
 @dataclass(frozen=True)
@@ -148,10 +149,11 @@ def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
 
 
 def file_hashes(artifact_dir: Path) -> dict[str, str]:
-    """sha256 of every file under artifact_dir except the manifest, by relative POSIX path."""
+    """sha256 of every file under artifact_dir except the manifest and its signature (which signs
+    the manifest, artifact/signing.py), by relative POSIX path."""
     root = Path(artifact_dir)
     return {p.relative_to(root).as_posix(): sha256_file(p)
-            for p in sorted(root.rglob("*")) if p.is_file() and p.name != MANIFEST_FILE}
+            for p in sorted(root.rglob("*")) if p.is_file() and p.name not in (MANIFEST_FILE, SIGNATURE_FILE)}
 
 
 def _self_hash(raw: dict) -> str:

@@ -24,10 +24,8 @@ from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
+from boundgen.artifact.manifest import MANIFEST_FILE, SIGNATURE_FILE
 from boundgen.errors import ArtifactError, ConfigError
-
-MANIFEST_FILE = "manifest.json"
-SIGNATURE_FILE = "manifest.sig"
 
 
 def generate_key(out: str | Path) -> tuple[Path, Path]:

@@ -45,7 +45,7 @@ import grpc
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from boundgen.errors import BoundgenError
-from boundgen.runtime.engine import CANCEL_POLL_S
+from boundgen.runtime.waiting import CANCEL_POLL_S
 from boundgen.server import kserve_pb as pb
 from boundgen.server.config import API_KEY_ENV
 from boundgen.server.launch import ServerProcess

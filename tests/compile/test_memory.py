@@ -8,7 +8,7 @@ import pytest
 
 from boundgen.compile.memory import GIB, check_fits, estimate_bytes
 from boundgen.errors import ConfigError
-from boundgen.programs.spec import BeamSpec, ScoreSpec
+from boundgen.artifact.program import BeamSpec, ScoreSpec
 
 QWEN3_06B = {"hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 28, "num_attention_heads": 16,
              "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936, "tie_word_embeddings": True}

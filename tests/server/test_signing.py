@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from boundgen.artifact import signing
-from boundgen.build.manifest import file_hashes
+from boundgen.artifact.manifest import file_hashes
 from boundgen.errors import ArtifactError, ConfigError
 from tests.server.conftest import REPO, SCORE_SPEC
 from tests.server.fake_engine import write_fake_artifact
