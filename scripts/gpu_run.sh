@@ -32,6 +32,9 @@ if [[ -z "${LD_PRELOAD:-}" ]]; then  # AOTInductor packages need it on this imag
   lib="$(ldconfig -p 2>/dev/null | grep -m1 'libstdc++.so.6 ' | awk '{print $NF}')"
   [[ -n "$lib" ]] && export LD_PRELOAD="$lib"
 fi
+# A copy of the tree without its history names its commit in COMMIT (bench/runner.py reads it);
+# .gpu/COMMIT is where a copy sent to a GPU machine carries it.
+[[ -f "$root/.gpu/COMMIT" ]] && cp "$root/.gpu/COMMIT" "$root/COMMIT"
 source "$root/scripts/gpu_artifacts.sh"
 SWEEP="${SWEEP:---concurrency 1,2,4,8,16 --duration 2 --warmup 0.5}"
 PEER_SWEEP="${PEER_SWEEP:---concurrency 1,2,4 --duration 2 --warmup 0.5 --pool 16}"
@@ -60,7 +63,7 @@ step() {
 { date -u; nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,noheader 2>&1
   python3 -c 'import sys, torch, triton, transformers; print("python", sys.version.split()[0], "torch", torch.__version__,
 "cuda", torch.version.cuda, "triton", triton.__version__, "transformers", transformers.__version__)' 2>&1
-  cat "$root/COMMIT" "$root/.gpu/COMMIT" 2>/dev/null || git -C "$root" rev-parse --short HEAD 2>/dev/null || echo "commit: unknown"
+  echo "commit $(cat "$root/COMMIT" 2>/dev/null || git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)"
   echo "cores: $(nproc)"; } > "$RES/env.txt"
 cat "$RES/env.txt" >&2
 : > "$RES/commands.txt"
