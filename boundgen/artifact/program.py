@@ -55,7 +55,9 @@ class ScoreSpec:
     label_token_ids: tuple[int, ...] = ()  # derived from labels by the tokenizer at build
     head_path: str | None = option(None, "MLP head safetensors file instead of labels", key="head", kind=str)
     topk: int = option(0, "also return the top-k next tokens over the vocabulary")
-    max_samples: int = option(64, "samples per request")
+    # 16 (a W1 request holds 15): a CPU build's validation holds [N_q, T, T] scores of the
+    # compiled attention (compile/memory.py), so 64 x 512 tokens does not fit 24 GiB.
+    max_samples: int = option(16, "samples per request")
     max_tokens_per_sample: int = option(512, "tokens per sample")
     max_total_tokens: int | None = option(None, "tokens per request (default max-samples x max-tokens-per-sample)",
                                           kind=int)
