@@ -71,6 +71,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batching", action=argparse.BooleanOptionalAction, default=None,
                    help="concurrent requests share model calls within the artifact's bounds (eager beam: up to 8); "
                         "default: the artifact's setting, off for the eager engine")
+    p.add_argument("--tokenizer", choices=["fast", "tokenizers"], default=None,
+                   help="artifact only: encode with tiktoken where the vocabulary allows (fast, the default) "
+                        "or with `tokenizers` (same ids; for an A/B)")
     p.add_argument("--lowering", action="append", default=[], metavar="OP=IMPL",
                    help="eager engine only: op lowering, repeatable (default on cuda: Triton attention)")
     p.add_argument("--device", default=None, help="device for the peer and an eager engine (default: cuda if present)")
@@ -106,6 +109,8 @@ def _engine(args, specs):
 
     overrides = {k: getattr(args, k) for k in ("contexts", "executors", "cuda_graphs", "batching")
                  if getattr(args, k) is not None}
+    if args.tokenizer is not None:
+        overrides["fast_tokenizer"] = args.tokenizer == "fast"
     described = "".join(f" {k}={v}" for k, v in overrides.items())
     if is_artifact(args.artifact):
         import boundgen

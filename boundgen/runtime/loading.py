@@ -30,11 +30,13 @@ from boundgen.version import __version__
 
 def load_artifact_engine(path, contexts: int | None = None, executors: int | None = None,
                          cuda_graphs: bool | None = None, verify_files: bool = True, batching: bool | None = None,
-                         token_bucket: int | None = None, libstdcxx_check: str = "auto") -> LocalEngine:
+                         token_bucket: int | None = None, libstdcxx_check: str = "auto",
+                         fast_tokenizer: bool = True) -> LocalEngine:
     """The engine for an artifact directory. contexts / executors / cuda_graphs / batching /
     token_bucket override the manifest's runtime settings (None: as built); libstdcxx_check is
     "auto" (refuse where the load would crash), "require" (refuse unless preloaded, on any
-    Linux) or "skip"."""
+    Linux) or "skip"; fast_tokenizer=False encodes with `tokenizers` even where tiktoken could
+    (text/fast_bpe.py; the same ids either way)."""
     root = Path(path)
     manifest = read_manifest(root)
     if verify_files:
@@ -45,7 +47,7 @@ def load_artifact_engine(path, contexts: int | None = None, executors: int | Non
     runtime = manifest.runtime.replace(contexts=contexts, executors=executors, cuda_graphs=cuda_graphs,
                                        batching=batching, token_bucket=token_bucket)
     compiled, spec = manifest.compile, manifest.program
-    tokenizer = Tokenizer.from_dir(root)
+    tokenizer = Tokenizer.from_dir(root, fast=fast_tokenizer)
     try:
         runner = load_runner(root, compiled.packages, compiled.weights_file, device, getattr(spec, "steps", 0),
                              runtime.executors, compiled.custom_ops,
@@ -54,7 +56,7 @@ def load_artifact_engine(path, contexts: int | None = None, executors: int | Non
         raise ArtifactError(f"could not load the compiled package of {manifest.name}: {exc!s}") from None
     extra = {"artifact_dir": str(root.resolve()), "lowering": compiled.lowering, "weights": compiled.weights,
              "gpu_name": compiled.gpu_name, "validation_passed": manifest.validation.get("passed"),
-             "boundgen": __version__}
+             "boundgen": __version__, "tokenizer": tokenizer.encoder_name}
     return make_engine(manifest.name, spec, tokenizer, runner, str(device), compiled.dtype, runtime, extra)
 
 

@@ -1,0 +1,122 @@
+"""A faster encoder for Qwen-style tokenizers: tiktoken over the tokenizer.json's own vocabulary.
+
+Qwen's vocabulary is a byte-level BPE made with tiktoken, and its tokenizer.json says so:
+BPE with `ignore_merges` (a pre-token that is itself a token maps straight to its id), an NFC
+normalizer, a Split on Qwen2's regex, a ByteLevel pre-tokenizer without its own regex, added
+tokens matched on the raw text. tiktoken encodes such a vocabulary ~10x faster than
+`tokenizers` (a W1 request of 15 samples, ~2,300 tokens: 0.66 ms against 8.4 ms on a loaded
+2-core CPU), which matters because tokenizing is on every request's critical path.
+
+    text -> split on added tokens (leftmost, longest first; matched before normalizing)
+         -> each other piece: NFC -> tiktoken's regex split + BPE over the vocabulary's ranks
+         -> ids, added tokens' ids in place
+
+`fast_encoder(tokenizer_json)` returns an encoder only for a tokenizer.json of exactly that
+shape, and only if it encodes a probe corpus (added tokens in text, CJK, emoji and ZWJ
+sequences, combining marks, whitespace runs, digits, contractions) to the ids `tokenizers`
+gives; otherwise None, and the caller keeps `tokenizers`. tests/text/test_fast_bpe.py checks
+parity on a larger corpus.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from typing import Sequence
+
+PROBES = (
+    "Hello world", "query: running shoes | item: trail running shoe", "  leading and   inner   spaces  ",
+    "line\nbreaks\r\n\r\nand\ttabs", "I'm we'll they'd IT'S", "numbers 1234567 and 3.14159",
+    "多语言 文本 の テキスト 한국어", "emoji 👍🏽 family 👨‍👩‍👧‍👦 flag 🇩🇪", "combining e\u0301 vs \u00e9, A\u030a",
+    "<|im_start|>user\nhi<|im_end|>\n<think></think>", "x<|endoftext|>y<tool_call>z</tool_call>",
+    "ﬁ ligature, ｆｕｌｌｗｉｄｔｈ, Å", "\u200b zero width \ufeff bom", "!!!???... ---", "a" * 300,
+)
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """The byte -> printable character table of byte-level BPE (GPT-2's)."""
+    printable = (list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
+                 + list(range(ord("®"), ord("ÿ") + 1)))
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            chars[b] = chr(b)
+        else:
+            chars[b] = chr(256 + extra)
+            extra += 1
+    return chars
+
+
+def _eligible(spec: dict) -> str | None:
+    """The split regex if the tokenizer.json is of the shape this encoder reproduces, else None."""
+    model = spec.get("model") or {}
+    if model.get("type") != "BPE" or not model.get("ignore_merges") or model.get("dropout") \
+            or model.get("continuing_subword_prefix") or model.get("end_of_word_suffix") or model.get("byte_fallback"):
+        return None
+    normalizer = spec.get("normalizer")
+    if normalizer is not None and normalizer.get("type") != "NFC":
+        return None
+    pre = spec.get("pre_tokenizer") or {}
+    steps = pre.get("pretokenizers") if pre.get("type") == "Sequence" else None
+    if not steps or len(steps) != 2:
+        return None
+    split, byte_level = steps
+    pattern = (split.get("pattern") or {}).get("Regex")
+    if (split.get("type") != "Split" or pattern is None or split.get("behavior") != "Isolated" or split.get("invert")
+            or byte_level.get("type") != "ByteLevel" or byte_level.get("add_prefix_space")
+            or byte_level.get("use_regex")):
+        return None
+    for added in spec.get("added_tokens") or ():
+        if added.get("lstrip") or added.get("rstrip") or added.get("single_word") or added.get("normalized"):
+            return None
+    return pattern
+
+
+class FastEncoder:
+    """Texts -> ids as the tokenizer.json's `tokenizers` pipeline gives them (no special tokens added)."""
+
+    def __init__(self, encoding, added: dict[str, int], nfc: bool):
+        self.encoding, self.added, self.nfc = encoding, added, nfc
+        # Longest first: at a position where several added tokens match, the longest wins.
+        names = sorted(added, key=len, reverse=True)
+        self._split = re.compile("(" + "|".join(map(re.escape, names)) + ")") if names else None
+
+    def encode(self, text: str) -> list[int]:
+        pieces = self._split.split(text) if self._split else [text]
+        ids: list[int] = []
+        for i, piece in enumerate(pieces):
+            if i % 2:  # the splitting group: an added token
+                ids.append(self.added[piece])
+            elif piece:
+                ids += self.encoding.encode_ordinary(unicodedata.normalize("NFC", piece) if self.nfc else piece)
+        return ids
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        return [self.encode(text) for text in texts]
+
+
+def fast_encoder(spec: dict, reference) -> FastEncoder | None:
+    """A FastEncoder for the parsed tokenizer.json `spec` if it has the shape above, tiktoken is
+    installed and it encodes PROBES exactly as `reference` (the `tokenizers` object) does."""
+    pattern = _eligible(spec)
+    if pattern is None:
+        return None
+    try:
+        import tiktoken  # optional: without it the tokenizer is `tokenizers` alone
+    except ImportError:
+        return None
+    to_byte = {c: b for b, c in _bytes_to_unicode().items()}
+    try:
+        ranks = {bytes(to_byte[c] for c in token): rank for token, rank in spec["model"]["vocab"].items()}
+    except KeyError:  # a token outside the byte-level alphabet: not this kind of vocabulary
+        return None
+    if len(ranks) != len(spec["model"]["vocab"]) or sorted(ranks.values()) != list(range(len(ranks))):
+        return None  # tiktoken needs ranks 0..n-1, one per byte string
+    added = {a["content"]: a["id"] for a in spec.get("added_tokens") or ()}
+    try:
+        encoding = tiktoken.Encoding("boundgen", pat_str=pattern, mergeable_ranks=ranks, special_tokens={})
+    except Exception:  # a regex tiktoken's engine does not take: keep `tokenizers`
+        return None
+    encoder = FastEncoder(encoding, added, nfc=spec.get("normalizer") is not None)
+    want = [e.ids for e in reference.encode_batch(list(PROBES), add_special_tokens=False)]
+    return encoder if encoder.encode_batch(PROBES) == want else None

@@ -1,0 +1,77 @@
+"""The tiktoken fast path gives the ids `tokenizers` gives, on the real Qwen vocabulary, for a corpus
+meant to break it: added and special tokens written in text, CJK, emoji and ZWJ sequences,
+combining marks, whitespace runs, digits, contractions, random unicode; and it stands aside
+for tokenizer.json files of another shape."""
+
+import json
+import random
+
+import pytest
+
+from boundgen.text.fast_bpe import PROBES, fast_encoder
+from boundgen.text.tokenizer import Tokenizer
+from boundgen.text.vocab import ADDED_TOKENS
+
+pytest.importorskip("tiktoken")
+
+PIECES = ["hello", " world", "多语言", "テキスト", "한국어", "👍🏽", "👨‍👩‍👧‍👦", "🇩🇪", "e\u0301", "\u00e9", "A\u030a",
+          "Å", "ﬁ", "ｆｕｌｌ", "\u200b", "\ufeff", "  ", "\n", "\r\n", "\t", "   \n  ", "'s", "'LL", "I'm", "123", "4.5",
+          "!!!", "?", "...", "-", "_", "<", ">", "|", "<|", "|>", "<|im_start", "im_end|>"] + [t for t, _ in ADDED_TOKENS]
+
+
+def corpus(n: int = 400, seed: int = 0) -> list[str]:
+    rng = random.Random(seed)
+    texts = list(PROBES)
+    for _ in range(n):
+        texts.append("".join(rng.choice(PIECES) for _ in range(rng.randint(1, 12))))
+    for _ in range(n // 4):  # random code points of every plane we may meet (no surrogates)
+        texts.append("".join(chr(rng.choice([rng.randint(0x20, 0x7e), rng.randint(0xa0, 0x2fff),
+                                                 rng.randint(0x3000, 0x9fff), rng.randint(0xac00, 0xd7a3),
+                                                 rng.randint(0x1f300, 0x1faff)])) for _ in range(rng.randint(1, 40))))
+    return texts
+
+
+@pytest.fixture(scope="module")
+def tokenizers(tiny_qwen3_dir):
+    return Tokenizer.from_dir(tiny_qwen3_dir), Tokenizer.from_dir(tiny_qwen3_dir, fast=False)
+
+
+def test_fast_path_is_taken_for_the_qwen_vocabulary(tokenizers):
+    fast, slow = tokenizers
+    assert fast.encoder_name == "tiktoken" and slow.encoder_name == "tokenizers"
+
+
+def test_same_ids_as_tokenizers(tokenizers):
+    fast, slow = tokenizers
+    texts = corpus()
+    want = [e.ids for e in slow.backend.encode_batch(texts, add_special_tokens=False)]
+    got = fast.fast.encode_batch(texts)
+    mismatches = [(t, g, w) for t, g, w in zip(texts, got, want) if g != w]
+    assert not mismatches, mismatches[:3]
+
+
+def test_same_packed_batch_and_errors(tokenizers):
+    fast, slow = tokenizers
+    texts = ["query: shoes <|im_end|>", "多语言 👍🏽", "x" * 50]
+    a, b = fast.encode_packed(texts, 64), slow.encode_packed(texts, 64)
+    assert a.tokens.tolist() == b.tokens.tolist() and a.cu_seqlens.tolist() == b.cu_seqlens.tolist()
+    for tok in tokenizers:
+        with pytest.raises(Exception, match="more than the limit of 3 tokens"):
+            tok.encode_packed(["one two three four five"], 3)
+
+
+def test_other_tokenizer_shapes_keep_tokenizers(tiny_qwen3_dir):
+    spec = json.loads((tiny_qwen3_dir / "tokenizer.json").read_text())
+    reference = Tokenizer.from_dir(tiny_qwen3_dir, fast=False).backend
+    for change in (lambda s: s.update(normalizer={"type": "NFKC"}),
+                   lambda s: s["model"].update(ignore_merges=False),
+                   lambda s: s["added_tokens"][0].update(lstrip=True),
+                   lambda s: s["pre_tokenizer"]["pretokenizers"][1].update(add_prefix_space=True)):
+        changed = json.loads(json.dumps(spec))
+        change(changed)
+        assert fast_encoder(changed, reference) is None
+    # A vocabulary whose ranks would encode differently fails the probe check.
+    swapped = json.loads(json.dumps(spec))
+    vocab = swapped["model"]["vocab"]
+    vocab["Ġworld"], vocab["Ġthe"] = vocab["Ġthe"], vocab["Ġworld"]
+    assert fast_encoder(swapped, reference) is None
