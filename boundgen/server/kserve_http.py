@@ -1,7 +1,8 @@
 """KServe v2 over HTTP (aiohttp): routes, the JSON body and the binary tensor extension.
 
-    GET  /v2/health/live                      200 while the process runs (no API key)
-    GET  /v2/health/ready                     200 once loaded and warmed up, else 503 (no API key)
+    GET  /v2/health/live                      200 {"live": true} while the process runs (no API key)
+    GET  /v2/health/ready                     200 {"ready": true} once loaded and warmed up, else
+                                              503 {"ready": false} (no API key)
     GET  /v2                                  server metadata
     GET  /v2/models/{m}[/versions/1]          model metadata: inputs, outputs, shape bounds
     GET  /v2/models/{m}[/versions/1]/ready    200 ready, 503 not ready, 400 unknown model
@@ -202,10 +203,12 @@ class HttpFrontend:
         return await handler(request)
 
     async def live(self, request: web.Request) -> web.Response:
-        return web.Response(status=200)
+        return web.json_response({"live": True})
 
     async def ready(self, request: web.Request) -> web.Response:
-        return web.Response(status=200 if self.models.ready else 503)
+        """The Open Inference Protocol's body (kserve's SDK reads it), with Triton's status codes."""
+        ready = self.models.ready
+        return web.json_response({"ready": ready}, status=200 if ready else 503)
 
     async def server_metadata(self, request: web.Request) -> web.Response:
         return web.json_response({"name": "boundgen", "version": __version__, "extensions": list(EXTENSIONS)})
