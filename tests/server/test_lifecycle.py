@@ -116,7 +116,8 @@ def test_api_key(launch, fake_dirs):
     server = launch([fake_dirs["score"]], env=env)
     good, bad = {"Authorization": "Bearer s3cret"}, {"Authorization": "Bearer wrong"}
     assert status_of(server, "/v2/health/live") == 200 and status_of(server, "/v2/health/ready") == 200
-    for path in ("/v2", "/v2/models/fscore", "/v2/models/fscore/ready", "/metrics"):
+    for path in ("/v2", "/v2/models/fscore", "/v2/models/fscore/ready", "/v2/models/fscore/config",
+                 "/v2/models/stats", "/metrics"):
         assert status_of(server, path) == 401, path
         assert status_of(server, path, bad) == 401, path
         assert status_of(server, path, good) == 200, path
