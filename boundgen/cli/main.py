@@ -12,6 +12,7 @@ import sys
 
 from boundgen.errors import BoundgenError
 from boundgen.runtime.libstdcxx import reexec_with_preload
+from boundgen.version import __version__
 
 # Subcommand modules, in the order `boundgen --help` lists them.
 COMMANDS = (
@@ -31,6 +32,7 @@ def make_parser() -> argparse.ArgumentParser:
         prog="boundgen",
         description="Bounded-generation inference for small Qwen2/Qwen3 models: score and fixed beam search.",
     )
+    parser.add_argument("--version", action="version", version=f"boundgen {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for name in COMMANDS:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 
 from boundgen.errors import ConfigError
@@ -51,6 +52,15 @@ def register(sub):
                    help="Ed25519 public key (PEM, `boundgen keygen`'s OUT.pub): serve only artifacts whose "
                         "manifest.sig is its signature of their manifest.json, checked before anything else is "
                         "read (default: no signature check)")
+    runtime = p.add_argument_group("runtime (override the artifact's manifest without a rebuild; default: as built)")
+    runtime.add_argument("--contexts", type=_positive_int, default=None, metavar="N",
+                         help="request contexts preallocated at load (model calls in flight at once)")
+    runtime.add_argument("--batching", action=argparse.BooleanOptionalAction, default=None,
+                         help="concurrent requests share model calls (--no-batching: one request per call)")
+    runtime.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=None,
+                         help="replay CUDA graphs per shape bucket (GPU artifacts)")
+    runtime.add_argument("--token-bucket", type=_positive_int, default=None, metavar="N",
+                         help="token bucket that CUDA-graph shapes are padded to")
     group = p.add_mutually_exclusive_group()
     group.add_argument("--replicas", type=int, default=None, metavar="N",
                        help="serve through N worker processes (CPU) behind this front end; each request goes to "
@@ -58,6 +68,24 @@ def register(sub):
     group.add_argument("--gpus", default=None, metavar="all|N|0,2,...",
                        help="one worker process per GPU (CUDA_VISIBLE_DEVICES set to it) behind this front end")
     p.set_defaults(run=run)
+
+
+RUNTIME_FLAGS = ("contexts", "batching", "cuda_graphs", "token_bucket")  # RuntimeConfig fields
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
+    return value
+
+
+def runtime_overrides(args) -> dict:
+    """The RuntimeConfig fields given on the command line, as `boundgen.load` keywords."""
+    return {name: getattr(args, name) for name in RUNTIME_FLAGS if getattr(args, name) is not None}
 
 
 def config_from_args(args):
@@ -86,11 +114,15 @@ def worker_args(args) -> list[str]:
     if args.trust_key is not None:  # every worker checks the artifacts it loads too
         out += ["--trust-key", os.path.abspath(args.trust_key)]
     out += ["--idle-timeout-s", str(args.idle_timeout_s), "--read-timeout-s", str(args.read_timeout_s)]
+    for name, value in runtime_overrides(args).items():  # every worker loads with the same overrides
+        flag = "--" + name.replace("_", "-")
+        out += [flag if value is True else "--no-" + flag[2:]] if isinstance(value, bool) else [flag, str(value)]
     return out
 
 
 def run(args, engine_factory=None, worker_command=None):
-    """Serve until SIGTERM / SIGINT; `engine_factory(path) -> Engine` replaces `boundgen.load` (tests);
+    """Serve until SIGTERM / SIGINT; `engine_factory(path, **runtime) -> Engine` replaces `boundgen.load`
+    (tests; `runtime`: the --contexts / --batching / --cuda-graphs / --token-bucket given);
     `worker_command` replaces `python -m boundgen serve` for --replicas / --gpus workers (tests)."""
     import dataclasses
 
@@ -101,6 +133,9 @@ def run(args, engine_factory=None, worker_command=None):
             raise ConfigError(f"{path} is not a directory (expected an artifact built by `boundgen build`)")
     config = config_from_args(args)
     factory = engine_factory or default_engine_factory
+    overrides = runtime_overrides(args)
+    if overrides:
+        factory = functools.partial(factory, **overrides)
     if args.trust_key is not None:
         factory = _verified(factory, args.trust_key)
     from boundgen.server.replicas import exit_with_parent, parse_gpus, serve_replicas

@@ -26,6 +26,7 @@ from typing import Callable, Sequence
 import grpc
 from aiohttp import web, web_server
 
+import boundgen
 from boundgen.errors import BoundgenError
 from boundgen.runtime.engine import Engine
 from boundgen.server import connections
@@ -42,10 +43,10 @@ EngineFactory = Callable[[Path], Engine]
 LISTENING = "boundgen serve: listening"  # the stdout line launch.py waits for
 
 
-def default_engine_factory(artifact_dir: Path) -> Engine:
-    import boundgen
-
-    return boundgen.load(artifact_dir)
+def default_engine_factory(artifact_dir: Path, **runtime) -> Engine:
+    """`boundgen.load`; `runtime` overrides the manifest's RuntimeConfig (contexts, batching,
+    cuda_graphs, token_bucket: `boundgen serve`'s flags) without a rebuild."""
+    return boundgen.load(artifact_dir, **runtime)
 
 
 class Server:

@@ -1,7 +1,9 @@
 """KServe v2 over gRPC (grpc.aio): `inference.GRPCInferenceService`, as unmodified tritonclient calls it.
 
 Implemented: ServerLive, ServerReady (no API key), ModelReady, ServerMetadata, ModelMetadata,
-ModelInfer; other Triton methods answer UNIMPLEMENTED. Inputs come in `raw_input_contents`
+ModelInfer, and Triton's ModelConfig, ModelStatistics, RepositoryIndex (triton_extensions.py;
+RepositoryModelLoad / Unload answer UNAVAILABLE, not supported); other Triton methods
+(streaming, shared memory, trace and log settings) answer UNIMPLEMENTED. Inputs come in `raw_input_contents`
 (tritonclient's default) or typed `contents`; outputs go back in `raw_output_contents`. The
 request deadline is the gRPC deadline, tightened by a `timeout` parameter (microseconds).
 A client that cancels, or whose deadline passes, has its handler cancelled, which frees its
@@ -26,6 +28,8 @@ from boundgen.server.models import LOADING, ModelSet
 from boundgen.server.served import VERSION
 from boundgen.server.status import status_of
 from boundgen.server.tensors import Tensor, check_header, from_grpc_contents, from_raw, to_raw
+from boundgen.server.triton_extensions import (model_config, model_statistics, refuse_repository_control,
+                                               repository_index, to_message)
 
 log = logging.getLogger("boundgen.server")
 
@@ -97,6 +101,11 @@ class GrpcFrontend:
             "ServerMetadata": unary(self.server_metadata, pb.ServerMetadataRequest),
             "ModelMetadata": unary(self.model_metadata, pb.ModelMetadataRequest),
             "ModelInfer": unary(self.model_infer, pb.ModelInferRequest, self._decode_infer),
+            "ModelConfig": unary(self.model_config, pb.ModelConfigRequest),
+            "ModelStatistics": unary(self.model_statistics, pb.ModelStatisticsRequest),
+            "RepositoryIndex": unary(self.repository_index, pb.RepositoryIndexRequest),
+            "RepositoryModelLoad": unary(self.repository_control, pb.RepositoryModelLoadRequest),
+            "RepositoryModelUnload": unary(self.repository_control, pb.RepositoryModelUnloadRequest),
         })
 
     def options(self) -> list[tuple[str, int]]:
@@ -163,6 +172,37 @@ class GrpcFrontend:
         for key, value in meta["parameters"].items():
             _set_param(response.parameters[key], value)
         return response
+
+    async def model_config(self, request, context):
+        try:
+            self._check_key(context)
+            config = model_config(self.models.get(request.name, request.version))
+        except Exception as exc:
+            await self._abort(context, exc)
+        return to_message({"config": config}, pb.ModelConfigResponse())
+
+    async def model_statistics(self, request, context):
+        try:
+            self._check_key(context)
+            stats = model_statistics(self.models, request.name, request.version)
+        except Exception as exc:
+            await self._abort(context, exc)
+        return to_message(stats, pb.ModelStatisticsResponse())
+
+    async def repository_index(self, request, context):
+        try:
+            self._check_key(context)
+        except Exception as exc:
+            await self._abort(context, exc)
+        return to_message({"models": repository_index(self.models, request.ready)}, pb.RepositoryIndexResponse())
+
+    async def repository_control(self, request, context):
+        try:
+            self._check_key(context)
+            action = "load" if isinstance(request, pb.RepositoryModelLoadRequest) else "unload"
+            refuse_repository_control(action, request.model_name)
+        except Exception as exc:
+            await self._abort(context, exc)
 
     async def model_infer(self, request, context):
         arrived = time.monotonic()

@@ -1,11 +1,16 @@
 """KServe v2 over HTTP (aiohttp): routes, the JSON body and the binary tensor extension.
 
-    GET  /v2/health/live                      200 while the process runs (no API key)
-    GET  /v2/health/ready                     200 once loaded and warmed up, else 503 (no API key)
+    GET  /v2/health/live                      200 {"live": true} while the process runs (no API key)
+    GET  /v2/health/ready                     200 {"ready": true} once loaded and warmed up, else
+                                              503 {"ready": false} (no API key)
     GET  /v2                                  server metadata
     GET  /v2/models/{m}[/versions/1]          model metadata: inputs, outputs, shape bounds
     GET  /v2/models/{m}[/versions/1]/ready    200 ready, 503 not ready, 400 unknown model
     POST /v2/models/{m}[/versions/1]/infer    inference
+    GET  /v2/models/{m}[/versions/1]/config   Triton's extensions (triton_extensions.py): model config,
+    GET  /v2/models[/{m}[/versions/1]]/stats  statistics, repository index; load / unload answer 400
+    POST /v2/repository/index
+    POST /v2/repository/models/{m}/load|unload
     GET  /metrics                             Prometheus text format
 
 Binary extension: the header `Inference-Header-Content-Length: N` says the body is N bytes of
@@ -36,6 +41,8 @@ from boundgen.server.models import ModelSet
 from boundgen.server.served import VERSION
 from boundgen.server.status import ReadTimeout, status_of
 from boundgen.server.tensors import Tensor, check_header, from_json, from_raw, to_json, to_raw
+from boundgen.server.triton_extensions import (model_config, model_statistics, refuse_repository_control,
+                                               repository_index)
 
 log = logging.getLogger("boundgen.server")
 
@@ -168,10 +175,16 @@ class HttpFrontend:
         app.router.add_get("/v2/health/ready", self.ready)
         app.router.add_get("/v2", self.server_metadata)
         app.router.add_get("/metrics", self.metrics)
+        app.router.add_get("/v2/models/stats", self.statistics)  # before /v2/models/{model} takes "stats"
         for prefix in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
             app.router.add_get(prefix, self.model_metadata)
             app.router.add_get(prefix + "/ready", self.model_ready)
             app.router.add_post(prefix + "/infer", self.infer)
+            app.router.add_get(prefix + "/config", self.model_config)
+            app.router.add_get(prefix + "/stats", self.statistics)
+        app.router.add_post("/v2/repository/index", self.repository_index)
+        for action in ("load", "unload"):
+            app.router.add_post(f"/v2/repository/models/{{model}}/{action}", self.repository_control)
         return app
 
     @web.middleware
@@ -202,10 +215,12 @@ class HttpFrontend:
         return await handler(request)
 
     async def live(self, request: web.Request) -> web.Response:
-        return web.Response(status=200)
+        return web.json_response({"live": True})
 
     async def ready(self, request: web.Request) -> web.Response:
-        return web.Response(status=200 if self.models.ready else 503)
+        """The Open Inference Protocol's body (kserve's SDK reads it), with Triton's status codes."""
+        ready = self.models.ready
+        return web.json_response({"ready": ready}, status=200 if ready else 503)
 
     async def server_metadata(self, request: web.Request) -> web.Response:
         return web.json_response({"name": "boundgen", "version": __version__, "extensions": list(EXTENSIONS)})
@@ -219,6 +234,41 @@ class HttpFrontend:
         except Exception as exc:
             return error_response(exc)
         return web.json_response(model.metadata())
+
+    async def model_config(self, request: web.Request) -> web.Response:
+        try:
+            model = self.models.get(request.match_info["model"], request.match_info.get("version", ""))
+        except Exception as exc:
+            return error_response(exc)
+        return web.json_response(model_config(model))
+
+    async def statistics(self, request: web.Request) -> web.Response:
+        try:
+            stats = model_statistics(self.models, request.match_info.get("model", ""),
+                                     request.match_info.get("version", ""))
+        except Exception as exc:
+            return error_response(exc)
+        return web.json_response(stats)
+
+    async def repository_index(self, request: web.Request) -> web.Response:
+        """Body: optional JSON {"ready": bool} (tritonclient sends none)."""
+        try:
+            body = await self._read_body(request)
+            try:
+                options = json.loads(body) if body.strip() else {}
+            except ValueError as exc:
+                raise InvalidInput(f"the repository index request is not valid JSON: {exc}") from None
+            if not isinstance(options, dict) or not isinstance(options.get("ready", False), bool):
+                raise InvalidInput('the repository index request must be a JSON object like {"ready": true}')
+        except Exception as exc:
+            return error_response(exc)
+        return web.json_response(repository_index(self.models, options.get("ready", False)))
+
+    async def repository_control(self, request: web.Request) -> web.Response:
+        try:
+            refuse_repository_control(request.path.rsplit("/", 1)[1], request.match_info["model"])
+        except Exception as exc:
+            return error_response(exc)
 
     async def model_ready(self, request: web.Request) -> web.Response:
         try:

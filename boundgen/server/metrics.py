@@ -15,10 +15,16 @@
     boundgen_ready                                       gauge, 1 once loaded and warmed up, 0 while draining
 
 `model` is "" for requests naming no known model, so that clients cannot grow the label set.
+
+`phase_totals(model)` reads the same metrics back as cumulative (count, seconds) per phase, for
+Triton's statistics extension (triton_extensions.py); only the split of end-to-end time into
+successes and failures is kept beside them, since the request histogram has no outcome label.
 """
 
 from __future__ import annotations
 
+import time
+from collections import defaultdict
 from typing import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -49,10 +55,42 @@ class ServerMetrics:
         self.queue_depth = Gauge("boundgen_queue_depth", "Requests waiting for an in-flight slot", ["model"],
                                  registry=r)
         self.ready = Gauge("boundgen_ready", "1 when the server is ready for inference", registry=r)
+        # Per model: {"success" | "fail": [count, seconds]}, and the wall time of the last success.
+        # Written on the event loop only (observe_request's callers), so no lock.
+        self._outcomes: dict[str, dict[str, list]] = defaultdict(lambda: {"success": [0, 0.0], "fail": [0, 0.0]})
+        self._last_success: dict[str, float] = {}
 
     def observe_request(self, model: str, protocol: str, outcome: str, seconds: float) -> None:
         self.requests.labels(model, protocol, outcome).inc()
         self.request_seconds.labels(model, protocol).observe(seconds)
+        if model:
+            totals = self._outcomes[model]["success" if outcome == "success" else "fail"]
+            totals[0] += 1
+            totals[1] += seconds
+            if outcome == "success":
+                self._last_success[model] = time.time()
+
+    def phase_totals(self, model: str) -> dict[str, tuple[int, float]]:
+        """Cumulative (count, seconds) of one model's requests per phase: `success` and `fail`
+        (end to end, by outcome), `queue` (wait for a slot), `compute` (the engine call), and
+        the engine's own stages by name (`pre`, `model`, `post`, `context_wait`)."""
+        sums: dict[tuple[str, str], float] = {}
+        for family in self.registry.collect():
+            for sample in family.samples:
+                if sample.labels.get("model") == model and sample.name.endswith(("_sum", "_count")):
+                    sums[(sample.name, sample.labels.get("stage", ""))] = sample.value
+        totals = {name: (int(sums.get((f"{metric}_count", ""), 0)), sums.get((f"{metric}_sum", ""), 0.0))
+                  for name, metric in (("queue", "boundgen_queue_seconds"), ("compute", "boundgen_compute_seconds"))}
+        for (name, stage), value in sums.items():
+            if name == "boundgen_engine_stage_seconds_count":
+                totals[stage] = (int(value), sums[("boundgen_engine_stage_seconds_sum", stage)])
+        outcomes = self._outcomes.get(model, {"success": [0, 0.0], "fail": [0, 0.0]})
+        totals.update({key: (count, seconds) for key, (count, seconds) in outcomes.items()})
+        return totals
+
+    def last_success(self, model: str) -> float | None:
+        """The wall time (time.time()) of the model's last successful request; None before one."""
+        return self._last_success.get(model)
 
     def queue_observer(self, model: str) -> Callable[[float], None]:
         return self.queue_seconds.labels(model).observe

@@ -25,6 +25,12 @@ def engine_concurrency(engine: Engine) -> int:
     return int(value) if value else 1
 
 
+def engine_contexts(engine: Engine) -> int:
+    """The engine's request contexts (Triton's instance count); 1 when it does not say."""
+    value = engine.spec.extra.get("contexts") or getattr(getattr(engine, "pool", None), "size", None)
+    return int(value) if value else 1
+
+
 class ServedModel:
     def __init__(self, engine: Engine, metrics: ServerMetrics, max_inflight: int | None, max_queue: int):
         self.engine = engine

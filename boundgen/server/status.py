@@ -73,6 +73,7 @@ _CODES = {
     "unauthenticated": (401, grpc.StatusCode.UNAUTHENTICATED),
     "cancelled": (499, grpc.StatusCode.CANCELLED),
     "read_timeout": (408, grpc.StatusCode.DEADLINE_EXCEEDED),
+    "not_supported": (400, grpc.StatusCode.UNAVAILABLE),  # as Triton answers a repository load it does not allow
     "internal_error": (500, grpc.StatusCode.INTERNAL),
 }
 

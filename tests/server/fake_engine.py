@@ -16,7 +16,8 @@ Configured by `fake.json` in a directory that stands in for an artifact:
 - "tokens" are whitespace-separated words; the limits and messages mirror the real tokenizer's;
   `tokenize_s_per_mb` makes counting them cost that many seconds per MB of text, on the calling
   thread, as a real tokenizer's time grows with the text;
-- `load_error: "..."` makes loading the artifact fail with ArtifactError (as a corrupted one does).
+- `load_error: "..."` makes loading the artifact fail with ArtifactError (as a corrupted one does);
+- loading logs `{"event": "loaded", "runtime": {...}}` with the RuntimeConfig overrides it was given.
 """
 
 from __future__ import annotations
@@ -65,13 +66,17 @@ class FakeEngine(Engine):
         self._workers = threading.Semaphore(workers) if workers else None
 
     @classmethod
-    def from_dir(cls, path) -> "FakeEngine":
+    def from_dir(cls, path, **runtime) -> "FakeEngine":
+        """`runtime`: boundgen.load's RuntimeConfig overrides (serve's --contexts, ...): recorded in
+        the spec's extra (so `contexts` is the engine's concurrency, as a real engine's) and logged."""
         config = json.loads((Path(path) / "fake.json").read_text())
         if config.get("load_error"):
             raise ArtifactError(config["load_error"])
-        spec = EngineSpec(config["spec"]["name"], spec_from_dict(config["spec"]["program"]))
-        return cls(spec, config["sleep_s"], config["log"], config["gate"], config.get("workers"),
-                   config.get("tokenize_s_per_mb", 0.0))
+        spec = EngineSpec(config["spec"]["name"], spec_from_dict(config["spec"]["program"]), extra=dict(runtime))
+        engine = cls(spec, config["sleep_s"], config["log"], config["gate"], config.get("workers"),
+                     config.get("tokenize_s_per_mb", 0.0))
+        engine._write({"event": "loaded", "model": spec.name, "runtime": runtime})
+        return engine
 
     # ---- Engine -------------------------------------------------------------------------
 

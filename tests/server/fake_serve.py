@@ -18,13 +18,14 @@ from tests.server.fake_engine import FakeEngine
 FAKE_SERVE = [sys.executable, "-m", "tests.server.fake_serve"]  # --replicas workers: fake engines too
 
 
-def engine_factory(path):
+def engine_factory(path, **runtime):
+    """`runtime`: serve's --contexts / --batching / --cuda-graphs / --token-bucket, as boundgen.load gets them."""
     path = Path(path)
     if (path / "eager.json").exists():
         from tests.server.real import eager_engine_from_config
 
-        return eager_engine_from_config(json.loads((path / "eager.json").read_text()))
-    return FakeEngine.from_dir(path)
+        return eager_engine_from_config(json.loads((path / "eager.json").read_text()), **runtime)
+    return FakeEngine.from_dir(path, **runtime)
 
 
 def main(argv=None) -> int:

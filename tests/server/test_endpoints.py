@@ -146,8 +146,10 @@ def test_metrics_endpoint(fake_server):
 
 
 def test_live_and_ready_over_plain_http(fake_server):
-    assert http_get(fake_server, "/v2/health/live")[0] == 200
-    assert http_get(fake_server, "/v2/health/ready")[0] == 200
+    # The Open Inference Protocol's bodies, as kserve's Python SDK parses them.
+    assert http_get(fake_server, "/v2/health/live") == (200, b'{"live": true}')
+    status, body = http_get(fake_server, "/v2/health/ready")
+    assert status == 200 and json.loads(body) == {"ready": True}
     assert http_get(fake_server, "/v2/models/fscore/ready")[0] == 200
     status, body = http_get(fake_server, "/v2")
     assert status == 200 and "binary_tensor_data" in json.loads(body)["extensions"]

@@ -3,6 +3,7 @@ the optional API key; start-up errors."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -35,6 +36,15 @@ def status_of(server, path, headers=None):
         return err.code
 
 
+def ready_body(server):
+    """GET /v2/health/ready's status and JSON body."""
+    try:
+        with NO_PROXY.open(f"http://{server.http_url}/v2/health/ready", timeout=10) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read())
+
+
 def infer(protocol, server, text, headers=None):
     mod = thttp if protocol == "http" else tgrpc
     t = mod.InferInput("TEXT", [1], "BYTES")
@@ -47,7 +57,7 @@ def test_ready_only_after_warmup(launch, tmp_path):
     gate = tmp_path / "warmup-may-finish"
     server = launch([write_fake_artifact(tmp_path / "fscore", SCORE_SPEC, gate=gate)], wait_ready=False)
     assert status_of(server, "/v2/health/live") == 200
-    assert status_of(server, "/v2/health/ready") == 503
+    assert ready_body(server) == (503, {"ready": False})
     assert status_of(server, "/v2/models/fscore/ready") == 503
     assert tgrpc.InferenceServerClient(server.grpc_url).is_server_ready() is False
     assert tgrpc.InferenceServerClient(server.grpc_url).is_model_ready("fscore") is False
@@ -59,6 +69,7 @@ def test_ready_only_after_warmup(launch, tmp_path):
     assert grpc_err.value.status() == "StatusCode.UNAVAILABLE"
     gate.touch()
     server.wait_ready(30.0)
+    assert ready_body(server) == (200, {"ready": True})
     assert infer("grpc", server, "now").as_numpy("SCORES").shape == (1, 2)
     assert server.stop() == 0
 
@@ -85,7 +96,7 @@ def test_sigterm_drains_admitted_requests_and_exits_0(launch, tmp_path):
             if status_of(server, "/v2/health/ready") == 503:
                 break
             time.sleep(0.01)
-        assert status_of(server, "/v2/health/ready") == 503
+        assert ready_body(server) == (503, {"ready": False})
         assert status_of(server, "/v2/health/live") == 200
         with pytest.raises(InferenceServerException) as http_err:
             infer("http", server, "after SIGTERM")
@@ -105,7 +116,8 @@ def test_api_key(launch, fake_dirs):
     server = launch([fake_dirs["score"]], env=env)
     good, bad = {"Authorization": "Bearer s3cret"}, {"Authorization": "Bearer wrong"}
     assert status_of(server, "/v2/health/live") == 200 and status_of(server, "/v2/health/ready") == 200
-    for path in ("/v2", "/v2/models/fscore", "/v2/models/fscore/ready", "/metrics"):
+    for path in ("/v2", "/v2/models/fscore", "/v2/models/fscore/ready", "/v2/models/fscore/config",
+                 "/v2/models/stats", "/metrics"):
         assert status_of(server, path) == 401, path
         assert status_of(server, path, bad) == 401, path
         assert status_of(server, path, good) == 200, path

@@ -1,0 +1,112 @@
+"""Triton's protocol extensions that tritonclient and perf_analyzer call besides inference:
+model configuration, statistics and the repository index (its load / unload are refused).
+
+    HTTP                                                 gRPC                    answer
+    GET  /v2/models/{m}[/versions/1]/config              ModelConfig             model_config()
+    GET  /v2/models/stats, /v2/models/{m}[/versions/1]/stats   ModelStatistics   model_statistics()
+    POST /v2/repository/index                            RepositoryIndex         repository_index()
+    POST /v2/repository/models/{m}/load | unload         RepositoryModelLoad | Unload   400 / UNAVAILABLE
+
+Each answer is built here once, as Triton's HTTP JSON; that JSON is protobuf's JSON mapping of
+the gRPC message, so `to_message` makes the gRPC answer from the same dict (kserve.proto holds
+the messages, with Triton's field numbers).
+
+Config: name, platform "boundgen", max_batch_size 0 (a request's shape is the model's own: a
+score request's N texts are not Triton's batch dimension), inputs and outputs from the model's
+Signature (BYTES is Triton's TYPE_STRING; -1 marks a bounded dimension), one instance group
+whose count is the engine's request contexts, and the program's task and bounds as parameters.
+
+Statistics come from the server's own metrics (metrics.py `phase_totals`), cumulative since start:
+`success` / `fail` count and time requests end to end by outcome; `queue` is the wait for an
+in-flight slot; `compute_input` / `compute_output` are the engine's `pre` (tokenize, pack) and
+`post` (decode) stages; `compute_infer` is the rest of the engine call (model, and any wait for
+a batch or a context inside the engine). `inference_count` counts successful requests,
+`execution_count` engine calls (with batching several calls may share one model execution).
+"""
+
+from __future__ import annotations
+
+import json
+
+from google.protobuf import json_format
+
+from boundgen.server.models import DRAINING, LOADING, ModelSet
+from boundgen.server.served import PLATFORM, VERSION, ServedModel, engine_contexts
+from boundgen.server.status import ServeError
+
+NS = 1_000_000_000
+
+
+class NotSupported(ServeError):
+    """A Triton method boundgen answers with a refusal (repository load / unload)."""
+
+    outcome = "not_supported"
+
+
+def _data_type(datatype: str) -> str:
+    return "TYPE_STRING" if datatype == "BYTES" else f"TYPE_{datatype}"
+
+
+def model_config(model: ServedModel) -> dict:
+    spec = model.engine.spec
+    kind = "KIND_GPU" if spec.device.startswith("cuda") else "KIND_CPU"
+    parameters = {key: {"string_value": value if isinstance(value, str) else json.dumps(value)}
+                  for key, value in model.signature.parameters().items()}
+    return {
+        "name": model.name, "platform": PLATFORM, "max_batch_size": 0,
+        "input": [{"name": t.name, "data_type": _data_type(t.datatype), "dims": list(t.shape)}
+                  for t in model.signature.inputs],
+        "output": [{"name": t.name, "data_type": _data_type(t.datatype), "dims": list(t.shape)}
+                   for t in model.signature.outputs],
+        "instance_group": [{"name": model.name, "kind": kind, "count": engine_contexts(model.engine)}],
+        "parameters": parameters,
+    }
+
+
+def _duration(count_seconds: tuple[int, float]) -> dict:
+    count, seconds = count_seconds
+    return {"count": int(count), "ns": int(round(seconds * NS))}
+
+
+def _one_model_statistics(models: ModelSet, name: str) -> dict:
+    totals = models.metrics.phase_totals(name)
+    none = (0, 0.0)
+    pre, post, compute = totals.get("pre", none), totals.get("post", none), totals["compute"]
+    infer = (compute[0], max(0.0, compute[1] - pre[1] - post[1]))
+    last = models.metrics.last_success(name)
+    return {
+        "name": name, "version": VERSION, "last_inference": 0 if last is None else int(last * 1000),
+        "inference_count": totals["success"][0], "execution_count": compute[0],
+        "inference_stats": {"success": _duration(totals["success"]), "fail": _duration(totals["fail"]),
+                            "queue": _duration(totals["queue"]), "compute_input": _duration(pre),
+                            "compute_infer": _duration(infer), "compute_output": _duration(post),
+                            "cache_hit": _duration(none), "cache_miss": _duration(none)},
+    }
+
+
+def model_statistics(models: ModelSet, name: str = "", version: str = "") -> dict:
+    """Statistics of one model, or of every model when `name` is empty (Triton's answer shape)."""
+    names = [models.get(name, version).name] if name else sorted(models.models)
+    return {"model_stats": [_one_model_statistics(models, n) for n in names]}
+
+
+def repository_index(models: ModelSet, ready_only: bool = False) -> list[dict]:
+    """The models this server holds and their state (READY, LOADING while the server loads,
+    UNAVAILABLE while it drains); with `ready_only`, only those that take requests."""
+    state, reason = {LOADING: ("LOADING", "the server is still loading its models"),
+                     DRAINING: ("UNAVAILABLE", "the server is shutting down")}.get(models.state, ("READY", ""))
+    if ready_only and state != "READY":
+        return []
+    return [{"name": n, "version": VERSION, "state": state, "reason": reason} for n in sorted(models.models)]
+
+
+def refuse_repository_control(action: str, model_name: str) -> None:
+    """Raise NotSupported for a repository load or unload: a server serves the artifacts it started with."""
+    raise NotSupported(f"model repository {action} (of {model_name or 'a model'}) is not supported: boundgen "
+                       "serves the artifact directories given to `boundgen serve`; restart it with others to "
+                       "change them")
+
+
+def to_message(obj: dict, message):
+    """Fill the gRPC `message` from its Triton JSON form (protobuf's JSON mapping)."""
+    return json_format.ParseDict(obj, message)
