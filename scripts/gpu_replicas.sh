@@ -20,10 +20,7 @@ SWEEP="${SWEEP:---concurrency 4,8,16,32,48,64 --duration 3 --warmup 1}"
 mkdir -p "$OUT" "$WORK/models" "$WORK/art"
 export PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 source "$root/scripts/gpu_artifacts.sh"
-if [[ -z "${LD_PRELOAD:-}" ]]; then  # ../shared/GPU.md: AOTI loads need the system libstdc++
-  lib="$(ldconfig -p 2>/dev/null | grep -m1 'libstdc++.so.6 ' | awk '{print $NF}')"
-  [[ -n "$lib" ]] && export LD_PRELOAD="$lib"
-fi
+source "$root/scripts/gpu_env.sh"
 start=$SECONDS
 left() { echo $(( BUDGET_S - (SECONDS - start) )); }
 log() { echo "[gpu_replicas +$(( SECONDS - start ))s] $*" | tee -a "$OUT/replicas.log" >&2; }

