@@ -48,6 +48,11 @@ def register(sub):
                         "connection is closed (default 10)")
     p.add_argument("--max-connections", type=int, default=1024, metavar="N",
                    help="HTTP connections open at once; one more is answered 503 and closed (default 1024)")
+    p.add_argument("--log-format", choices=["text", "json"], default="text",
+                   help="server log lines as text (default) or one JSON object a line: status lines on stdout, "
+                        "log records on stderr (docs/serving.md)")
+    p.add_argument("--access-log", action="store_true",
+                   help="log one line per inference request: model, protocol, outcome, milliseconds")
     p.add_argument("--trust-key", default=None, metavar="KEY",
                    help="Ed25519 public key (PEM, `boundgen keygen`'s OUT.pub): serve only artifacts whose "
                         "manifest.sig is its signature of their manifest.json, checked before anything else is "
@@ -98,7 +103,8 @@ def config_from_args(args):
                             default_timeout_ms=args.default_timeout_ms, max_body_bytes=args.max_body_bytes,
                             api_key=api_key, drain_timeout_s=args.drain_timeout_s,
                             idle_timeout_s=args.idle_timeout_s, read_timeout_s=args.read_timeout_s,
-                            max_connections=args.max_connections)
+                            max_connections=args.max_connections, log_format=args.log_format,
+                            access_log=args.access_log)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
 
@@ -113,7 +119,8 @@ def worker_args(args) -> list[str]:
         out += ["--max-inflight", str(args.max_inflight)]
     if args.trust_key is not None:  # every worker checks the artifacts it loads too
         out += ["--trust-key", os.path.abspath(args.trust_key)]
-    out += ["--idle-timeout-s", str(args.idle_timeout_s), "--read-timeout-s", str(args.read_timeout_s)]
+    out += ["--idle-timeout-s", str(args.idle_timeout_s), "--read-timeout-s", str(args.read_timeout_s),
+            "--log-format", args.log_format]  # requests are logged (--access-log) by the front end
     for name, value in runtime_overrides(args).items():  # every worker loads with the same overrides
         flag = "--" + name.replace("_", "-")
         out += [flag if value is True else "--no-" + flag[2:]] if isinstance(value, bool) else [flag, str(value)]

@@ -30,6 +30,7 @@ import boundgen
 from boundgen.errors import BoundgenError
 from boundgen.runtime.engine import Engine
 from boundgen.server import connections
+from boundgen.server import logs
 from boundgen.server.config import ServerConfig
 from boundgen.server.kserve_grpc import GrpcFrontend
 from boundgen.server.kserve_http import HttpFrontend
@@ -56,7 +57,7 @@ class Server:
             raise ValueError("serve needs at least one artifact directory")
         self.artifact_dirs = [Path(d) for d in artifact_dirs]
         self.config, self.engine_factory, self.out = config, engine_factory, out
-        self.metrics = ServerMetrics()
+        self.metrics = ServerMetrics(on_request=logs.access if config.access_log else None)
         self.models = ModelSet(config, self.metrics)
         self.http_port: int | None = None
         self.grpc_port: int | None = None
@@ -69,7 +70,7 @@ class Server:
         """One line on `out`, written whole: worker threads say things at once (print() writes the
         text and its newline separately, so two lines could interleave into one)."""
         with self._say_lock:
-            self.out.write(message + "\n")
+            self.out.write(logs.status_line(message, self.config.log_format) + "\n")
             self.out.flush()
 
     async def start(self) -> None:
@@ -102,7 +103,7 @@ class Server:
         for path in self.artifact_dirs:
             self.say(f"boundgen serve: loading {path}")
             engine = await _in_daemon_thread(self.engine_factory, path)
-            model = self.models.add(engine)
+            model = self.models.add(engine, str(path))
             await _in_daemon_thread(engine.warmup)
             spec = engine.spec
             self.say(f"boundgen serve: model {spec.name} ({spec.task}) loaded and warmed up, "
@@ -178,13 +179,13 @@ async def _in_daemon_thread(fn, *args):
 def serve(artifact_dirs: Sequence[str | Path], config: ServerConfig,
           engine_factory: EngineFactory = default_engine_factory) -> int:
     """Run a server in this process until SIGTERM / SIGINT; the exit code (0 after a clean drain)."""
-    return serve_until_signal(lambda: (Server(artifact_dirs, config, engine_factory), None))
+    return serve_until_signal(lambda: (Server(artifact_dirs, config, engine_factory), None), config.log_format)
 
 
-def serve_until_signal(make_server) -> int:
+def serve_until_signal(make_server, log_format: str = "text") -> int:
     """Run `make_server() -> (Server, cleanup or None)` inside an event loop until SIGTERM /
-    SIGINT, then `cleanup()`; the exit code."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    SIGINT, then `cleanup()`; the exit code. Log records go to stderr in `log_format` (logs.py)."""
+    logs.configure(log_format)
 
     async def main() -> int:
         stop = asyncio.Event()

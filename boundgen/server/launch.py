@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Sequence
 
 from boundgen.server.app import LISTENING
+from boundgen.server.logs import status_text
 
 
 class ServerProcess:
@@ -121,8 +122,9 @@ class ServerProcess:
             self.output.append(line)
             if self.echo:
                 print(line, end="", flush=True)
-            if line.startswith(LISTENING) and not self._listening.is_set():
-                fields = dict(part.split("=", 1) for part in line.split()[3:] if "=" in part)
+            text = status_text(line)
+            if text.startswith(LISTENING) and not self._listening.is_set():
+                fields = dict(part.split("=", 1) for part in text.split()[3:] if "=" in part)
                 self.http_port = int(fields["http"].rsplit(":", 1)[1])
                 self.grpc_port = int(fields["grpc"].rsplit(":", 1)[1])
                 self._listening.set()

@@ -38,7 +38,9 @@ CONTENT_TYPE = CONTENT_TYPE_LATEST
 
 
 class ServerMetrics:
-    def __init__(self):
+    def __init__(self, on_request: Callable[[str, str, str, float], None] | None = None):
+        """on_request(model, protocol, outcome, seconds): also told of every request (the access log)."""
+        self.on_request = on_request
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter("boundgen_requests", "Inference requests by model, protocol and outcome",
@@ -61,6 +63,8 @@ class ServerMetrics:
         self._last_success: dict[str, float] = {}
 
     def observe_request(self, model: str, protocol: str, outcome: str, seconds: float) -> None:
+        if self.on_request is not None:
+            self.on_request(model, protocol, outcome, seconds)
         self.requests.labels(model, protocol, outcome).inc()
         self.request_seconds.labels(model, protocol).observe(seconds)
         if model:

@@ -32,11 +32,12 @@ class ModelSet:
 
     # ---- lifecycle ------------------------------------------------------------------------
 
-    def add(self, engine: Engine) -> ServedModel:
+    def add(self, engine: Engine, source: str = "") -> ServedModel:
+        """Serve `engine`, loaded from the artifact directory `source`."""
         name = engine.spec.name
         if name in self.models:
             raise ConfigError(f"two artifacts are both named {name!r}; rebuild one with --name")
-        model = ServedModel(engine, self.metrics, self.config.max_inflight, self.config.max_queue)
+        model = ServedModel(engine, self.metrics, self.config.max_inflight, self.config.max_queue, source)
         self.models[name] = model
         return model
 

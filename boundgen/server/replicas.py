@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import sys
 import threading
@@ -52,7 +51,6 @@ from boundgen.server.launch import ServerProcess
 from boundgen.server.replica_engine import ReplicaEngine, spec_from_metadata
 from boundgen.server.status import Unavailable
 
-LOADED = re.compile(r"boundgen serve: model (\S+) \(\w+\) loaded and warmed up, max in flight (\d+)")
 BACKOFF_S, BACKOFF_MAX_S = 0.5, 10.0
 WORKER_READY_TIMEOUT_S = 600.0
 HEALTH_INTERVAL_S, HEALTH_TIMEOUT_S, HEALTH_FAILURES = 1.0, 1.0, 3  # a wedged worker is down within ~6 s
@@ -161,10 +159,14 @@ class WorkerPool:
             self.close()
             raise BoundgenError(f"a worker failed to start: {failed[0]}")
         first = self.workers[0].server
-        loaded = [LOADED.search(line) for line in first.output]
-        loaded = [m for m in loaded if m]
         n = len(self.workers)
-        self._specs = [spec_from_metadata(self._metadata(first, m.group(1)), int(m.group(2)) * n) for m in loaded]
+        specs = {}  # artifact dir -> spec, from the first worker's model configs (all load the same)
+        for entry in self._get_json(first, "/v2/repository/index", post=True):
+            config = self._get_json(first, f"/v2/models/{entry['name']}/config")["parameters"]
+            capacity = int(config["max_inflight"]["string_value"]) * n
+            specs[config["artifact_dir"]["string_value"]] = spec_from_metadata(
+                self._get_json(first, f"/v2/models/{entry['name']}"), capacity)
+        self._specs = [specs[str(Path(d))] for d in self.artifact_dirs]
         self._started = True
         for w in self.workers:
             threading.Thread(target=self._supervise, args=(w,), name=f"boundgen-worker-{w.index}", daemon=True).start()
@@ -263,8 +265,11 @@ class WorkerPool:
                 server.kill()
 
     @staticmethod
-    def _metadata(server: ServerProcess, model: str) -> dict:
-        with _NO_PROXY.open(f"http://{server.http_url}/v2/models/{model}", timeout=30) as r:
+    def _get_json(server: ServerProcess, path: str, post: bool = False):
+        """A worker's JSON answer on `path` (POST with an empty JSON body when `post`)."""
+        request = urllib.request.Request(f"http://{server.http_url}{path}", data=b"{}" if post else None,
+                                         headers={"Content-Type": "application/json"} if post else {})
+        with _NO_PROXY.open(request, timeout=30) as r:
             return json.loads(r.read())
 
 
@@ -298,6 +303,4 @@ def serve_replicas(artifact_dirs: Sequence[str | Path], config, gpus: Sequence[i
         pool = WorkerPool(artifact_dirs, gpus, worker_args, command, server.metrics.registry, server.say)
         return server, pool.close
 
-    return serve_until_signal(make_server)
-
-    return asyncio.run(main())
+    return serve_until_signal(make_server, config.log_format)

@@ -32,8 +32,10 @@ def engine_contexts(engine: Engine) -> int:
 
 
 class ServedModel:
-    def __init__(self, engine: Engine, metrics: ServerMetrics, max_inflight: int | None, max_queue: int):
-        self.engine = engine
+    def __init__(self, engine: Engine, metrics: ServerMetrics, max_inflight: int | None, max_queue: int,
+                 source: str = ""):
+        """source: the artifact directory the model was loaded from (its model config says it)."""
+        self.engine, self.source = engine, source
         self.name = engine.spec.name
         self.signature = Signature(engine.spec)
         self.metrics = metrics

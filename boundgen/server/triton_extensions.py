@@ -50,8 +50,12 @@ def _data_type(datatype: str) -> str:
 def model_config(model: ServedModel) -> dict:
     spec = model.engine.spec
     kind = "KIND_GPU" if spec.device.startswith("cuda") else "KIND_CPU"
+    # The program's bounds, then how this server serves it: its admission bounds (a replica front
+    # end sizes its own from them, server/replicas.py) and the artifact it was loaded from.
+    served = {"max_inflight": model.admission.max_inflight, "max_queue": model.admission.max_queue,
+              "artifact_dir": model.source}
     parameters = {key: {"string_value": value if isinstance(value, str) else json.dumps(value)}
-                  for key, value in model.signature.parameters().items()}
+                  for key, value in {**model.signature.parameters(), **served}.items()}
     return {
         "name": model.name, "platform": PLATFORM, "max_batch_size": 0,
         "input": [{"name": t.name, "data_type": _data_type(t.datatype), "dims": list(t.shape)}

@@ -189,3 +189,19 @@ def test_workers_die_with_a_killed_front_end(launch, fake_dirs):
         time.sleep(0.05)
     left = {pid: open(f"/proc/{pid}/stat").read() for pid in pids if _alive(pid)}
     assert not left, f"workers outlived their SIGKILLed front end: {left}"
+
+
+def test_front_end_capacity_comes_from_the_workers_model_config(launch, fake_dirs):
+    """The front end admits as many requests as its workers together (each worker's max in flight,
+    read from its model config, times the workers), and serves their models under their names."""
+    import json
+    import urllib.request
+
+    server = launch([fake_dirs["score"], fake_dirs["beam"]], args=["--replicas", "2", "--max-inflight", "3"])
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        for model in ("fscore", "fbeam"):
+            with opener.open(f"http://{server.http_url}/v2/models/{model}/config", timeout=10) as r:
+                assert json.loads(r.read())["parameters"]["max_inflight"] == {"string_value": "6"}
+    finally:
+        assert server.stop() == 0

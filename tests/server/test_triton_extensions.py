@@ -74,6 +74,10 @@ def test_model_config(fake_server, protocol):
     assert [(g["kind"], int(g["count"])) for g in score["instance_group"]] == [("KIND_CPU", 1)]
     assert score["parameters"]["task"] == {"string_value": "score"}
     assert json.loads(score["parameters"]["max_samples"]["string_value"]) == SCORE_SPEC.program.max_samples
+    # How this server serves it (a replica front end reads these instead of a log line): the
+    # shared fake server runs with --max-inflight 2, and the artifact it loaded.
+    assert score["parameters"]["max_inflight"] == {"string_value": "2"}
+    assert score["parameters"]["artifact_dir"]["string_value"].endswith("fscore")
     assert [(t["name"], t["data_type"], [int(d) for d in t["dims"]]) for t in beam["output"]] == [
         ("TOKEN_IDS", "TYPE_INT32", [3, 2]), ("SCORES", "TYPE_FP32", [3]), ("TEXT_OUT", "TYPE_STRING", [3])]
     with pytest.raises(InferenceServerException) as err:

@@ -1,0 +1,73 @@
+"""What a server writes about itself, and in which format.
+
+Two streams:
+- status lines on stdout (`Server.say`): "boundgen serve: listening http=H:P grpc=H:P", models
+  loaded, draining, stopped. Tools wait for them (server/launch.py waits for LISTENING);
+- log records on stderr (`logging`, logger "boundgen.server"): warnings, errors, and with
+  `--access-log` one INFO record per inference request (logger "boundgen.access").
+
+`--log-format text` (the default): status lines as they are, records as
+"2026-11-30 21:37:00,123 boundgen.server WARNING message". `--log-format json`: every line on
+both streams is one JSON object {"ts": ISO 8601 UTC, "level", "logger", "msg"} (access records
+add model, protocol, outcome, ms), for log collectors; a status line's text is its "msg".
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+import sys
+
+TEXT_FORMAT = "%(asctime)s %(name)s %(levelname)s %(message)s"
+ACCESS = logging.getLogger("boundgen.access")
+ACCESS_FIELDS = ("model", "protocol", "outcome", "ms")
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="milliseconds")
+
+
+class JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        line = {"ts": datetime.datetime.fromtimestamp(record.created, datetime.timezone.utc).isoformat(
+                    timespec="milliseconds"),
+                "level": record.levelname, "logger": record.name, "msg": record.getMessage()}
+        line.update({k: getattr(record, k) for k in ACCESS_FIELDS if hasattr(record, k)})
+        if record.exc_info:
+            line["exc"] = self.formatException(record.exc_info)
+        return json.dumps(line, ensure_ascii=False)
+
+
+def configure(log_format: str = "text") -> None:
+    """Log records to stderr in `log_format`, at INFO (the process's one logging setup)."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter() if log_format == "json" else logging.Formatter(TEXT_FORMAT))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(logging.INFO)
+
+
+def status_line(message: str, log_format: str = "text") -> str:
+    """A status line for stdout, as `log_format` writes it."""
+    if log_format == "json":
+        return json.dumps({"ts": _now(), "level": "INFO", "logger": "boundgen.serve", "msg": message},
+                          ensure_ascii=False)
+    return message
+
+
+def status_text(line: str) -> str:
+    """The message of a status line in either format (what a tool reading stdout compares)."""
+    if line.startswith("{"):
+        try:
+            return str(json.loads(line).get("msg", ""))
+        except (ValueError, AttributeError):
+            return line
+    return line
+
+
+def access(model: str, protocol: str, outcome: str, seconds: float) -> None:
+    """One access record (logged only with --access-log: the caller decides)."""
+    ms = round(seconds * 1e3, 3)
+    ACCESS.info("%s %s %s %.3f ms", model or "-", protocol, outcome, ms,
+                extra={"model": model, "protocol": protocol, "outcome": outcome, "ms": ms})
