@@ -30,10 +30,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 from aiohttp import web
 
 from boundgen.version import __version__
 from boundgen.errors import InvalidInput
+from boundgen.server import score_api
 from boundgen.server.auth import check_api_key
 from boundgen.server.config import ServerConfig
 from boundgen.server.metrics import CONTENT_TYPE
@@ -183,6 +185,7 @@ class HttpFrontend:
             app.router.add_get(prefix + "/config", self.model_config)
             app.router.add_get(prefix + "/stats", self.statistics)
         app.router.add_post("/v2/repository/index", self.repository_index)
+        app.router.add_post(score_api.ROUTE, self.score)
         for action in ("load", "unload"):
             app.router.add_post(f"/v2/repository/models/{{model}}/{action}", self.repository_control)
         return app
@@ -287,6 +290,27 @@ class HttpFrontend:
                 deadline = self.models.deadline(arrived, parsed.parameters.get("timeout"))
                 outputs = await self.models.infer(name, version, parsed.tensors, parsed.outputs, deadline)
                 return encode_infer_response(name, parsed, outputs)
+        except Exception as exc:
+            return error_response(exc)
+
+    async def score(self, request: web.Request) -> web.Response:
+        """SGLang's score request on a score model (server/score_api.py), through the same admission."""
+        arrived = time.monotonic()
+        try:
+            body = await self._read_body(request)
+            try:
+                parsed = score_api.parse(json.loads(body))
+            except (ValueError, RecursionError, UnicodeDecodeError) as exc:
+                raise InvalidInput(f"the request body is not valid JSON: {exc}") from None
+            name = score_api.pick_model(self.models, parsed["model"])
+            with self.models.observe("http", name):
+                deadline = self.models.deadline(arrived, None)
+                (probs,) = await self.models.infer(name, "", [score_api.text_tensor(parsed["texts"])], ["SCORES"],
+                                                   deadline)
+                model = self.models.get(name, "")
+                values = score_api.scores(np.asarray(probs.data, dtype=np.float32).reshape(probs.shape),
+                                          list(model.engine.spec.program.label_token_ids), parsed["label_token_ids"])
+                return web.json_response(score_api.response(name, values))
         except Exception as exc:
             return error_response(exc)
 
