@@ -51,6 +51,8 @@ def register(sub):
     p.add_argument("--log-format", choices=["text", "json"], default="text",
                    help="server log lines as text (default) or one JSON object a line: status lines on stdout, "
                         "log records on stderr (docs/serving.md)")
+    p.add_argument("--log-level", choices=["debug", "info", "warning", "error"], default="info",
+                   help="least severe log record written to stderr (default info; status lines are always written)")
     p.add_argument("--access-log", action="store_true",
                    help="log one line per inference request: model, protocol, outcome, milliseconds")
     p.add_argument("--trust-key", default=None, metavar="KEY",
@@ -104,6 +106,7 @@ def config_from_args(args):
                             api_key=api_key, drain_timeout_s=args.drain_timeout_s,
                             idle_timeout_s=args.idle_timeout_s, read_timeout_s=args.read_timeout_s,
                             max_connections=args.max_connections, log_format=args.log_format,
+                            log_level=args.log_level,
                             access_log=args.access_log)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
@@ -120,7 +123,7 @@ def worker_args(args) -> list[str]:
     if args.trust_key is not None:  # every worker checks the artifacts it loads too
         out += ["--trust-key", os.path.abspath(args.trust_key)]
     out += ["--idle-timeout-s", str(args.idle_timeout_s), "--read-timeout-s", str(args.read_timeout_s),
-            "--log-format", args.log_format]  # requests are logged (--access-log) by the front end
+            "--log-format", args.log_format, "--log-level", args.log_level]  # --access-log: the front end's
     for name, value in runtime_overrides(args).items():  # every worker loads with the same overrides
         flag = "--" + name.replace("_", "-")
         out += [flag if value is True else "--no-" + flag[2:]] if isinstance(value, bool) else [flag, str(value)]

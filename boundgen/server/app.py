@@ -179,13 +179,14 @@ async def _in_daemon_thread(fn, *args):
 def serve(artifact_dirs: Sequence[str | Path], config: ServerConfig,
           engine_factory: EngineFactory = default_engine_factory) -> int:
     """Run a server in this process until SIGTERM / SIGINT; the exit code (0 after a clean drain)."""
-    return serve_until_signal(lambda: (Server(artifact_dirs, config, engine_factory), None), config.log_format)
+    return serve_until_signal(lambda: (Server(artifact_dirs, config, engine_factory), None), config.log_format,
+                              config.log_level)
 
 
-def serve_until_signal(make_server, log_format: str = "text") -> int:
+def serve_until_signal(make_server, log_format: str = "text", log_level: str = "info") -> int:
     """Run `make_server() -> (Server, cleanup or None)` inside an event loop until SIGTERM /
     SIGINT, then `cleanup()`; the exit code. Log records go to stderr in `log_format` (logs.py)."""
-    logs.configure(log_format)
+    logs.configure(log_format, log_level)
 
     async def main() -> int:
         stop = asyncio.Event()

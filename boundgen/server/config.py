@@ -23,6 +23,7 @@ class ServerConfig:
     read_timeout_s: float = 10.0  # an HTTP inference body must arrive in full within this long of its head
     max_connections: int = 1024  # HTTP connections open at once; one more is answered 503 and closed
     log_format: str = "text"  # "text" | "json": server log lines (server/logs.py)
+    log_level: str = "info"  # least severe log record written: debug | info | warning | error
     access_log: bool = False  # one log line per inference request (model, protocol, outcome, ms)
 
     def __post_init__(self):
@@ -49,5 +50,7 @@ class ServerConfig:
                 raise ValueError(f"{name} must be a number of seconds > 0, got {getattr(self, name)}")
         if self.max_connections < 1:
             raise ValueError(f"max_connections must be >= 1, got {self.max_connections}")
+        if self.log_level not in ("debug", "info", "warning", "error"):
+            raise ValueError(f"log_level must be debug, info, warning or error, got {self.log_level!r}")
         if self.log_format not in ("text", "json"):
             raise ValueError(f"log_format must be text or json, got {self.log_format!r}")

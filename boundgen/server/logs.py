@@ -39,13 +39,14 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(line, ensure_ascii=False)
 
 
-def configure(log_format: str = "text") -> None:
-    """Log records to stderr in `log_format`, at INFO (the process's one logging setup)."""
+def configure(log_format: str = "text", level: str = "info") -> None:
+    """Log records to stderr in `log_format`, from `level` up (the process's one logging setup).
+    Status lines on stdout are not records: every level writes them."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if log_format == "json" else logging.Formatter(TEXT_FORMAT))
     root = logging.getLogger()
     root.handlers[:] = [handler]
-    root.setLevel(logging.INFO)
+    root.setLevel(level.upper())
 
 
 def status_line(message: str, log_format: str = "text") -> str:

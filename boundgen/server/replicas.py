@@ -303,4 +303,4 @@ def serve_replicas(artifact_dirs: Sequence[str | Path], config, gpus: Sequence[i
         pool = WorkerPool(artifact_dirs, gpus, worker_args, command, server.metrics.registry, server.say)
         return server, pool.close
 
-    return serve_until_signal(make_server, config.log_format)
+    return serve_until_signal(make_server, config.log_format, config.log_level)

@@ -42,3 +42,13 @@ def test_text_is_the_default_and_requests_are_not_logged(launch, tmp_path):
     assert server.stop() == 0
     assert any(line.startswith("boundgen serve: listening http=") for line in server.output)
     assert not any("boundgen.access" in line for line in server.output)
+
+
+def test_log_level_warning_drops_access_records(launch, tmp_path):
+    """Access records are INFO: at --log-level warning they are not written; status lines still are."""
+    server = launch([write_fake_artifact(tmp_path / "fscore", SCORE_SPEC)], args=["--access-log", "--log-level",
+                                                                                 "warning"])
+    infer(server, "http")
+    assert server.stop() == 0
+    assert any(line.startswith("boundgen serve: listening http=") for line in server.output)
+    assert not any("boundgen.access" in line for line in server.output)
