@@ -15,10 +15,13 @@ CANCEL_POLL_S = 0.05
 
 
 def refusal(now: float, deadline: float | None, cancelled: threading.Event | None) -> str | None:
-    """Why a waiting request must not run any more: "cancelled", "expired", or None (it may)."""
-    if cancelled is not None and cancelled.is_set():
-        return "cancelled"
-    return "expired" if deadline is not None and now >= deadline else None
+    """Why a waiting request must not run any more: "expired", "cancelled", or None (it may).
+    A request past its deadline is "expired" even if its client has gone too: a client whose own
+    deadline (gRPC's) passes cancels at that moment, and which of the two a waiter sees first
+    must not decide how the request is counted."""
+    if deadline is not None and now >= deadline:
+        return "expired"
+    return "cancelled" if cancelled is not None and cancelled.is_set() else None
 
 
 def wait_slice(now: float, deadline: float | None, cancelled: threading.Event | None) -> float | None:

@@ -12,7 +12,7 @@ Configured by `fake.json` in a directory that stands in for an artifact:
   worker) does: a call waits for a free worker, and a call given a deadline that passes, or a
   `cancelled` event that is set, while it waits is not run (DeadlineExceeded / Cancelled, as
   runtime/batcher.py raises them); the log records when a call starts to
-  wait and when one is refused (`read_events`);
+  wait, when it starts to run, and when one is refused (`read_events`);
 - "tokens" are whitespace-separated words; the limits and messages mirror the real tokenizer's;
   `tokenize_s_per_mb` makes counting them cost that many seconds per MB of text, on the calling
   thread, as a real tokenizer's time grows with the text;
@@ -129,6 +129,7 @@ class FakeEngine(Engine):
             raise
         try:
             start = time.monotonic()
+            self._write({"texts": list(texts), "event": "started"})
             asked = [float(m.group(1)) for t in texts for m in SLEEP.finditer(t)]
             seconds = max(asked) if asked else self.sleep_s
             if seconds:
@@ -154,15 +155,16 @@ class FakeEngine(Engine):
                 return
 
     def _refuse(self, now: float, deadline: float | None, cancelled: threading.Event | None, waiting: bool) -> None:
-        if cancelled is not None and cancelled.is_set():
-            where = f"waiting for a worker of model {self.spec.name}" if waiting else "before it could start"
-            raise Cancelled(f"fake engine: the request was cancelled {where}; it was not run")
+        """As runtime/waiting.refusal: a deadline that has passed wins over a cancellation."""
         if deadline is not None and now >= deadline:
             if waiting:
                 raise DeadlineExceeded(f"fake engine: the deadline passed waiting for a worker of model "
                                        f"{self.spec.name}; the request was not run")
             raise DeadlineExceeded(f"fake engine: the deadline had passed before model {self.spec.name} "
                                    "could start; the request was not run")
+        if cancelled is not None and cancelled.is_set():
+            where = f"waiting for a worker of model {self.spec.name}" if waiting else "before it could start"
+            raise Cancelled(f"fake engine: the request was cancelled {where}; it was not run")
 
     def _record(self, texts, start: float) -> None:
         self._write({"texts": list(texts), "start": start, "end": time.monotonic()})
@@ -193,7 +195,7 @@ def read_events(path: Path, event: str) -> list[dict]:
 
 
 def wait_for_event(path: Path, text: str, event: str, timeout_s: float = 10.0) -> None:
-    """Wait (bounded) until the log at `path` holds `event` ("waiting", "refused") for a call with `text`."""
+    """Wait (bounded) until the log at `path` holds `event` ("started", "waiting", "refused") for a call with `text`."""
     end = time.monotonic() + timeout_s
     while not any(text in record["texts"] for record in read_events(path, event)):
         if time.monotonic() > end:

@@ -113,6 +113,7 @@ def test_deadline_reaches_the_worker(launch, tmp_path):
     with ThreadPoolExecutor(1) as pool:
         held = pool.submit(infer, server, f"held hold={hold}")
         wait_metric(server, 'boundgen_worker_inflight_requests{worker="0"}', 1)
+        wait_for_event(log, f"held hold={hold}", "started")  # it holds the worker's engine itself
         with pytest.raises(InferenceServerException) as err:
             infer(server, "expires in the worker", timeout_us=150_000)
         assert err.value.status() == "504", err.value
