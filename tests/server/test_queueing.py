@@ -83,10 +83,12 @@ def send_and_leave(server, text) -> socket.socket:
 
 
 def occupy(server, pool):
-    """Start a held request and wait until it is running; returns (hold, future)."""
+    """Start a held request and wait until it is running in the engine (admitted is not enough: the
+    next request must find the engine's worker taken); returns (hold, future)."""
     hold = Hold(server.root)
     future = pool.submit(http_infer, server, hold.text)
     wait_metric(server, INFLIGHT, 1)
+    wait_for_event(server.log, hold.text, "started")
     return hold, future
 
 

@@ -164,10 +164,19 @@ def test_slow_body_gets_408_and_is_closed(limited, head, body):
     assert b'"error"' in data and b"--read-timeout-s" in data
 
 
-def test_connections_over_the_limit_get_503(limited):
-    held = [connect(limited) for _ in range(4)]
+@pytest.fixture
+def capped(launch, fake_dirs):
+    """At most 4 connections, and idle ones kept long enough that the 4 held stay open however
+    slowly the test runs (with `limited`'s 1 s, a slow machine saw them closed before the 5th came)."""
+    server = launch([fake_dirs["score"]], args=["--idle-timeout-s", "60", "--max-connections", "4"])
+    yield server
+    assert server.stop() == 0
+
+
+def test_connections_over_the_limit_get_503(capped):
+    held = [connect(capped) for _ in range(4)]
     time.sleep(0.2)
-    extra = connect(limited)
+    extra = connect(capped)
     answer = read_until_closed(extra)
     assert answer.startswith(b"HTTP/1.1 503") and b"--max-connections" in answer, answer
     for sock in held:

@@ -138,6 +138,7 @@ def test_cancel_reaches_the_worker(launch, tmp_path):
     with ThreadPoolExecutor(1) as pool:
         held = pool.submit(infer, server, f"held hold={hold}")
         wait_metric(server, 'boundgen_worker_inflight_requests{worker="0"}', 1)
+        wait_for_event(log, f"held hold={hold}", "started")  # it holds the worker's engine itself
         t = tgrpc.InferInput("TEXT", [1], "BYTES")
         t.set_data_from_numpy(np.array([text.encode()], dtype=object))
         call = tgrpc.InferenceServerClient(server.grpc_url).async_infer("fscore", [t], callback=lambda r, e: None,
