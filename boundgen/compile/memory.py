@@ -22,7 +22,6 @@ An estimate, deliberately on the high side; plain arithmetic over config.json an
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 from boundgen.errors import ConfigError

@@ -5,11 +5,8 @@ tritonclient's own messages, so they also prove kserve.proto's field numbers are
 from __future__ import annotations
 
 import json
-import urllib.error
 
 import pytest
-import tritonclient.grpc as tgrpc
-import tritonclient.http as thttp
 from google.protobuf.descriptor import FieldDescriptor
 from tritonclient.grpc import model_config_pb2, service_pb2
 from tritonclient.utils import InferenceServerException
