@@ -56,7 +56,7 @@ def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: tor
               scale: float) -> torch.Tensor:
     if torch.compiler.is_compiling():
         return _reference_traced(q, k, v, cu_seqlens, scale)
-    out = torch.empty_like(q)
+    out = torch.zeros_like(q)  # tokens after the last sequence (beam padding) belong to none: zeros
     bounds = cu_seqlens.tolist()
     for start, end in zip(bounds[:-1], bounds[1:]):
         if end > start:

@@ -78,7 +78,12 @@ def reference(q: torch.Tensor, k_prefix: torch.Tensor, v_prefix: torch.Tensor,
     s_prefix = s_prefix.masked_fill(~own[:, None, None, :], float("-inf"))
     probs = torch.softmax(torch.cat((s_prefix, s_suffix), dim=-1) * scale, dim=-1)
     p_prefix, p_suffix = probs[..., :prefix_len], probs[..., prefix_len:]
-    out = torch.einsum("bkgt,tkd->bkgd", p_prefix, v_prefix.to(torch.float32))
+    # Prompt rows after the last prompt (padding for CUDA graphs) belong to no request: their
+    # values may be anything, NaN included (the packed attention kernel leaves them unwritten),
+    # and 0 * NaN is NaN, so they are zeroed like the suffix's.
+    in_prompt = pos < cu[-1]  # [T]
+    v_prefix = torch.where(in_prompt[:, None, None], v_prefix.to(torch.float32), 0.0)
+    out = torch.einsum("bkgt,tkd->bkgd", p_prefix, v_prefix)
     out = out + torch.einsum("bkgs,bskd->bkgd", p_suffix, v_suffix)
     return out.reshape(beams, num_q_heads, head_dim).to(q.dtype)
 

@@ -186,3 +186,13 @@ def test_reference_per_sequence_and_traced_match_dense(lengths, heads):
     dense = op.reference_dense(q, k, v, cu, 0.17)
     torch.testing.assert_close(op.reference(q, k, v, cu, 0.17), dense, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(op._reference_traced(q, k, v, cu, 0.17), dense, atol=1e-5, rtol=1e-5)
+
+
+def test_reference_gives_zeros_after_the_last_sequence():
+    """Tokens after the last sequence (a beam call padded for CUDA graphs) belong to none: the
+    eager reference writes zeros there, never uninitialised memory, so runs are reproducible."""
+    q, k, v, cu = make_inputs([5, 3], 4, 2, 16, torch.float32)
+    cu_short = torch.tensor([0, 5], dtype=torch.int32)  # the last 3 tokens: padding
+    out = op.reference(q, k, v, cu_short, 0.25)
+    assert (out[5:] == 0).all()
+    torch.testing.assert_close(out[:5], op.reference(q[:5], k[:5], v[:5], cu_short, 0.25), atol=0, rtol=0)

@@ -161,6 +161,31 @@ def test_kernel_ignores_suffix_positions_past_suffix_len(n, dtype):
     torch.testing.assert_close(out.float(), expected.float(), atol=TOLERANCE[dtype], rtol=0)
 
 
+def _poisoned_prompt_tail(dtype, device, tail=5):
+    """Inputs whose prompt buffer has `tail` rows after the last prompt (a beam call padded for
+    CUDA graphs) holding NaN and inf, as unwritten memory may; and the same inputs without them."""
+    *inputs, cu = make_inputs((9, 1, 23), 3, 2, 4, 2, 16, dtype, device)
+    q, kp, vp, ks, vs, sl = inputs
+    junk = torch.tensor([float("nan"), float("inf")], dtype=dtype, device=device).repeat(tail * 16)
+    kp_t, vp_t = (torch.cat((x, junk.reshape(tail, 2, 16))) for x in (kp, vp))
+    return (q, kp_t, vp_t, ks, vs, sl, cu), (q, kp, vp, ks, vs, sl, cu)
+
+
+def test_reference_ignores_prompt_rows_after_the_last_prompt():
+    """Rows of no request take no part, whatever they hold (0 * NaN is NaN: they must be zeroed)."""
+    padded, clean = _poisoned_prompt_tail(torch.float32, "cpu")
+    out = op.reference(*padded, 3, 0.25)
+    assert out.isfinite().all()
+    torch.testing.assert_close(out, op.reference(*clean, 3, 0.25), atol=1e-6, rtol=0)  # summation order
+
+
+@needs_kernel
+def test_kernel_ignores_prompt_rows_after_the_last_prompt():
+    padded, clean = _poisoned_prompt_tail(torch.float32, KERNEL_DEVICE)
+    out = op.launch(*padded, 3, 0.25, block_n=16)
+    torch.testing.assert_close(out, op.reference(*clean, 3, 0.25), atol=TOLERANCE[torch.float32], rtol=0)
+
+
 def test_registered_op_runs_reference_on_cpu():
     *inputs, cu = make_inputs((37, 1, 4), 5, 3, 4, 2, 16, torch.float32)
     out = torch.ops.boundgen.prefix_attention(*inputs, cu, 5, 0.25)
