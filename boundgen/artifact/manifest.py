@@ -73,10 +73,14 @@ class CompileRecord:
     inductor_configs: dict = field(default_factory=dict)
     decompose_custom_triton_ops: bool = False
     seconds: dict = field(default_factory=dict)
+    custom_ops: list | None = None  # boundgen ops the packages call by name (compile/aoti.called_ops)
 
     @property
-    def custom_ops(self) -> list[str]:
-        """Ops lowered to something other than their torch reference: a loader imports them."""
+    def ops_to_register(self) -> list[str]:
+        """The ops a loading process registers before it loads the packages: those they call, or,
+        in a manifest written before these were recorded, those lowered to other than torch."""
+        if self.custom_ops is not None:
+            return list(self.custom_ops)
         return [op for op, impl in self.lowering.items() if impl != "torch"]
 
 

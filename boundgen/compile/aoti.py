@@ -35,6 +35,16 @@ def package_file(name: str) -> str:
     return f"{name}.pt2"
 
 
+def called_ops(ep: torch.export.ExportedProgram) -> list[str]:
+    """The boundgen ops (by module name in boundgen/ops/) the exported program calls by name; the
+    manifest records them so a loading process registers them first (ops/custom.py). Some are
+    decomposed into their Triton kernels on CUDA, but registering those costs only an import."""
+    names = {node.target.name().split("::")[1].split(".")[0] for node in ep.graph.nodes
+             if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload)
+             and node.target.namespace == "boundgen"}
+    return sorted(names)
+
+
 def compile_package(ep: torch.export.ExportedProgram, out_dir: Path, device: str, weights: str,
                     name: str = "model") -> Path:
     """Compile with AOTInductor into out_dir/<name>.pt2; returns its path."""

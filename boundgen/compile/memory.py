@@ -7,11 +7,11 @@ cannot fit says so at once and names the bound to lower (instead of dying in val
     activations  the largest validation case, T tokens (score: max_total_tokens; beam: the
                  prompt plus max_requests x W x steps decode rows): per layer FP32
                  T x (q + k + v + out + 3 x intermediate + 4 x hidden), x 2 (eager and compiled)
-    attention    eager reference: N_q x max_L^2 FP32 scores, x 3 (scores, masked, probs);
-                 the compiled package (validation runs it at T = max_total_tokens): the traced
-                 reference's SDPA under the [T, T] block-diagonal mask, which Inductor on CPU
-                 lowers to the math form: [N_q, T, T] FP32 scores and probabilities, and the mask
-                 (measured 2026-11-30: a 4-head tiny model at 64 x 512 tokens was killed at 23 GB)
+    attention    N_q x max_L^2 FP32 scores, x 3 (scores, masked, probs), x 2: the eager reference
+                 and the compiled package both attend one sequence at a time (on CPU the package
+                 calls the registered op, ops/packed_attention.py; before, it compiled SDPA under a
+                 [T, T] mask into [N_q, T, T] FP32 scores: a 4-head tiny model at 64 x 512 tokens
+                 was killed at 23 GB, 2026-11-30)
     logits       rows read x vocab FP32 (score: samples; beam: W rows per request)
     overhead     COMPILE_OVERHEAD_BYTES for Inductor and the process
 
@@ -49,7 +49,7 @@ def estimate_bytes(model_config: dict, spec, dtype: str) -> dict[str, int]:
     return {
         "weights": 3 * params * DTYPE_BYTES.get(dtype, 4),
         "activations": 2 * tokens * width * 4,
-        "attention": 3 * num_q * longest * longest * 4 + 2 * num_q * tokens * tokens * 4 + 5 * tokens * tokens,
+        "attention": 2 * 3 * num_q * longest * longest * 4,
         "logits": 2 * rows * vocab * 4,
         "overhead": COMPILE_OVERHEAD_BYTES,
     }

@@ -96,6 +96,7 @@ def build(cfg: BuildConfig, progress: Progress | None = None) -> Manifest:
 
         progress.stage("compile", f"AOTInductor for {cfg.device}, weights {cfg.weights} (takes a while)")
         packages = {}
+        custom_ops = sorted({op for ep in eps.values() for op in aoti.called_ops(ep)})
         for i, (name, ep) in enumerate(eps.items(), 1):
             if len(eps) > 1:
                 progress(f"  package {i}/{len(eps)}: {aoti.package_file(name)}")
@@ -104,7 +105,6 @@ def build(cfg: BuildConfig, progress: Progress | None = None) -> Manifest:
         del eps
 
         progress.stage("validate", "compiled package vs eager reference")
-        custom_ops = [op for op, impl in cfg.lowering.to_dict().items() if impl != "torch"]
         compiled = load_runner(tmp, packages, weights, device, getattr(cfg.spec, "steps", 0), custom_ops=custom_ops)
         if cfg.lowering == REFERENCE:
             reference = EagerRunner(program)
@@ -114,7 +114,8 @@ def build(cfg: BuildConfig, progress: Progress | None = None) -> Manifest:
         fp32_reference = None if cfg.dtype == "float32" or cfg.task != "beam" else EagerRunner(  # judges bf16 beams
             make_program(load_model(cfg.model_dir, torch.float32, device), cfg.spec))
         report = validate.validate(compiled, reference, cfg.spec, output_names(cfg.spec), cfg.dtype, cfg.device,
-                                   vocab, cfg.tolerances, fp32_reference=fp32_reference)
+                                   vocab, cfg.tolerances, fp32_reference=fp32_reference,
+                                   token_bucket=cfg.runtime.token_bucket)
         for case in report["cases"]:
             worst = {k: o.get("max_abs_err", "identical" if o.get("identical") else "differs")
                      for k, o in case["outputs"].items()}
@@ -133,7 +134,7 @@ def build(cfg: BuildConfig, progress: Progress | None = None) -> Manifest:
         if getattr(spec, "head_path", None):
             shutil.copy2(spec.head_path, tmp / HEAD_FILE)
         written = write_manifest(tmp, _manifest(cfg, asdict(read_config(cfg.model_dir)), num_classes, packages,
-                                                weights, report, seconds))
+                                                weights, custom_ops, report, seconds))
         if cfg.out.exists():
             shutil.rmtree(cfg.out)
         os.replace(tmp, cfg.out)
@@ -156,7 +157,7 @@ def versions() -> dict:
 
 
 def _manifest(cfg: BuildConfig, model_cfg: dict, num_classes: int, packages: dict[str, str], weights: str | None,
-              report: dict, seconds: dict) -> Manifest:
+              custom_ops: list[str], report: dict, seconds: dict) -> Manifest:
     spec = cfg.spec
     if getattr(spec, "head_path", None):
         spec = dataclasses.replace(spec, head_path=HEAD_FILE)  # relative to the artifact
@@ -176,7 +177,8 @@ def _manifest(cfg: BuildConfig, model_cfg: dict, num_classes: int, packages: dic
         compile=CompileRecord(device=cfg.device, dtype=cfg.dtype, lowering=cfg.lowering.to_dict(), weights=cfg.weights,
                               packages=packages, weights_file=weights, gpu_name=gpu_name,
                               gpu_capability=gpu_capability, inductor_configs=aoti.inductor_configs(cfg.weights),
-                              decompose_custom_triton_ops=cfg.device != "cpu", seconds=seconds),
+                              decompose_custom_triton_ops=cfg.device != "cpu", seconds=seconds,
+                              custom_ops=custom_ops),
         validation=report,
         versions=versions(),
     )

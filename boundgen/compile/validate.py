@@ -55,6 +55,7 @@ from dataclasses import dataclass
 
 import torch
 
+from boundgen.artifact.manifest import RuntimeConfig
 from boundgen.compile.export import packed_example
 from boundgen.errors import BoundgenError
 
@@ -67,6 +68,7 @@ TOLERANCES = {
     "float16": {"probs": 5e-3, "topk_probs": 5e-3, "scores": 5e-2, "recall": 0.75, "spearman": 0.5, "top1": 0.5},
     "bfloat16": {"probs": 2e-2, "topk_probs": 2e-2, "scores": 2.5e-1, "recall": 0.75, "spearman": 0.5, "top1": 0.5},
 }
+DEFAULT_TOKEN_BUCKET = RuntimeConfig().token_bucket
 EXACT_OUTPUTS = ("token_ids", "beam_indices", "finished", "topk_ids")
 EMPTY_SCORE = -0.5e9  # finished-set slots below this hold no hypothesis (programs/beam.py: NEG = -1e9)
 # Two candidates whose reference scores differ by less than TIE_BAND x the request's largest score
@@ -85,7 +87,9 @@ class Case:
     tail: int = 0  # tokens after the last sample, of no sample (beam padding, runtime/graphs.py)
 
 
-def cases(spec) -> list[Case]:
+def cases(spec, token_bucket: int = DEFAULT_TOKEN_BUCKET) -> list[Case]:
+    """The validation cases of `spec`; `token_bucket` is the padding granule of CUDA-graph shapes
+    (a score call's filler sequence is shorter than it, runtime/graphs.py)."""
     if spec.task == "beam":
         longest = spec.max_prompt_tokens
         typical = min(64, max(1, longest // 2))
@@ -106,8 +110,10 @@ def cases(spec) -> list[Case]:
                 mixed[longest] //= 2
             else:
                 mixed.pop()
-        # Bucketed padding for CUDA graphs (runtime/graphs.py): one filler sequence, then empty ones.
-        filler = total - sum(mixed)
+        # Bucketed padding for CUDA graphs (runtime/graphs.py): one filler sequence shorter than a
+        # bucket (a longer one is never made, and would cost the eager reference its length squared),
+        # then empty ones.
+        filler = min(total - sum(mixed), max(1, token_bucket - 1))
         padded = tuple(mixed) + (filler,) + (0,) * (most - len(mixed))
         out = [Case("one_sample_one_token", (1,)), Case("representative", tuple(mixed)),
                Case("max_samples_max_tokens", _fill(most, per, total)),
@@ -133,7 +139,7 @@ def _fill(samples: int, per_sample: int, total: int) -> tuple[int, ...]:
 
 
 def validate(compiled, reference, spec, output_names: tuple[str, ...], dtype: str, device: str, vocab_size: int,
-             overrides: dict | None = None, fp32_reference=None) -> dict:
+             overrides: dict | None = None, fp32_reference=None, token_bucket: int = DEFAULT_TOKEN_BUCKET) -> dict:
     """Run every case through both runners; return the report (see module docstring).
     fp32_reference: the FP32 eager program, the reference of a low-precision beam artifact."""
     tolerances = dict(TOLERANCES[dtype], **(overrides or {}))
@@ -145,7 +151,7 @@ def validate(compiled, reference, spec, output_names: tuple[str, ...], dtype: st
         against = f"{dtype} eager"
     report = {"passed": True, "dtype": dtype, "reference": against, "tolerances": tolerances,
               "ids_must_match": exact_required, "cases": []}
-    for i, case in enumerate(cases(spec)):
+    for i, case in enumerate(cases(spec, token_bucket)):
         inputs = packed_example(list(case.lengths), device, vocab_size, seed=1000 + i, tail=case.tail)
         got, got_s = _timed(compiled, inputs, device)
         want, want_s = _timed(reference, inputs, device)

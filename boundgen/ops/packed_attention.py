@@ -15,9 +15,12 @@ Bytes moved by a fused kernel: read q, k, v once per query block, write out; FLO
 Triton kernel never materialises scores. Eager, it attends one sequence at a time, so its scores
 take N_q * max_s L_s^2 floats at once and its work grows with sum_s L_s^2, not T^2 (the whole
 packed batch's [N_q, T, T] scores were 25.8 GB at the default score bounds). Traced (torch.export
-with a symbolic T, where a loop over data-dependent lengths cannot be written), it calls
-scaled_dot_product_attention with the block-diagonal causal mask: one [T, T] bool, with the
-scores blocked inside the SDPA kernel rather than an [N_q, T, T] FP32 tensor.
+with a symbolic T, where a loop over data-dependent lengths cannot be written): on CPU it calls
+the registered op by name, so a compiled CPU package runs this same eager loop through
+AOTInductor's proxy executor (a loading process registers it: ops/custom.py); elsewhere it calls
+scaled_dot_product_attention with the block-diagonal causal mask: one [T, T] bool, which the
+CUDA SDPA kernels block internally (on CPU Inductor lowers it to the math form, [N_q, T, T]
+FP32 scores: 23 GB for a 4-head model at 64 x 512 tokens, hence the op call there).
 
 Triton kernel (FlashAttention-2 forward, varlen):
 - One program per (query block, query head). Query blocks are sequence-aligned: sequence s owns
@@ -55,6 +58,8 @@ def sequence_ids(cu_seqlens: torch.Tensor, num_tokens: int) -> torch.Tensor:
 def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor,
               scale: float) -> torch.Tensor:
     if torch.compiler.is_compiling():
+        if q.device.type == "cpu":  # one sequence at a time, as below, called by the package by name
+            return torch.ops.boundgen.packed_attention(q, k, v, cu_seqlens, scale)
         return _reference_traced(q, k, v, cu_seqlens, scale)
     out = torch.zeros_like(q)  # tokens after the last sequence (beam padding) belong to none: zeros
     bounds = cu_seqlens.tolist()

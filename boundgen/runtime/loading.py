@@ -50,7 +50,7 @@ def load_artifact_engine(path, contexts: int | None = None, executors: int | Non
     tokenizer = Tokenizer.from_dir(root, fast=fast_tokenizer)
     try:
         runner = load_runner(root, compiled.packages, compiled.weights_file, device, getattr(spec, "steps", 0),
-                             runtime.executors, compiled.custom_ops,
+                             runtime.executors, compiled.ops_to_register,
                              single_threaded=runtime.cuda_graphs and device.type == "cuda")
     except (RuntimeError, KeyError) as exc:
         raise ArtifactError(f"could not load the compiled package of {manifest.name}: {exc!s}") from None

@@ -21,8 +21,9 @@ def test_score_cases_cover_the_bounds():
     assert cases["one_sample_one_token"] == (1,)
     assert cases["max_samples_max_tokens"] == (256,) * 15
     assert cases["one_sample_max_tokens"] == (256,)
-    padded = cases["padded_for_cuda_graphs"]
-    assert len(padded) == 16 and sum(padded) == 3840 and padded[-1] == 0
+    padded = cases["padded_for_cuda_graphs"]  # real samples, a filler shorter than a bucket, empty ones
+    assert len(padded) == 16 and padded[-1] == 0 and padded[4] == 255
+    assert validate.cases(spec, token_bucket=64)[-1].lengths[4] == 63
     for lengths in cases.values():
         assert sum(lengths) <= 3840 and len(lengths) <= 16
 
