@@ -79,8 +79,8 @@ def bench_gemm(case: str, m: int, n: int, k: int, bias: bool, autotune: bool = T
     work = (2.0 * m * n * k, 2.0 * (n * k + m * k + m * n))
     impls = {"cublas": lambda: F.linear(x, w, b)}
     if autotune:
-        tuned = torch.compile(F.linear, mode="max-autotune-no-cudagraphs", dynamic=False,
-                              options={"max_autotune_gemm_backends": "TRITON"})
+        tuned = torch.compile(F.linear, dynamic=False, options={  # max-autotune-no-cudagraphs, Triton only
+            "max_autotune": True, "max_autotune_gemm_backends": "TRITON", "triton.cudagraphs": False})
         impls["triton autotuned"] = lambda: tuned(x, w, b)
     w_q, w_scale = quantize_rows(w)
     impls["fp8 rowwise"] = lambda: fp8_linear(x, w_q, w_scale, b)
