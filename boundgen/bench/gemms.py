@@ -79,6 +79,7 @@ def bench_gemm(case: str, m: int, n: int, k: int, bias: bool, autotune: bool = T
     work = (2.0 * m * n * k, 2.0 * (n * k + m * k + m * n))
     impls = {"cublas": lambda: F.linear(x, w, b)}
     if autotune:
+        torch._dynamo.reset()  # a fresh cache a shape: past 8 recompiles of F.linear dynamo runs it eagerly
         tuned = torch.compile(F.linear, dynamic=False, options={  # max-autotune-no-cudagraphs, Triton only
             "max_autotune": True, "max_autotune_gemm_backends": "TRITON", "triton.cudagraphs": False})
         impls["triton autotuned"] = lambda: tuned(x, w, b)
