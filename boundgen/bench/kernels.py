@@ -38,6 +38,7 @@ written once (the prefix once, not once per beam). Ceilings from ../shared/GPU.m
 from __future__ import annotations
 
 import statistics
+import sys
 from dataclasses import dataclass
 from typing import Callable
 
@@ -50,6 +51,9 @@ PEAK_BF16_FLOPS = 989e12  # H200 dense BF16
 COPY_BYTES_PER_S = 4.1e12  # measured device copy (GPU.md)
 # Packed-kernel launch configs (BLOCK_M, BLOCK_N, num_warps, num_stages) timed beside the default.
 PACKED_SWEEP = [(64, 64, 4, 2), (64, 32, 4, 2), (64, 64, 8, 2), (128, 64, 8, 3)]
+# A wider grid for choosing the default at head dim 128 (W1): `python -m boundgen.bench.kernels --packed-sweep`.
+PACKED_GRID = [(m, n, w, s) for m, n in ((32, 32), (64, 16), (64, 32), (64, 64), (128, 32), (128, 64))
+               for w in (4, 8) for s in (2, 3)]
 # vocab_topk launch configs (BLOCK, num_warps, pipeline stages) timed beside the default.
 SELECTION_SWEEP = [(4096, 8, 3), (4096, 16, 1), (2048, 8, 3)]
 QWEN_VOCAB = 151936
@@ -120,8 +124,11 @@ def _measure(case: str, impls: dict[str, Callable[[], torch.Tensor]], work: tupl
     expected = impls["torch reference"]().float()
     rows = []
     for impl, fn in impls.items():
-        err = (fn().float() - expected).abs().max().item()
-        rows.append(KernelTiming(case, impl, gpu_time_us(fn, calls, replays), *work, err))
+        try:
+            err = (fn().float() - expected).abs().max().item()
+            rows.append(KernelTiming(case, impl, gpu_time_us(fn, calls, replays), *work, err))
+        except Exception as exc:  # a launch config that does not fit (shared memory) must not hide the rest
+            print(f"{case}: {impl} failed: {type(exc).__name__}: {str(exc)[:200]}", file=sys.stderr)
     return rows
 
 
@@ -131,8 +138,9 @@ def w1_lengths(seed: int = 0, count: int = 15, low: int = 48, high: int = 256) -
 
 
 def bench_packed(lengths: list[int], heads=(16, 8), head_dim: int = 128, device: str = "cuda",
-                 calls: int = 20, replays: int = 10,
-                 dtype: torch.dtype = torch.bfloat16) -> list[KernelTiming]:
+                 calls: int = 20, replays: int = 10, dtype: torch.dtype = torch.bfloat16,
+                 configs=PACKED_SWEEP) -> list[KernelTiming]:
+    """The packed kernel (default config, then each of `configs`) against the reference and SDPA."""
     num_q_heads, num_kv_heads = heads
     tokens = sum(lengths)
     cu_seqlens = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int32,
@@ -162,7 +170,7 @@ def bench_packed(lengths: list[int], heads=(16, 8), head_dim: int = 128, device:
         "torch reference": lambda: packed_attention.reference(q, k, v, cu_seqlens, scale),
         "sdpa (padded)": sdpa,
     }
-    for config in PACKED_SWEEP:
+    for config in configs:
         if config != packed_attention.default_config(head_dim):
             impls["triton m{} n{} w{} s{}".format(*config)] = (
                 lambda c=config: packed_attention.launch(q, k, v, cu_seqlens, scale, *c))
@@ -370,3 +378,14 @@ def selection_table(rows: list[KernelTiming]) -> str:
             lines.append(f"| {case} | {r.impl} | {r.time_us:.1f} | {ref / r.time_us:.2f} | "
                          f"{r.time_us / gemm:.2f} | {r.max_abs_err:.2e} |")
     return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    if "--packed-sweep" not in sys.argv[1:]:
+        print("usage: python -m boundgen.bench.kernels --packed-sweep   (every PACKED_GRID config at W1 shapes)",
+              file=sys.stderr)
+        sys.exit(2)
+    if not torch.cuda.is_available():
+        print("error: kernel benchmarks need a CUDA device", file=sys.stderr)
+        sys.exit(2)
+    print(markdown_table(bench_packed(w1_lengths(), configs=PACKED_GRID)))
