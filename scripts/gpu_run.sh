@@ -34,7 +34,7 @@ source "$root/scripts/gpu_env.sh"
 # .gpu/COMMIT is where a copy sent to a GPU machine carries it.
 [[ -f "$root/.gpu/COMMIT" ]] && cp "$root/.gpu/COMMIT" "$root/COMMIT"
 source "$root/scripts/gpu_artifacts.sh"
-SWEEP="${SWEEP:---concurrency 1,2,4,8,16 --duration 2 --warmup 0.5}"
+SWEEP="${SWEEP:---concurrency 1,2,3,4,6,8,16 --duration 2 --warmup 0.5}"  # 3 and 6: W2 at c=4 was 0.2 ms over the mean budget
 PEER_SWEEP="${PEER_SWEEP:---concurrency 1,2,4 --duration 2 --warmup 0.5 --pool 16}"
 TOTAL_S="${TOTAL_S:-570}"
 start=$SECONDS
