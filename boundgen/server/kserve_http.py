@@ -11,6 +11,7 @@
     GET  /v2/models[/{m}[/versions/1]]/stats  statistics, repository index; load / unload answer 400
     POST /v2/repository/index
     POST /v2/repository/models/{m}/load|unload
+    POST /v1/score, /v1/beam                  JSON routes for score and beam models (score_api.py, beam_api.py)
     GET  /metrics                             Prometheus text format
 
 Binary extension: the header `Inference-Header-Content-Length: N` says the body is N bytes of
@@ -35,7 +36,7 @@ from aiohttp import web
 
 from boundgen.version import __version__
 from boundgen.errors import InvalidInput
-from boundgen.server import score_api
+from boundgen.server import beam_api, score_api
 from boundgen.server.auth import check_api_key
 from boundgen.server.config import ServerConfig
 from boundgen.server.metrics import CONTENT_TYPE
@@ -186,6 +187,7 @@ class HttpFrontend:
             app.router.add_get(prefix + "/stats", self.statistics)
         app.router.add_post("/v2/repository/index", self.repository_index)
         app.router.add_post(score_api.ROUTE, self.score)
+        app.router.add_post(beam_api.ROUTE, self.beam)
         for action in ("load", "unload"):
             app.router.add_post(f"/v2/repository/models/{{model}}/{action}", self.repository_control)
         return app
@@ -311,6 +313,22 @@ class HttpFrontend:
                 values = score_api.scores(np.asarray(probs.data, dtype=np.float32).reshape(probs.shape),
                                           list(model.engine.spec.program.label_token_ids), parsed["label_token_ids"])
                 return web.json_response(score_api.response(name, values))
+        except Exception as exc:
+            return error_response(exc)
+
+    async def beam(self, request: web.Request) -> web.Response:
+        """A JSON beam request on a beam model (server/beam_api.py), each prompt a KServe request."""
+        arrived = time.monotonic()
+        try:
+            body = await self._read_body(request)
+            try:
+                parsed = beam_api.parse(json.loads(body))
+            except (ValueError, RecursionError, UnicodeDecodeError) as exc:
+                raise InvalidInput(f"the request body is not valid JSON: {exc}") from None
+            name = beam_api.pick_model(self.models, parsed["model"])
+            with self.models.observe("http", name):
+                results = await beam_api.run(self.models, name, parsed["prompts"], self.models.deadline(arrived, None))
+                return web.json_response(beam_api.response(name, results, parsed["single"]))
         except Exception as exc:
             return error_response(exc)
 
