@@ -8,7 +8,7 @@
     GET  /v2/models/{m}[/versions/1]/ready    200 ready, 503 not ready, 400 unknown model
     POST /v2/models/{m}[/versions/1]/infer    inference
     GET  /v2/models/{m}[/versions/1]/config   Triton's extensions (triton_extensions.py): model config,
-    GET  /v2/models[/{m}[/versions/1]]/stats  statistics, repository index; load / unload answer 400
+    GET  /v2/models[/{m}[/versions/1]]/stats  statistics, repository index; load / unload: repository.py
     POST /v2/repository/index
     POST /v2/repository/models/{m}/load|unload
     POST /v1/score, /v1/beam                  JSON routes for score and beam models (score_api.py, beam_api.py)
@@ -44,8 +44,8 @@ from boundgen.server.models import ModelSet
 from boundgen.server.served import VERSION
 from boundgen.server.status import ReadTimeout, status_of
 from boundgen.server.tensors import Tensor, check_header, from_json, from_raw, to_json, to_raw
-from boundgen.server.triton_extensions import (model_config, model_statistics, refuse_repository_control,
-                                               repository_index)
+from boundgen.server.repository import Repository, control
+from boundgen.server.triton_extensions import model_config, model_statistics, repository_index
 
 log = logging.getLogger("boundgen.server")
 
@@ -169,8 +169,9 @@ def error_response(exc: BaseException) -> web.Response:
 
 
 class HttpFrontend:
-    def __init__(self, models: ModelSet, config: ServerConfig):
-        self.models, self.config = models, config
+    def __init__(self, models: ModelSet, config: ServerConfig, repository: Repository | None = None):
+        """repository: what load answers with (--model-repository); None refuses it."""
+        self.models, self.config, self.repository = models, config, repository
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=self.config.max_body_bytes, middlewares=[self._json_errors, self._auth])
@@ -270,10 +271,22 @@ class HttpFrontend:
         return web.json_response(repository_index(self.models, options.get("ready", False)))
 
     async def repository_control(self, request: web.Request) -> web.Response:
+        """Load (a rolling replace, repository.py) or unload (refused). Body: none or Triton's
+        {"parameters": {...}}. Answers 200 with an empty body once done, as Triton."""
         try:
-            refuse_repository_control(request.path.rsplit("/", 1)[1], request.match_info["model"])
+            body = await self._read_body(request)
+            try:
+                options = json.loads(body) if body.strip() else {}
+            except ValueError as exc:
+                raise InvalidInput(f"the repository request is not valid JSON: {exc}") from None
+            parameters = options.get("parameters") if isinstance(options, dict) else None
+            if not isinstance(options, dict) or not isinstance(parameters or {}, dict):
+                raise InvalidInput('a repository request body is a JSON object like {"parameters": {}}')
+            await control(self.models, self.repository, request.path.rsplit("/", 1)[1], request.match_info["model"],
+                          parameters)
         except Exception as exc:
             return error_response(exc)
+        return web.Response(status=200)
 
     async def model_ready(self, request: web.Request) -> web.Response:
         try:
@@ -307,9 +320,9 @@ class HttpFrontend:
             name = score_api.pick_model(self.models, parsed["model"])
             with self.models.observe("http", name):
                 deadline = self.models.deadline(arrived, None)
+                model = self.models.get(name, "")  # the one infer runs on: no await between (repository.py)
                 (probs,) = await self.models.infer(name, "", [score_api.text_tensor(parsed["texts"])], ["SCORES"],
                                                    deadline)
-                model = self.models.get(name, "")
                 values = score_api.scores(np.asarray(probs.data, dtype=np.float32).reshape(probs.shape),
                                           list(model.engine.spec.program.label_token_ids), parsed["label_token_ids"])
                 return web.json_response(score_api.response(name, values))
