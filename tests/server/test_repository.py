@@ -9,6 +9,7 @@ as docs/serving.md tells operators to do."""
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import time
@@ -24,6 +25,7 @@ from boundgen.artifact.program import ScoreSpec
 from boundgen.runtime.engine import EngineSpec
 from tests.server.conftest import SCORE_SPEC
 from tests.server.fake_engine import read_events, wait_for_event, write_fake_artifact
+from tests.server.real import eager_engine_from_config, write_eager_artifact
 
 V2_SPEC = EngineSpec("fscore", ScoreSpec(labels=(" yes", " no", " maybe"), label_token_ids=(9693, 902, 1234),
                                          max_samples=4, max_tokens_per_sample=8, max_total_tokens=32))
@@ -166,3 +168,41 @@ def test_what_the_policy_refuses(launch, repo, protocol):
     assert client.is_model_ready("fscore") and infer_width(client, mod, ["still v1"]) == 2
     assert len(read_events(repo["log"], "loaded")) == 1  # nothing but the first load
     assert server.stop() == 0
+
+
+def test_replace_real_engines(launch, make_checkpoint, tmp_path):
+    """Eager engines over two checkpoints (the session's tiny Qwen3 and Qwen2) under one name: after
+    the load, the server answers the second one's scores, the first engine closed on the way."""
+    from boundgen.text.tokenizer import Tokenizer
+
+    labels = [" yes", " no"]
+    versions = {}
+    for version, preset in enumerate(["tiny-qwen3", "tiny-qwen2"]):
+        model_dir = make_checkpoint(preset)
+        spec = {"task": "score", "labels": labels, "label_token_ids": list(Tokenizer.from_dir(model_dir)
+                                                                          .label_token_ids(labels)),
+                "max_samples": 4, "max_tokens_per_sample": 32, "max_total_tokens": 128}
+        versions[version] = write_eager_artifact(tmp_path / "versions" / preset, model_dir, spec, "escore")
+    root = tmp_path / "repo"
+    root.mkdir()
+    os.symlink(versions[0], root / "escore")
+    texts = ["query: running shoes | item: trail shoe", "hello"]
+
+    expected = [eager_engine_from_config(json.loads((versions[v] / "eager.json").read_text())).score(texts).scores
+                for v in (0, 1)]
+
+    server = launch([root / "escore"], args=["--model-repository", str(root)])
+    client = thttp.InferenceServerClient(server.http_url)
+
+    def served():
+        t = thttp.InferInput("TEXT", [len(texts)], "BYTES")
+        t.set_data_from_numpy(np.array([x.encode() for x in texts], dtype=object))
+        return client.infer("escore", [t]).as_numpy("SCORES")
+
+    np.testing.assert_allclose(served(), expected[0], rtol=1e-5, atol=1e-7)
+    switch(root / "escore", versions[1])
+    client.load_model("escore")
+    np.testing.assert_allclose(served(), expected[1], rtol=1e-5, atol=1e-7)
+    assert not np.allclose(expected[0], expected[1])
+    assert server.stop() == 0
+    assert "the replaced escore drained and closed" in server.tail(50)
