@@ -10,7 +10,7 @@ constraints (`-c`, its extras markers removed: pip refuses extras in constraints
 is the pinned 2.13.0 CPU wheel that built the artifact, not the newest CUDA build. It copies the
 package's files (boundgen/, pyproject.toml, README.md) to a temporary folder first: building a
 wheel writes build/ and *.egg-info into its source tree. About a minute on 2 cores, most of it
-unpacking torch.
+unpacking torch; the venv (~1.8 GB) is deleted afterwards.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ def _run(argv, cwd, timeout_s=120) -> str:
 
 
 @pytest.fixture(scope="module")
-def venv(tmp_path_factory) -> Path:
+def venv(tmp_path_factory):
     """A fresh venv with boundgen[serve] installed from a copy of this tree; its bin/ folder."""
     root = tmp_path_factory.mktemp("clean_install")
     source = root / "src"
@@ -64,9 +64,12 @@ def venv(tmp_path_factory) -> Path:
     constraints.write_text(re.sub(r"\[[^\]]*\]", "", (REPO / "requirements.txt").read_text()))
     _run([sys.executable, "-m", "venv", root / "venv"], cwd=root)
     bin_dir = root / "venv" / "bin"
-    _run([bin_dir / "python", "-m", "pip", "install", "--quiet", "-c", constraints, f"{source}[serve]"], cwd=root,
-         timeout_s=INSTALL_TIMEOUT_S)
-    return bin_dir
+    try:
+        _run([bin_dir / "python", "-m", "pip", "install", "--quiet", "-c", constraints, f"{source}[serve]"], cwd=root,
+             timeout_s=INSTALL_TIMEOUT_S)
+        yield bin_dir
+    finally:
+        shutil.rmtree(root, ignore_errors=True)  # ~1.8 GB: pytest would keep it with its last three runs
 
 
 def test_installed_package_is_the_venv_own(venv):
