@@ -36,7 +36,6 @@ the artifact is the directory's.
 from __future__ import annotations
 
 import asyncio
-import logging
 import re
 from pathlib import Path
 from typing import Any, Awaitable, Callable
@@ -46,7 +45,6 @@ from boundgen.runtime.engine import Engine
 from boundgen.server.models import READY, ModelSet
 from boundgen.server.status import ServeError, Unavailable
 
-log = logging.getLogger("boundgen.server")
 MODEL_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]*")
 
 
@@ -65,7 +63,15 @@ class Repository:
         self._lock = asyncio.Lock()
 
     async def load(self, name: str) -> None:
+        """Load DIR/name, replacing the served name (the module docstring's steps). The load runs to
+        its end even if its requester goes away (a disconnected client, a gRPC deadline): cancelled
+        halfway, it would leave a loaded engine unserved, or close the old one under its requests."""
         path = self.artifact_dir(name)
+        task = asyncio.ensure_future(self._load(name, path))
+        task.add_done_callback(_retrieve)
+        await asyncio.shield(task)
+
+    async def _load(self, name: str, path: Path) -> None:
         async with self._lock:
             if self.models.state != READY:
                 raise Unavailable(f"cannot load {name} now: the server is {self.models.state}")
@@ -100,6 +106,12 @@ class Repository:
         if not path.is_dir():
             raise InvalidInput(f"the model repository has no directory {name!r} (an artifact built with --name {name})")
         return path
+
+
+def _retrieve(task: asyncio.Task) -> None:
+    """Mark a load's failure as seen: its requester, if still there, answers and logs it (frontends)."""
+    if not task.cancelled():
+        task.exception()
 
 
 async def control(models: ModelSet, repository: Repository | None, action: str, name: str,

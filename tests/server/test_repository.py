@@ -141,6 +141,33 @@ def test_rolling_replace_under_load_loses_no_request(launch, repo):
     assert said.count("replacing the one served") == 2 and said.count("the replaced fscore drained and closed") == 2
 
 
+
+def test_a_load_whose_requester_leaves_still_completes(launch, repo):
+    """A gRPC load whose deadline passes while the old engine drains: the load goes on, the request
+    held in the old engine is answered by it (not closed under it), and v2 serves."""
+    server = launch([repo["link"]], args=["--model-repository", str(repo["root"]), "--max-inflight", "2",
+                                          "--default-timeout-ms", "30000"])
+    client = thttp.InferenceServerClient(server.http_url)
+    hold = repo["tmp"] / "release"
+    held: dict = {}
+    held_thread = threading.Thread(target=lambda: held.update(width=infer_width(  # a client of its own thread
+        thttp.InferenceServerClient(server.http_url), thttp, [f"hold={hold}"])), daemon=True)
+    held_thread.start()
+    wait_for_event(repo["log"], f"hold={hold}", "started", WAIT_S)
+    switch(repo["link"], repo["v2"])
+    with pytest.raises(InferenceServerException) as err:  # the load cannot end before the held request does
+        tgrpc.InferenceServerClient(server.grpc_url).load_model("fscore", client_timeout=1.0)
+    assert err.value.status() == "StatusCode.DEADLINE_EXCEEDED"
+    end = time.monotonic() + WAIT_S
+    while infer_width(client, thttp, ["which version"]) != 3:
+        assert time.monotonic() < end, "v2 never served"
+        time.sleep(0.01)
+    hold.touch()
+    held_thread.join(WAIT_S)
+    assert held == {"width": 2}
+    assert server.stop() == 0
+    assert "the replaced fscore drained and closed" in server.tail(50)
+
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 def test_what_the_policy_refuses(launch, repo, protocol):
     write_fake_artifact(repo["root"] / "misnamed", SCORE_SPEC)  # an artifact named fscore in DIR/misnamed
