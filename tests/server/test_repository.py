@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -23,7 +25,7 @@ from tritonclient.utils import InferenceServerException
 
 from boundgen.artifact.program import ScoreSpec
 from boundgen.runtime.engine import EngineSpec
-from tests.server.conftest import SCORE_SPEC
+from tests.server.conftest import REPO, SCORE_SPEC
 from tests.server.fake_engine import read_events, wait_for_event, write_fake_artifact
 from tests.server.real import eager_engine_from_config, write_eager_artifact
 
@@ -233,3 +235,14 @@ def test_replace_real_engines(launch, make_checkpoint, tmp_path):
     assert not np.allclose(expected[0], expected[1])
     assert server.stop() == 0
     assert "the replaced escore drained and closed" in server.tail(50)
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--model-repository", "MISSING"], "is not a directory"),
+    (["--model-repository", "ROOT", "--replicas", "2"], "cannot be combined with --replicas"),
+])
+def test_bad_model_repository_flags_exit_2(repo, flags, message):
+    flags = [str(repo["tmp"] / "missing") if f == "MISSING" else str(repo["root"]) if f == "ROOT" else f for f in flags]
+    proc = subprocess.run([sys.executable, "-m", "tests.server.fake_serve", str(repo["link"]), "--http-port", "0",
+                           "--grpc-port", "0", *flags], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr
