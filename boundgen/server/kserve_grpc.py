@@ -1,8 +1,9 @@
 """KServe v2 over gRPC (grpc.aio): `inference.GRPCInferenceService`, as unmodified tritonclient calls it.
 
 Implemented: ServerLive, ServerReady (no API key), ModelReady, ServerMetadata, ModelMetadata,
-ModelInfer, and Triton's ModelConfig, ModelStatistics, RepositoryIndex (triton_extensions.py;
-RepositoryModelLoad / Unload answer UNAVAILABLE, not supported); other Triton methods
+ModelInfer, and Triton's ModelConfig, ModelStatistics, RepositoryIndex (triton_extensions.py),
+RepositoryModelLoad (a rolling replace with --model-repository, else UNAVAILABLE) and
+RepositoryModelUnload (UNAVAILABLE, refused: repository.py); other Triton methods
 (streaming, shared memory, trace and log settings) answer UNIMPLEMENTED. Inputs come in `raw_input_contents`
 (tritonclient's default) or typed `contents`; outputs go back in `raw_output_contents`. The
 request deadline is the gRPC deadline, tightened by a `timeout` parameter (microseconds).
@@ -28,8 +29,8 @@ from boundgen.server.models import LOADING, ModelSet
 from boundgen.server.served import VERSION
 from boundgen.server.status import status_of
 from boundgen.server.tensors import Tensor, check_header, from_grpc_contents, from_raw, to_raw
-from boundgen.server.triton_extensions import (model_config, model_statistics, refuse_repository_control,
-                                               repository_index, to_message)
+from boundgen.server.repository import Repository, control
+from boundgen.server.triton_extensions import model_config, model_statistics, repository_index, to_message
 
 log = logging.getLogger("boundgen.server")
 
@@ -85,8 +86,9 @@ def _set_param(p, value) -> None:
 
 
 class GrpcFrontend:
-    def __init__(self, models: ModelSet, config: ServerConfig):
-        self.models, self.config = models, config
+    def __init__(self, models: ModelSet, config: ServerConfig, repository: Repository | None = None):
+        """repository: what RepositoryModelLoad answers with (--model-repository); None refuses it."""
+        self.models, self.config, self.repository = models, config, repository
 
     def handler(self) -> grpc.GenericRpcHandler:
         def unary(fn, request_cls, deserializer=None):
@@ -197,12 +199,14 @@ class GrpcFrontend:
         return to_message({"models": repository_index(self.models, request.ready)}, pb.RepositoryIndexResponse())
 
     async def repository_control(self, request, context):
+        load = isinstance(request, pb.RepositoryModelLoadRequest)
         try:
             self._check_key(context)
-            action = "load" if isinstance(request, pb.RepositoryModelLoadRequest) else "unload"
-            refuse_repository_control(action, request.model_name)
+            parameters = {key: _param_value(value) for key, value in request.parameters.items()}
+            await control(self.models, self.repository, "load" if load else "unload", request.model_name, parameters)
         except Exception as exc:
             await self._abort(context, exc)
+        return pb.RepositoryModelLoadResponse() if load else pb.RepositoryModelUnloadResponse()
 
     async def model_infer(self, request, context):
         arrived = time.monotonic()

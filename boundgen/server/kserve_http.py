@@ -8,9 +8,10 @@
     GET  /v2/models/{m}[/versions/1]/ready    200 ready, 503 not ready, 400 unknown model
     POST /v2/models/{m}[/versions/1]/infer    inference
     GET  /v2/models/{m}[/versions/1]/config   Triton's extensions (triton_extensions.py): model config,
-    GET  /v2/models[/{m}[/versions/1]]/stats  statistics, repository index; load / unload answer 400
+    GET  /v2/models[/{m}[/versions/1]]/stats  statistics, repository index; load / unload: repository.py
     POST /v2/repository/index
     POST /v2/repository/models/{m}/load|unload
+    POST /v1/score, /v1/beam                  JSON routes for score and beam models (score_api.py, beam_api.py)
     GET  /metrics                             Prometheus text format
 
 Binary extension: the header `Inference-Header-Content-Length: N` says the body is N bytes of
@@ -35,7 +36,7 @@ from aiohttp import web
 
 from boundgen.version import __version__
 from boundgen.errors import InvalidInput
-from boundgen.server import score_api
+from boundgen.server import beam_api, score_api
 from boundgen.server.auth import check_api_key
 from boundgen.server.config import ServerConfig
 from boundgen.server.metrics import CONTENT_TYPE
@@ -43,8 +44,8 @@ from boundgen.server.models import ModelSet
 from boundgen.server.served import VERSION
 from boundgen.server.status import ReadTimeout, status_of
 from boundgen.server.tensors import Tensor, check_header, from_json, from_raw, to_json, to_raw
-from boundgen.server.triton_extensions import (model_config, model_statistics, refuse_repository_control,
-                                               repository_index)
+from boundgen.server.repository import Repository, control
+from boundgen.server.triton_extensions import model_config, model_statistics, repository_index
 
 log = logging.getLogger("boundgen.server")
 
@@ -168,8 +169,9 @@ def error_response(exc: BaseException) -> web.Response:
 
 
 class HttpFrontend:
-    def __init__(self, models: ModelSet, config: ServerConfig):
-        self.models, self.config = models, config
+    def __init__(self, models: ModelSet, config: ServerConfig, repository: Repository | None = None):
+        """repository: what load answers with (--model-repository); None refuses it."""
+        self.models, self.config, self.repository = models, config, repository
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=self.config.max_body_bytes, middlewares=[self._json_errors, self._auth])
@@ -186,6 +188,7 @@ class HttpFrontend:
             app.router.add_get(prefix + "/stats", self.statistics)
         app.router.add_post("/v2/repository/index", self.repository_index)
         app.router.add_post(score_api.ROUTE, self.score)
+        app.router.add_post(beam_api.ROUTE, self.beam)
         for action in ("load", "unload"):
             app.router.add_post(f"/v2/repository/models/{{model}}/{action}", self.repository_control)
         return app
@@ -268,10 +271,22 @@ class HttpFrontend:
         return web.json_response(repository_index(self.models, options.get("ready", False)))
 
     async def repository_control(self, request: web.Request) -> web.Response:
+        """Load (a rolling replace, repository.py) or unload (refused). Body: none or Triton's
+        {"parameters": {...}}. Answers 200 with an empty body once done, as Triton."""
         try:
-            refuse_repository_control(request.path.rsplit("/", 1)[1], request.match_info["model"])
+            body = await self._read_body(request)
+            try:
+                options = json.loads(body) if body.strip() else {}
+            except ValueError as exc:
+                raise InvalidInput(f"the repository request is not valid JSON: {exc}") from None
+            parameters = options.get("parameters") if isinstance(options, dict) else None
+            if not isinstance(options, dict) or not isinstance(parameters or {}, dict):
+                raise InvalidInput('a repository request body is a JSON object like {"parameters": {}}')
+            await control(self.models, self.repository, request.path.rsplit("/", 1)[1], request.match_info["model"],
+                          parameters)
         except Exception as exc:
             return error_response(exc)
+        return web.Response(status=200)
 
     async def model_ready(self, request: web.Request) -> web.Response:
         try:
@@ -305,12 +320,28 @@ class HttpFrontend:
             name = score_api.pick_model(self.models, parsed["model"])
             with self.models.observe("http", name):
                 deadline = self.models.deadline(arrived, None)
+                model = self.models.get(name, "")  # the one infer runs on: no await between (repository.py)
                 (probs,) = await self.models.infer(name, "", [score_api.text_tensor(parsed["texts"])], ["SCORES"],
                                                    deadline)
-                model = self.models.get(name, "")
                 values = score_api.scores(np.asarray(probs.data, dtype=np.float32).reshape(probs.shape),
                                           list(model.engine.spec.program.label_token_ids), parsed["label_token_ids"])
                 return web.json_response(score_api.response(name, values))
+        except Exception as exc:
+            return error_response(exc)
+
+    async def beam(self, request: web.Request) -> web.Response:
+        """A JSON beam request on a beam model (server/beam_api.py), each prompt a KServe request."""
+        arrived = time.monotonic()
+        try:
+            body = await self._read_body(request)
+            try:
+                parsed = beam_api.parse(json.loads(body))
+            except (ValueError, RecursionError, UnicodeDecodeError) as exc:
+                raise InvalidInput(f"the request body is not valid JSON: {exc}") from None
+            name = beam_api.pick_model(self.models, parsed["model"])
+            with self.models.observe("http", name):
+                results = await beam_api.run(self.models, name, parsed["prompts"], self.models.deadline(arrived, None))
+                return web.json_response(beam_api.response(name, results, parsed["single"]))
         except Exception as exc:
             return error_response(exc)
 

@@ -3,6 +3,9 @@ and gRPC share: model lookup, deadlines, per-request metrics.
 
 State: loading -> ready -> draining. Only `ready` admits requests; `draining` (after SIGTERM)
 answers new ones 503 / UNAVAILABLE while already admitted ones finish.
+
+A served model can be replaced while ready (`swap`, then `retire`: repository.py's rolling
+replace): the old one stops admitting and finishes what it admitted, off the name's table.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ class ModelSet:
     def __init__(self, config: ServerConfig, metrics: ServerMetrics):
         self.config, self.metrics = config, metrics
         self.models: dict[str, ServedModel] = {}
+        self.retiring: list[ServedModel] = []  # replaced, finishing what they admitted (swap / retire)
         self.state = LOADING
 
     # ---- lifecycle ------------------------------------------------------------------------
@@ -41,6 +45,30 @@ class ModelSet:
         self.models[name] = model
         return model
 
+    def swap(self, engine: Engine, source: str = "") -> tuple[ServedModel, ServedModel | None]:
+        """Serve `engine` under its name from now on, in place of the model served under that name,
+        if any: returned with its admission closed (what it admitted still finishes on it); `retire` it."""
+        name = engine.spec.name
+        old = self.models.get(name)
+        model = ServedModel(engine, self.metrics, self.config.max_inflight, self.config.max_queue, source)
+        self.models[name] = model
+        if old is not None:
+            old.admission.close()
+            self.retiring.append(old)
+        return model, old
+
+    async def retire(self, old: ServedModel, timeout_s: float) -> bool:
+        """Wait until a replaced model is idle (at most `timeout_s`), then close it; False if it was not."""
+        try:
+            await asyncio.wait_for(old.admission.wait_idle(), timeout_s)
+            return True
+        except asyncio.TimeoutError:
+            return False
+        finally:
+            if old in self.retiring:  # else close() closed it (the server stopped meanwhile)
+                self.retiring.remove(old)
+                old.close()
+
     def set_ready(self) -> None:
         self.state = READY
         self.metrics.ready.set(1)
@@ -53,7 +81,7 @@ class ModelSet:
 
     async def wait_idle(self, timeout_s: float) -> bool:
         """Wait until no request is running or queued; False if `timeout_s` passed first."""
-        waits = [m.admission.wait_idle() for m in self.models.values()]
+        waits = [m.admission.wait_idle() for m in [*self.models.values(), *self.retiring]]
         try:
             await asyncio.wait_for(asyncio.gather(*waits), timeout_s)
         except asyncio.TimeoutError:
@@ -61,8 +89,9 @@ class ModelSet:
         return True
 
     def close(self) -> None:
-        for model in self.models.values():
+        for model in [*self.models.values(), *self.retiring]:
             model.close()
+        self.retiring.clear()
 
     @property
     def ready(self) -> bool:

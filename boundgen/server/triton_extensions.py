@@ -1,11 +1,11 @@
 """Triton's protocol extensions that tritonclient and perf_analyzer call besides inference:
-model configuration, statistics and the repository index (its load / unload are refused).
+model configuration, statistics and the repository index (load / unload: repository.py).
 
     HTTP                                                 gRPC                    answer
     GET  /v2/models/{m}[/versions/1]/config              ModelConfig             model_config()
     GET  /v2/models/stats, /v2/models/{m}[/versions/1]/stats   ModelStatistics   model_statistics()
     POST /v2/repository/index                            RepositoryIndex         repository_index()
-    POST /v2/repository/models/{m}/load | unload         RepositoryModelLoad | Unload   400 / UNAVAILABLE
+    POST /v2/repository/models/{m}/load | unload         RepositoryModelLoad | Unload   repository.py
 
 Each answer is built here once, as Triton's HTTP JSON; that JSON is protobuf's JSON mapping of
 the gRPC message, so `to_message` makes the gRPC answer from the same dict (kserve.proto holds
@@ -32,15 +32,8 @@ from google.protobuf import json_format
 
 from boundgen.server.models import DRAINING, LOADING, ModelSet
 from boundgen.server.served import PLATFORM, VERSION, ServedModel, engine_contexts
-from boundgen.server.status import ServeError
 
 NS = 1_000_000_000
-
-
-class NotSupported(ServeError):
-    """A Triton method boundgen answers with a refusal (repository load / unload)."""
-
-    outcome = "not_supported"
 
 
 def _data_type(datatype: str) -> str:
@@ -102,13 +95,6 @@ def repository_index(models: ModelSet, ready_only: bool = False) -> list[dict]:
     if ready_only and state != "READY":
         return []
     return [{"name": n, "version": VERSION, "state": state, "reason": reason} for n in sorted(models.models)]
-
-
-def refuse_repository_control(action: str, model_name: str) -> None:
-    """Raise NotSupported for a repository load or unload: a server serves the artifacts it started with."""
-    raise NotSupported(f"model repository {action} (of {model_name or 'a model'}) is not supported: boundgen "
-                       "serves the artifact directories given to `boundgen serve`; restart it with others to "
-                       "change them")
 
 
 def to_message(obj: dict, message):

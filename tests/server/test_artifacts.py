@@ -4,8 +4,10 @@ carries the artifact's bounds; bounds are enforced with 400s."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
+import urllib.request
 
 import numpy as np
 import pytest
@@ -83,6 +85,18 @@ def test_outputs_equal_in_process_engine(artifact_server, engines, protocol):
     np.testing.assert_allclose(result.as_numpy("SCORES"), expected.scores, rtol=1e-5, atol=1e-6)
     assert [x.decode() for x in result.as_numpy("TEXT_OUT")] == expected.texts
 
+
+
+def test_v1_beam_gives_the_engine_candidates(artifact_server, engines):
+    """/v1/beam (server/beam_api.py) answers `boundgen beam`'s candidates of the compiled engine."""
+    request = urllib.request.Request(f"http://{artifact_server.http_url}/v1/beam",
+                                     data=json.dumps({"prompt": PROMPT}).encode(),
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(request, timeout=60) as answer:
+        got = json.loads(answer.read())["candidates"]
+    want = engines["beam"].beam(PROMPT).candidates()
+    assert [(c["token_ids"], c["text"]) for c in got] == [(c["token_ids"], c["text"]) for c in want]
+    np.testing.assert_allclose([c["score"] for c in got], [c["score"] for c in want], rtol=1e-5, atol=1e-6)
 
 def test_metadata_carries_artifact_bounds(artifact_server):
     meta = thttp.InferenceServerClient(artifact_server.http_url).get_model_metadata("ascore")

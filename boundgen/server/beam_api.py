@@ -1,0 +1,108 @@
+"""`POST /v1/beam`: a JSON convenience route for beam artifacts, beside `/v1/score` (score_api.py)
+for clients that would rather not build KServe tensors. KServe v2 `infer` stays the fast path:
+each prompt here is one KServe request of TEXT [1], through the same admission and engine.
+
+    request   {"prompt": "..."}  or  {"prompts": ["...", ...]},  "model": "name" (optional)
+    response  {"model": "name", "object": "beam", "candidates": [...]}           (prompt)
+              {"model": "name", "object": "beam", "results": [{"candidates": [...]}, ...]}  (prompts)
+    candidate {"token_ids": [...], "text": "...", "score": s}, W of them, best first
+
+A candidate is what `boundgen beam` prints (BeamResult.candidates): the generated ids without
+the -1 padding after a stop token, the decoded text, the FP32 score (sum of log-probs); the
+numbers are the KServe outputs TOKEN_IDS, TEXT_OUT and SCORES of the same prompt. The prompts
+of one request are admitted as separate requests, side by side, under one deadline (the
+server's default); the first prompt to fail fails the whole request with its
+status (a bad prompt 400, naming its index; a full queue 429; ...) and the others are cancelled.
+`model` may be left out when the server holds one beam model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+
+from boundgen.errors import InvalidInput
+from boundgen.server.models import LOADING, ModelSet
+from boundgen.server.status import Unavailable
+from boundgen.server.tensors import Tensor
+
+ROUTE = "/v1/beam"
+OUTPUTS = ["TOKEN_IDS", "SCORES", "TEXT_OUT"]
+
+
+def parse(obj) -> dict:
+    """The request's fields, checked (InvalidInput naming what is wrong)."""
+    if not isinstance(obj, dict):
+        raise InvalidInput('a /v1/beam request is a JSON object like {"prompt": "..."} or {"prompts": ["...", ...]}')
+    if ("prompt" in obj) == ("prompts" in obj):
+        raise InvalidInput("give either prompt (one text) or prompts (a list of texts), not both or neither")
+    if "prompt" in obj:
+        prompts, single = [obj["prompt"]], True
+        if not isinstance(obj["prompt"], str):
+            raise InvalidInput("prompt must be a text (pre-tokenized prompts are not supported: send the text)")
+    else:
+        prompts, single = obj["prompts"], False
+        if not isinstance(prompts, list) or not prompts or not all(isinstance(p, str) for p in prompts):
+            raise InvalidInput("prompts must be a non-empty list of texts (pre-tokenized prompts are not "
+                               "supported: send the texts)")
+    model = obj.get("model")
+    if model is not None and not isinstance(model, str):
+        raise InvalidInput("model must be a model name")
+    return {"prompts": prompts, "single": single, "model": model}
+
+
+def pick_model(models: ModelSet, requested: str | None) -> str:
+    """The model to run: the one named, else the server's only beam model."""
+    if models.state == LOADING:
+        raise Unavailable("the server is still loading its models")
+    beam_models = [name for name, m in models.models.items() if m.engine.spec.task == "beam"]
+    if requested is not None and requested in models.models:
+        if requested not in beam_models:
+            raise InvalidInput(f"model {requested} is a score model; /v1/beam needs a beam model (/v1/score scores)")
+        return requested
+    if requested is None and len(beam_models) == 1:
+        return beam_models[0]
+    if requested is None:
+        raise InvalidInput(f"name the model: this server holds beam models {', '.join(sorted(beam_models)) or 'none'}")
+    raise InvalidInput(f"unknown model {requested!r}; beam models here: {', '.join(sorted(beam_models)) or 'none'}")
+
+
+def candidates(outputs: list[Tensor]) -> list[dict]:
+    """KServe outputs TOKEN_IDS [W, N_gen], SCORES [W], TEXT_OUT [W] -> `boundgen beam`'s candidates."""
+    by_name = {t.name: t for t in outputs}
+    ids = np.asarray(by_name["TOKEN_IDS"].data).reshape(by_name["TOKEN_IDS"].shape)
+    scores = np.asarray(by_name["SCORES"].data, dtype=np.float32)
+    texts = [t.decode("utf-8") for t in by_name["TEXT_OUT"].data]
+    return [{"token_ids": [int(t) for t in row if t >= 0], "text": text, "score": float(score)}
+            for row, text, score in zip(ids, texts, scores)]
+
+
+async def run(models: ModelSet, name: str, prompts: list[str], deadline: float) -> list[list[dict]]:
+    """Each prompt as one KServe request, side by side; the candidates per prompt, in order."""
+    async def one(i: int, prompt: str) -> list[dict]:
+        tensor = Tensor("TEXT", "BYTES", (1,), [prompt.encode("utf-8")])
+        try:
+            return candidates(await models.infer(name, "", [tensor], OUTPUTS, deadline))
+        except InvalidInput as exc:
+            raise InvalidInput(f"prompts[{i}]: {exc}" if len(prompts) > 1 else str(exc)) from None
+
+    tasks = [asyncio.ensure_future(one(i, p)) for i, p in enumerate(prompts)]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+        for task in tasks:  # the first failure in prompt order, once it is known
+            if task.done() and task.exception() is not None:
+                raise task.exception()
+        return [task.result() for task in tasks]
+    finally:
+        for task in tasks:
+            if not task.done():
+                task.cancel()
+            elif not task.cancelled():
+                task.exception()  # retrieved, so that asyncio does not log a second failure as unhandled
+
+
+def response(model: str, results: list[list[dict]], single: bool) -> dict:
+    if single:
+        return {"model": model, "object": "beam", "candidates": results[0]}
+    return {"model": model, "object": "beam", "results": [{"candidates": c} for c in results]}

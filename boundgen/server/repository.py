@@ -1,0 +1,130 @@
+"""Model control through Triton's repository API: load replaces a served model without a restart.
+
+    boundgen serve ART... --model-repository DIR
+    HTTP POST /v2/repository/models/{m}/load     gRPC RepositoryModelLoad       load(m)
+    HTTP POST /v2/repository/models/{m}/unload   gRPC RepositoryModelUnload     refused
+
+Which directories may be loaded: only DIR/m, a child of the directory given with
+--model-repository, named by the request's model name m (letters, digits, '.', '_', '-', not
+starting with '.'; no path separators), and the artifact there must be named m. Nothing else on
+disk is reachable through the API. Without --model-repository, load is refused as before
+(NotSupported: HTTP 400, gRPC UNAVAILABLE, as Triton refuses it without model control).
+Artifacts loaded this way go through the same engine factory as those given on the command line,
+so `--trust-key` checks their signature and serve's runtime flags apply.
+
+load(m), one at a time (a second waits for the first):
+
+    engine = factory(DIR/m); engine.warmup()        on a loader thread; the served m keeps serving
+    ModelSet.swap(engine)                           new requests go to the new engine; the old
+                                                    one's admission closes (requests it admitted,
+                                                    running or queued, finish on the old engine)
+    ModelSet.retire(old)                            wait until the old one is idle (at most
+                                                    --drain-timeout-s), then close its engine
+
+A request is never dropped by a replace: every request takes its model from the ModelSet and
+enters that model's admission in one step of the event loop (ModelSet.infer), so it is either
+admitted by the old model before the switch, and run there, or sees the new one. m not served
+yet is added the same way (no old one to retire). A load that fails (no such directory, a bad
+artifact, a name that is not m, a failing warm-up) answers 400 with the reason and leaves the
+served model as it was. The load answers once the old engine is closed.
+
+Unload is refused: removing a model is a restart without it; a new version replaces an old one
+through load. A load request's parameters (Triton's `config` and `file:` overrides) are refused:
+the artifact is the directory's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from pathlib import Path
+from typing import Any, Awaitable, Callable
+
+from boundgen.errors import BoundgenError, InvalidInput
+from boundgen.runtime.engine import Engine
+from boundgen.server.models import READY, ModelSet
+from boundgen.server.status import ServeError, Unavailable
+
+MODEL_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]*")
+
+
+class NotSupported(ServeError):
+    """A repository request boundgen refuses (load without --model-repository, unload)."""
+
+    outcome = "not_supported"
+
+
+class Repository:
+    def __init__(self, models: ModelSet, root: Path, load_engine: Callable[[Path], Awaitable[Engine]],
+                 drain_timeout_s: float, say: Callable[[str], None]):
+        """load_engine(path): a loaded and warmed-up engine, built off the event loop (app.py)."""
+        self.models, self.root, self.load_engine = models, Path(root), load_engine
+        self.drain_timeout_s, self.say = drain_timeout_s, say
+        self._lock = asyncio.Lock()
+
+    async def load(self, name: str) -> None:
+        """Load DIR/name, replacing the served name (the module docstring's steps). The load runs to
+        its end even if its requester goes away (a disconnected client, a gRPC deadline): cancelled
+        halfway, it would leave a loaded engine unserved, or close the old one under its requests."""
+        path = self.artifact_dir(name)
+        task = asyncio.ensure_future(self._load(name, path))
+        task.add_done_callback(_retrieve)
+        await asyncio.shield(task)
+
+    async def _load(self, name: str, path: Path) -> None:
+        async with self._lock:
+            if self.models.state != READY:
+                raise Unavailable(f"cannot load {name} now: the server is {self.models.state}")
+            self.say(f"boundgen serve: loading {name} from {path}")
+            try:
+                engine = await self.load_engine(path)
+            except BoundgenError as exc:
+                raise InvalidInput(f"failed to load model {name} from the model repository: {exc}") from None
+            if engine.spec.name != name:
+                engine.close()
+                raise InvalidInput(f"the artifact in the model repository's directory {name!r} is named "
+                                   f"{engine.spec.name!r}; rebuild it with --name {name} or rename the directory")
+            if self.models.state != READY:  # SIGTERM came while it loaded: serve nothing new
+                engine.close()
+                raise Unavailable(f"cannot load {name} now: the server is {self.models.state}")
+            model, old = self.models.swap(engine, str(path))
+            self.say(f"boundgen serve: model {name} ({engine.spec.task}) loaded and warmed up"
+                     f"{', replacing the one served' if old else ''}, max in flight {model.admission.max_inflight}, "
+                     f"queue {model.admission.max_queue}")
+            if old is not None:
+                if not await self.models.retire(old, self.drain_timeout_s):
+                    self.say(f"boundgen serve: the replaced {name} still ran requests after "
+                             f"{self.drain_timeout_s} s; closed anyway")
+                self.say(f"boundgen serve: the replaced {name} drained and closed")
+
+    def artifact_dir(self, name: str) -> Path:
+        """DIR/name, for a plain child name only (the policy above)."""
+        if not MODEL_NAME.fullmatch(name):
+            raise InvalidInput(f"model name {name!r} cannot name a directory of the model repository: use letters, "
+                               "digits, '.', '_' and '-', not starting with '.'")
+        path = self.root / name
+        if not path.is_dir():
+            raise InvalidInput(f"the model repository has no directory {name!r} (an artifact built with --name {name})")
+        return path
+
+
+def _retrieve(task: asyncio.Task) -> None:
+    """Mark a load's failure as seen: its requester, if still there, answers and logs it (frontends)."""
+    if not task.cancelled():
+        task.exception()
+
+
+async def control(models: ModelSet, repository: Repository | None, action: str, name: str,
+                  parameters: dict[str, Any] | None = None) -> None:
+    """One repository request: load (a rolling replace) or unload (refused)."""
+    if action == "unload":
+        raise NotSupported(f"model repository unload (of {name or 'a model'}) is not supported: a new version "
+                           "replaces a served model through load; to stop serving one, restart without it")
+    if repository is None:
+        raise NotSupported(f"model repository load (of {name or 'a model'}) is not supported: this server was "
+                           "started without --model-repository, so it serves only the artifact directories "
+                           "given to `boundgen serve`")
+    if parameters:
+        raise InvalidInput(f"load parameters ({', '.join(sorted(parameters))}) are not supported: the model is "
+                           f"the artifact in the model repository's directory {name!r}")
+    await repository.load(name)
