@@ -312,11 +312,7 @@ class HttpFrontend:
         """SGLang's score request on a score model (server/score_api.py), through the same admission."""
         arrived = time.monotonic()
         try:
-            body = await self._read_body(request)
-            try:
-                parsed = score_api.parse(json.loads(body))
-            except (ValueError, RecursionError, UnicodeDecodeError) as exc:
-                raise InvalidInput(f"the request body is not valid JSON: {exc}") from None
+            parsed = score_api.parse(await self._read_json(request))
             name = score_api.pick_model(self.models, parsed["model"])
             with self.models.observe("http", name):
                 deadline = self.models.deadline(arrived, None)
@@ -333,17 +329,21 @@ class HttpFrontend:
         """A JSON beam request on a beam model (server/beam_api.py), each prompt a KServe request."""
         arrived = time.monotonic()
         try:
-            body = await self._read_body(request)
-            try:
-                parsed = beam_api.parse(json.loads(body))
-            except (ValueError, RecursionError, UnicodeDecodeError) as exc:
-                raise InvalidInput(f"the request body is not valid JSON: {exc}") from None
+            parsed = beam_api.parse(await self._read_json(request))
             name = beam_api.pick_model(self.models, parsed["model"])
             with self.models.observe("http", name):
                 results = await beam_api.run(self.models, name, parsed["prompts"], self.models.deadline(arrived, None))
                 return web.json_response(beam_api.response(name, results, parsed["single"]))
         except Exception as exc:
             return error_response(exc)
+
+    async def _read_json(self, request: web.Request):
+        """The body (within the limits of `_read_body`) as JSON, or InvalidInput saying why not."""
+        body = await self._read_body(request)
+        try:
+            return json.loads(body)
+        except (ValueError, RecursionError, UnicodeDecodeError) as exc:
+            raise InvalidInput(f"the request body is not valid JSON: {exc}") from None
 
     async def _read_body(self, request: web.Request) -> bytes:
         limit = self.config.max_body_bytes

@@ -6,7 +6,10 @@ swaps the engine factory) on free ports it picks itself; start-up is bounded by 
 
 from __future__ import annotations
 
+import json
 import sys
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -82,3 +85,18 @@ def wait_metric(server, key: str, value: float, timeout_s: float = 10.0) -> None
             return
         time.sleep(0.01)
     raise AssertionError(f"{key} did not reach {value} within {timeout_s} s (now {metric(server, key)})")
+
+
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback: no proxy from the environment
+
+
+def post_json(server, route: str, body) -> tuple[int, dict]:
+    """POST `body` (JSON-encoded unless bytes) to the server's HTTP `route`; (status, JSON answer)."""
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    request = urllib.request.Request(f"http://{server.http_url}{route}", data=data,
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with _OPENER.open(request, timeout=30) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read())

@@ -4,26 +4,16 @@ the problem for what a beam model cannot answer."""
 
 from __future__ import annotations
 
-import json
-import urllib.error
-import urllib.request
 
 import numpy as np
 import pytest
 import tritonclient.http as thttp
 
-_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+from tests.server.conftest import post_json
 
 
 def post(server, body) -> tuple[int, dict]:
-    data = body if isinstance(body, bytes) else json.dumps(body).encode()
-    request = urllib.request.Request(f"http://{server.http_url}/v1/beam", data=data,
-                                     headers={"Content-Type": "application/json"})
-    try:
-        with _OPENER.open(request, timeout=30) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as err:
-        return err.code, json.loads(err.read())
+    return post_json(server, "/v1/beam", body)
 
 
 def kserve_candidates(server, prompt) -> list[dict]:

@@ -4,28 +4,18 @@ a JSON 400 naming the problem for what a score artifact cannot answer."""
 
 from __future__ import annotations
 
-import json
-import urllib.error
-import urllib.request
 
 import numpy as np
 import pytest
 import tritonclient.http as thttp
 
-from tests.server.conftest import SCORE_SPEC
+from tests.server.conftest import SCORE_SPEC, post_json
 
 YES, NO = SCORE_SPEC.program.label_token_ids
-_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 def post(server, body) -> tuple[int, dict]:
-    request = urllib.request.Request(f"http://{server.http_url}/v1/score", data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
-    try:
-        with _OPENER.open(request, timeout=30) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as err:
-        return err.code, json.loads(err.read())
+    return post_json(server, "/v1/score", body)
 
 
 def kserve_scores(server, texts) -> np.ndarray:
