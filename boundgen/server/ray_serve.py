@@ -13,11 +13,13 @@ then Serve stops the replicas once their requests finish (--drain-timeout-s at m
 driver exits 0.
 
 Admission across the hop: each replica keeps plain serve's admission (--max-inflight running,
---max-queue waiting, per model; more get 429 / RESOURCE_EXHAUSTED with boundgen's JSON error).
-Ray's router sends a replica at most ROUTER_HEADROOM times what its admission holds
-(`max_ongoing_requests`), so the replica's admission, not Ray, decides what is refused; requests
-that find every replica at that bound wait in Ray's router, at most --max-queue of them per proxy
-(`max_queued_requests`; more get Ray's 429 / RESOURCE_EXHAUSTED).
+--max-queue waiting, per model) and tells Ray's router what it holds (`max_ongoing_requests`:
+their sum over its models), so the router sends a request only to a replica with room, and a
+request that finds every replica full is refused at once with 429 / RESOURCE_EXHAUSTED, as plain
+serve refuses a full queue; only ROUTER_QUEUE requests per proxy may wait in Ray's router for a
+replica to free up (`max_queued_requests`; Ray allows no fewer). A request's deadline counts
+from its arrival at the replica, where admission and the engine enforce it; a gRPC client's
+own deadline cancels the call wherever it is (Ray's proxy cancels the replica's handler).
 
 Faults: Ray restarts a replica that dies (its process exits, or its health check fails);
 requests in flight on it get an error from Ray's proxy, the other replicas keep serving.
@@ -41,7 +43,7 @@ from boundgen.server.config import ServerConfig
 
 APP_NAME = "boundgen"
 GRPC_SERVICER = "boundgen.server.kserve_grpc.add_GRPCInferenceServiceServicer_to_server"
-ROUTER_HEADROOM = 2  # a replica's max_ongoing_requests, in units of its admission's capacity
+ROUTER_QUEUE = 1  # requests per proxy that may wait for a full replica (max_queued_requests >= 1 in Ray)
 INSTALL_HINT = "pip install boundgen[ray]"
 
 
@@ -121,8 +123,8 @@ def deployment_options(artifact_dirs: Sequence[str | Path], config: ServerConfig
     inflight = models_inflight(artifact_dirs, config, contexts)
     capacity = sum(n + config.max_queue for n in inflight)
     gpus = default_gpus(artifact_dirs) if options.gpus_per_replica is None else options.gpus_per_replica
-    out = {"max_ongoing_requests": ROUTER_HEADROOM * capacity,
-           "max_queued_requests": max(config.max_queue, 1),
+    out = {"max_ongoing_requests": capacity,
+           "max_queued_requests": ROUTER_QUEUE,
            "backpressure_config": BackpressureConfig(status_code=429),
            "graceful_shutdown_timeout_s": config.drain_timeout_s,
            "ray_actor_options": {"num_cpus": options.cpus_per_replica, "num_gpus": gpus}}
@@ -153,14 +155,14 @@ def serve_on_ray(artifact_dirs: Sequence[str | Path], config: ServerConfig, opti
         out.write(logs.status_line(message, config.log_format) + "\n")
         out.flush()
 
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
     deploy = deployment_options(artifact_dirs, config, options, contexts)
     local = options.address is None
     init = {"num_cpus": _local_cpus(options)} if local else {"address": options.address}
     say(f"boundgen serve: {'starting a local Ray instance' if local else f'joining Ray at {options.address}'}")
     ray.init(**init, namespace=APP_NAME)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):  # after ray.init, which sets a SIGTERM handler that exits at once
+        signal.signal(sig, lambda *_: stop.set())
     try:
         serve.start(http_options=HTTPOptions(host=config.host, port=config.http_port,
                                              keep_alive_timeout_s=max(1, int(config.idle_timeout_s))),
