@@ -156,6 +156,8 @@ class Replica:
             try:
                 for family in self.metrics.registry.collect():
                     for sample in family.samples:
+                        if sample.name.endswith("_created"):  # creation timestamps: not worth a series
+                            continue
                         gauge = self._gauges.get(sample.name)
                         if gauge is None:
                             gauge = self._gauges[sample.name] = ray_metrics.Gauge(

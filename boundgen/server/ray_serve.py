@@ -14,12 +14,14 @@ driver exits 0.
 
 Admission across the hop: each replica keeps plain serve's admission (--max-inflight running,
 --max-queue waiting, per model) and tells Ray's router what it holds (`max_ongoing_requests`:
-their sum over its models), so the router sends a request only to a replica with room, and a
-request that finds every replica full is refused at once with 429 / RESOURCE_EXHAUSTED, as plain
-serve refuses a full queue; only ROUTER_QUEUE requests per proxy may wait in Ray's router for a
-replica to free up (`max_queued_requests`; Ray allows no fewer). A request's deadline counts
-from its arrival at the replica, where admission and the engine enforce it; a gRPC client's
-own deadline cancels the call wherever it is (Ray's proxy cancels the replica's handler).
+their sum over its models), so the router sends a request only to a replica with room. Requests
+that find every replica full wait in Ray's router, at most --max-queue per replica (of
+--replicas, or --max-replicas when autoscaling) per proxy (`max_queued_requests`); more are
+refused at once with 429 / RESOURCE_EXHAUSTED. (Ray counts a request as queued while it is being
+placed too, so a bound of 1 refused concurrent requests that had replicas to go to.) A
+request's deadline counts from its arrival at the replica, where admission and the engine
+enforce it; a gRPC client's own deadline cancels the call wherever it is (Ray's proxy cancels
+the replica's handler).
 
 Faults: Ray restarts a replica that dies (its process exits, or its health check fails);
 requests in flight on it get an error from Ray's proxy, the other replicas keep serving.
@@ -43,7 +45,6 @@ from boundgen.server.config import ServerConfig
 
 APP_NAME = "boundgen"
 GRPC_SERVICER = "boundgen.server.kserve_grpc.add_GRPCInferenceServiceServicer_to_server"
-ROUTER_QUEUE = 1  # requests per proxy that may wait for a full replica (max_queued_requests >= 1 in Ray)
 INSTALL_HINT = "pip install boundgen[ray]"
 
 
@@ -123,8 +124,9 @@ def deployment_options(artifact_dirs: Sequence[str | Path], config: ServerConfig
     inflight = models_inflight(artifact_dirs, config, contexts)
     capacity = sum(n + config.max_queue for n in inflight)
     gpus = default_gpus(artifact_dirs) if options.gpus_per_replica is None else options.gpus_per_replica
+    replicas = options.max_replicas if options.autoscaling else options.replicas
     out = {"max_ongoing_requests": capacity,
-           "max_queued_requests": ROUTER_QUEUE,
+           "max_queued_requests": max(1, config.max_queue * replicas),
            "backpressure_config": BackpressureConfig(status_code=429),
            "graceful_shutdown_timeout_s": config.drain_timeout_s,
            "ray_actor_options": {"num_cpus": options.cpus_per_replica, "num_gpus": gpus}}

@@ -163,8 +163,8 @@ def test_deadline_passes_while_queued_in_the_replica(ray_server, fake_dirs, tmp_
 
 
 def test_burst_beyond_admission_gets_429(ray_server, tmp_path):
-    """2 replicas x (1 running + 2 queued) admit 6 held requests and 1 more may wait in Ray's
-    router: of a burst of 12 (HTTP and gRPC), at least 5 are refused at once, 429 / RESOURCE_EXHAUSTED."""
+    """2 replicas x (1 running + 2 queued) admit 6 held requests and 2 x 2 more may wait in Ray's
+    router: of a burst of 12 (HTTP and gRPC), at least 2 are refused at once, 429 / RESOURCE_EXHAUSTED."""
     hold = tmp_path / f"release-{uuid.uuid4().hex}"
     protocols = ["http", "grpc"] * 6
     with ThreadPoolExecutor(12) as pool:
@@ -172,7 +172,7 @@ def test_burst_beyond_admission_gets_429(ray_server, tmp_path):
                    for i, protocol in enumerate(protocols)]
         refused = []
         end = time.monotonic() + 60.0
-        while len(refused) < 5 and time.monotonic() < end:
+        while len(refused) < 2 and time.monotonic() < end:
             refused = [f for f in futures if f.done()]
             time.sleep(0.05)
         hold.touch()
@@ -184,8 +184,8 @@ def test_burst_beyond_admission_gets_429(ray_server, tmp_path):
                 outcomes.append((protocol, exc.status()))
     assert set(outcomes) <= {("http", "ok"), ("grpc", "ok"), ("http", "429"),
                              ("grpc", "StatusCode.RESOURCE_EXHAUSTED")}, outcomes
-    assert sum(outcome != "ok" for _, outcome in outcomes) >= 5, outcomes
-    assert len(refused) >= 5  # refused at once: while the admitted ones were still held
+    assert sum(outcome != "ok" for _, outcome in outcomes) >= 2, outcomes
+    assert len(refused) >= 2  # refused at once: while the admitted ones were still held
 
 
 def test_killed_replica_fails_its_request_and_is_replaced(ray_server, fake_dirs, tmp_path):
