@@ -46,6 +46,8 @@ from boundgen.server.config import ServerConfig
 APP_NAME = "boundgen"
 GRPC_SERVICER = "boundgen.server.kserve_grpc.add_GRPCInferenceServiceServicer_to_server"
 INSTALL_HINT = "pip install boundgen[ray]"
+PROXY_CALLBACK_ENV = "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH"  # read by Ray's HTTP proxy where it starts
+PROXY_CALLBACK = "boundgen.server.ray_proxy.middlewares"
 
 
 @dataclass(frozen=True)
@@ -159,6 +161,8 @@ def serve_on_ray(artifact_dirs: Sequence[str | Path], config: ServerConfig, opti
 
     deploy = deployment_options(artifact_dirs, config, options, contexts)
     local = options.address is None
+    if local:  # Ray's own HTTP errors as JSON too; its proxy reads this where it starts (ray_proxy.py)
+        os.environ.setdefault(PROXY_CALLBACK_ENV, PROXY_CALLBACK)
     init = {"num_cpus": _local_cpus(options)} if local else {"address": options.address}
     say(f"boundgen serve: {'starting a local Ray instance' if local else f'joining Ray at {options.address}'}")
     ray.init(**init, namespace=APP_NAME)
