@@ -127,6 +127,15 @@ def test_http_errors_are_json_as_plain_serve(ray_server, fake_server):
     assert answers[0] == answers[1] and answers[0][0] == 400
 
 
+def test_v1_score_equal_plain_serve(ray_server, fake_server):
+    from tests.server.test_score_api import NO, YES, post
+
+    body = {"query": "q: ", "items": ["trail runner", "desk lamp"], "label_token_ids": [YES, NO], "model": "fscore",
+            "apply_softmax": True}
+    answers = [post(server, body) for server in (fake_server, ray_server)]
+    assert answers[0][0] == 200 and answers[0] == answers[1], answers
+
+
 def test_deadline_is_enforced_in_the_replica(ray_server, fake_dirs):
     """The request's `timeout` crosses Ray's proxy: one that has passed is refused unrun, in the replica."""
     text = f"expired {uuid.uuid4().hex}"
