@@ -16,7 +16,9 @@ Serves built artifacts with the KServe v2 / Open Inference Protocol over HTTP an
 A request's deadline is its gRPC deadline or its `timeout` parameter (microseconds, as
 Triton), else --default-timeout-ms. /v2/health/ready answers 200 once every artifact is
 loaded and warmed up. SIGTERM: stop admitting (503 / UNAVAILABLE), finish admitted
-requests, exit 0. Prometheus metrics at GET /metrics. See docs/serving.md."""
+requests, exit 0. Prometheus metrics at GET /metrics. --replicas / --gpus: worker processes
+behind one front end on this host; --ray: Ray Serve replicas, on one host or a cluster.
+See docs/serving.md."""
 
 
 def register(sub):

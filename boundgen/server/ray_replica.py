@@ -119,10 +119,6 @@ class Replica:
         self._stop = threading.Event()
         threading.Thread(target=self._mirror_metrics, name="boundgen-metrics", daemon=True).start()
 
-    def capacity(self) -> int:
-        """Requests this replica admits at once, running and queued, over all its models."""
-        return sum(m.admission.max_inflight + m.admission.max_queue for m in self.models.models.values())
-
     async def __call__(self, request: Request) -> Response:
         """One HTTP request from Ray Serve's proxy, answered by the KServe v2 HTTP application."""
         body = await request.body()

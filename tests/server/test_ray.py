@@ -230,6 +230,40 @@ def test_killed_replica_fails_its_request_and_is_replaced(ray_server, fake_dirs,
         time.sleep(0.1)
 
 
+def test_deployment_options_follow_admission_and_flags(fake_dirs):
+    """What Ray is told, checked by Ray Serve's own option validation (no Ray instance needed)."""
+    from ray import serve
+
+    from boundgen.server.config import ServerConfig
+    from boundgen.server.ray_replica import Replica
+    from boundgen.server.ray_serve import RayOptions, deployment_options
+
+    dirs = [fake_dirs["score"], fake_dirs["beam"]]
+    fixed = deployment_options(dirs, ServerConfig(max_inflight=2, max_queue=3), RayOptions(replicas=3))
+    assert fixed["max_ongoing_requests"] == 2 * (2 + 3) and fixed["max_queued_requests"] == 3 * 3
+    assert fixed["num_replicas"] == 3 and fixed["ray_actor_options"] == {"num_cpus": 1.0, "num_gpus": 0.0}
+    scaled = deployment_options(dirs, ServerConfig(max_queue=4), RayOptions(min_replicas=2, max_replicas=5),
+                                contexts=3)
+    assert "num_replicas" not in scaled and scaled["max_ongoing_requests"] == 2 * (3 + 4)
+    assert scaled["autoscaling_config"] == {"min_replicas": 2, "max_replicas": 5, "initial_replicas": 2,
+                                            "target_ongoing_requests": 6}
+    for options in (fixed, scaled):
+        serve.deployment(name="Replica", **options)(Replica)  # raises on an option Ray does not take
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--min-replicas", "2"], "--min-replicas applies to Ray Serve only; add --ray"),
+    (["--ray", "--min-replicas", "2"], "autoscaling needs both --min-replicas and --max-replicas"),
+    (["--ray", "--min-replicas", "3", "--max-replicas", "2"], "need 1 <= --min-replicas <= --max-replicas"),
+    (["--ray", "--gpus", "1"], "with --ray use --replicas N and --gpus-per-replica G"),
+    (["--ray", "--http-port", "0"], "--ray needs fixed ports"),
+])
+def test_ray_flag_errors(fake_dirs, flags, message):
+    proc = subprocess.run([sys.executable, "-m", "boundgen", "serve", str(fake_dirs["score"]), *flags],
+                          capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert proc.returncode == 2 and message in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr
+
+
 def test_without_ray_installed_is_one_line_error(fake_dirs, tmp_path):
     hidden = tmp_path / "no_ray" / "ray"
     hidden.mkdir(parents=True)
