@@ -182,8 +182,8 @@ def serve_on_ray(artifact_dirs: Sequence[str | Path], config: ServerConfig, opti
             [str(Path(d).resolve()) for d in artifact_dirs], config, engine_factory)
         try:
             serve.run(app, name=APP_NAME, route_prefix="/", blocking=False)
-        except Exception as exc:  # Ray's deploy failure: the replicas' constructor error, in its words
-            raise BoundgenError(f"Ray Serve could not start the replicas: {str(exc).splitlines()[0]}") from None
+        except Exception as exc:  # Ray's deploy failure; the replicas' own error is in the deployment's status
+            raise BoundgenError(f"Ray Serve could not start the replicas: {_replica_error(serve) or exc}") from None
         say(f"boundgen serve: ready on Ray, application {APP_NAME!r}")
         while not stop.wait(1.0):
             pass
@@ -194,6 +194,17 @@ def serve_on_ray(artifact_dirs: Sequence[str | Path], config: ServerConfig, opti
     finally:
         ray.shutdown()
         say("boundgen serve: stopped")
+
+
+def _replica_error(serve) -> str:
+    """The last line of the traceback Ray keeps for a replica that failed to start (the
+    exception's type and message, e.g. a load's ArtifactError), or "" when it has none."""
+    try:
+        message = serve.status().applications[APP_NAME].deployments["Replica"].message
+    except Exception:  # noqa: BLE001 - only a better error message is lost
+        return ""
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    return lines[-1] if lines else ""
 
 
 def _local_cpus(options: RayOptions) -> int:

@@ -81,6 +81,24 @@ def pids_of(log, text: str) -> set[int]:
     return {record["pid"] for record in read_log(log) if text in record["texts"]}
 
 
+def test_replica_load_error_stops_serve_with_its_message(fake_dirs, tmp_path):
+    """An artifact that fails to load (here: a hash mismatch) stops `serve --ray` with exit 2 and
+    the loader's message, after Ray gives up restarting the replica (bounded). First in the module: its own local
+    Ray instance, before the module's is up."""
+    from tests.server.conftest import SCORE_SPEC
+    from tests.server.fake_engine import write_fake_artifact
+
+    broken = write_fake_artifact(tmp_path / "broken", SCORE_SPEC, load_error="model.pt2: hash mismatch (test)")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, "-m", "tests.server.fake_serve", str(broken), "--ray", "--http-port",
+                           str(_free_port()), "--grpc-port", str(_free_port())],
+                          capture_output=True, text=True, env=env, cwd=REPO, timeout=RAY_READY_TIMEOUT_S)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "Ray Serve could not start the replicas: boundgen.errors.ArtifactError: model.pt2: hash mismatch" \
+        in proc.stderr, proc.stderr[-2000:]
+    assert "boundgen serve: stopped" in proc.stdout
+
+
 def test_both_replicas_serve(ray_server, fake_dirs):
     """Pairs of 0.2 s requests at once: while one replica runs the first, the router sends the
     second to the idle one (bounded: Ray's router may learn of the second replica late)."""
