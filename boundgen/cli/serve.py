@@ -16,7 +16,9 @@ Serves built artifacts with the KServe v2 / Open Inference Protocol over HTTP an
 A request's deadline is its gRPC deadline or its `timeout` parameter (microseconds, as
 Triton), else --default-timeout-ms. /v2/health/ready answers 200 once every artifact is
 loaded and warmed up. SIGTERM: stop admitting (503 / UNAVAILABLE), finish admitted
-requests, exit 0. Prometheus metrics at GET /metrics. See docs/serving.md."""
+requests, exit 0. Prometheus metrics at GET /metrics. --replicas / --gpus: worker processes
+behind one front end on this host; --ray: Ray Serve replicas, on one host or a cluster.
+See docs/serving.md."""
 
 
 def register(sub):
@@ -75,12 +77,30 @@ def register(sub):
     group = p.add_mutually_exclusive_group()
     group.add_argument("--replicas", type=int, default=None, metavar="N",
                        help="serve through N worker processes (CPU) behind this front end; each request goes to "
-                            "the worker with the fewest in flight")
+                            "the worker with the fewest in flight. With --ray: N Ray Serve replicas")
     group.add_argument("--gpus", default=None, metavar="all|N|0,2,...",
                        help="one worker process per GPU (CUDA_VISIBLE_DEVICES set to it) behind this front end")
+    ray = p.add_argument_group("Ray Serve (--ray; needs `pip install boundgen[ray]`; docs/serving.md)")
+    ray.add_argument("--ray", nargs="?", const=LOCAL_RAY, default=None, metavar="ADDRESS",
+                     help="serve as a Ray Serve application: --replicas N replicas behind Ray's HTTP and gRPC "
+                          "proxies on --http-port / --grpc-port (same KServe v2 protocol). ADDRESS omitted: start "
+                          "a local Ray instance; 'auto' or 'ray://HOST:PORT': join that cluster")
+    ray.add_argument("--gpus-per-replica", type=float, default=None, metavar="G",
+                     help="GPUs each replica takes (default 1 for artifacts built for CUDA, else 0)")
+    ray.add_argument("--cpus-per-replica", type=float, default=1.0, metavar="C",
+                     help="CPUs each replica takes (default 1)")
+    ray.add_argument("--min-replicas", type=int, default=None, metavar="N",
+                     help="with --max-replicas: autoscale between N and M replicas on ongoing requests "
+                          "(--replicas is then the initial count)")
+    ray.add_argument("--max-replicas", type=int, default=None, metavar="M", help="see --min-replicas")
+    ray.add_argument("--target-ongoing-requests", type=float, default=None, metavar="R",
+                     help="autoscaling: ongoing requests per replica to aim for (default: what its models run "
+                          "at once, --max-inflight or the artifacts' contexts)")
     p.set_defaults(run=run)
 
 
+LOCAL_RAY = ""  # `--ray` without an address: start a local Ray instance
+RAY_ONLY_FLAGS = ("gpus_per_replica", "min_replicas", "max_replicas", "target_ongoing_requests")
 RUNTIME_FLAGS = ("contexts", "batching", "cuda_graphs", "token_bucket")  # RuntimeConfig fields
 
 
@@ -158,6 +178,12 @@ def run(args, engine_factory=None, worker_command=None):
         factory = functools.partial(factory, **overrides)
     if args.trust_key is not None:
         factory = _verified(factory, args.trust_key)
+    if args.ray is not None:
+        return _serve_on_ray(args, config, factory)
+    used = [name for name in RAY_ONLY_FLAGS if getattr(args, name) is not None]
+    if used or args.cpus_per_replica != 1.0:
+        flag = "--" + (used[0] if used else "cpus_per_replica").replace("_", "-")
+        raise ConfigError(f"{flag} applies to Ray Serve only; add --ray")
     from boundgen.server.replicas import exit_with_parent, parse_gpus, serve_replicas
 
     exit_with_parent()  # a --replicas / --gpus worker: exit with its front end
@@ -174,17 +200,33 @@ def run(args, engine_factory=None, worker_command=None):
     return serve_replicas(args.artifacts, config, gpus, worker_args(args), worker_command)
 
 
+def _serve_on_ray(args, config, factory):
+    from boundgen.server.ray_serve import RayOptions, import_ray, serve_on_ray
+
+    import_ray()  # not installed: one line saying how, before anything starts
+    if args.gpus is not None:
+        raise ConfigError("--gpus starts worker processes of this host; with --ray use --replicas N and "
+                          "--gpus-per-replica G")
+    options = RayOptions(address=args.ray or None, replicas=args.replicas or 1, min_replicas=args.min_replicas,
+                         max_replicas=args.max_replicas, target_ongoing_requests=args.target_ongoing_requests,
+                         gpus_per_replica=args.gpus_per_replica, cpus_per_replica=args.cpus_per_replica)
+    return serve_on_ray(args.artifacts, config, options, factory, contexts=args.contexts)
+
+
 def _verified(factory, trust_key: str):
-    """`factory`, checking each artifact's signature with `trust_key` before it is loaded."""
+    """`factory`, checking each artifact's signature with `trust_key` before it is loaded. A
+    picklable partial: Ray sends it to replicas on other nodes, which read the key file there."""
+    from boundgen.artifact.signing import load_public_key
+
+    load_public_key(trust_key)  # a bad key file stops serve before it listens
+    return functools.partial(_load_verified, factory, os.path.abspath(trust_key))
+
+
+def _load_verified(factory, trust_key: str, path):
     from boundgen.artifact.signing import load_public_key, verify
 
-    key = load_public_key(trust_key)  # a bad key file stops serve before it listens
-
-    def load(path):
-        verify(path, key)
-        return factory(path)
-
-    return load
+    verify(path, load_public_key(trust_key))
+    return factory(path)
 
 
 def _cuda_device_count() -> int:

@@ -85,30 +85,50 @@ def _set_param(p, value) -> None:
         p.string_param = json.dumps(value)
 
 
+# Method -> (GrpcFrontend method, request message); the one list of what the service answers.
+METHODS = {
+    "ServerLive": ("server_live", pb.ServerLiveRequest),
+    "ServerReady": ("server_ready", pb.ServerReadyRequest),
+    "ModelReady": ("model_ready", pb.ModelReadyRequest),
+    "ServerMetadata": ("server_metadata", pb.ServerMetadataRequest),
+    "ModelMetadata": ("model_metadata", pb.ModelMetadataRequest),
+    "ModelInfer": ("model_infer", pb.ModelInferRequest),
+    "ModelConfig": ("model_config", pb.ModelConfigRequest),
+    "ModelStatistics": ("model_statistics", pb.ModelStatisticsRequest),
+    "RepositoryIndex": ("repository_index", pb.RepositoryIndexRequest),
+    "RepositoryModelLoad": ("repository_control", pb.RepositoryModelLoadRequest),
+    "RepositoryModelUnload": ("repository_control", pb.RepositoryModelUnloadRequest),
+}
+
+
+def method_handlers(servicer, decode_infer=None) -> grpc.GenericRpcHandler:
+    """The service's handlers, calling `servicer`'s methods named in METHODS; `decode_infer`
+    replaces ModelInferRequest.FromString (GrpcFrontend's, which refuses oversized messages)."""
+    def unary(fn, deserializer):
+        return grpc.unary_unary_rpc_method_handler(fn, request_deserializer=deserializer,
+                                                   response_serializer=lambda m: m.SerializeToString())
+
+    return grpc.method_handlers_generic_handler(pb.SERVICE, {
+        method: unary(getattr(servicer, attr),
+                      decode_infer if method == "ModelInfer" and decode_infer else request_cls.FromString)
+        for method, (attr, request_cls) in METHODS.items()})
+
+
+def add_GRPCInferenceServiceServicer_to_server(servicer, server) -> None:
+    """Register the service on `server`, as grpcio-tools' generated function of this name does.
+    Ray Serve's gRPC proxy takes it by import path (gRPCOptions.grpc_servicer_functions) to learn
+    the methods and their message types; it then sends each call to a replica's method of the
+    same name (ray_replica.py)."""
+    server.add_generic_rpc_handlers((method_handlers(servicer),))
+
+
 class GrpcFrontend:
     def __init__(self, models: ModelSet, config: ServerConfig, repository: Repository | None = None):
         """repository: what RepositoryModelLoad answers with (--model-repository); None refuses it."""
         self.models, self.config, self.repository = models, config, repository
 
     def handler(self) -> grpc.GenericRpcHandler:
-        def unary(fn, request_cls, deserializer=None):
-            return grpc.unary_unary_rpc_method_handler(
-                fn, request_deserializer=deserializer or request_cls.FromString,
-                response_serializer=lambda m: m.SerializeToString())
-
-        return grpc.method_handlers_generic_handler(pb.SERVICE, {
-            "ServerLive": unary(self.server_live, pb.ServerLiveRequest),
-            "ServerReady": unary(self.server_ready, pb.ServerReadyRequest),
-            "ModelReady": unary(self.model_ready, pb.ModelReadyRequest),
-            "ServerMetadata": unary(self.server_metadata, pb.ServerMetadataRequest),
-            "ModelMetadata": unary(self.model_metadata, pb.ModelMetadataRequest),
-            "ModelInfer": unary(self.model_infer, pb.ModelInferRequest, self._decode_infer),
-            "ModelConfig": unary(self.model_config, pb.ModelConfigRequest),
-            "ModelStatistics": unary(self.model_statistics, pb.ModelStatisticsRequest),
-            "RepositoryIndex": unary(self.repository_index, pb.RepositoryIndexRequest),
-            "RepositoryModelLoad": unary(self.repository_control, pb.RepositoryModelLoadRequest),
-            "RepositoryModelUnload": unary(self.repository_control, pb.RepositoryModelUnloadRequest),
-        })
+        return method_handlers(self, self._decode_infer)
 
     def options(self) -> list[tuple[str, int]]:
         """Channel options: let messages somewhat over the limit through, so that ModelInfer can
@@ -127,6 +147,14 @@ class GrpcFrontend:
             return pb.ModelInferRequest.FromString(data)
         except Exception as exc:  # protobuf's DecodeError
             return _Undecodable(f"the request is not a valid ModelInferRequest: {exc}")
+
+    def refuse_oversized(self, request):
+        """A ModelInferRequest decoded elsewhere (Ray Serve's proxy), refused as `_decode_infer` does when too big."""
+        size = request.ByteSize()
+        if size > self.config.max_body_bytes:
+            return _Undecodable(f"the request is {size} bytes, over the server's limit of "
+                                f"{self.config.max_body_bytes} (--max-body-bytes)")
+        return request
 
     async def _abort(self, context, exc: BaseException):
         status = status_of(exc)

@@ -193,6 +193,13 @@ class HttpFrontend:
             app.router.add_post(f"/v2/repository/models/{{model}}/{action}", self.repository_control)
         return app
 
+    async def dispatch(self, app: web.Application, request: web.Request) -> web.StreamResponse:
+        """Answer `request` through `app` (routes, middlewares, handlers) as aiohttp's server does,
+        for a request that reached this process another way (Ray Serve's proxy: ray_replica.py).
+        `app` must be frozen (app.freeze()), as the server does before its first request.
+        aiohttp's server calls the same method; it has no public name."""
+        return await app._handle(request)
+
     @web.middleware
     async def _json_errors(self, request: web.Request, handler):
         """aiohttp's own error answers (404, 405, 413, ...) as JSON `{"error": ...}`, as ours are."""

@@ -17,13 +17,15 @@ Configured by `fake.json` in a directory that stands in for an artifact:
   `tokenize_s_per_mb` makes counting them cost that many seconds per MB of text, on the calling
   thread, as a real tokenizer's time grows with the text;
 - `load_error: "..."` makes loading the artifact fail with ArtifactError (as a corrupted one does);
-- loading logs `{"event": "loaded", "runtime": {...}}` with the RuntimeConfig overrides it was given.
+- loading logs `{"event": "loaded", "runtime": {...}}` with the RuntimeConfig overrides it was given;
+- every record has the `pid` of the process the engine runs in (which replica served a request).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import threading
 import time
@@ -172,7 +174,7 @@ class FakeEngine(Engine):
     def _write(self, record: dict) -> None:
         if self.log:
             with self._lock, open(self.log, "a") as f:
-                f.write(json.dumps(record) + "\n")
+                f.write(json.dumps({**record, "pid": os.getpid()}) + "\n")
 
 
 def _wait_for_file(path: str) -> None:
