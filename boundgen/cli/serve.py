@@ -168,9 +168,9 @@ def run(args, engine_factory=None, worker_command=None):
     if args.model_repository is not None:
         if not os.path.isdir(args.model_repository):
             raise ConfigError(f"--model-repository {args.model_repository} is not a directory")
-        if args.replicas is not None or args.gpus is not None:
-            raise ConfigError("--model-repository cannot be combined with --replicas / --gpus: a front end does not "
-                              "load artifacts itself (its workers do)")
+        if args.replicas is not None or args.gpus is not None or args.ray is not None:
+            raise ConfigError("--model-repository cannot be combined with --replicas / --gpus / --ray: a front end "
+                              "does not load artifacts itself (its workers or Ray's replicas do)")
     config = config_from_args(args)
     factory = engine_factory or default_engine_factory
     overrides = runtime_overrides(args)

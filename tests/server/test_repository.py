@@ -240,6 +240,7 @@ def test_replace_real_engines(launch, make_checkpoint, tmp_path):
 @pytest.mark.parametrize("flags, message", [
     (["--model-repository", "MISSING"], "is not a directory"),
     (["--model-repository", "ROOT", "--replicas", "2"], "cannot be combined with --replicas"),
+    (["--model-repository", "ROOT", "--ray"], "cannot be combined with --replicas / --gpus / --ray"),
 ])
 def test_bad_model_repository_flags_exit_2(repo, flags, message):
     flags = [str(repo["tmp"] / "missing") if f == "MISSING" else str(repo["root"]) if f == "ROOT" else f for f in flags]
