@@ -224,7 +224,9 @@ class GrpcFrontend:
             self._check_key(context)
         except Exception as exc:
             await self._abort(context, exc)
-        return to_message({"models": repository_index(self.models, request.ready)}, pb.RepositoryIndexResponse())
+        loadable = self.repository.loadable() if self.repository is not None else ()
+        return to_message({"models": repository_index(self.models, request.ready, loadable)},
+                          pb.RepositoryIndexResponse())
 
     async def repository_control(self, request, context):
         load = isinstance(request, pb.RepositoryModelLoadRequest)

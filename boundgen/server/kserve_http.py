@@ -275,7 +275,8 @@ class HttpFrontend:
                 raise InvalidInput('the repository index request must be a JSON object like {"ready": true}')
         except Exception as exc:
             return error_response(exc)
-        return web.json_response(repository_index(self.models, options.get("ready", False)))
+        loadable = self.repository.loadable() if self.repository is not None else ()
+        return web.json_response(repository_index(self.models, options.get("ready", False), loadable))
 
     async def repository_control(self, request: web.Request) -> web.Response:
         """Load (a rolling replace, repository.py) or unload (refused). Body: none or Triton's

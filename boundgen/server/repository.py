@@ -40,6 +40,7 @@ import re
 from pathlib import Path
 from typing import Any, Awaitable, Callable
 
+from boundgen.artifact.manifest import MANIFEST_FILE
 from boundgen.errors import BoundgenError, InvalidInput
 from boundgen.runtime.engine import Engine
 from boundgen.server.models import READY, ModelSet
@@ -96,6 +97,15 @@ class Repository:
                     self.say(f"boundgen serve: the replaced {name} still ran requests after "
                              f"{self.drain_timeout_s} s; closed anyway")
                 self.say(f"boundgen serve: the replaced {name} drained and closed")
+
+    def loadable(self) -> list[str]:
+        """The names a load may name: children of DIR that hold an artifact manifest (not read here:
+        a load checks it), by the policy above."""
+        try:
+            return sorted(p.name for p in self.root.iterdir()
+                          if MODEL_NAME.fullmatch(p.name) and (p / MANIFEST_FILE).is_file())
+        except OSError:  # DIR gone or unreadable since serve checked it: nothing to offer
+            return []
 
     def artifact_dir(self, name: str) -> Path:
         """DIR/name, for a plain child name only (the policy above)."""

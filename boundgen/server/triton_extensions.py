@@ -27,6 +27,7 @@ a batch or a context inside the engine). `inference_count` counts successful req
 from __future__ import annotations
 
 import json
+from typing import Sequence
 
 from google.protobuf import json_format
 
@@ -87,14 +88,17 @@ def model_statistics(models: ModelSet, name: str = "", version: str = "") -> dic
     return {"model_stats": [_one_model_statistics(models, n) for n in names]}
 
 
-def repository_index(models: ModelSet, ready_only: bool = False) -> list[dict]:
+def repository_index(models: ModelSet, ready_only: bool = False, loadable: Sequence[str] = ()) -> list[dict]:
     """The models this server holds and their state (READY, LOADING while the server loads,
-    UNAVAILABLE while it drains); with `ready_only`, only those that take requests."""
+    UNAVAILABLE while it drains), then the model repository's artifacts it does not serve
+    (`loadable`, with --model-repository: UNAVAILABLE until loaded, as Triton lists them); with
+    `ready_only`, only those that take requests."""
     state, reason = {LOADING: ("LOADING", "the server is still loading its models"),
                      DRAINING: ("UNAVAILABLE", "the server is shutting down")}.get(models.state, ("READY", ""))
-    if ready_only and state != "READY":
-        return []
-    return [{"name": n, "version": VERSION, "state": state, "reason": reason} for n in sorted(models.models)]
+    served = [{"name": n, "version": VERSION, "state": state, "reason": reason} for n in sorted(models.models)]
+    unserved = [{"name": n, "state": "UNAVAILABLE", "reason": "not loaded: POST /v2/repository/models/"
+                 f"{n}/load serves it"} for n in loadable if n not in models.models]
+    return [m for m in served + unserved if not ready_only or m["state"] == "READY"]
 
 
 def to_message(obj: dict, message):

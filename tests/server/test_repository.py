@@ -25,7 +25,7 @@ from tritonclient.utils import InferenceServerException
 
 from boundgen.artifact.program import ScoreSpec
 from boundgen.runtime.engine import EngineSpec
-from tests.server.conftest import REPO, SCORE_SPEC
+from tests.server.conftest import REPO, SCORE_SPEC, post_json
 from tests.server.fake_engine import read_events, wait_for_event, write_fake_artifact
 from tests.server.real import eager_engine_from_config, write_eager_artifact
 
@@ -169,6 +169,41 @@ def test_a_load_whose_requester_leaves_still_completes(launch, repo):
     assert held == {"width": 2}
     assert server.stop() == 0
     assert "the replaced fscore drained and closed" in server.tail(50)
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_index_lists_the_repositorys_unserved_artifacts(launch, repo, protocol):
+    """As Triton lists a repository: served models READY, the other artifacts of DIR UNAVAILABLE
+    until loaded; directories without a manifest and names a load cannot take are not listed."""
+    write_fake_artifact(repo["root"] / "other", EngineSpec("other", SCORE_SPEC.program))
+    (repo["root"] / "other" / "manifest.json").write_text("{}")  # listed by its presence, read by a load
+    (repo["root"] / "notes").mkdir()
+    (repo["root"] / ".hidden").mkdir()
+    (repo["root"] / ".hidden" / "manifest.json").write_text("{}")
+    server = launch([repo["link"]], args=["--model-repository", str(repo["root"])])
+    mod = thttp if protocol == "http" else tgrpc
+    client = mod.InferenceServerClient(server.http_url if protocol == "http" else server.grpc_url)
+
+    def index():
+        if protocol == "http":
+            return {m["name"]: m.get("state") for m in client.get_model_repository_index()}
+        return {m.name: m.state for m in client.get_model_repository_index().models}
+
+    assert index() == {"fscore": "READY", "other": "UNAVAILABLE"}
+    client.load_model("other")
+    assert index() == {"fscore": "READY", "other": "READY"}
+    assert server.stop() == 0
+
+
+def test_index_ready_only_leaves_out_unloaded_artifacts(launch, repo):
+    write_fake_artifact(repo["root"] / "other", EngineSpec("other", SCORE_SPEC.program))
+    (repo["root"] / "other" / "manifest.json").write_text("{}")
+    server = launch([repo["link"]], args=["--model-repository", str(repo["root"])])
+    status, every = post_json(server, "/v2/repository/index", {})
+    assert status == 200 and [m["name"] for m in every] == ["fscore", "other"]
+    status, ready = post_json(server, "/v2/repository/index", {"ready": True})
+    assert status == 200 and [m["name"] for m in ready] == ["fscore"]
+    assert server.stop() == 0
+
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 def test_what_the_policy_refuses(launch, repo, protocol):
