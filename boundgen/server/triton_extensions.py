@@ -14,7 +14,11 @@ the messages, with Triton's field numbers).
 Config: name, platform "boundgen", max_batch_size 0 (a request's shape is the model's own: a
 score request's N texts are not Triton's batch dimension), inputs and outputs from the model's
 Signature (BYTES is Triton's TYPE_STRING; -1 marks a bounded dimension), one instance group
-whose count is the engine's request contexts, and the program's task and bounds as parameters.
+whose count is the engine's request contexts, the program's task and bounds as parameters, and
+`dynamic_batching` (queue delay 0: a free context takes what waits and never waits for more) when
+the engine batches concurrent requests into one model call. Triton itself batches only along a
+batch dimension (max_batch_size > 0); here the engine packs requests' tokens, so the pair says
+"batched by the server, shapes per request" to a client that reads it.
 
 Statistics come from the server's own metrics (metrics.py `phase_totals`), cumulative since start:
 `success` / `fail` count and time requests end to end by outcome; `queue` is the wait for an
@@ -50,7 +54,7 @@ def model_config(model: ServedModel) -> dict:
               "artifact_dir": model.source}
     parameters = {key: {"string_value": value if isinstance(value, str) else json.dumps(value)}
                   for key, value in {**model.signature.parameters(), **served}.items()}
-    return {
+    config = {
         "name": model.name, "platform": PLATFORM, "max_batch_size": 0,
         "input": [{"name": t.name, "data_type": _data_type(t.datatype), "dims": list(t.shape)}
                   for t in model.signature.inputs],
@@ -59,6 +63,9 @@ def model_config(model: ServedModel) -> dict:
         "instance_group": [{"name": model.name, "kind": kind, "count": engine_contexts(model.engine)}],
         "parameters": parameters,
     }
+    if spec.extra.get("batching"):  # concurrent requests share model calls; a free context never waits
+        config["dynamic_batching"] = {"max_queue_delay_microseconds": 0}
+    return config
 
 
 def _duration(count_seconds: tuple[int, float]) -> dict:

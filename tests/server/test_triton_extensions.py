@@ -77,9 +77,23 @@ def test_model_config(fake_server, protocol):
     assert score["parameters"]["artifact_dir"]["string_value"].endswith("fscore")
     assert [(t["name"], t["data_type"], [int(d) for d in t["dims"]]) for t in beam["output"]] == [
         ("TOKEN_IDS", "TYPE_INT32", [3, 2]), ("SCORES", "TYPE_FP32", [3]), ("TEXT_OUT", "TYPE_STRING", [3])]
+    assert "dynamic_batching" not in score  # the shared fake server does not batch
     with pytest.raises(InferenceServerException) as err:
         c.get_model_config("nope")
     assert err.value.status() in ("400", "StatusCode.INVALID_ARGUMENT") and "unknown model" in err.value.message()
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_model_config_says_when_the_engine_batches(launch, tmp_path, protocol):
+    """Read with tritonclient's own (full Triton) protos over gRPC: the field numbers agree."""
+    server = launch([write_fake_artifact(tmp_path / "fscore", SCORE_SPEC)], args=["--batching"])
+    c = client(protocol, server)
+    if protocol == "http":
+        assert c.get_model_config("fscore")["dynamic_batching"] == {"max_queue_delay_microseconds": 0}
+    else:
+        config = c.get_model_config("fscore").config
+        assert config.HasField("dynamic_batching") and config.dynamic_batching.max_queue_delay_microseconds == 0
+        assert config.max_batch_size == 0 and config.name == "fscore"
 
 
 def _json(value):
