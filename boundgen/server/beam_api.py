@@ -56,16 +56,7 @@ def pick_model(models: ModelSet, requested: str | None) -> str:
     """The model to run: the one named, else the server's only beam model."""
     if models.state == LOADING:
         raise Unavailable("the server is still loading its models")
-    beam_models = [name for name, m in models.models.items() if m.engine.spec.task == "beam"]
-    if requested is not None and requested in models.models:
-        if requested not in beam_models:
-            raise InvalidInput(f"model {requested} is a score model; /v1/beam needs a beam model (/v1/score scores)")
-        return requested
-    if requested is None and len(beam_models) == 1:
-        return beam_models[0]
-    if requested is None:
-        raise InvalidInput(f"name the model: this server holds beam models {', '.join(sorted(beam_models)) or 'none'}")
-    raise InvalidInput(f"unknown model {requested!r}; beam models here: {', '.join(sorted(beam_models)) or 'none'}")
+    return models.pick(requested, "beam", ROUTE)
 
 
 def candidates(outputs: list[Tensor]) -> list[dict]:

@@ -111,6 +111,21 @@ class ModelSet:
             raise InvalidInput(f"model {name} has only version {VERSION}, not {version!r}")
         return model
 
+    def pick(self, requested: str | None, task: str, route: str) -> str:
+        """The model a route of one task runs (/v1/score, /v1/beam): the one named, else the server's
+        only model of that task; 400 naming the problem otherwise."""
+        of_task = sorted(name for name, m in self.models.items() if m.engine.spec.task == task)
+        if requested is not None and requested in self.models:
+            if requested not in of_task:
+                raise InvalidInput(f"model {requested} is a {self.models[requested].engine.spec.task} model; "
+                                   f"{route} needs a {task} model")
+            return requested
+        if requested is None and len(of_task) == 1:
+            return of_task[0]
+        if requested is None:
+            raise InvalidInput(f"name the model: this server holds {task} models {', '.join(of_task) or 'none'}")
+        raise InvalidInput(f"unknown model {requested!r}; {task} models here: {', '.join(of_task) or 'none'}")
+
     def deadline(self, arrived: float, timeout_us: Any = None, remaining_s: float | None = None) -> float:
         """A request's deadline (monotonic seconds): the tightest of its `timeout` parameter
         (microseconds, as Triton; 0 means none), its gRPC deadline, else the server default."""

@@ -55,17 +55,11 @@ def parse(obj) -> dict:
 
 
 def pick_model(models, requested: str | None) -> str:
-    """The model to score with: the one named, else the server's only score model."""
-    score_models = [name for name, m in models.models.items() if m.engine.spec.task == "score"]
-    if requested is not None and requested in models.models:
-        if requested not in score_models:
-            raise InvalidInput(f"model {requested} is a beam model; /v1/score needs a score model")
-        return requested
-    if len(score_models) == 1 and requested in (None, "default"):
-        return score_models[0]
-    if requested is None:
-        raise InvalidInput(f"name the model: this server holds score models {', '.join(sorted(score_models))}")
-    raise InvalidInput(f"unknown model {requested!r}; score models here: {', '.join(sorted(score_models)) or 'none'}")
+    """The model to score with: the one named, else the server's only score model (also when
+    named "default", SGLang's name for the model a server was started with)."""
+    if requested == "default" and "default" not in models.models:
+        requested = None
+    return models.pick(requested, "score", ROUTE)
 
 
 def text_tensor(texts: list[str]) -> Tensor:
