@@ -13,7 +13,6 @@ On a small CPU model this measures what each path adds per request, not GPU capa
 from __future__ import annotations
 
 import argparse
-import socket
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -23,17 +22,11 @@ import numpy as np
 import tritonclient.grpc as tgrpc
 import tritonclient.http as thttp
 
-from boundgen.server.launch import ServerProcess
+from boundgen.server.launch import ServerProcess, free_port
 
 WARMUP = 20
 THREADS = 4
 TIMEOUT_US = 30_000_000  # the `timeout` parameter: long enough that no request expires; only time is measured
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def texts(samples: int, words: int) -> np.ndarray:

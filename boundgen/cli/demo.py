@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -16,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from boundgen.errors import BoundgenError
+from boundgen.server.launch import free_port
 
 SCORE_TEXTS = ["query: running shoes | item: lightweight trail running shoe", "query: running shoes | item: desk lamp",
                "query: 咖啡 | item: 拿铁咖啡"]
@@ -39,12 +39,6 @@ def _boundgen(*args):
     _step("$ boundgen " + " ".join(f'"{a}"' if " " in a or not a else a for a in args))
     if subprocess.run(cmd).returncode != 0:
         raise BoundgenError(f"`boundgen {args[0]}` failed (see its output above)")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _wait_ready(proc, http_port, timeout_s=300):
@@ -74,7 +68,7 @@ def run(args):
     if not (beam_art / "manifest.json").is_file():
         _boundgen("build", str(model), "--task", "beam", "--width", "8", "--steps", "4", "--name", "demo-beam",
                   "--max-prompt-tokens", "128", "--out", str(beam_art))
-    http_port, grpc_port = _free_port(), _free_port()
+    http_port, grpc_port = free_port(), free_port()
     cmd = [sys.executable, "-m", "boundgen", "serve", str(score_art), str(beam_art), "--http-port", str(http_port),
            "--grpc-port", str(grpc_port)]
     _step(f"starting the server: HTTP :{http_port}, gRPC :{grpc_port}")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -25,6 +26,14 @@ from typing import Sequence
 
 from boundgen.server.app import LISTENING
 from boundgen.server.logs import status_text
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port nothing listens on now, for a server that must be told its ports (Ray Serve's
+    proxies; plain `boundgen serve` takes port 0 and says which it got)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
 
 
 class ServerProcess:

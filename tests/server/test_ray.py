@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,6 +22,7 @@ import tritonclient.grpc as tgrpc
 import tritonclient.http as thttp
 from tritonclient.utils import InferenceServerException
 
+from boundgen.server.launch import free_port
 from tests.server.conftest import REPO
 from tests.server.fake_engine import read_events, read_log
 
@@ -33,19 +33,13 @@ RAY_READY_TIMEOUT_S = 240.0
 TEXTS = ["a first sample", "zwei", "the third sample text"]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def ray_server(launch, fake_dirs):
     """fscore and fbeam on 2 replicas: each runs 1 request per model and queues 2 more."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
            "RAY_DEDUP_LOGS": "0"}
-    args = ["--ray", "--replicas", "2", "--cpus-per-replica", "0.5", "--http-port", str(_free_port()),
-            "--grpc-port", str(_free_port()), "--max-inflight", "1", "--max-queue", "2",
+    args = ["--ray", "--replicas", "2", "--cpus-per-replica", "0.5", "--http-port", str(free_port()),
+            "--grpc-port", str(free_port()), "--max-inflight", "1", "--max-queue", "2",
             "--default-timeout-ms", "60000"]
     server = launch([fake_dirs["score"], fake_dirs["beam"]], args=args, env=env, wait_ready=False)
     server.wait_ready(RAY_READY_TIMEOUT_S)
@@ -91,7 +85,7 @@ def test_replica_load_error_stops_serve_with_its_message(fake_dirs, tmp_path):
     broken = write_fake_artifact(tmp_path / "broken", SCORE_SPEC, load_error="model.pt2: hash mismatch (test)")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.run([sys.executable, "-m", "tests.server.fake_serve", str(broken), "--ray", "--http-port",
-                           str(_free_port()), "--grpc-port", str(_free_port())],
+                           str(free_port()), "--grpc-port", str(free_port())],
                           capture_output=True, text=True, env=env, cwd=REPO, timeout=RAY_READY_TIMEOUT_S)
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "Ray Serve could not start the replicas: boundgen.errors.ArtifactError: model.pt2: hash mismatch" \
