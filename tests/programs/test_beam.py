@@ -6,6 +6,7 @@ import torch
 
 from boundgen.errors import ConfigError
 from boundgen.model.loader import load_model
+from boundgen.ops.lowering import OpLowering
 from boundgen.programs.beam import BeamProgram
 from tests.hf_reference import make_hf_model, save
 
@@ -66,6 +67,29 @@ def test_matches_hf_generate_min_new_tokens(models, family, width, steps):
     else:
         torch.testing.assert_close(scores, out.sequences_scores, rtol=0, atol=1e-4)
         assert torch.equal(out.beam_indices[:, :steps].long(), parents), "parent indices differ"
+
+
+@pytest.mark.parametrize("family", ["qwen3", "qwen2"])
+@pytest.mark.parametrize("lowering", ["chunks", "torch-lse"])
+def test_other_selection_lowerings_match_hf_generate(models, family, lowering):
+    """Candidate selection by another lowering (on CPU: the torch form of its kernels) gives HF's
+    beams: same sequences, scores, parents; stop tokens barred below min_new_tokens."""
+    hf, model = models[family]
+    default_ops = model.ops
+    model.ops = OpLowering(vocab_topk=lowering).resolve()
+    try:
+        for width, steps in ((4, 3), (64, 5)):
+            prompt = torch.randint(0, 512, (PROMPT_LEN,), generator=torch.Generator().manual_seed(width + steps))
+            seq, scores, _, parents = run_ours(model, prompt, width, steps, stop_token_ids=[3], min_new_tokens=2)
+            out = run_hf(hf, prompt, width, steps, [3], min_new_tokens=2, length_penalty=0.0)
+            ours = [strip(r, [3]) for r in seq.tolist()]
+            theirs = [strip(r, [3]) for r in out.sequences[:, PROMPT_LEN:].tolist()]
+            assert ours == theirs, f"W={width}: candidate sequences differ"
+            torch.testing.assert_close(scores, out.sequences_scores, rtol=0, atol=1e-4)
+            for ours_bi, hf_bi, r in zip(parents.tolist(), out.beam_indices.tolist(), ours):
+                assert ours_bi[:len(r)] == hf_bi[:len(r)]
+    finally:
+        model.ops = default_ops
 
 
 @pytest.mark.parametrize("length_penalty", [0.0, 1.0])
