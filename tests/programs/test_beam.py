@@ -111,7 +111,6 @@ def test_stop_tokens_produced_like_hf(tmp_path, width, length_penalty):
         seen_finished += int(finished.sum())
         if width > 1:
             torch.testing.assert_close(scores, out.sequences_scores, rtol=0, atol=1e-4)
-            n = out.beam_indices.shape[1]
             for ours_bi, hf_bi, r in zip(parents.tolist(), out.beam_indices.tolist(), ours):
                 assert ours_bi[:len(r)] == hf_bi[:len(r)]
     assert seen_finished > 0, "the boosted stop tokens were never produced: the test would prove nothing"
