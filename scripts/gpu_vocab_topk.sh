@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Candidate selection on the GPU in one call: the vocab_topk and chunk_keys GPU tests (exactness at rows
+# Candidate selection on the GPU in one call: the vocab_topk and chunk_max GPU tests (exactness at rows
 # 100/800/1,600, K 200/400/800, V 151,936), then the selection benchmark (torch reference,
 # torch-lse, the Triton kernel, the "chunks" lowering, their launch sweeps, the LM-head GEMM for scale) as a markdown table.
-#   bash scripts/gpu_vocab_topk.sh            (OUT=/dir to keep the logs; system python3)
+#   bash scripts/gpu_vocab_topk.sh            (OUT=/dir to keep the logs; system python3;
+#                                              SELECTION_TESTS=files: only those tests)
 # About 2-3 minutes on an H200, most of it Triton compiles.
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -12,7 +13,8 @@ mkdir -p "$OUT"
 source "$root/scripts/gpu_install.sh"  # boundgen as an installed package (no PYTHONPATH)
 export TRITON_INTERPRET=0 PYTHONUNBUFFERED=1
 start=$SECONDS; log() { echo "[vocab_topk +$(( SECONDS - start ))s] $*"; }
-timeout 170 python3 -m pytest -q -m gpu tests/ops/test_vocab_topk.py tests/ops/test_chunk_keys.py -p no:cacheprovider > "$OUT/gpu_tests.log" 2>&1
+# shellcheck disable=SC2086
+timeout 170 python3 -m pytest -q -m gpu ${SELECTION_TESTS:-tests/ops/test_vocab_topk.py tests/ops/test_chunk_max.py} -p no:cacheprovider > "$OUT/gpu_tests.log" 2>&1
 rc=$?; log "gpu tests: exit $rc -- $(tail -n 1 "$OUT/gpu_tests.log")"
 (( rc == 0 )) || grep -E "^(FAILED|ERROR)|Error|assert" "$OUT/gpu_tests.log" | head -n 20
 timeout 150 python3 -c "

@@ -24,8 +24,8 @@ prior: torch.topk's cost depends on the values, ~2x slower on LM-head outputs th
 two barred tokens, rows 100 / 800 / 1,600 (1, 8, 16 requests of W = 100) and K = 200 / 400:
 (a) "torch reference": FP32 log_softmax + torch.topk (the default lowering), (b) "torch-lse":
 torch.topk on the bf16 logits + FP32 logsumexp, (c) "triton" (and its SELECTION_SWEEP launch
-configs), (c') "chunks" (ops/chunk_keys.py's kernel, then torch.topk over the chunks and over the
-top K chunks' values; its CHUNKS_SWEEP of chunk_keys launches and chunk widths, and the chunk_keys
+configs), (c') "chunks" (ops/chunk_max.py's kernel, then torch.topk over the chunks and over the
+top K chunks' values; its CHUNKS_SWEEP of chunk_max launches and chunk widths, and the chunk_max
 kernel alone), (d) the LM-head GEMM [rows, 896] x [896, 151,936] that makes the logits, for scale.
 Bytes: the logits once (2 rows V). Error: max |logp - reference logp| (both sorted best first,
 so equal values in another tie order still compare equal); nan for the GEMM.
@@ -47,7 +47,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from boundgen.ops import chunk_keys, packed_attention, prefix_attention, rmsnorm, rope, silu_mul, vocab_topk
+from boundgen.ops import chunk_max, packed_attention, prefix_attention, rmsnorm, rope, silu_mul, vocab_topk
 
 PEAK_BF16_FLOPS = 989e12  # H200 dense BF16
 COPY_BYTES_PER_S = 4.1e12  # measured device copy (GPU.md)
@@ -58,9 +58,9 @@ PACKED_GRID = [(m, n, w, s) for m, n in ((32, 32), (64, 16), (64, 32), (64, 64),
                for w in (4, 8) for s in (2, 3)]
 # vocab_topk launch configs (BLOCK, num_warps, pipeline stages) timed beside the default.
 SELECTION_SWEEP = [(4096, 8, 3), (4096, 16, 1), (2048, 8, 3)]
-# "chunks" variants (chunk width, chunk_keys tile, segment, num_warps) timed beside its default.
+# "chunks" variants (chunk width, chunk_max tile, segment, num_warps) timed beside its default.
 CHUNKS_SWEEP = [(32, 4096, 16384, 8), (32, 2048, 8192, 4), (32, 2048, 32768, 4), (16, 2048, 16384, 4),
-                (64, 2048, 16384, 4)]
+                (8, 2048, 16384, 4), (64, 2048, 16384, 4)]
 QWEN_VOCAB = 151936
 
 
@@ -320,10 +320,12 @@ def bench_vocab_topk(rows: int, k: int, vocab: int = QWEN_VOCAB, hidden: int = 8
     impls["chunks"] = lambda: vocab_topk.chunked(logits, bias, k)
     if sweep:
         for chunk, tile, segment, warps in CHUNKS_SWEEP:
-            def keys(c=chunk, t=tile, sg=segment, w=warps):
-                return chunk_keys.launch(logits, bias, c, tile=t, segment=sg, num_warps=w)
+            chunk = vocab_topk.chunk_size(vocab, k, chunk)  # one that divides V
+
+            def maxima(c=chunk, t=tile, sg=segment, w=warps):
+                return chunk_max.launch(logits, bias, c, tile=t, segment=sg, num_warps=w)
             impls[f"chunks {chunk} tile {tile} seg {segment} w{warps}"] = (
-                lambda c=chunk, keys=keys: vocab_topk.select_from_chunks(logits, bias, k, *keys(), c))
+                lambda c=chunk, maxima=maxima: vocab_topk.select_from_chunks(logits, bias, k, *maxima(), c))
     case = f"selection rows={rows} V={vocab} K={k}"
     work = (0.0, float(logits.numel() * logits.element_size()))
     expected = impls["torch reference"]()[0]
@@ -332,7 +334,7 @@ def bench_vocab_topk(rows: int, k: int, vocab: int = QWEN_VOCAB, hidden: int = 8
         err = (fn()[0] - expected).abs().nan_to_num(0.0).max().item()  # -inf - -inf (barred) is nan
         out.append(KernelTiming(case, impl, gpu_time_us(fn, calls, replays), *work, err))
     chunk = vocab_topk.chunk_size(vocab, k)
-    out.append(KernelTiming(case, "chunk_keys kernel alone", gpu_time_us(lambda: chunk_keys.launch(logits, bias, chunk),
+    out.append(KernelTiming(case, "chunk_max kernel alone", gpu_time_us(lambda: chunk_max.launch(logits, bias, chunk),
                                                                          calls, replays), *work, float("nan")))
     gemm = (2.0 * rows * hidden * vocab, float((rows * hidden + vocab * hidden + rows * vocab) * h.element_size()))
     out.append(KernelTiming(case, "lm-head GEMM (scale)", gpu_time_us(lambda: h @ weight.T, calls, replays),

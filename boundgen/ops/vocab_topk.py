@@ -64,7 +64,7 @@ import triton
 import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
-from boundgen.ops import chunk_keys
+from boundgen.ops import chunk_max  # noqa: F401  (registers boundgen::chunk_max)
 
 BINS = 256  # histogram bins per radix-select pass
 
@@ -85,46 +85,43 @@ def reference_lse(logits: torch.Tensor, bias: Optional[torch.Tensor], k: int) ->
 
 
 # ---------------------------------------------------------------------------------------------
-# Lowering "chunks": one pass over the row for chunk maxima and the log-sum-exp (ops/chunk_keys.py),
-# then torch.topk over the chunks and over the K chunks' values only.
+# Lowering "chunks": one pass over the row for chunk maxima and the log-sum-exp (ops/chunk_max.py),
+# then torch.topk over the V / 32 chunk maxima and over the top K chunks' values only.
 
-CHUNK = 32  # values per chunk: V / 32 chunk keys a row (4,748 for Qwen), K x 32 candidates
+CHUNK = 32  # values per chunk: V / 32 chunk maxima a row (4,748 for Qwen), K x 32 candidates
 
 
 def chunk_size(vocab: int, k: int, preferred: int = CHUNK) -> int:
-    """The chunk width for (V, k): `preferred`, halved while the row has fewer than k chunks."""
+    """The chunk width for (V, k): the largest power of two <= `preferred` that divides V into at
+    least k chunks (1 for an odd V: then every value is its own chunk)."""
     chunk = preferred
-    while chunk > 1 and -(-vocab // chunk) < k:
+    while chunk > 1 and (vocab % chunk or vocab // chunk < k):
         chunk //= 2
     return chunk
 
 
-def select_from_chunks(logits: torch.Tensor, bias: Optional[torch.Tensor], k: int, keys: torch.Tensor,
+def select_from_chunks(logits: torch.Tensor, bias: Optional[torch.Tensor], k: int, maxima: torch.Tensor,
                        lse: torch.Tensor, chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The row's top k from its chunk keys [M, ceil(V / chunk)] and log-sum-exp [M] (chunk_keys):
-    the top k chunks by key hold the row's top k values, so only their k x chunk values are ranked.
-    Ids in the order of a stable descending sort (equal values: lower column first)."""
+    """The row's top k from its chunk maxima [M, V / chunk] and log-sum-exp [M] (chunk_max): the
+    top k chunks by maximum hold a top k of the row, so only their k x chunk values are ranked."""
     rows, vocab = logits.shape
-    top = torch.topk(keys, k, dim=-1, sorted=False).values  # [M, k] the chunks holding the top k
-    first = torch.div(chunk_keys.key_columns(top), chunk, rounding_mode="floor") * chunk
-    cols = (first[:, :, None] + torch.arange(chunk, device=logits.device)).reshape(rows, k * chunk)
-    valid = cols < vocab  # the last chunk may be partial
-    cols = torch.where(valid, cols, torch.zeros_like(cols))
-    values = logits.gather(1, cols).to(torch.float32)
+    top_chunks = torch.topk(maxima, k, dim=-1, sorted=False).indices  # [M, k]
+    cols = (top_chunks[:, :, None] * chunk + torch.arange(chunk, device=logits.device)).reshape(rows, k * chunk)
+    cols = cols.clamp(0, vocab - 1)  # a no-op on real data; lets the compiler drop its index bound check
+    values = logits.gather(1, cols)
     if bias is not None:
-        values = values + bias[cols]
-    candidates = torch.where(valid, chunk_keys.sort_keys(values, cols), torch.full_like(cols, chunk_keys.NO_KEY))
-    ids = chunk_keys.key_columns(torch.topk(candidates, k, dim=-1).values)  # best first
-    logp = logits.gather(1, ids).to(torch.float32) - lse[:, None]
-    return (logp if bias is None else logp + bias[ids]), ids
+        values = values + bias[cols].to(values.dtype)
+    best = torch.topk(values, k, dim=-1)  # best first
+    ids = cols.gather(1, best.indices)
+    return best.values.to(torch.float32) - lse[:, None], ids
 
 
 def chunked(logits: torch.Tensor, bias: Optional[torch.Tensor], k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Lowering "chunks": the registered chunk_keys op (its Triton kernel on CUDA), then
+    """Lowering "chunks": the registered chunk_max op (its Triton kernel on CUDA), then
     select_from_chunks in torch (Inductor compiles the gathers; the two top-Ks stay torch.topk)."""
     chunk = chunk_size(logits.shape[1], k)
-    keys, lse = torch.ops.boundgen.chunk_keys(logits, bias, chunk)
-    return select_from_chunks(logits, bias, k, keys, lse, chunk)
+    maxima, lse = torch.ops.boundgen.chunk_max(logits, bias, chunk)
+    return select_from_chunks(logits, bias, k, maxima, lse, chunk)
 
 
 # ---------------------------------------------------------------------------------------------

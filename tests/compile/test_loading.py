@@ -147,12 +147,12 @@ def test_a_beam_artifact_serves_without_the_model_programs_or_compiler(beam_arti
 
 def test_a_beam_artifact_with_chunked_selection_registers_its_op_and_answers_alike(beam_build, tiny_qwen2_dir,
                                                                                     tmp_path):
-    """--lowering vocab_topk=chunks: the packages call chunk_keys by name, the manifest says so, a
+    """--lowering vocab_topk=chunks: the packages call chunk_max by name, the manifest says so, a
     fresh process registers it on load, and the candidates equal the default build's."""
     from tests.compile.conftest import BEAM_OPTIONS, _build
     chunked, manifest, _ = _build(tiny_qwen2_dir, tmp_path / "chunks",
                                   dict(BEAM_OPTIONS, lowering={"vocab_topk": "chunks"}))
-    assert manifest["compile"]["custom_ops"] == ["chunk_keys", "packed_attention"]
+    assert manifest["compile"]["custom_ops"] == ["chunk_max", "packed_attention"]
     code = ("import sys, json, boundgen\n"
             "for path in sys.argv[1:]:\n"
             "    r = boundgen.load(path).beam('query: running shoes')\n"
