@@ -53,6 +53,10 @@ def test_every_message_and_method_is_wire_compatible_with_triton():
         other = triton.methods_by_name[method.name]
         assert (method.input_type.full_name, method.output_type.full_name) == (
             other.input_type.full_name, other.output_type.full_name), method.name
+        assert (method.client_streaming, method.server_streaming) == (
+            other.client_streaming, other.server_streaming), method.name
+    ours = {m.name for m in pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].methods}
+    assert ours == {m.name for m in triton.methods}, "every method of Triton's service is declared"
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
