@@ -1,18 +1,25 @@
 """KServe v2 over gRPC (grpc.aio): `inference.GRPCInferenceService`, as unmodified tritonclient calls it.
 
 Implemented: ServerLive, ServerReady (no API key), ModelReady, ServerMetadata, ModelMetadata,
-ModelInfer, and Triton's ModelConfig, ModelStatistics, RepositoryIndex (triton_extensions.py),
-RepositoryModelLoad (a rolling replace with --model-repository, else UNAVAILABLE) and
-RepositoryModelUnload (UNAVAILABLE, refused: repository.py); other Triton methods
-(streaming, shared memory, trace and log settings) answer UNIMPLEMENTED. Inputs come in `raw_input_contents`
-(tritonclient's default) or typed `contents`; outputs go back in `raw_output_contents`. The
-request deadline is the gRPC deadline, tightened by a `timeout` parameter (microseconds).
-A client that cancels, or whose deadline passes, has its handler cancelled, which frees its
-queue place (admission.py). An oversized message is INVALID_ARGUMENT, like HTTP's 400.
+ModelInfer, ModelStreamInfer, and Triton's ModelConfig, ModelStatistics, RepositoryIndex
+(triton_extensions.py), RepositoryModelLoad (a rolling replace with --model-repository, else
+UNAVAILABLE) and RepositoryModelUnload (UNAVAILABLE, refused: repository.py). Inputs come in
+`raw_input_contents` (tritonclient's default) or typed `contents`; outputs go back in
+`raw_output_contents`. The request deadline is the gRPC deadline, tightened by a `timeout`
+parameter (microseconds). A client that cancels, or whose deadline passes, has its handler
+cancelled, which frees its queue place (admission.py). An oversized message is
+INVALID_ARGUMENT, like HTTP's 400.
+
+ModelStreamInfer: each request of the stream runs as a ModelInfer call would (same admission,
+deadline, errors), as soon as it arrives, so that several are in flight at once; the answers go
+back in request order. A request that fails is answered with `error_message` (and its id in
+`infer_response.id`) and the stream goes on. The stream's gRPC deadline bounds every request
+of it; cancelling the stream cancels its requests still waiting.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -101,24 +108,30 @@ METHODS = {
 }
 
 
-def method_handlers(servicer, decode_infer=None) -> grpc.GenericRpcHandler:
-    """The service's handlers, calling `servicer`'s methods named in METHODS; `decode_infer`
-    replaces ModelInferRequest.FromString (GrpcFrontend's, which refuses oversized messages)."""
-    def unary(fn, deserializer):
-        return grpc.unary_unary_rpc_method_handler(fn, request_deserializer=deserializer,
-                                                   response_serializer=lambda m: m.SerializeToString())
+def _serialize(message) -> bytes:
+    return message.SerializeToString()
 
-    return grpc.method_handlers_generic_handler(pb.SERVICE, {
-        method: unary(getattr(servicer, attr),
-                      decode_infer if method == "ModelInfer" and decode_infer else request_cls.FromString)
-        for method, (attr, request_cls) in METHODS.items()})
+
+def method_handlers(servicer, decode_infer=None, streaming: bool = False) -> grpc.GenericRpcHandler:
+    """The service's handlers, calling `servicer`'s methods named in METHODS, and with `streaming`
+    its `model_stream_infer` for ModelStreamInfer; `decode_infer` replaces
+    ModelInferRequest.FromString (GrpcFrontend's, which refuses oversized messages)."""
+    decode_infer = decode_infer or pb.ModelInferRequest.FromString
+    handlers = {method: grpc.unary_unary_rpc_method_handler(
+                    getattr(servicer, attr), request_deserializer=decode_infer if method == "ModelInfer"
+                    else request_cls.FromString, response_serializer=_serialize)
+                for method, (attr, request_cls) in METHODS.items()}
+    if streaming:
+        handlers["ModelStreamInfer"] = grpc.stream_stream_rpc_method_handler(
+            servicer.model_stream_infer, request_deserializer=decode_infer, response_serializer=_serialize)
+    return grpc.method_handlers_generic_handler(pb.SERVICE, handlers)
 
 
 def add_GRPCInferenceServiceServicer_to_server(servicer, server) -> None:
     """Register the service on `server`, as grpcio-tools' generated function of this name does.
     Ray Serve's gRPC proxy takes it by import path (gRPCOptions.grpc_servicer_functions) to learn
     the methods and their message types; it then sends each call to a replica's method of the
-    same name (ray_replica.py)."""
+    same name (ray_replica.py). ModelStreamInfer is left out: Ray's proxy carries no client stream."""
     server.add_generic_rpc_handlers((method_handlers(servicer),))
 
 
@@ -128,7 +141,7 @@ class GrpcFrontend:
         self.models, self.config, self.repository = models, config, repository
 
     def handler(self) -> grpc.GenericRpcHandler:
-        return method_handlers(self, self._decode_infer)
+        return method_handlers(self, self._decode_infer, streaming=True)
 
     def options(self) -> list[tuple[str, int]]:
         """Channel options: let messages somewhat over the limit through, so that ModelInfer can
@@ -245,6 +258,49 @@ class GrpcFrontend:
                 return await self._infer(request, context, arrived)
         except Exception as exc:
             await self._abort(context, exc)
+
+    async def model_stream_infer(self, requests, context):
+        """ModelStreamInfer (see the module docstring): a task per request as it arrives, answers
+        in request order."""
+        try:
+            self._check_key(context)
+        except Exception as exc:
+            await self._abort(context, exc)
+        order: asyncio.Queue = asyncio.Queue()  # each request's task, in arrival order; None ends
+        tasks: set[asyncio.Task] = set()
+
+        async def read() -> None:
+            try:
+                async for request in requests:
+                    task = asyncio.ensure_future(self._stream_one(request, context))
+                    tasks.add(task)
+                    task.add_done_callback(tasks.discard)
+                    order.put_nowait(task)
+            finally:
+                order.put_nowait(None)
+
+        reader = asyncio.ensure_future(read())
+        try:
+            while (task := await order.get()) is not None:
+                yield await task
+            await reader  # a broken request stream ends the call with its error
+        finally:
+            reader.cancel()
+            for task in list(tasks):  # the client went away: its requests still waiting give up their place
+                task.cancel()
+
+    async def _stream_one(self, request, context):
+        """One request of a stream, answered as ModelInfer answers it; an error is the answer's error_message."""
+        arrived = time.monotonic()
+        try:
+            with self.models.observe("grpc", request.model_name, lambda: _expired(context)):
+                return pb.ModelStreamInferResponse(infer_response=await self._infer(request, context, arrived))
+        except Exception as exc:
+            status = status_of(exc)
+            if status.outcome == "internal_error":
+                log.error("internal error", exc_info=exc)
+            return pb.ModelStreamInferResponse(error_message=status.message,
+                                               infer_response=pb.ModelInferResponse(id=getattr(request, "id", "")))
 
     async def _infer(self, request, context, arrived: float):
         self._check_key(context)
