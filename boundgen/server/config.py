@@ -26,6 +26,7 @@ class ServerConfig:
     log_level: str = "info"  # least severe log record written: debug | info | warning | error
     access_log: bool = False  # one log line per inference request (model, protocol, outcome, ms)
     model_repository: str | None = None  # load may replace a model from DIR/name (server/repository.py)
+    allow_client_shm: bool = False  # clients may register system shared memory regions (server/shared_memory.py)
 
     def __post_init__(self):
         for name in ("http_port", "grpc_port"):

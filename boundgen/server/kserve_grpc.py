@@ -2,10 +2,12 @@
 
 Implemented: ServerLive, ServerReady (no API key), ModelReady, ServerMetadata, ModelMetadata,
 ModelInfer, ModelStreamInfer, and Triton's ModelConfig, ModelStatistics, RepositoryIndex
-(triton_extensions.py), RepositoryModelLoad (a rolling replace with --model-repository, else
-UNAVAILABLE) and RepositoryModelUnload (UNAVAILABLE, refused: repository.py). Inputs come in
-`raw_input_contents` (tritonclient's default) or typed `contents`; outputs go back in
-`raw_output_contents`. The request deadline is the gRPC deadline, tightened by a `timeout`
+(triton_extensions.py), RepositoryModelLoad (a rolling replace with
+--model-repository, else UNAVAILABLE), RepositoryModelUnload (UNAVAILABLE, refused:
+repository.py), SystemSharedMemory* and CudaSharedMemory* (shared_memory.py). Inputs come in
+`raw_input_contents` (tritonclient's default; one entry per input not in shared memory, in
+order), typed `contents` or shared memory; outputs go back in `raw_output_contents` (an empty
+entry for one written to shared memory, as Triton answers). The request deadline is the gRPC deadline, tightened by a `timeout`
 parameter (microseconds). A client that cancels, or whose deadline passes, has its handler
 cancelled, which frees its queue place (admission.py). An oversized message is
 INVALID_ARGUMENT, like HTTP's 400.
@@ -31,12 +33,14 @@ from boundgen.errors import InvalidInput
 from boundgen.server import kserve_pb as pb
 from boundgen.server.auth import check_api_key
 from boundgen.server.config import ServerConfig
-from boundgen.server.kserve_http import EXTENSIONS
+from boundgen.server.kserve_http import extensions
 from boundgen.server.models import LOADING, ModelSet
 from boundgen.server.served import VERSION
 from boundgen.server.status import status_of
 from boundgen.server.tensors import Tensor, check_header, from_grpc_contents, from_raw, to_raw
+from boundgen.server import shared_memory as shm
 from boundgen.server.repository import Repository, control
+from boundgen.server.shared_memory import SharedMemory, Slice, tensor_ref
 from boundgen.server.triton_extensions import model_config, model_statistics, repository_index, to_message
 
 log = logging.getLogger("boundgen.server")
@@ -52,21 +56,39 @@ class _Undecodable:
         self.model_name = ""
 
 
-def parse_infer_request(request) -> list[Tensor]:
-    raw = request.raw_input_contents
-    if raw and len(raw) != len(request.inputs):
-        raise InvalidInput(f"raw_input_contents has {len(raw)} entries for {len(request.inputs)} inputs; "
-                           "send one per input, in order")
-    tensors = []
-    for i, inp in enumerate(request.inputs):
+def _params(parameters) -> dict:
+    return {key: _param_value(value) for key, value in parameters.items()}
+
+
+def parse_infer_request(request, shared_memory: SharedMemory | None = None) -> tuple[list[Tensor], dict[str, Slice]]:
+    """The request's input tensors (those in shared memory read from `shared_memory`'s regions),
+    and the shared memory places of the outputs that ask for one."""
+    shared_memory = shared_memory or SharedMemory()
+    refs = [tensor_ref(inp.name, _params(inp.parameters)) for inp in request.inputs]
+    raw, inline = request.raw_input_contents, sum(ref is None for ref in refs)
+    if raw and len(raw) != inline:
+        raise InvalidInput(f"raw_input_contents has {len(raw)} entries for {inline} inputs not in shared memory; "
+                           "send one per such input, in order")
+    tensors, next_raw = [], 0
+    for inp, ref in zip(request.inputs, refs):
         name, datatype, shape = check_header(inp.name, inp.datatype, list(inp.shape))
-        if raw:
+        if ref is not None:
+            if inp.HasField("contents"):
+                raise InvalidInput(f"input {name} has contents and shared_memory_region; send one")
+            tensors.append(shared_memory.slice(name, ref).read_tensor(name, datatype, shape))
+        elif raw:
             if inp.HasField("contents"):
                 raise InvalidInput(f"input {name} has contents and raw_input_contents; send one")
-            tensors.append(from_raw(name, datatype, shape, raw[i]))
+            tensors.append(from_raw(name, datatype, shape, raw[next_raw]))
+            next_raw += 1
         else:
             tensors.append(from_grpc_contents(name, datatype, shape, inp.contents))
-    return tensors
+    slices = {}
+    for out in request.outputs:
+        ref = tensor_ref(out.name, _params(out.parameters))
+        if ref is not None:
+            slices[out.name] = shared_memory.slice(out.name, ref)
+    return tensors, slices
 
 
 def _expired(context) -> bool:
@@ -105,6 +127,12 @@ METHODS = {
     "RepositoryIndex": ("repository_index", pb.RepositoryIndexRequest),
     "RepositoryModelLoad": ("repository_control", pb.RepositoryModelLoadRequest),
     "RepositoryModelUnload": ("repository_control", pb.RepositoryModelUnloadRequest),
+    "SystemSharedMemoryStatus": ("system_shared_memory_status", pb.SystemSharedMemoryStatusRequest),
+    "SystemSharedMemoryRegister": ("system_shared_memory_register", pb.SystemSharedMemoryRegisterRequest),
+    "SystemSharedMemoryUnregister": ("system_shared_memory_unregister", pb.SystemSharedMemoryUnregisterRequest),
+    "CudaSharedMemoryStatus": ("cuda_shared_memory_status", pb.CudaSharedMemoryStatusRequest),
+    "CudaSharedMemoryRegister": ("cuda_shared_memory_register", pb.CudaSharedMemoryRegisterRequest),
+    "CudaSharedMemoryUnregister": ("cuda_shared_memory_unregister", pb.CudaSharedMemoryUnregisterRequest),
 }
 
 
@@ -136,9 +164,12 @@ def add_GRPCInferenceServiceServicer_to_server(servicer, server) -> None:
 
 
 class GrpcFrontend:
-    def __init__(self, models: ModelSet, config: ServerConfig, repository: Repository | None = None):
-        """repository: what RepositoryModelLoad answers with (--model-repository); None refuses it."""
+    def __init__(self, models: ModelSet, config: ServerConfig, repository: Repository | None = None,
+                 shared_memory: SharedMemory | None = None):
+        """repository: what RepositoryModelLoad answers with (--model-repository); None refuses it.
+        shared_memory: as HttpFrontend's (the same object, in one server)."""
         self.models, self.config, self.repository = models, config, repository
+        self.shared_memory = shared_memory or SharedMemory()
 
     def handler(self) -> grpc.GenericRpcHandler:
         return method_handlers(self, self._decode_infer, streaming=True)
@@ -190,7 +221,7 @@ class GrpcFrontend:
             self._check_key(context)
         except Exception as exc:
             await self._abort(context, exc)
-        return pb.ServerMetadataResponse(name="boundgen", version=__version__, extensions=list(EXTENSIONS))
+        return pb.ServerMetadataResponse(name="boundgen", version=__version__, extensions=extensions(self.shared_memory))
 
     async def model_ready(self, request, context):
         try:
@@ -251,6 +282,39 @@ class GrpcFrontend:
             await self._abort(context, exc)
         return pb.RepositoryModelLoadResponse() if load else pb.RepositoryModelUnloadResponse()
 
+    async def _call(self, context, answer):
+        """`answer()` for a caller with the API key, or the call aborted with the error's status."""
+        try:
+            self._check_key(context)
+            return answer()
+        except Exception as exc:
+            await self._abort(context, exc)
+
+    async def system_shared_memory_status(self, request, context):
+        regions = await self._call(context, lambda: self.shared_memory.status(request.name))
+        return to_message({"regions": {r["name"]: r for r in regions}}, pb.SystemSharedMemoryStatusResponse())
+
+    async def system_shared_memory_register(self, request, context):
+        await self._call(context, lambda: self.shared_memory.register(request.name, request.key, request.offset,
+                                                                      request.byte_size))
+        return pb.SystemSharedMemoryRegisterResponse()
+
+    async def system_shared_memory_unregister(self, request, context):
+        await self._call(context, lambda: self.shared_memory.unregister(request.name))
+        return pb.SystemSharedMemoryUnregisterResponse()
+
+    async def cuda_shared_memory_status(self, request, context):
+        regions = await self._call(context, lambda: shm.cuda_status(request.name))
+        return to_message({"regions": {r["name"]: r for r in regions}}, pb.CudaSharedMemoryStatusResponse())
+
+    async def cuda_shared_memory_register(self, request, context):
+        await self._call(context, lambda: shm.cuda_register(request.name))  # refused
+        return pb.CudaSharedMemoryRegisterResponse()
+
+    async def cuda_shared_memory_unregister(self, request, context):
+        await self._call(context, lambda: None)  # nothing is registered
+        return pb.CudaSharedMemoryUnregisterResponse()
+
     async def model_infer(self, request, context):
         arrived = time.monotonic()
         try:
@@ -306,7 +370,7 @@ class GrpcFrontend:
         self._check_key(context)
         if isinstance(request, _Undecodable):
             raise InvalidInput(request.reason)
-        tensors = parse_infer_request(request)
+        tensors, slices = parse_infer_request(request, self.shared_memory)
         timeout = request.parameters["timeout"] if "timeout" in request.parameters else None
         deadline = self.models.deadline(arrived, None if timeout is None else _param_value(timeout),
                                         context.time_remaining())
@@ -314,6 +378,11 @@ class GrpcFrontend:
         outputs = await self.models.infer(request.model_name, request.model_version, tensors, requested, deadline)
         response = pb.ModelInferResponse(model_name=request.model_name, model_version=VERSION, id=request.id)
         for t in outputs:
-            response.outputs.add(name=t.name, datatype=t.datatype, shape=list(t.shape))
-            response.raw_output_contents.append(to_raw(t))
+            out = response.outputs.add(name=t.name, datatype=t.datatype, shape=list(t.shape))
+            if t.name in slices:
+                for key, value in slices[t.name].write_tensor(t).items():
+                    _set_param(out.parameters[key], value)
+                response.raw_output_contents.append(b"")
+            else:
+                response.raw_output_contents.append(to_raw(t))
         return response
