@@ -1,8 +1,8 @@
 """KServe v2 over gRPC (grpc.aio): `inference.GRPCInferenceService`, as unmodified tritonclient calls it.
 
 Implemented: ServerLive, ServerReady (no API key), ModelReady, ServerMetadata, ModelMetadata,
-ModelInfer, ModelStreamInfer, and Triton's ModelConfig, ModelStatistics, RepositoryIndex
-(triton_extensions.py), RepositoryModelLoad (a rolling replace with
+ModelInfer, ModelStreamInfer, and Triton's ModelConfig, ModelStatistics, RepositoryIndex,
+TraceSetting, LogSettings (triton_extensions.py), RepositoryModelLoad (a rolling replace with
 --model-repository, else UNAVAILABLE), RepositoryModelUnload (UNAVAILABLE, refused:
 repository.py), SystemSharedMemory* and CudaSharedMemory* (shared_memory.py). Inputs come in
 `raw_input_contents` (tritonclient's default; one entry per input not in shared memory, in
@@ -39,9 +39,11 @@ from boundgen.server.served import VERSION
 from boundgen.server.status import status_of
 from boundgen.server.tensors import Tensor, check_header, from_grpc_contents, from_raw, to_raw
 from boundgen.server import shared_memory as shm
+from boundgen.server.logs import LogSettings
 from boundgen.server.repository import Repository, control
 from boundgen.server.shared_memory import SharedMemory, Slice, tensor_ref
-from boundgen.server.triton_extensions import model_config, model_statistics, repository_index, to_message
+from boundgen.server.triton_extensions import (log_settings, model_config, model_statistics, repository_index,
+                                               to_message, trace_settings, update_log_settings)
 
 log = logging.getLogger("boundgen.server")
 
@@ -133,6 +135,8 @@ METHODS = {
     "CudaSharedMemoryStatus": ("cuda_shared_memory_status", pb.CudaSharedMemoryStatusRequest),
     "CudaSharedMemoryRegister": ("cuda_shared_memory_register", pb.CudaSharedMemoryRegisterRequest),
     "CudaSharedMemoryUnregister": ("cuda_shared_memory_unregister", pb.CudaSharedMemoryUnregisterRequest),
+    "TraceSetting": ("trace_setting", pb.TraceSettingRequest),
+    "LogSettings": ("log_settings", pb.LogSettingsRequest),
 }
 
 
@@ -165,11 +169,11 @@ def add_GRPCInferenceServiceServicer_to_server(servicer, server) -> None:
 
 class GrpcFrontend:
     def __init__(self, models: ModelSet, config: ServerConfig, repository: Repository | None = None,
-                 shared_memory: SharedMemory | None = None):
+                 shared_memory: SharedMemory | None = None, log_settings: LogSettings | None = None):
         """repository: what RepositoryModelLoad answers with (--model-repository); None refuses it.
-        shared_memory: as HttpFrontend's (the same object, in one server)."""
+        shared_memory, log_settings: as HttpFrontend's (the same objects, in one server)."""
         self.models, self.config, self.repository = models, config, repository
-        self.shared_memory = shared_memory or SharedMemory()
+        self.shared_memory, self.logs = shared_memory or SharedMemory(), log_settings
 
     def handler(self) -> grpc.GenericRpcHandler:
         return method_handlers(self, self._decode_infer, streaming=True)
@@ -314,6 +318,30 @@ class GrpcFrontend:
     async def cuda_shared_memory_unregister(self, request, context):
         await self._call(context, lambda: None)  # nothing is registered
         return pb.CudaSharedMemoryUnregisterResponse()
+
+    async def trace_setting(self, request, context):
+        def answer():
+            if request.model_name:
+                self.models.get(request.model_name)
+            return trace_settings({key: list(value.value) for key, value in request.settings.items()})
+
+        settings = await self._call(context, answer)
+        response = pb.TraceSettingResponse()
+        for key, value in settings.items():
+            response.settings[key].value.extend(value if isinstance(value, list) else [value])
+        return response
+
+    async def log_settings(self, request, context):
+        def answer():
+            update = {key: _param_value(value) for key, value in request.settings.items()}
+            return update_log_settings(self.logs, update) if update else log_settings(self.logs)
+
+        settings = await self._call(context, answer)
+        response = pb.LogSettingsResponse()
+        for key, value in settings.items():
+            kind = "bool_param" if isinstance(value, bool) else "uint32_param" if isinstance(value, int) else "string_param"
+            setattr(response.settings[key], kind, value)
+        return response
 
     async def model_infer(self, request, context):
         arrived = time.monotonic()

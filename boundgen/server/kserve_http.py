@@ -11,6 +11,8 @@
     GET  /v2/models[/{m}[/versions/1]]/stats  statistics, repository index; load / unload: repository.py
     POST /v2/repository/index
     POST /v2/repository/models/{m}/load|unload
+    GET|POST /v2[/models/{m}]/trace/setting   trace and log settings (triton_extensions.py)
+    GET|POST /v2/logging
     GET  /v2/systemsharedmemory[/region/{r}]/status       shared memory (shared_memory.py): system
     POST /v2/systemsharedmemory/region/{r}/register       regions with --allow-client-shm; CUDA:
     POST /v2/systemsharedmemory[/region/{r}]/unregister   none, register refused
@@ -50,8 +52,10 @@ from boundgen.server.status import ReadTimeout, status_of
 from boundgen.server.tensors import Tensor, check_header, from_json, from_raw, to_json, to_raw
 from boundgen.server.repository import Repository, control
 from boundgen.server import shared_memory as shm
+from boundgen.server.logs import LogSettings
 from boundgen.server.shared_memory import SharedMemory, Slice, tensor_ref
-from boundgen.server.triton_extensions import model_config, model_statistics, repository_index
+from boundgen.server.triton_extensions import (log_settings, model_config, model_statistics, repository_index,
+                                               trace_settings, update_log_settings)
 
 log = logging.getLogger("boundgen.server")
 
@@ -198,11 +202,12 @@ def error_response(exc: BaseException) -> web.Response:
 
 class HttpFrontend:
     def __init__(self, models: ModelSet, config: ServerConfig, repository: Repository | None = None,
-                 shared_memory: SharedMemory | None = None):
+                 shared_memory: SharedMemory | None = None, log_settings: LogSettings | None = None):
         """repository: what load answers with (--model-repository); None refuses it. shared_memory:
-        the server's regions (shared with gRPC; None: none, registering refused)."""
+        the server's regions (shared with gRPC; None: none, registering refused). log_settings: the
+        server's logging, which /v2/logging changes (None: refused)."""
         self.models, self.config, self.repository = models, config, repository
-        self.shared_memory = shared_memory or SharedMemory()
+        self.shared_memory, self.logs = shared_memory or SharedMemory(), log_settings
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=self.config.max_body_bytes, middlewares=[self._json_errors, self._auth])
@@ -222,6 +227,11 @@ class HttpFrontend:
         app.router.add_post(beam_api.ROUTE, self.beam)
         for action in ("load", "unload"):
             app.router.add_post(f"/v2/repository/models/{{model}}/{action}", self.repository_control)
+        for path in ("/v2/trace/setting", "/v2/models/{model}/trace/setting"):
+            app.router.add_get(path, self.trace_setting)
+            app.router.add_post(path, self.trace_setting)
+        app.router.add_get("/v2/logging", self.logging)
+        app.router.add_post("/v2/logging", self.logging)
         for kind, handler in (("system", self.system_shared_memory), ("cuda", self.cuda_shared_memory)):
             for prefix in (f"/v2/{kind}sharedmemory", f"/v2/{kind}sharedmemory/region/{{region}}"):
                 app.router.add_get(prefix + "/status", handler)
@@ -323,6 +333,29 @@ class HttpFrontend:
         except Exception as exc:
             return error_response(exc)
         return web.Response(status=200)
+
+    async def trace_setting(self, request: web.Request) -> web.Response:
+        """GET: the trace settings (a model's are the global ones); POST: update them (refused
+        unless it changes nothing: triton_extensions.trace_settings)."""
+        try:
+            if "model" in request.match_info:
+                self.models.get(request.match_info["model"])
+            update = None
+            if request.method == "POST":
+                update = await self._read_options(request, "the trace settings", '{"trace_level": ["OFF"]}')
+            return web.json_response(trace_settings(update))
+        except Exception as exc:
+            return error_response(exc)
+
+    async def logging(self, request: web.Request) -> web.Response:
+        """GET: the log settings; POST: update them (body: the settings to change); both answer all of them."""
+        try:
+            if request.method == "GET":
+                return web.json_response(log_settings(self.logs))
+            update = await self._read_options(request, "the log settings", '{"log_info": true}')
+            return web.json_response(update_log_settings(self.logs, update))
+        except Exception as exc:
+            return error_response(exc)
 
     async def system_shared_memory(self, request: web.Request) -> web.Response:
         """status (JSON list of regions), register (body {"key", "offset", "byte_size"}), unregister."""

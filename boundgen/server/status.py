@@ -59,7 +59,7 @@ class Unauthenticated(ServeError):
 
 class Unsupported(ServeError):
     """A protocol feature this server does not offer, or not as started (CUDA shared memory;
-    client shared memory without --allow-client-shm): 501 / UNIMPLEMENTED with the reason,
+    client shared memory without --allow-client-shm; tracing): 501 / UNIMPLEMENTED with the reason,
     as Triton answers a feature it lacks."""
 
     outcome = "unsupported"
