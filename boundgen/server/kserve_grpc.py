@@ -7,10 +7,10 @@ TraceSetting, LogSettings (triton_extensions.py), RepositoryModelLoad (a rolling
 repository.py), SystemSharedMemory* and CudaSharedMemory* (shared_memory.py). Inputs come in
 `raw_input_contents` (tritonclient's default; one entry per input not in shared memory, in
 order), typed `contents` or shared memory; outputs go back in `raw_output_contents` (an empty
-entry for one written to shared memory, as Triton answers). The request deadline is the gRPC deadline, tightened by a `timeout`
-parameter (microseconds). A client that cancels, or whose deadline passes, has its handler
-cancelled, which frees its queue place (admission.py). An oversized message is
-INVALID_ARGUMENT, like HTTP's 400.
+entry for one written to shared memory, as Triton answers). The request deadline is the gRPC
+deadline, tightened by a `timeout` parameter (microseconds). A client that cancels, or whose
+deadline passes, has its handler cancelled, which frees its queue place (admission.py). An
+oversized message is INVALID_ARGUMENT, like HTTP's 400.
 
 ModelStreamInfer: each request of the stream runs as a ModelInfer call would (same admission,
 deadline, errors), as soon as it arrives, so that several are in flight at once; the answers go
@@ -31,17 +31,17 @@ import grpc
 from boundgen.version import __version__
 from boundgen.errors import InvalidInput
 from boundgen.server import kserve_pb as pb
+from boundgen.server import shared_memory as shm
 from boundgen.server.auth import check_api_key
 from boundgen.server.config import ServerConfig
 from boundgen.server.kserve_http import extensions
+from boundgen.server.logs import LogSettings
 from boundgen.server.models import LOADING, ModelSet
+from boundgen.server.repository import Repository, control
 from boundgen.server.served import VERSION
+from boundgen.server.shared_memory import SharedMemory, Slice, tensor_ref
 from boundgen.server.status import status_of
 from boundgen.server.tensors import Tensor, check_header, from_grpc_contents, from_raw, to_raw
-from boundgen.server import shared_memory as shm
-from boundgen.server.logs import LogSettings
-from boundgen.server.repository import Repository, control
-from boundgen.server.shared_memory import SharedMemory, Slice, tensor_ref
 from boundgen.server.triton_extensions import (log_settings, model_config, model_statistics, repository_index,
                                                to_message, trace_settings, update_log_settings)
 
@@ -56,10 +56,6 @@ class _Undecodable:
     def __init__(self, reason: str):
         self.reason = reason
         self.model_name = ""
-
-
-def _params(parameters) -> dict:
-    return {key: _param_value(value) for key, value in parameters.items()}
 
 
 def parse_infer_request(request, shared_memory: SharedMemory | None = None) -> tuple[list[Tensor], dict[str, Slice]]:
@@ -101,6 +97,11 @@ def _expired(context) -> bool:
 def _param_value(p):
     kind = p.WhichOneof("parameter_choice")
     return None if kind is None else getattr(p, kind)
+
+
+def _params(parameters) -> dict:
+    """A protobuf map of InferParameter (or Triton's SettingValue) as plain values."""
+    return {key: _param_value(value) for key, value in parameters.items()}
 
 
 def _set_param(p, value) -> None:
@@ -220,11 +221,16 @@ class GrpcFrontend:
     async def server_ready(self, request, context):
         return pb.ServerReadyResponse(ready=self.models.ready)
 
-    async def server_metadata(self, request, context):
+    async def _call(self, context, answer):
+        """`answer()` for a caller with the API key, or the call aborted with the error's status."""
         try:
             self._check_key(context)
+            return answer()
         except Exception as exc:
             await self._abort(context, exc)
+
+    async def server_metadata(self, request, context):
+        await self._call(context, lambda: None)
         return pb.ServerMetadataResponse(name="boundgen", version=__version__, extensions=extensions(self.shared_memory))
 
     async def model_ready(self, request, context):
@@ -238,11 +244,7 @@ class GrpcFrontend:
         return pb.ModelReadyResponse(ready=self.models.ready)
 
     async def model_metadata(self, request, context):
-        try:
-            self._check_key(context)
-            meta = self.models.get(request.name, request.version).metadata()
-        except Exception as exc:
-            await self._abort(context, exc)
+        meta = await self._call(context, lambda: self.models.get(request.name, request.version).metadata())
         response = pb.ModelMetadataResponse(name=meta["name"], versions=meta["versions"], platform=meta["platform"])
         for specs, field in ((meta["inputs"], response.inputs), (meta["outputs"], response.outputs)):
             for t in specs:
@@ -252,26 +254,15 @@ class GrpcFrontend:
         return response
 
     async def model_config(self, request, context):
-        try:
-            self._check_key(context)
-            config = model_config(self.models.get(request.name, request.version))
-        except Exception as exc:
-            await self._abort(context, exc)
+        config = await self._call(context, lambda: model_config(self.models.get(request.name, request.version)))
         return to_message({"config": config}, pb.ModelConfigResponse())
 
     async def model_statistics(self, request, context):
-        try:
-            self._check_key(context)
-            stats = model_statistics(self.models, request.name, request.version)
-        except Exception as exc:
-            await self._abort(context, exc)
+        stats = await self._call(context, lambda: model_statistics(self.models, request.name, request.version))
         return to_message(stats, pb.ModelStatisticsResponse())
 
     async def repository_index(self, request, context):
-        try:
-            self._check_key(context)
-        except Exception as exc:
-            await self._abort(context, exc)
+        await self._call(context, lambda: None)
         loadable = self.repository.loadable() if self.repository is not None else ()
         return to_message({"models": repository_index(self.models, request.ready, loadable)},
                           pb.RepositoryIndexResponse())
@@ -280,19 +271,11 @@ class GrpcFrontend:
         load = isinstance(request, pb.RepositoryModelLoadRequest)
         try:
             self._check_key(context)
-            parameters = {key: _param_value(value) for key, value in request.parameters.items()}
+            parameters = _params(request.parameters)
             await control(self.models, self.repository, "load" if load else "unload", request.model_name, parameters)
         except Exception as exc:
             await self._abort(context, exc)
         return pb.RepositoryModelLoadResponse() if load else pb.RepositoryModelUnloadResponse()
-
-    async def _call(self, context, answer):
-        """`answer()` for a caller with the API key, or the call aborted with the error's status."""
-        try:
-            self._check_key(context)
-            return answer()
-        except Exception as exc:
-            await self._abort(context, exc)
 
     async def system_shared_memory_status(self, request, context):
         regions = await self._call(context, lambda: self.shared_memory.status(request.name))
@@ -333,7 +316,7 @@ class GrpcFrontend:
 
     async def log_settings(self, request, context):
         def answer():
-            update = {key: _param_value(value) for key, value in request.settings.items()}
+            update = _params(request.settings)
             return update_log_settings(self.logs, update) if update else log_settings(self.logs)
 
         settings = await self._call(context, answer)
@@ -354,10 +337,7 @@ class GrpcFrontend:
     async def model_stream_infer(self, requests, context):
         """ModelStreamInfer (see the module docstring): a task per request as it arrives, answers
         in request order."""
-        try:
-            self._check_key(context)
-        except Exception as exc:
-            await self._abort(context, exc)
+        await self._call(context, lambda: None)
         order: asyncio.Queue = asyncio.Queue()  # each request's task, in arrival order; None ends
         tasks: set[asyncio.Task] = set()
 

@@ -31,6 +31,7 @@ wrong method, 413) included; protocol-level errors too (connections.py).
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import time
@@ -43,17 +44,17 @@ from aiohttp import web
 from boundgen.version import __version__
 from boundgen.errors import InvalidInput
 from boundgen.server import beam_api, score_api
+from boundgen.server import shared_memory as shm
 from boundgen.server.auth import check_api_key
 from boundgen.server.config import ServerConfig
+from boundgen.server.logs import LogSettings
 from boundgen.server.metrics import CONTENT_TYPE
 from boundgen.server.models import ModelSet
 from boundgen.server.served import VERSION
+from boundgen.server.shared_memory import SharedMemory, Slice, tensor_ref
 from boundgen.server.status import ReadTimeout, status_of
 from boundgen.server.tensors import Tensor, check_header, from_json, from_raw, to_json, to_raw
 from boundgen.server.repository import Repository, control
-from boundgen.server import shared_memory as shm
-from boundgen.server.logs import LogSettings
-from boundgen.server.shared_memory import SharedMemory, Slice, tensor_ref
 from boundgen.server.triton_extensions import (log_settings, model_config, model_statistics, repository_index,
                                                trace_settings, update_log_settings)
 
@@ -200,6 +201,18 @@ def error_response(exc: BaseException) -> web.Response:
     return response
 
 
+def _answering_errors(handler):
+    """A handler whose errors are answered by `error_response` (their status, a JSON body)."""
+    @functools.wraps(handler)
+    async def answer(self, request: web.Request) -> web.Response:
+        try:
+            return await handler(self, request)
+        except Exception as exc:
+            return error_response(exc)
+
+    return answer
+
+
 class HttpFrontend:
     def __init__(self, models: ModelSet, config: ServerConfig, repository: Repository | None = None,
                  shared_memory: SharedMemory | None = None, log_settings: LogSettings | None = None):
@@ -282,115 +295,94 @@ class HttpFrontend:
         return web.json_response({"ready": ready}, status=200 if ready else 503)
 
     async def server_metadata(self, request: web.Request) -> web.Response:
-        return web.json_response({"name": "boundgen", "version": __version__, "extensions": extensions(self.shared_memory)})
+        return web.json_response({"name": "boundgen", "version": __version__,
+                                  "extensions": extensions(self.shared_memory)})
 
     async def metrics(self, request: web.Request) -> web.Response:
         return web.Response(body=self.models.metrics.render(), headers={"Content-Type": CONTENT_TYPE})
 
+    @_answering_errors
     async def model_metadata(self, request: web.Request) -> web.Response:
-        try:
-            model = self.models.get(request.match_info["model"], request.match_info.get("version", ""))
-        except Exception as exc:
-            return error_response(exc)
-        return web.json_response(model.metadata())
+        return web.json_response(self.models.get(request.match_info["model"],
+                                                 request.match_info.get("version", "")).metadata())
 
+    @_answering_errors
     async def model_config(self, request: web.Request) -> web.Response:
-        try:
-            model = self.models.get(request.match_info["model"], request.match_info.get("version", ""))
-        except Exception as exc:
-            return error_response(exc)
-        return web.json_response(model_config(model))
+        return web.json_response(model_config(self.models.get(request.match_info["model"],
+                                                              request.match_info.get("version", ""))))
 
+    @_answering_errors
     async def statistics(self, request: web.Request) -> web.Response:
-        try:
-            stats = model_statistics(self.models, request.match_info.get("model", ""),
-                                     request.match_info.get("version", ""))
-        except Exception as exc:
-            return error_response(exc)
-        return web.json_response(stats)
+        return web.json_response(model_statistics(self.models, request.match_info.get("model", ""),
+                                                  request.match_info.get("version", "")))
 
+    @_answering_errors
     async def repository_index(self, request: web.Request) -> web.Response:
         """Body: optional JSON {"ready": bool} (tritonclient sends none)."""
-        try:
-            options = await self._read_options(request, "the repository index request", '{"ready": true}')
-            if not isinstance(options.get("ready", False), bool):
-                raise InvalidInput('the repository index request must be a JSON object like {"ready": true}')
-        except Exception as exc:
-            return error_response(exc)
+        options = await self._read_options(request, "the repository index request", '{"ready": true}')
+        if not isinstance(options.get("ready", False), bool):
+            raise InvalidInput('the repository index request must be a JSON object like {"ready": true}')
         loadable = self.repository.loadable() if self.repository is not None else ()
         return web.json_response(repository_index(self.models, options.get("ready", False), loadable))
 
+    @_answering_errors
     async def repository_control(self, request: web.Request) -> web.Response:
         """Load (a rolling replace, repository.py) or unload (refused). Body: none or Triton's
         {"parameters": {...}}. Answers 200 with an empty body once done, as Triton."""
-        try:
-            options = await self._read_options(request, "the repository request", '{"parameters": {}}')
-            parameters = options.get("parameters")
-            if not isinstance(parameters or {}, dict):
-                raise InvalidInput('a repository request body is a JSON object like {"parameters": {}}')
-            await control(self.models, self.repository, request.path.rsplit("/", 1)[1], request.match_info["model"],
-                          parameters)
-        except Exception as exc:
-            return error_response(exc)
+        options = await self._read_options(request, "the repository request", '{"parameters": {}}')
+        parameters = options.get("parameters")
+        if not isinstance(parameters or {}, dict):
+            raise InvalidInput('a repository request body is a JSON object like {"parameters": {}}')
+        await control(self.models, self.repository, request.path.rsplit("/", 1)[1], request.match_info["model"],
+                      parameters)
         return web.Response(status=200)
 
+    @_answering_errors
     async def trace_setting(self, request: web.Request) -> web.Response:
         """GET: the trace settings (a model's are the global ones); POST: update them (refused
         unless it changes nothing: triton_extensions.trace_settings)."""
-        try:
-            if "model" in request.match_info:
-                self.models.get(request.match_info["model"])
-            update = None
-            if request.method == "POST":
-                update = await self._read_options(request, "the trace settings", '{"trace_level": ["OFF"]}')
-            return web.json_response(trace_settings(update))
-        except Exception as exc:
-            return error_response(exc)
+        if "model" in request.match_info:
+            self.models.get(request.match_info["model"])
+        update = None
+        if request.method == "POST":
+            update = await self._read_options(request, "the trace settings", '{"trace_level": ["OFF"]}')
+        return web.json_response(trace_settings(update))
 
+    @_answering_errors
     async def logging(self, request: web.Request) -> web.Response:
         """GET: the log settings; POST: update them (body: the settings to change); both answer all of them."""
-        try:
-            if request.method == "GET":
-                return web.json_response(log_settings(self.logs))
-            update = await self._read_options(request, "the log settings", '{"log_info": true}')
-            return web.json_response(update_log_settings(self.logs, update))
-        except Exception as exc:
-            return error_response(exc)
+        if request.method == "GET":
+            return web.json_response(log_settings(self.logs))
+        update = await self._read_options(request, "the log settings", '{"log_info": true}')
+        return web.json_response(update_log_settings(self.logs, update))
 
+    @_answering_errors
     async def system_shared_memory(self, request: web.Request) -> web.Response:
         """status (JSON list of regions), register (body {"key", "offset", "byte_size"}), unregister."""
         action, region = request.path.rsplit("/", 1)[1], request.match_info.get("region", "")
-        try:
-            if action == "status":
-                return web.json_response(self.shared_memory.status(region))
-            if action == "register":
-                options = await self._read_options(request, "the register request",
-                                                   '{"key": "/input0", "offset": 0, "byte_size": 64}')
-                self.shared_memory.register(region, options.get("key"), options.get("offset"),
-                                            options.get("byte_size"))
-            else:
-                self.shared_memory.unregister(region)
-        except Exception as exc:
-            return error_response(exc)
+        if action == "status":
+            return web.json_response(self.shared_memory.status(region))
+        if action == "register":
+            options = await self._read_options(request, "the register request",
+                                               '{"key": "/input0", "offset": 0, "byte_size": 64}')
+            self.shared_memory.register(region, options.get("key"), options.get("offset"), options.get("byte_size"))
+        else:
+            self.shared_memory.unregister(region)
         return web.Response(status=200)
 
+    @_answering_errors
     async def cuda_shared_memory(self, request: web.Request) -> web.Response:
         """status: no regions; register: refused (shared_memory.py); unregister: nothing to do."""
         action, region = request.path.rsplit("/", 1)[1], request.match_info.get("region", "")
-        try:
-            if action == "status":
-                return web.json_response(shm.cuda_status(region))
-            if action == "register":
-                shm.cuda_register(region)
-        except Exception as exc:
-            return error_response(exc)
+        if action == "status":
+            return web.json_response(shm.cuda_status(region))
+        if action == "register":
+            shm.cuda_register(region)
         return web.Response(status=200)
 
+    @_answering_errors
     async def model_ready(self, request: web.Request) -> web.Response:
-        try:
-            self.models.get(request.match_info["model"], request.match_info.get("version", ""))
-        except Exception as exc:
-            return error_response(exc)
+        self.models.get(request.match_info["model"], request.match_info.get("version", ""))
         return web.Response(status=200 if self.models.ready else 503)
 
     async def infer(self, request: web.Request) -> web.Response:
