@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import base64
 import json
+import subprocess
+import sys
 import uuid
 from pathlib import Path
 
@@ -19,7 +21,7 @@ import tritonclient.utils.shared_memory as shm
 from tritonclient import utils
 from tritonclient.utils import InferenceServerException
 
-from tests.server.conftest import BEAM_SPEC, SCORE_SPEC, post_json
+from tests.server.conftest import BEAM_SPEC, REPO, SCORE_SPEC, post_json
 from tests.server.fake_engine import FakeEngine, write_fake_artifact
 from tests.server.test_endpoints import NO_PROXY, client
 
@@ -260,3 +262,10 @@ def test_cuda_refusal_is_a_json_body(shm_server):
     assert code == 501 and "CUDA shared memory" in body["error"]
     with NO_PROXY.open(f"http://{shm_server.http_url}/v2/cudasharedmemory/status", timeout=10) as r:
         assert json.loads(r.read()) == []
+
+
+def test_not_with_ray(fake_dirs):
+    """Ray's proxy spreads calls over replicas: a region registered on one would be unknown to the others."""
+    proc = subprocess.run([sys.executable, "-m", "tests.server.fake_serve", str(fake_dirs["score"]),
+                           "--allow-client-shm", "--ray"], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "--allow-client-shm cannot be combined with --ray" in proc.stderr, proc.stderr
