@@ -6,6 +6,9 @@ tensors through POSIX shared memory instead of the request and response bodies
     GET  /v2/systemsharedmemory[/region/{r}]/status          SystemSharedMemoryStatus      status()
     POST /v2/systemsharedmemory/region/{r}/register          SystemSharedMemoryRegister    register()
     POST /v2/systemsharedmemory[/region/{r}]/unregister      SystemSharedMemoryUnregister  unregister()
+    GET  /v2/cudasharedmemory[/region/{r}]/status            CudaSharedMemoryStatus        cuda_status()
+    POST /v2/cudasharedmemory/region/{r}/register            CudaSharedMemoryRegister      cuda_register()
+    POST /v2/cudasharedmemory[/region/{r}]/unregister        CudaSharedMemoryUnregister    (nothing to do)
 
 A region is a named part [offset, offset + byte_size) of a shared memory object: `key` is the
 name shm_open takes ("/input0" is /dev/shm/input0; tritonclient's create_shared_memory_region
@@ -23,10 +26,12 @@ each access re-checks the object's size, so that a client shrinking it cannot fa
 Every call happens on the event loop's thread. Unregistering a region that requests still use
 lets them finish: each holds its Region, whose mapping closes when the last one lets go.
 
+CUDA shared memory is not supported (CUDA says why): its status lists no region, register is refused.
+
 Errors: 400 / INVALID_ARGUMENT (an unknown region, a slice outside its region, a size that does
 not match the tensor, a key that is not a shared memory object), with the region in the message;
-501 / UNIMPLEMENTED for register and status while client shared memory is off. Unregistering a
-region that is not registered succeeds, as Triton's does.
+501 / UNIMPLEMENTED for register and status while client shared memory is off, and for a CUDA
+register. Unregistering a region that is not registered succeeds, as Triton's does.
 """
 
 from __future__ import annotations
