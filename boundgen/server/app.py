@@ -145,7 +145,7 @@ class Server:
         if self._runner is not None:
             await self._runner.cleanup()
         self.models.close()
-        self.shared_memory.unregister()
+        self.shared_memory.close()
         self.say("boundgen serve: stopped")
 
     async def serve(self, stop: asyncio.Event) -> int:

@@ -30,8 +30,9 @@ CUDA shared memory is not supported (CUDA says why): its status lists no region,
 
 Errors: 400 / INVALID_ARGUMENT (an unknown region, a slice outside its region, a size that does
 not match the tensor, a key that is not a shared memory object), with the region in the message;
-501 / UNIMPLEMENTED for register and status while client shared memory is off, and for a CUDA
-register. Unregistering a region that is not registered succeeds, as Triton's does.
+501 / UNIMPLEMENTED for register and unregister while client shared memory is off (status then
+lists no region), and for a CUDA register; all as Triton answers them. Unregistering a region
+that is not registered succeeds, as Triton's does.
 """
 
 from __future__ import annotations
@@ -185,16 +186,21 @@ class SharedMemory:
 
     def unregister(self, name: str = "") -> None:
         """Forget region `name`, or every region when `name` is empty."""
+        self._require()
         if name:
             self.regions.pop(name, None)
         else:
             self.regions.clear()
 
     def status(self, name: str = "") -> list[dict]:
-        self._require()
+        """Region `name`, or every region (none while client shared memory is off, as Triton answers)."""
         if name:
             return [self._region(name).status()]
         return [region.status() for region in self.regions.values()]
+
+    def close(self) -> None:
+        """Forget every region (the server stops)."""
+        self.regions.clear()
 
     def _region(self, name: str) -> Region:
         region = self.regions.get(name)

@@ -225,8 +225,9 @@ def test_refused_without_allow_client_shm(fake_server, regions, protocol):
     c = client(protocol, fake_server)
     unsupported = "501" if protocol == "http" else "StatusCode.UNIMPLEMENTED"
     name, key, _ = regions(64)
+    assert status(c, protocol) == {}  # status answers, with no region (as Triton's)
     for call in (lambda: c.register_system_shared_memory(name, key, 64),
-                 lambda: c.get_system_shared_memory_status()):
+                 lambda: c.unregister_system_shared_memory(name), lambda: c.unregister_system_shared_memory()):
         err = _error(call)
         assert err.status() == unsupported and "--allow-client-shm" in err.message()
     text = mod(protocol).InferInput("TEXT", [1], "BYTES")
@@ -234,7 +235,6 @@ def test_refused_without_allow_client_shm(fake_server, regions, protocol):
     err = _error(lambda: c.infer("fscore", [text]))
     assert err.status() == ("400" if protocol == "http" else "StatusCode.INVALID_ARGUMENT")
     assert "--allow-client-shm" in err.message()
-    c.unregister_system_shared_memory()  # nothing registered: nothing to do
     metadata = c.get_server_metadata() if protocol == "http" else c.get_server_metadata(as_json=True)
     assert "system_shared_memory" not in metadata["extensions"]
 
