@@ -133,19 +133,16 @@ TRACE = {"trace_level": ["OFF"], "trace_rate": ["1000"], "trace_count": ["-1"], 
 def trace_settings(update: dict | None = None) -> dict:
     """The trace settings (HTTP JSON: trace_level a list, the others strings), after checking
     `update` (key -> list of strings, or None / [] to reset) changes nothing."""
+    shown = {key: value if key == "trace_level" else value[0] for key, value in TRACE.items()}
     for key, value in (update or {}).items():
         value = value if value is None or isinstance(value, list) else [value]  # HTTP: a scalar, or a list
         value = value and [str(v) for v in value]
         if key not in TRACE:
             raise InvalidInput(f"unknown trace setting {key!r}; the settings are {', '.join(TRACE)}")
-        if value not in (None, []) and value != TRACE[key]:
-            raise Unsupported(f"this server does not trace requests, so {key} stays {_shown(key, TRACE[key])} "
-                              f"(asked for {value}); per-request timings are in /metrics and the model statistics")
-    return {key: value if key == "trace_level" else value[0] for key, value in TRACE.items()}
-
-
-def _shown(key: str, value: list[str]):
-    return value if key == "trace_level" else value[0]
+        if value and value != TRACE[key]:
+            raise Unsupported(f"this server does not trace requests, so {key} stays {shown[key]} (asked for "
+                              f"{value}); per-request timings are in /metrics and the model statistics")
+    return shown
 
 
 LOG_KINDS = {"log_verbose_level": "debug", "log_info": "info", "log_warning": "warning", "log_error": "error"}
