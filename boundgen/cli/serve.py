@@ -65,6 +65,9 @@ def register(sub):
                    help="allow the repository API's load (HTTP POST /v2/repository/models/NAME/load, gRPC "
                         "RepositoryModelLoad) to serve DIR/NAME, replacing the served NAME without a restart or a "
                         "dropped request; only children of DIR, named as their artifact (default: load refused)")
+    p.add_argument("--allow-client-shm", action="store_true",
+                   help="let clients on this host register system shared memory regions and pass tensors through "
+                        "them (Triton's flag; off: the server never maps a client's memory; docs/serving.md)")
     runtime = p.add_argument_group("runtime (override the artifact's manifest without a rebuild; default: as built)")
     runtime.add_argument("--contexts", type=_positive_int, default=None, metavar="N",
                          help="request contexts preallocated at load (model calls in flight at once)")
@@ -131,7 +134,8 @@ def config_from_args(args):
                             idle_timeout_s=args.idle_timeout_s, read_timeout_s=args.read_timeout_s,
                             max_connections=args.max_connections, log_format=args.log_format,
                             log_level=args.log_level,
-                            access_log=args.access_log, model_repository=args.model_repository)
+                            access_log=args.access_log, model_repository=args.model_repository,
+                            allow_client_shm=args.allow_client_shm)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
 
@@ -171,6 +175,9 @@ def run(args, engine_factory=None, worker_command=None):
         if args.replicas is not None or args.gpus is not None or args.ray is not None:
             raise ConfigError("--model-repository cannot be combined with --replicas / --gpus / --ray: a front end "
                               "does not load artifacts itself (its workers or Ray's replicas do)")
+    if args.allow_client_shm and args.ray is not None:
+        raise ConfigError("--allow-client-shm cannot be combined with --ray: a region registered through Ray's proxy "
+                          "would be known to one replica only")
     config = config_from_args(args)
     factory = engine_factory or default_engine_factory
     overrides = runtime_overrides(args)

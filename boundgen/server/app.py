@@ -40,6 +40,7 @@ from boundgen.server.kserve_http import HttpFrontend
 from boundgen.server.metrics import ServerMetrics
 from boundgen.server.models import ModelSet
 from boundgen.server.repository import Repository
+from boundgen.server.shared_memory import SharedMemory
 
 log = logging.getLogger("boundgen.server")
 _HANDLER_CANCELLATION = "handler_cancellation" in inspect.signature(web_server.Server.__init__).parameters
@@ -65,6 +66,8 @@ class Server:
         self.models = ModelSet(config, self.metrics)
         self.repository = None if config.model_repository is None else Repository(
             self.models, Path(config.model_repository), self._load_engine, config.drain_timeout_s, self.say)
+        self.shared_memory = SharedMemory(allowed=config.allow_client_shm)  # one set of regions for both protocols
+        self.log_settings = logs.LogSettings(config.log_format, config.log_level)
         self.http_port: int | None = None
         self.grpc_port: int | None = None
         self._runner: web.AppRunner | None = None
@@ -76,7 +79,7 @@ class Server:
         """One line on `out`, written whole: worker threads say things at once (print() writes the
         text and its newline separately, so two lines could interleave into one)."""
         with self._say_lock:
-            self.out.write(logs.status_line(message, self.config.log_format) + "\n")
+            self.out.write(logs.status_line(message, self.log_settings.format) + "\n")
             self.out.flush()
 
     async def start(self) -> None:
@@ -84,8 +87,8 @@ class Server:
         # Cancel a handler whose client disconnects, so that its queue place frees (aiohttp < 3.9 always did).
         cancel = {"handler_cancellation": True} if _HANDLER_CANCELLATION else {}
         handler_kwargs = {"access_log": None, "keepalive_timeout": cfg.idle_timeout_s}
-        self._runner = web.AppRunner(HttpFrontend(self.models, cfg, self.repository).app(), **handler_kwargs,
-                                    **cancel)
+        http = HttpFrontend(self.models, cfg, self.repository, self.shared_memory, self.log_settings)
+        self._runner = web.AppRunner(http.app(), **handler_kwargs, **cancel)
         await self._runner.setup()
         try:
             self._http = await connections.listen(self._runner, cfg.host, cfg.http_port, cfg.max_connections,
@@ -93,7 +96,7 @@ class Server:
         except OSError as exc:
             raise BoundgenError(f"cannot listen for HTTP on {cfg.host}:{cfg.http_port}: {exc.strerror or exc}") from None
         self.http_port = self._http.sockets[0].getsockname()[1]
-        frontend = GrpcFrontend(self.models, cfg, self.repository)
+        frontend = GrpcFrontend(self.models, cfg, self.repository, self.shared_memory, self.log_settings)
         self._grpc = grpc.aio.server(options=frontend.options())
         self._grpc.add_generic_rpc_handlers((frontend.handler(),))
         try:
@@ -142,6 +145,7 @@ class Server:
         if self._runner is not None:
             await self._runner.cleanup()
         self.models.close()
+        self.shared_memory.close()
         self.say("boundgen serve: stopped")
 
     async def serve(self, stop: asyncio.Event) -> int:

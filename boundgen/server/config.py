@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from boundgen.server.logs import FORMATS, LEVELS
+
 API_KEY_ENV = "BOUNDGEN_API_KEY"
 API_KEY_HEADER = "Authorization"  # "Authorization: Bearer KEY" (HTTP header; gRPC metadata key "authorization")
 
@@ -26,6 +28,7 @@ class ServerConfig:
     log_level: str = "info"  # least severe log record written: debug | info | warning | error
     access_log: bool = False  # one log line per inference request (model, protocol, outcome, ms)
     model_repository: str | None = None  # load may replace a model from DIR/name (server/repository.py)
+    allow_client_shm: bool = False  # clients may register system shared memory regions (server/shared_memory.py)
 
     def __post_init__(self):
         for name in ("http_port", "grpc_port"):
@@ -51,7 +54,7 @@ class ServerConfig:
                 raise ValueError(f"{name} must be a number of seconds > 0, got {getattr(self, name)}")
         if self.max_connections < 1:
             raise ValueError(f"max_connections must be >= 1, got {self.max_connections}")
-        if self.log_level not in ("debug", "info", "warning", "error"):
-            raise ValueError(f"log_level must be debug, info, warning or error, got {self.log_level!r}")
-        if self.log_format not in ("text", "json"):
-            raise ValueError(f"log_format must be text or json, got {self.log_format!r}")
+        if self.log_level not in LEVELS:
+            raise ValueError(f"log_level must be one of {', '.join(LEVELS)}, got {self.log_level!r}")
+        if self.log_format not in FORMATS:
+            raise ValueError(f"log_format must be one of {', '.join(FORMATS)}, got {self.log_format!r}")

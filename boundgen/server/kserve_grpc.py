@@ -1,18 +1,27 @@
 """KServe v2 over gRPC (grpc.aio): `inference.GRPCInferenceService`, as unmodified tritonclient calls it.
 
 Implemented: ServerLive, ServerReady (no API key), ModelReady, ServerMetadata, ModelMetadata,
-ModelInfer, and Triton's ModelConfig, ModelStatistics, RepositoryIndex (triton_extensions.py),
-RepositoryModelLoad (a rolling replace with --model-repository, else UNAVAILABLE) and
-RepositoryModelUnload (UNAVAILABLE, refused: repository.py); other Triton methods
-(streaming, shared memory, trace and log settings) answer UNIMPLEMENTED. Inputs come in `raw_input_contents`
-(tritonclient's default) or typed `contents`; outputs go back in `raw_output_contents`. The
-request deadline is the gRPC deadline, tightened by a `timeout` parameter (microseconds).
-A client that cancels, or whose deadline passes, has its handler cancelled, which frees its
-queue place (admission.py). An oversized message is INVALID_ARGUMENT, like HTTP's 400.
+ModelInfer, ModelStreamInfer, and Triton's ModelConfig, ModelStatistics, RepositoryIndex,
+TraceSetting, LogSettings (triton_extensions.py), RepositoryModelLoad (a rolling replace with
+--model-repository, else UNAVAILABLE), RepositoryModelUnload (UNAVAILABLE, refused:
+repository.py), SystemSharedMemory* and CudaSharedMemory* (shared_memory.py). Inputs come in
+`raw_input_contents` (tritonclient's default; one entry per input not in shared memory, in
+order), typed `contents` or shared memory; outputs go back in `raw_output_contents` (an empty
+entry for one written to shared memory, as Triton answers). The request deadline is the gRPC
+deadline, tightened by a `timeout` parameter (microseconds). A client that cancels, or whose
+deadline passes, has its handler cancelled, which frees its queue place (admission.py). An
+oversized message is INVALID_ARGUMENT, like HTTP's 400.
+
+ModelStreamInfer: each request of the stream runs as a ModelInfer call would (same admission,
+deadline, errors), as soon as it arrives, so that several are in flight at once; the answers go
+back in request order. A request that fails is answered with `error_message` (and its id in
+`infer_response.id`) and the stream goes on. The stream's gRPC deadline bounds every request
+of it; cancelling the stream cancels its requests still waiting.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -22,15 +31,19 @@ import grpc
 from boundgen.version import __version__
 from boundgen.errors import InvalidInput
 from boundgen.server import kserve_pb as pb
+from boundgen.server import shared_memory as shm
 from boundgen.server.auth import check_api_key
 from boundgen.server.config import ServerConfig
-from boundgen.server.kserve_http import EXTENSIONS
+from boundgen.server.kserve_http import extensions
+from boundgen.server.logs import LogSettings
 from boundgen.server.models import LOADING, ModelSet
+from boundgen.server.repository import Repository, control
 from boundgen.server.served import VERSION
+from boundgen.server.shared_memory import SharedMemory, Slice, tensor_ref
 from boundgen.server.status import status_of
 from boundgen.server.tensors import Tensor, check_header, from_grpc_contents, from_raw, to_raw
-from boundgen.server.repository import Repository, control
-from boundgen.server.triton_extensions import model_config, model_statistics, repository_index, to_message
+from boundgen.server.triton_extensions import (log_settings, model_config, model_statistics, repository_index,
+                                               to_message, trace_settings, update_log_settings)
 
 log = logging.getLogger("boundgen.server")
 
@@ -45,21 +58,35 @@ class _Undecodable:
         self.model_name = ""
 
 
-def parse_infer_request(request) -> list[Tensor]:
-    raw = request.raw_input_contents
-    if raw and len(raw) != len(request.inputs):
-        raise InvalidInput(f"raw_input_contents has {len(raw)} entries for {len(request.inputs)} inputs; "
-                           "send one per input, in order")
-    tensors = []
-    for i, inp in enumerate(request.inputs):
+def parse_infer_request(request, shared_memory: SharedMemory | None = None) -> tuple[list[Tensor], dict[str, Slice]]:
+    """The request's input tensors (those in shared memory read from `shared_memory`'s regions),
+    and the shared memory places of the outputs that ask for one."""
+    shared_memory = shared_memory or SharedMemory()
+    refs = [tensor_ref(inp.name, _params(inp.parameters)) for inp in request.inputs]
+    raw, inline = request.raw_input_contents, sum(ref is None for ref in refs)
+    if raw and len(raw) != inline:
+        raise InvalidInput(f"raw_input_contents has {len(raw)} entries for {inline} inputs not in shared memory; "
+                           "send one per such input, in order")
+    tensors, next_raw = [], 0
+    for inp, ref in zip(request.inputs, refs):
         name, datatype, shape = check_header(inp.name, inp.datatype, list(inp.shape))
-        if raw:
+        if ref is not None:
+            if inp.HasField("contents"):
+                raise InvalidInput(f"input {name} has contents and shared_memory_region; send one")
+            tensors.append(shared_memory.slice(name, ref).read_tensor(name, datatype, shape))
+        elif raw:
             if inp.HasField("contents"):
                 raise InvalidInput(f"input {name} has contents and raw_input_contents; send one")
-            tensors.append(from_raw(name, datatype, shape, raw[i]))
+            tensors.append(from_raw(name, datatype, shape, raw[next_raw]))
+            next_raw += 1
         else:
             tensors.append(from_grpc_contents(name, datatype, shape, inp.contents))
-    return tensors
+    slices = {}
+    for out in request.outputs:
+        ref = tensor_ref(out.name, _params(out.parameters))
+        if ref is not None:
+            slices[out.name] = shared_memory.slice(out.name, ref)
+    return tensors, slices
 
 
 def _expired(context) -> bool:
@@ -70,6 +97,11 @@ def _expired(context) -> bool:
 def _param_value(p):
     kind = p.WhichOneof("parameter_choice")
     return None if kind is None else getattr(p, kind)
+
+
+def _params(parameters) -> dict:
+    """A protobuf map of InferParameter (or Triton's SettingValue) as plain values."""
+    return {key: _param_value(value) for key, value in parameters.items()}
 
 
 def _set_param(p, value) -> None:
@@ -98,37 +130,54 @@ METHODS = {
     "RepositoryIndex": ("repository_index", pb.RepositoryIndexRequest),
     "RepositoryModelLoad": ("repository_control", pb.RepositoryModelLoadRequest),
     "RepositoryModelUnload": ("repository_control", pb.RepositoryModelUnloadRequest),
+    "SystemSharedMemoryStatus": ("system_shared_memory_status", pb.SystemSharedMemoryStatusRequest),
+    "SystemSharedMemoryRegister": ("system_shared_memory_register", pb.SystemSharedMemoryRegisterRequest),
+    "SystemSharedMemoryUnregister": ("system_shared_memory_unregister", pb.SystemSharedMemoryUnregisterRequest),
+    "CudaSharedMemoryStatus": ("cuda_shared_memory_status", pb.CudaSharedMemoryStatusRequest),
+    "CudaSharedMemoryRegister": ("cuda_shared_memory_register", pb.CudaSharedMemoryRegisterRequest),
+    "CudaSharedMemoryUnregister": ("cuda_shared_memory_unregister", pb.CudaSharedMemoryUnregisterRequest),
+    "TraceSetting": ("trace_setting", pb.TraceSettingRequest),
+    "LogSettings": ("log_settings", pb.LogSettingsRequest),
 }
 
 
-def method_handlers(servicer, decode_infer=None) -> grpc.GenericRpcHandler:
-    """The service's handlers, calling `servicer`'s methods named in METHODS; `decode_infer`
-    replaces ModelInferRequest.FromString (GrpcFrontend's, which refuses oversized messages)."""
-    def unary(fn, deserializer):
-        return grpc.unary_unary_rpc_method_handler(fn, request_deserializer=deserializer,
-                                                   response_serializer=lambda m: m.SerializeToString())
+def _serialize(message) -> bytes:
+    return message.SerializeToString()
 
-    return grpc.method_handlers_generic_handler(pb.SERVICE, {
-        method: unary(getattr(servicer, attr),
-                      decode_infer if method == "ModelInfer" and decode_infer else request_cls.FromString)
-        for method, (attr, request_cls) in METHODS.items()})
+
+def method_handlers(servicer, decode_infer=None, streaming: bool = False) -> grpc.GenericRpcHandler:
+    """The service's handlers, calling `servicer`'s methods named in METHODS, and with `streaming`
+    its `model_stream_infer` for ModelStreamInfer; `decode_infer` replaces
+    ModelInferRequest.FromString (GrpcFrontend's, which refuses oversized messages)."""
+    decode_infer = decode_infer or pb.ModelInferRequest.FromString
+    handlers = {method: grpc.unary_unary_rpc_method_handler(
+                    getattr(servicer, attr), request_deserializer=decode_infer if method == "ModelInfer"
+                    else request_cls.FromString, response_serializer=_serialize)
+                for method, (attr, request_cls) in METHODS.items()}
+    if streaming:
+        handlers["ModelStreamInfer"] = grpc.stream_stream_rpc_method_handler(
+            servicer.model_stream_infer, request_deserializer=decode_infer, response_serializer=_serialize)
+    return grpc.method_handlers_generic_handler(pb.SERVICE, handlers)
 
 
 def add_GRPCInferenceServiceServicer_to_server(servicer, server) -> None:
     """Register the service on `server`, as grpcio-tools' generated function of this name does.
     Ray Serve's gRPC proxy takes it by import path (gRPCOptions.grpc_servicer_functions) to learn
     the methods and their message types; it then sends each call to a replica's method of the
-    same name (ray_replica.py)."""
+    same name (ray_replica.py). ModelStreamInfer is left out: Ray's proxy carries no client stream."""
     server.add_generic_rpc_handlers((method_handlers(servicer),))
 
 
 class GrpcFrontend:
-    def __init__(self, models: ModelSet, config: ServerConfig, repository: Repository | None = None):
-        """repository: what RepositoryModelLoad answers with (--model-repository); None refuses it."""
+    def __init__(self, models: ModelSet, config: ServerConfig, repository: Repository | None = None,
+                 shared_memory: SharedMemory | None = None, log_settings: LogSettings | None = None):
+        """repository: what RepositoryModelLoad answers with (--model-repository); None refuses it.
+        shared_memory, log_settings: as HttpFrontend's (the same objects, in one server)."""
         self.models, self.config, self.repository = models, config, repository
+        self.shared_memory, self.logs = shared_memory or SharedMemory(), log_settings
 
     def handler(self) -> grpc.GenericRpcHandler:
-        return method_handlers(self, self._decode_infer)
+        return method_handlers(self, self._decode_infer, streaming=True)
 
     def options(self) -> list[tuple[str, int]]:
         """Channel options: let messages somewhat over the limit through, so that ModelInfer can
@@ -172,12 +221,17 @@ class GrpcFrontend:
     async def server_ready(self, request, context):
         return pb.ServerReadyResponse(ready=self.models.ready)
 
-    async def server_metadata(self, request, context):
+    async def _call(self, context, answer):
+        """`answer()` for a caller with the API key, or the call aborted with the error's status."""
         try:
             self._check_key(context)
+            return answer()
         except Exception as exc:
             await self._abort(context, exc)
-        return pb.ServerMetadataResponse(name="boundgen", version=__version__, extensions=list(EXTENSIONS))
+
+    async def server_metadata(self, request, context):
+        await self._call(context, lambda: None)
+        return pb.ServerMetadataResponse(name="boundgen", version=__version__, extensions=extensions(self.shared_memory))
 
     async def model_ready(self, request, context):
         try:
@@ -190,11 +244,7 @@ class GrpcFrontend:
         return pb.ModelReadyResponse(ready=self.models.ready)
 
     async def model_metadata(self, request, context):
-        try:
-            self._check_key(context)
-            meta = self.models.get(request.name, request.version).metadata()
-        except Exception as exc:
-            await self._abort(context, exc)
+        meta = await self._call(context, lambda: self.models.get(request.name, request.version).metadata())
         response = pb.ModelMetadataResponse(name=meta["name"], versions=meta["versions"], platform=meta["platform"])
         for specs, field in ((meta["inputs"], response.inputs), (meta["outputs"], response.outputs)):
             for t in specs:
@@ -204,26 +254,15 @@ class GrpcFrontend:
         return response
 
     async def model_config(self, request, context):
-        try:
-            self._check_key(context)
-            config = model_config(self.models.get(request.name, request.version))
-        except Exception as exc:
-            await self._abort(context, exc)
+        config = await self._call(context, lambda: model_config(self.models.get(request.name, request.version)))
         return to_message({"config": config}, pb.ModelConfigResponse())
 
     async def model_statistics(self, request, context):
-        try:
-            self._check_key(context)
-            stats = model_statistics(self.models, request.name, request.version)
-        except Exception as exc:
-            await self._abort(context, exc)
+        stats = await self._call(context, lambda: model_statistics(self.models, request.name, request.version))
         return to_message(stats, pb.ModelStatisticsResponse())
 
     async def repository_index(self, request, context):
-        try:
-            self._check_key(context)
-        except Exception as exc:
-            await self._abort(context, exc)
+        await self._call(context, lambda: None)
         loadable = self.repository.loadable() if self.repository is not None else ()
         return to_message({"models": repository_index(self.models, request.ready, loadable)},
                           pb.RepositoryIndexResponse())
@@ -232,11 +271,60 @@ class GrpcFrontend:
         load = isinstance(request, pb.RepositoryModelLoadRequest)
         try:
             self._check_key(context)
-            parameters = {key: _param_value(value) for key, value in request.parameters.items()}
+            parameters = _params(request.parameters)
             await control(self.models, self.repository, "load" if load else "unload", request.model_name, parameters)
         except Exception as exc:
             await self._abort(context, exc)
         return pb.RepositoryModelLoadResponse() if load else pb.RepositoryModelUnloadResponse()
+
+    async def system_shared_memory_status(self, request, context):
+        regions = await self._call(context, lambda: self.shared_memory.status(request.name))
+        return to_message({"regions": {r["name"]: r for r in regions}}, pb.SystemSharedMemoryStatusResponse())
+
+    async def system_shared_memory_register(self, request, context):
+        await self._call(context, lambda: self.shared_memory.register(request.name, request.key, request.offset,
+                                                                      request.byte_size))
+        return pb.SystemSharedMemoryRegisterResponse()
+
+    async def system_shared_memory_unregister(self, request, context):
+        await self._call(context, lambda: self.shared_memory.unregister(request.name))
+        return pb.SystemSharedMemoryUnregisterResponse()
+
+    async def cuda_shared_memory_status(self, request, context):
+        regions = await self._call(context, lambda: shm.cuda_status(request.name))
+        return to_message({"regions": {r["name"]: r for r in regions}}, pb.CudaSharedMemoryStatusResponse())
+
+    async def cuda_shared_memory_register(self, request, context):
+        await self._call(context, lambda: shm.cuda_register(request.name))  # refused
+        return pb.CudaSharedMemoryRegisterResponse()
+
+    async def cuda_shared_memory_unregister(self, request, context):
+        await self._call(context, lambda: None)  # nothing is registered
+        return pb.CudaSharedMemoryUnregisterResponse()
+
+    async def trace_setting(self, request, context):
+        def answer():
+            if request.model_name:
+                self.models.get(request.model_name)
+            return trace_settings({key: list(value.value) for key, value in request.settings.items()})
+
+        settings = await self._call(context, answer)
+        response = pb.TraceSettingResponse()
+        for key, value in settings.items():
+            response.settings[key].value.extend(value if isinstance(value, list) else [value])
+        return response
+
+    async def log_settings(self, request, context):
+        def answer():
+            update = _params(request.settings)
+            return update_log_settings(self.logs, update) if update else log_settings(self.logs)
+
+        settings = await self._call(context, answer)
+        response = pb.LogSettingsResponse()
+        for key, value in settings.items():
+            kind = "bool_param" if isinstance(value, bool) else "uint32_param" if isinstance(value, int) else "string_param"
+            setattr(response.settings[key], kind, value)
+        return response
 
     async def model_infer(self, request, context):
         arrived = time.monotonic()
@@ -246,11 +334,51 @@ class GrpcFrontend:
         except Exception as exc:
             await self._abort(context, exc)
 
+    async def model_stream_infer(self, requests, context):
+        """ModelStreamInfer (see the module docstring): a task per request as it arrives, answers
+        in request order."""
+        await self._call(context, lambda: None)
+        order: asyncio.Queue = asyncio.Queue()  # each request's task, in arrival order; None ends
+        tasks: set[asyncio.Task] = set()
+
+        async def read() -> None:
+            try:
+                async for request in requests:
+                    task = asyncio.ensure_future(self._stream_one(request, context))
+                    tasks.add(task)
+                    task.add_done_callback(tasks.discard)
+                    order.put_nowait(task)
+            finally:
+                order.put_nowait(None)
+
+        reader = asyncio.ensure_future(read())
+        try:
+            while (task := await order.get()) is not None:
+                yield await task
+            await reader  # a broken request stream ends the call with its error
+        finally:
+            reader.cancel()
+            for task in list(tasks):  # the client went away: its requests still waiting give up their place
+                task.cancel()
+
+    async def _stream_one(self, request, context):
+        """One request of a stream, answered as ModelInfer answers it; an error is the answer's error_message."""
+        arrived = time.monotonic()
+        try:
+            with self.models.observe("grpc", request.model_name, lambda: _expired(context)):
+                return pb.ModelStreamInferResponse(infer_response=await self._infer(request, context, arrived))
+        except Exception as exc:
+            status = status_of(exc)
+            if status.outcome == "internal_error":
+                log.error("internal error", exc_info=exc)
+            return pb.ModelStreamInferResponse(error_message=status.message,
+                                               infer_response=pb.ModelInferResponse(id=getattr(request, "id", "")))
+
     async def _infer(self, request, context, arrived: float):
         self._check_key(context)
         if isinstance(request, _Undecodable):
             raise InvalidInput(request.reason)
-        tensors = parse_infer_request(request)
+        tensors, slices = parse_infer_request(request, self.shared_memory)
         timeout = request.parameters["timeout"] if "timeout" in request.parameters else None
         deadline = self.models.deadline(arrived, None if timeout is None else _param_value(timeout),
                                         context.time_remaining())
@@ -258,6 +386,11 @@ class GrpcFrontend:
         outputs = await self.models.infer(request.model_name, request.model_version, tensors, requested, deadline)
         response = pb.ModelInferResponse(model_name=request.model_name, model_version=VERSION, id=request.id)
         for t in outputs:
-            response.outputs.add(name=t.name, datatype=t.datatype, shape=list(t.shape))
-            response.raw_output_contents.append(to_raw(t))
+            out = response.outputs.add(name=t.name, datatype=t.datatype, shape=list(t.shape))
+            if t.name in slices:
+                for key, value in slices[t.name].write_tensor(t).items():
+                    _set_param(out.parameters[key], value)
+                response.raw_output_contents.append(b"")
+            else:
+                response.raw_output_contents.append(to_raw(t))
         return response

@@ -11,6 +11,12 @@
     GET  /v2/models[/{m}[/versions/1]]/stats  statistics, repository index; load / unload: repository.py
     POST /v2/repository/index
     POST /v2/repository/models/{m}/load|unload
+    GET|POST /v2[/models/{m}]/trace/setting   trace and log settings (triton_extensions.py)
+    GET|POST /v2/logging
+    GET  /v2/systemsharedmemory[/region/{r}]/status       shared memory (shared_memory.py): system
+    POST /v2/systemsharedmemory/region/{r}/register       regions with --allow-client-shm; CUDA:
+    POST /v2/systemsharedmemory[/region/{r}]/unregister   none, register refused
+         /v2/cudasharedmemory/...                         likewise
     POST /v1/score, /v1/beam                  JSON routes for score and beam models (score_api.py, beam_api.py)
     GET  /metrics                             Prometheus text format
 
@@ -25,6 +31,7 @@ wrong method, 413) included; protocol-level errors too (connections.py).
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import time
@@ -37,21 +44,30 @@ from aiohttp import web
 from boundgen.version import __version__
 from boundgen.errors import InvalidInput
 from boundgen.server import beam_api, score_api
+from boundgen.server import shared_memory as shm
 from boundgen.server.auth import check_api_key
 from boundgen.server.config import ServerConfig
+from boundgen.server.logs import LogSettings
 from boundgen.server.metrics import CONTENT_TYPE
 from boundgen.server.models import ModelSet
 from boundgen.server.served import VERSION
+from boundgen.server.shared_memory import SharedMemory, Slice, tensor_ref
 from boundgen.server.status import ReadTimeout, status_of
 from boundgen.server.tensors import Tensor, check_header, from_json, from_raw, to_json, to_raw
 from boundgen.server.repository import Repository, control
-from boundgen.server.triton_extensions import model_config, model_statistics, repository_index
+from boundgen.server.triton_extensions import (log_settings, model_config, model_statistics, repository_index,
+                                               trace_settings, update_log_settings)
 
 log = logging.getLogger("boundgen.server")
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 PUBLIC_PATHS = frozenset({"/v2/health/live", "/v2/health/ready"})
 EXTENSIONS = ("binary_tensor_data",)
+
+
+def extensions(shared_memory: SharedMemory) -> list[str]:
+    """What server metadata lists: Triton's names of the extensions clients look for."""
+    return [*EXTENSIONS, *(["system_shared_memory"] if shared_memory.allowed else [])]
 
 
 @dataclass
@@ -62,6 +78,7 @@ class HttpInferRequest:
     binary: dict[str, bool] = field(default_factory=dict)  # per requested output: raw bytes, not JSON?
     binary_default: bool = False  # for outputs not in `binary`
     parameters: dict[str, Any] = field(default_factory=dict)
+    shared_memory: dict[str, Slice] = field(default_factory=dict)  # outputs to write to shared memory
 
 
 def _params(obj: dict, where: str) -> dict:
@@ -71,8 +88,10 @@ def _params(obj: dict, where: str) -> dict:
     return params
 
 
-def parse_infer_body(body: bytes, header_length: str | None) -> HttpInferRequest:
-    """An inference request from an HTTP body (JSON, or JSON + binary tensor data)."""
+def parse_infer_body(body: bytes, header_length: str | None, shared_memory: SharedMemory | None = None) -> HttpInferRequest:
+    """An inference request from an HTTP body (JSON, or JSON + binary tensor data), its tensors
+    in shared memory read from `shared_memory`'s regions."""
+    shared_memory = shared_memory or SharedMemory()
     binary = memoryview(b"")
     if header_length is not None:
         try:
@@ -98,8 +117,14 @@ def parse_infer_body(body: bytes, header_length: str | None) -> HttpInferRequest
         if not isinstance(inp, dict):
             raise InvalidInput(f"inputs[{i}] must be a JSON object")
         name, datatype, shape = check_header(inp.get("name"), inp.get("datatype"), inp.get("shape"))
-        size = _params(inp, f"input {name}").get("binary_data_size")
-        if size is not None:
+        params = _params(inp, f"input {name}")
+        size, ref = params.get("binary_data_size"), tensor_ref(name, params)
+        if ref is not None:
+            if size is not None or "data" in inp:
+                raise InvalidInput(f"input {name} has shared_memory_region and also "
+                                   f"{'data' if 'data' in inp else 'binary_data_size'}; send one")
+            tensors.append(shared_memory.slice(name, ref).read_tensor(name, datatype, shape))
+        elif size is not None:
             if not isinstance(size, int) or isinstance(size, bool) or size < 0:
                 raise InvalidInput(f"input {name}: binary_data_size must be a non-negative integer, got {size!r}")
             if "data" in inp:
@@ -112,12 +137,13 @@ def parse_infer_body(body: bytes, header_length: str | None) -> HttpInferRequest
         elif "data" in inp:
             tensors.append(from_json(name, datatype, shape, inp["data"]))
         else:
-            raise InvalidInput(f"input {name} has neither 'data' nor parameters.binary_data_size")
+            raise InvalidInput(f"input {name} has none of 'data', parameters.binary_data_size, "
+                               "parameters.shared_memory_region")
     if offset != len(binary):
         raise InvalidInput(f"{len(binary) - offset} bytes of binary data are not claimed by any input")
     parameters = _params(obj, "request")
     default_binary = parameters.get("binary_data_output", False) is True
-    outputs, flags = None, {}
+    outputs, flags, slices = None, {}, {}
     if obj.get("outputs") is not None:
         if not isinstance(obj["outputs"], list):
             raise InvalidInput("'outputs' must be a list of {\"name\": ...} objects")
@@ -129,18 +155,25 @@ def parse_infer_body(body: bytes, header_length: str | None) -> HttpInferRequest
             if "classification" in out_params:
                 raise InvalidInput(f"output {out['name']}: the classification extension is not supported")
             outputs.append(out["name"])
+            ref = tensor_ref(out["name"], out_params)
+            if ref is not None:
+                if out_params.get("binary_data") is True:
+                    raise InvalidInput(f"output {out['name']} asks for shared memory and binary_data; ask for one")
+                slices[out["name"]] = shared_memory.slice(out["name"], ref)
             flags[out["name"]] = out_params.get("binary_data", default_binary) is True
     request_id = obj.get("id")
     if request_id is not None and not isinstance(request_id, str):
         raise InvalidInput("'id' must be a string")
-    return HttpInferRequest(request_id, tensors, outputs, flags, default_binary, parameters)
+    return HttpInferRequest(request_id, tensors, outputs, flags, default_binary, parameters, slices)
 
 
 def encode_infer_response(model: str, request: HttpInferRequest, outputs: list[Tensor]) -> web.Response:
     entries, chunks = [], []
     for t in outputs:
         entry = {"name": t.name, "datatype": t.datatype, "shape": list(t.shape)}
-        if request.binary.get(t.name, request.binary_default):
+        if t.name in request.shared_memory:
+            entry["parameters"] = request.shared_memory[t.name].write_tensor(t)
+        elif request.binary.get(t.name, request.binary_default):
             raw = to_raw(t)
             entry["parameters"] = {"binary_data_size": len(raw)}
             chunks.append(raw)
@@ -168,10 +201,26 @@ def error_response(exc: BaseException) -> web.Response:
     return response
 
 
+def _answering_errors(handler):
+    """A handler whose errors are answered by `error_response` (their status, a JSON body)."""
+    @functools.wraps(handler)
+    async def answer(self, request: web.Request) -> web.Response:
+        try:
+            return await handler(self, request)
+        except Exception as exc:
+            return error_response(exc)
+
+    return answer
+
+
 class HttpFrontend:
-    def __init__(self, models: ModelSet, config: ServerConfig, repository: Repository | None = None):
-        """repository: what load answers with (--model-repository); None refuses it."""
+    def __init__(self, models: ModelSet, config: ServerConfig, repository: Repository | None = None,
+                 shared_memory: SharedMemory | None = None, log_settings: LogSettings | None = None):
+        """repository: what load answers with (--model-repository); None refuses it. shared_memory:
+        the server's regions (shared with gRPC; None: none, registering refused). log_settings: the
+        server's logging, which /v2/logging changes (None: refused)."""
         self.models, self.config, self.repository = models, config, repository
+        self.shared_memory, self.logs = shared_memory or SharedMemory(), log_settings
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=self.config.max_body_bytes, middlewares=[self._json_errors, self._auth])
@@ -191,6 +240,16 @@ class HttpFrontend:
         app.router.add_post(beam_api.ROUTE, self.beam)
         for action in ("load", "unload"):
             app.router.add_post(f"/v2/repository/models/{{model}}/{action}", self.repository_control)
+        for path in ("/v2/trace/setting", "/v2/models/{model}/trace/setting"):
+            app.router.add_get(path, self.trace_setting)
+            app.router.add_post(path, self.trace_setting)
+        app.router.add_get("/v2/logging", self.logging)
+        app.router.add_post("/v2/logging", self.logging)
+        for kind, handler in (("system", self.system_shared_memory), ("cuda", self.cuda_shared_memory)):
+            for prefix in (f"/v2/{kind}sharedmemory", f"/v2/{kind}sharedmemory/region/{{region}}"):
+                app.router.add_get(prefix + "/status", handler)
+                app.router.add_post(prefix + "/unregister", handler)
+            app.router.add_post(f"/v2/{kind}sharedmemory/region/{{region}}/register", handler)
         return app
 
     async def dispatch(self, app: web.Application, request: web.Request) -> web.StreamResponse:
@@ -236,71 +295,94 @@ class HttpFrontend:
         return web.json_response({"ready": ready}, status=200 if ready else 503)
 
     async def server_metadata(self, request: web.Request) -> web.Response:
-        return web.json_response({"name": "boundgen", "version": __version__, "extensions": list(EXTENSIONS)})
+        return web.json_response({"name": "boundgen", "version": __version__,
+                                  "extensions": extensions(self.shared_memory)})
 
     async def metrics(self, request: web.Request) -> web.Response:
         return web.Response(body=self.models.metrics.render(), headers={"Content-Type": CONTENT_TYPE})
 
+    @_answering_errors
     async def model_metadata(self, request: web.Request) -> web.Response:
-        try:
-            model = self.models.get(request.match_info["model"], request.match_info.get("version", ""))
-        except Exception as exc:
-            return error_response(exc)
-        return web.json_response(model.metadata())
+        return web.json_response(self.models.get(request.match_info["model"],
+                                                 request.match_info.get("version", "")).metadata())
 
+    @_answering_errors
     async def model_config(self, request: web.Request) -> web.Response:
-        try:
-            model = self.models.get(request.match_info["model"], request.match_info.get("version", ""))
-        except Exception as exc:
-            return error_response(exc)
-        return web.json_response(model_config(model))
+        return web.json_response(model_config(self.models.get(request.match_info["model"],
+                                                              request.match_info.get("version", ""))))
 
+    @_answering_errors
     async def statistics(self, request: web.Request) -> web.Response:
-        try:
-            stats = model_statistics(self.models, request.match_info.get("model", ""),
-                                     request.match_info.get("version", ""))
-        except Exception as exc:
-            return error_response(exc)
-        return web.json_response(stats)
+        return web.json_response(model_statistics(self.models, request.match_info.get("model", ""),
+                                                  request.match_info.get("version", "")))
 
+    @_answering_errors
     async def repository_index(self, request: web.Request) -> web.Response:
         """Body: optional JSON {"ready": bool} (tritonclient sends none)."""
-        try:
-            body = await self._read_body(request)
-            try:
-                options = json.loads(body) if body.strip() else {}
-            except ValueError as exc:
-                raise InvalidInput(f"the repository index request is not valid JSON: {exc}") from None
-            if not isinstance(options, dict) or not isinstance(options.get("ready", False), bool):
-                raise InvalidInput('the repository index request must be a JSON object like {"ready": true}')
-        except Exception as exc:
-            return error_response(exc)
+        options = await self._read_options(request, "the repository index request", '{"ready": true}')
+        if not isinstance(options.get("ready", False), bool):
+            raise InvalidInput('the repository index request must be a JSON object like {"ready": true}')
         loadable = self.repository.loadable() if self.repository is not None else ()
         return web.json_response(repository_index(self.models, options.get("ready", False), loadable))
 
+    @_answering_errors
     async def repository_control(self, request: web.Request) -> web.Response:
         """Load (a rolling replace, repository.py) or unload (refused). Body: none or Triton's
         {"parameters": {...}}. Answers 200 with an empty body once done, as Triton."""
-        try:
-            body = await self._read_body(request)
-            try:
-                options = json.loads(body) if body.strip() else {}
-            except ValueError as exc:
-                raise InvalidInput(f"the repository request is not valid JSON: {exc}") from None
-            parameters = options.get("parameters") if isinstance(options, dict) else None
-            if not isinstance(options, dict) or not isinstance(parameters or {}, dict):
-                raise InvalidInput('a repository request body is a JSON object like {"parameters": {}}')
-            await control(self.models, self.repository, request.path.rsplit("/", 1)[1], request.match_info["model"],
-                          parameters)
-        except Exception as exc:
-            return error_response(exc)
+        options = await self._read_options(request, "the repository request", '{"parameters": {}}')
+        parameters = options.get("parameters")
+        if not isinstance(parameters or {}, dict):
+            raise InvalidInput('a repository request body is a JSON object like {"parameters": {}}')
+        await control(self.models, self.repository, request.path.rsplit("/", 1)[1], request.match_info["model"],
+                      parameters)
         return web.Response(status=200)
 
+    @_answering_errors
+    async def trace_setting(self, request: web.Request) -> web.Response:
+        """GET: the trace settings (a model's are the global ones); POST: update them (refused
+        unless it changes nothing: triton_extensions.trace_settings)."""
+        if "model" in request.match_info:
+            self.models.get(request.match_info["model"])
+        update = None
+        if request.method == "POST":
+            update = await self._read_options(request, "the trace settings", '{"trace_level": ["OFF"]}')
+        return web.json_response(trace_settings(update))
+
+    @_answering_errors
+    async def logging(self, request: web.Request) -> web.Response:
+        """GET: the log settings; POST: update them (body: the settings to change); both answer all of them."""
+        if request.method == "GET":
+            return web.json_response(log_settings(self.logs))
+        update = await self._read_options(request, "the log settings", '{"log_info": true}')
+        return web.json_response(update_log_settings(self.logs, update))
+
+    @_answering_errors
+    async def system_shared_memory(self, request: web.Request) -> web.Response:
+        """status (JSON list of regions), register (body {"key", "offset", "byte_size"}), unregister."""
+        action, region = request.path.rsplit("/", 1)[1], request.match_info.get("region", "")
+        if action == "status":
+            return web.json_response(self.shared_memory.status(region))
+        if action == "register":
+            options = await self._read_options(request, "the register request",
+                                               '{"key": "/input0", "offset": 0, "byte_size": 64}')
+            self.shared_memory.register(region, options.get("key"), options.get("offset"), options.get("byte_size"))
+        else:
+            self.shared_memory.unregister(region)
+        return web.Response(status=200)
+
+    @_answering_errors
+    async def cuda_shared_memory(self, request: web.Request) -> web.Response:
+        """status: no regions; register: refused (shared_memory.py); unregister: nothing to do."""
+        action, region = request.path.rsplit("/", 1)[1], request.match_info.get("region", "")
+        if action == "status":
+            return web.json_response(shm.cuda_status(region))
+        if action == "register":
+            shm.cuda_register(region)
+        return web.Response(status=200)
+
+    @_answering_errors
     async def model_ready(self, request: web.Request) -> web.Response:
-        try:
-            self.models.get(request.match_info["model"], request.match_info.get("version", ""))
-        except Exception as exc:
-            return error_response(exc)
+        self.models.get(request.match_info["model"], request.match_info.get("version", ""))
         return web.Response(status=200 if self.models.ready else 503)
 
     async def infer(self, request: web.Request) -> web.Response:
@@ -309,7 +391,7 @@ class HttpFrontend:
         try:
             with self.models.observe("http", name):
                 body = await self._read_body(request)
-                parsed = parse_infer_body(body, request.headers.get(HEADER_LENGTH))
+                parsed = parse_infer_body(body, request.headers.get(HEADER_LENGTH), self.shared_memory)
                 deadline = self.models.deadline(arrived, parsed.parameters.get("timeout"))
                 outputs = await self.models.infer(name, version, parsed.tensors, parsed.outputs, deadline)
                 return encode_infer_response(name, parsed, outputs)
@@ -344,6 +426,17 @@ class HttpFrontend:
                 return web.json_response(beam_api.response(name, results, parsed["single"]))
         except Exception as exc:
             return error_response(exc)
+
+    async def _read_options(self, request: web.Request, what: str, example: str) -> dict:
+        """An optional JSON object body (none: {}), else InvalidInput naming `what` with an `example`."""
+        body = await self._read_body(request)
+        try:
+            options = json.loads(body) if body.strip() else {}
+        except (ValueError, RecursionError, UnicodeDecodeError) as exc:
+            raise InvalidInput(f"{what} is not valid JSON: {exc}") from None
+        if not isinstance(options, dict):
+            raise InvalidInput(f"{what} must be a JSON object like {example}")
+        return options
 
     async def _read_json(self, request: web.Request):
         """The body (within the limits of `_read_body`) as JSON, or InvalidInput saying why not."""

@@ -10,6 +10,10 @@ Two streams:
 "2026-11-30 21:37:00,123 boundgen.server WARNING message". `--log-format json`: every line on
 both streams is one JSON object {"ts": ISO 8601 UTC, "level", "logger", "msg"} (access records
 add model, protocol, outcome, ms), for log collectors; a status line's text is its "msg".
+
+A running server's format and level are its `LogSettings`, which Triton's log settings call
+changes (triton_extensions.py; HTTP /v2/logging, gRPC LogSettings): `apply()` reconfigures the
+process's logging, and status lines follow the new format.
 """
 
 from __future__ import annotations
@@ -18,7 +22,10 @@ import datetime
 import json
 import logging
 import sys
+from dataclasses import dataclass
 
+LEVELS = ("debug", "info", "warning", "error")  # most verbose first
+FORMATS = ("text", "json")
 TEXT_FORMAT = "%(asctime)s %(name)s %(levelname)s %(message)s"
 ACCESS = logging.getLogger("boundgen.access")
 ACCESS_FIELDS = ("model", "protocol", "outcome", "ms")
@@ -47,6 +54,17 @@ def configure(log_format: str = "text", level: str = "info") -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+
+
+@dataclass
+class LogSettings:
+    """A server's log format (FORMATS) and level (LEVELS) as it runs. `apply()` configures the
+    process's logging (`configure`: the root logger), in whatever process runs the server."""
+    format: str = "text"
+    level: str = "info"
+
+    def apply(self) -> None:
+        configure(self.format, self.level)
 
 
 def status_line(message: str, log_format: str = "text") -> str:

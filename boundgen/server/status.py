@@ -57,6 +57,14 @@ class Unauthenticated(ServeError):
     outcome = "unauthenticated"
 
 
+class Unsupported(ServeError):
+    """A protocol feature this server does not offer, or not as started (CUDA shared memory;
+    client shared memory without --allow-client-shm; tracing): 501 / UNIMPLEMENTED with the reason,
+    as Triton answers a feature it lacks."""
+
+    outcome = "unsupported"
+
+
 @dataclass(frozen=True)
 class Status:
     http: int
@@ -74,6 +82,7 @@ _CODES = {
     "cancelled": (499, grpc.StatusCode.CANCELLED),
     "read_timeout": (408, grpc.StatusCode.DEADLINE_EXCEEDED),
     "not_supported": (400, grpc.StatusCode.UNAVAILABLE),  # as Triton answers a repository load it does not allow
+    "unsupported": (501, grpc.StatusCode.UNIMPLEMENTED),
     "internal_error": (500, grpc.StatusCode.INTERNAL),
 }
 

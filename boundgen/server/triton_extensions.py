@@ -1,11 +1,14 @@
 """Triton's protocol extensions that tritonclient and perf_analyzer call besides inference:
-model configuration, statistics and the repository index (load / unload: repository.py).
+model configuration, statistics, the repository index (load / unload: repository.py), trace and
+log settings (shared memory: shared_memory.py).
 
     HTTP                                                 gRPC                    answer
     GET  /v2/models/{m}[/versions/1]/config              ModelConfig             model_config()
     GET  /v2/models/stats, /v2/models/{m}[/versions/1]/stats   ModelStatistics   model_statistics()
     POST /v2/repository/index                            RepositoryIndex         repository_index()
     POST /v2/repository/models/{m}/load | unload         RepositoryModelLoad | Unload   repository.py
+    GET | POST /v2[/models/{m}]/trace/setting            TraceSetting            trace_settings()
+    GET | POST /v2/logging                               LogSettings             log_settings()
 
 Each answer is built here once, as Triton's HTTP JSON; that JSON is protobuf's JSON mapping of
 the gRPC message, so `to_message` makes the gRPC answer from the same dict (kserve.proto holds
@@ -26,6 +29,18 @@ in-flight slot; `compute_input` / `compute_output` are the engine's `pre` (token
 `post` (decode) stages; `compute_infer` is the rest of the engine call (model, and any wait for
 a batch or a context inside the engine). `inference_count` counts successful requests,
 `execution_count` engine calls (with batching several calls may share one model execution).
+
+Trace settings: this server does not trace requests (its per-request timings are the metrics and
+statistics above), so trace_level is ["OFF"] and the other keys keep Triton's defaults; an update
+may restate them (or reset a key with null / an empty value), and one that turns tracing on or
+changes a key answers 501 / UNIMPLEMENTED saying so. A model's settings are the global ones.
+
+Log settings, under Triton's names, are the server's log level and format (logs.py):
+log_verbose_level 1 / log_info / log_warning / log_error say which of debug / info / warning /
+error records are written. boundgen logs by level, each level with every more severe one, so
+an update sets the most verbose kind turned on (log_verbose_level > 0 is debug) and refuses to
+turn off a kind that level writes. log_format is boundgen's "text" or "json"; log_file is ""
+(stderr; another file answers 501). A change applies to the process at once (logs.configure).
 """
 
 from __future__ import annotations
@@ -35,8 +50,11 @@ from typing import Sequence
 
 from google.protobuf import json_format
 
+from boundgen.errors import InvalidInput
+from boundgen.server.logs import FORMATS, LEVELS, LogSettings
 from boundgen.server.models import DRAINING, LOADING, ModelSet
 from boundgen.server.served import PLATFORM, VERSION, ServedModel, engine_contexts
+from boundgen.server.status import Unsupported
 
 NS = 1_000_000_000
 
@@ -106,6 +124,71 @@ def repository_index(models: ModelSet, ready_only: bool = False, loadable: Seque
     unserved = [{"name": n, "state": "UNAVAILABLE", "reason": "not loaded: POST /v2/repository/models/"
                  f"{n}/load serves it"} for n in loadable if n not in models.models]
     return [m for m in served + unserved if not ready_only or m["state"] == "READY"]
+
+
+TRACE = {"trace_level": ["OFF"], "trace_rate": ["1000"], "trace_count": ["-1"], "log_frequency": ["0"],
+         "trace_file": [""], "trace_mode": ["triton"]}  # Triton's defaults; nothing is traced
+
+
+def trace_settings(update: dict | None = None) -> dict:
+    """The trace settings (HTTP JSON: trace_level a list, the others strings), after checking
+    `update` (key -> list of strings, or None / [] to reset) changes nothing."""
+    shown = {key: value if key == "trace_level" else value[0] for key, value in TRACE.items()}
+    for key, value in (update or {}).items():
+        value = value if value is None or isinstance(value, list) else [value]  # HTTP: a scalar, or a list
+        value = value and [str(v) for v in value]
+        if key not in TRACE:
+            raise InvalidInput(f"unknown trace setting {key!r}; the settings are {', '.join(TRACE)}")
+        if value and value != TRACE[key]:
+            raise Unsupported(f"this server does not trace requests, so {key} stays {shown[key]} (asked for "
+                              f"{value}); per-request timings are in /metrics and the model statistics")
+    return shown
+
+
+LOG_KINDS = {"log_verbose_level": "debug", "log_info": "info", "log_warning": "warning", "log_error": "error"}
+
+
+def log_settings(settings: LogSettings | None) -> dict:
+    """The server's logging under Triton's names (see the module docstring); None: a server whose
+    logging is not one process's (Ray Serve replicas each log on their own)."""
+    if settings is None:
+        raise Unsupported("log settings are not served here: each replica logs on its own; set --log-level and "
+                          "--log-format when starting serve")
+    level = LEVELS.index(settings.level)
+    on = {key: LEVELS.index(kind) >= level for key, kind in LOG_KINDS.items()}
+    return {"log_file": "", "log_info": on["log_info"], "log_warning": on["log_warning"], "log_error": True,
+            "log_verbose_level": int(on["log_verbose_level"]), "log_format": settings.format}
+
+
+def update_log_settings(settings: LogSettings | None, update: dict) -> dict:
+    """Apply Triton's log settings `update` (null values change nothing) to `settings`; the new settings."""
+    current = log_settings(settings)
+    update = {key: value for key, value in update.items() if value is not None}
+    for key, value in update.items():
+        if key == "log_verbose_level":
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise InvalidInput(f"log_verbose_level must be a non-negative integer, got {value!r}")
+        elif key in LOG_KINDS:
+            if not isinstance(value, bool):
+                raise InvalidInput(f"{key} must be true or false, got {value!r}")
+        elif key == "log_format":
+            if value not in FORMATS:
+                raise InvalidInput(f"log_format must be one of boundgen's formats {', '.join(FORMATS)}, got {value!r}")
+        elif key == "log_file":
+            if value != "":
+                raise Unsupported(f"log_file cannot be set (asked for {value!r}): the server logs to its stderr; "
+                                  "redirect that")
+        else:
+            raise InvalidInput(f"unknown log setting {key!r}; the settings are {', '.join(current)}")
+    merged = {**current, **update}
+    level = next((kind for key, kind in LOG_KINDS.items() if merged[key]), "error")
+    for key, kind in LOG_KINDS.items():
+        if key in update and not update[key] and LEVELS.index(kind) >= LEVELS.index(level):
+            raise InvalidInput(f"{key} cannot be off while {level} records are written: boundgen logs by level "
+                               f"({', '.join(LEVELS)}), each with every more severe kind")
+    settings.level, settings.format = level, merged["log_format"]
+    settings.apply()
+    return log_settings(settings)
 
 
 def to_message(obj: dict, message):

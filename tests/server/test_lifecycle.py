@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import signal
 import socket
 import subprocess
@@ -22,7 +23,7 @@ from tritonclient.utils import InferenceServerException
 
 from tests.server.conftest import REPO, SCORE_SPEC, wait_metric
 from tests.server.fake_engine import write_fake_artifact
-from tests.server.test_endpoints import NO_PROXY
+from tests.server.test_endpoints import NO_PROXY, text_input
 
 
 def status_of(server, path, headers=None):
@@ -117,7 +118,7 @@ def test_api_key(launch, fake_dirs):
     good, bad = {"Authorization": "Bearer s3cret"}, {"Authorization": "Bearer wrong"}
     assert status_of(server, "/v2/health/live") == 200 and status_of(server, "/v2/health/ready") == 200
     for path in ("/v2", "/v2/models/fscore", "/v2/models/fscore/ready", "/v2/models/fscore/config",
-                 "/v2/models/stats", "/metrics"):
+                 "/v2/models/stats", "/metrics", "/v2/logging", "/v2/trace/setting", "/v2/cudasharedmemory/status"):
         assert status_of(server, path) == 401, path
         assert status_of(server, path, bad) == 401, path
         assert status_of(server, path, good) == 200, path
@@ -136,6 +137,21 @@ def test_api_key(launch, fake_dirs):
     assert err.value.status() == "StatusCode.UNAUTHENTICATED"
     grpc_good = {"authorization": "Bearer s3cret"}
     assert grpc_client.get_model_metadata("fscore", headers=grpc_good).name == "fscore"
+    for call in (grpc_client.get_log_settings, grpc_client.get_trace_settings,
+                 grpc_client.get_cuda_shared_memory_status):
+        with pytest.raises(InferenceServerException) as err:
+            call()
+        assert err.value.status() == "StatusCode.UNAUTHENTICATED"
+        call(headers=grpc_good)
+    answers = queue.Queue()
+    grpc_client.start_stream(callback=lambda result, error: answers.put(error))  # refused as it opens
+    assert answers.get(timeout=30).status() == "StatusCode.UNAUTHENTICATED"
+    grpc_client.stop_stream()
+    grpc_client.start_stream(callback=lambda result, error: answers.put((result, error)), headers=grpc_good)
+    grpc_client.async_stream_infer("fscore", [text_input("grpc", ["key"])])
+    result, error = answers.get(timeout=30)
+    assert error is None and result.as_numpy("SCORES").shape == (1, 2)
+    grpc_client.stop_stream()
     assert infer("grpc", server, "key", headers=grpc_good).as_numpy("SCORES").shape == (1, 2)
     assert server.stop() == 0
 

@@ -1,6 +1,7 @@
 """Triton's extensions through unmodified tritonclient (http and grpc): model config, statistics,
-repository index, and the refused repository load / unload. The gRPC answers are parsed by
-tritonclient's own messages, so they also prove kserve.proto's field numbers are Triton's."""
+repository index, the refused repository load / unload, trace settings (log settings:
+test_logs.py; shared memory: test_shared_memory.py). The gRPC answers are parsed by tritonclient's
+own messages, so they also prove kserve.proto's field numbers are Triton's."""
 
 from __future__ import annotations
 
@@ -53,6 +54,10 @@ def test_every_message_and_method_is_wire_compatible_with_triton():
         other = triton.methods_by_name[method.name]
         assert (method.input_type.full_name, method.output_type.full_name) == (
             other.input_type.full_name, other.output_type.full_name), method.name
+        assert (method.client_streaming, method.server_streaming) == (
+            other.client_streaming, other.server_streaming), method.name
+    ours = {m.name for m in pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].methods}
+    assert ours == {m.name for m in triton.methods}, "every method of Triton's service is declared"
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
@@ -156,3 +161,32 @@ def test_repository_refusal_is_a_json_body(fake_server):
                                         data=b'{"ready": true}', method="POST")
     with NO_PROXY.open(ready_only, timeout=10) as r:
         assert [m["name"] for m in json.loads(r.read())] == ["fbeam", "fscore"]
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_trace_settings_say_nothing_is_traced(fake_server, protocol):
+    c = client(protocol, fake_server)
+
+    def get(model=None):
+        if protocol == "http":
+            return c.get_trace_settings(model)
+        settings = _json(c.get_trace_settings(model, as_json=True))["settings"]
+        return {key: value.get("value", []) if key == "trace_level" else value.get("value", [""])[0]
+                for key, value in settings.items()}
+
+    expected = {"trace_level": ["OFF"], "trace_rate": "1000", "trace_count": "-1", "log_frequency": "0",
+                "trace_file": "", "trace_mode": "triton"}
+    assert get() == expected and get("fscore") == expected
+    c.update_trace_settings(settings={"trace_level": ["OFF"], "trace_rate": "1000"})  # restated: accepted
+    c.update_trace_settings("fscore", settings={"trace_rate": None})  # back to the global value: accepted
+    unsupported = "501" if protocol == "http" else "StatusCode.UNIMPLEMENTED"
+    bad = "400" if protocol == "http" else "StatusCode.INVALID_ARGUMENT"
+    for model, settings, status, message in (
+            (None, {"trace_level": ["TIMESTAMPS"]}, unsupported, "this server does not trace requests"),
+            ("fscore", {"trace_rate": "1"}, unsupported, "trace_rate stays 1000"),
+            (None, {"trace_sample": "1"}, bad, "unknown trace setting 'trace_sample'"),
+            ("nope", {}, bad, "unknown model 'nope'")):
+        with pytest.raises(InferenceServerException) as err:
+            c.update_trace_settings(model, settings=settings)
+        assert err.value.status() == status and message in err.value.message(), err.value.message()
+    assert get() == expected

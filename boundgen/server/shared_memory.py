@@ -1,0 +1,230 @@
+"""System shared memory, Triton's extension: a client on this host passes input and output
+tensors through POSIX shared memory instead of the request and response bodies
+(`perf_analyzer --shared-memory=system`, tritonclient.utils.shared_memory).
+
+    HTTP                                                     gRPC                          here
+    GET  /v2/systemsharedmemory[/region/{r}]/status          SystemSharedMemoryStatus      status()
+    POST /v2/systemsharedmemory/region/{r}/register          SystemSharedMemoryRegister    register()
+    POST /v2/systemsharedmemory[/region/{r}]/unregister      SystemSharedMemoryUnregister  unregister()
+    GET  /v2/cudasharedmemory[/region/{r}]/status            CudaSharedMemoryStatus        cuda_status()
+    POST /v2/cudasharedmemory/region/{r}/register            CudaSharedMemoryRegister      cuda_register()
+    POST /v2/cudasharedmemory[/region/{r}]/unregister        CudaSharedMemoryUnregister    (nothing to do)
+
+A region is a named part [offset, offset + byte_size) of a shared memory object: `key` is the
+name shm_open takes ("/input0" is /dev/shm/input0; tritonclient's create_shared_memory_region
+makes one). A tensor names its place in a region with its parameters `shared_memory_region`,
+`shared_memory_byte_size` (both required) and `shared_memory_offset` (default 0, from the
+region's start): `tensor_ref`. An input is read from there in the raw layout of tensors.py
+(BYTES elements length-prefixed, as tritonclient's serialize_byte_tensor writes them) and must
+fill the slice exactly; an output is written there (it must fit) and its response entry carries
+these parameters (shared_memory_byte_size: the bytes written) instead of data.
+
+Client shared memory is off unless the server runs with --allow-client-shm (Triton's flag of the
+same name): a client that registers a region makes the server map, read and write that object
+with the server's own permissions. Objects are opened without following symbolic links, and
+each access re-checks the object's size, so that a client shrinking it cannot fault the server.
+Every call happens on the event loop's thread. Unregistering a region that requests still use
+lets them finish: each holds its Region, whose mapping closes when the last one lets go.
+
+CUDA shared memory is not supported (CUDA says why): its status lists no region, register is refused.
+
+Errors: 400 / INVALID_ARGUMENT (an unknown region, a slice outside its region, a size that does
+not match the tensor, a key that is not a shared memory object), with the region in the message;
+501 / UNIMPLEMENTED for register and unregister while client shared memory is off (status then
+lists no region), and for a CUDA register; all as Triton answers them. Unregistering a region
+that is not registered succeeds, as Triton's does.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import stat
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from boundgen.errors import InvalidInput
+from boundgen.server.status import Unsupported
+from boundgen.server.tensors import Tensor, from_raw, to_raw
+
+SHM_DIR = "/dev/shm"  # where Linux keeps POSIX shared memory objects (shm_open's namespace)
+DISABLED = ("client shared memory is off on this server: start it with --allow-client-shm to let clients on its "
+            "host pass tensors through shared memory")
+CUDA = ("this server does not support CUDA shared memory: its inputs are texts, tokenized on the CPU, and its "
+        "models may run on the CPU (as a CPU artifact does), so tensors in GPU memory would only be copied back; "
+        "send tensors in the request, or from this host in system shared memory (--allow-client-shm)")
+PARAMS = ("shared_memory_region", "shared_memory_byte_size", "shared_memory_offset")
+
+
+@dataclass(frozen=True)
+class TensorRef:
+    """Where a tensor's bytes are: `byte_size` bytes from `offset` within the region `region`."""
+    region: str
+    byte_size: int
+    offset: int = 0
+
+
+def _count(value: Any, what: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise InvalidInput(f"{what} must be a non-negative integer, got {value!r}")
+    return value
+
+
+def tensor_ref(tensor: str, parameters: Mapping[str, Any]) -> TensorRef | None:
+    """The shared memory place a tensor's `parameters` name (None: they name none)."""
+    region = parameters.get("shared_memory_region")
+    if region is None:
+        given = [p for p in PARAMS[1:] if p in parameters]
+        if given:
+            raise InvalidInput(f"tensor {tensor}: {' and '.join(given)} given without shared_memory_region")
+        return None
+    if not isinstance(region, str) or not region:
+        raise InvalidInput(f"tensor {tensor}: shared_memory_region must be a region's name, got {region!r}")
+    if "shared_memory_byte_size" not in parameters:
+        raise InvalidInput(f"tensor {tensor}: shared_memory_region needs shared_memory_byte_size too")
+    return TensorRef(region, _count(parameters["shared_memory_byte_size"], f"tensor {tensor}: shared_memory_byte_size"),
+                     _count(parameters.get("shared_memory_offset", 0), f"tensor {tensor}: shared_memory_offset"))
+
+
+def _path(key: str) -> str:
+    """/dev/shm/NAME for a key as shm_open takes it: leading slashes, then one name without '/'."""
+    name = key.lstrip("/")
+    if not name or "/" in name or name in (".", "..") or "\0" in name:
+        raise InvalidInput(f"shared memory key {key!r} is not a shared memory object's name (like '/input0')")
+    return os.path.join(SHM_DIR, name)
+
+
+class Region:
+    """A registered region: its part of the object, mapped read-write."""
+
+    def __init__(self, name: str, key: str, offset: int, byte_size: int):
+        self.name, self.key, self.offset, self.byte_size = name, key, offset, byte_size
+        path = _path(key)
+        if byte_size == 0:
+            raise InvalidInput(f"shared memory region {name!r}: byte_size must be > 0")
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError as exc:
+            raise InvalidInput(f"cannot open shared memory object {key!r} for region {name!r}: {exc.strerror}") from None
+        try:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
+                raise InvalidInput(f"{key!r} is not a shared memory object (region {name!r})")
+            self._check_size(info.st_size)
+            start = offset - offset % mmap.ALLOCATIONGRANULARITY
+            self._map = mmap.mmap(fd, offset + byte_size - start, offset=start)  # keeps its own descriptor
+        finally:
+            os.close(fd)
+        self._base = offset - start  # where the region starts within the mapping
+
+    def _check_size(self, size: int) -> None:
+        if self.offset + self.byte_size > size:
+            raise InvalidInput(f"shared memory region {self.name!r}: offset {self.offset} + byte_size {self.byte_size} "
+                               f"runs past the end of object {self.key!r} ({size} bytes)")
+
+    def status(self) -> dict:
+        return {"name": self.name, "key": self.key, "offset": self.offset, "byte_size": self.byte_size}
+
+    def read(self, offset: int, size: int) -> bytes:
+        self._check_size(self._map.size())  # the object's size now: reading past its end would fault
+        return self._map[self._base + offset:self._base + offset + size]
+
+    def write(self, offset: int, data: bytes) -> None:
+        self._check_size(self._map.size())
+        self._map[self._base + offset:self._base + offset + len(data)] = data
+
+
+@dataclass(frozen=True)
+class Slice:
+    """A tensor's place, checked against its region when the request arrived."""
+    region: Region
+    offset: int
+    byte_size: int
+
+    def where(self) -> str:
+        return (f"shared memory region {self.region.name!r} (offset {self.offset}, "
+                f"shared_memory_byte_size {self.byte_size})")
+
+    def read_tensor(self, name: str, datatype: str, shape: tuple[int, ...]) -> Tensor:
+        try:
+            return from_raw(name, datatype, shape, self.region.read(self.offset, self.byte_size))
+        except InvalidInput as exc:
+            raise InvalidInput(f"{exc} (read from {self.where()})") from None
+
+    def write_tensor(self, tensor: Tensor) -> dict:
+        """Write `tensor` here; the response parameters saying so."""
+        data = to_raw(tensor)
+        if len(data) > self.byte_size:
+            raise InvalidInput(f"output {tensor.name} is {len(data)} bytes; it does not fit {self.where()}")
+        self.region.write(self.offset, data)
+        return {"shared_memory_region": self.region.name, "shared_memory_byte_size": len(data),
+                "shared_memory_offset": self.offset}
+
+
+class SharedMemory:
+    """The server's registered regions, shared by its HTTP and gRPC front ends."""
+
+    def __init__(self, allowed: bool = False):
+        self.allowed = allowed
+        self.regions: dict[str, Region] = {}
+
+    def _require(self, error=Unsupported) -> None:
+        if not self.allowed:
+            raise error(DISABLED)
+
+    def register(self, name: str, key: str, offset: int, byte_size: int) -> None:
+        self._require()
+        if not name:
+            raise InvalidInput("a shared memory region needs a name")
+        if not isinstance(key, str):
+            raise InvalidInput(f"shared memory region {name!r}: key must be a shared memory object's name "
+                               f"(like '/input0'), got {key!r}")
+        if name in self.regions:
+            raise InvalidInput(f"shared memory region {name!r} is already registered ({self.regions[name].status()}); "
+                               "unregister it first")
+        self.regions[name] = Region(name, key, _count(offset, "offset"), _count(byte_size, "byte_size"))
+
+    def unregister(self, name: str = "") -> None:
+        """Forget region `name`, or every region when `name` is empty."""
+        self._require()
+        if name:
+            self.regions.pop(name, None)
+        else:
+            self.regions.clear()
+
+    def status(self, name: str = "") -> list[dict]:
+        """Region `name`, or every region (none while client shared memory is off, as Triton answers)."""
+        if name:
+            return [self._region(name).status()]
+        return [region.status() for region in self.regions.values()]
+
+    def close(self) -> None:
+        """Forget every region (the server stops)."""
+        self.regions.clear()
+
+    def _region(self, name: str) -> Region:
+        region = self.regions.get(name)
+        if region is None:
+            known = ", ".join(repr(n) for n in self.regions) or "none"
+            raise InvalidInput(f"unknown shared memory region {name!r}; registered: {known}")
+        return region
+
+    def slice(self, tensor: str, ref: TensorRef) -> Slice:
+        """The place `ref` names for `tensor`, checked to lie within its region."""
+        self._require(InvalidInput)
+        region = self._region(ref.region)
+        if ref.offset + ref.byte_size > region.byte_size:
+            raise InvalidInput(f"tensor {tensor}: shared_memory_offset {ref.offset} + shared_memory_byte_size "
+                               f"{ref.byte_size} runs past the end of region {ref.region!r} ({region.byte_size} bytes)")
+        return Slice(region, ref.offset, ref.byte_size)
+
+
+def cuda_status(name: str = "") -> list[dict]:
+    """CUDA shared memory regions: none (see CUDA)."""
+    if name:
+        raise InvalidInput(f"unknown CUDA shared memory region {name!r}: none is registered ({CUDA})")
+    return []
+
+
+def cuda_register(name: str) -> None:
+    raise Unsupported(f"cannot register CUDA shared memory region {name!r}: {CUDA}")

@@ -1,0 +1,114 @@
+"""ModelStreamInfer through unmodified tritonclient (start_stream / async_stream_infer /
+stop_stream): answers in request order, equal to ModelInfer's; failed requests are answers with
+an error message, never the end of the stream; the stream's requests go through the same
+admission (queue full, deadline, cancel)."""
+
+from __future__ import annotations
+
+import queue
+import uuid
+
+import numpy as np
+import pytest
+import tritonclient.grpc as tgrpc
+
+from tests.server.conftest import BEAM_SPEC, SCORE_SPEC, wait_metric
+from tests.server.fake_engine import FakeEngine, read_log, write_fake_artifact
+from tests.server.test_endpoints import text_input
+
+INFLIGHT = 'boundgen_inflight_requests{model="fscore"}'
+QUEUED = 'boundgen_queue_depth{model="fscore"}'
+
+
+class Stream:
+    """A tritonclient stream whose callback's (result, error) pairs arrive on a queue."""
+
+    def __init__(self, server, **kwargs):
+        self.client = tgrpc.InferenceServerClient(server.grpc_url)
+        self.answers: queue.Queue = queue.Queue()
+        self.client.start_stream(callback=lambda result, error: self.answers.put((result, error)), **kwargs)
+
+    def send(self, model, texts, request_id, **kwargs):
+        self.client.async_stream_infer(model, [text_input("grpc", texts)], request_id=request_id, **kwargs)
+
+    def next(self, timeout_s: float = 30.0):
+        return self.answers.get(timeout=timeout_s)
+
+    def stop(self, cancel_requests: bool = False):
+        self.client.stop_stream(cancel_requests=cancel_requests)
+        self.client.close()
+
+
+def test_answers_in_request_order_with_errors_in_place(fake_server):
+    stream = Stream(fake_server)
+    texts = ["slow one sleep=0.3", "fast two"]
+    stream.send("fscore", texts[:1], "a")  # still running when "b" is done: "b" waits its turn
+    stream.send("fscore", texts[1:], "b")
+    stream.send("fscore", [], "c")  # an empty batch: 400 for ModelInfer
+    stream.send("nope", ["x"], "d")  # an unknown model
+    stream.send("fbeam", ["a prompt"], "e")
+    answers = [stream.next() for _ in range(5)]
+    stream.stop()
+
+    ids = [result.get_response().id if error is None else None for result, error in answers]
+    assert ids == ["a", "b", None, None, "e"]
+    for (result, error), text in zip(answers[:2], texts):
+        assert error is None
+        np.testing.assert_array_equal(result.as_numpy("SCORES"), FakeEngine(SCORE_SPEC).score([text]).scores)
+    assert "empty" in answers[2][1].message()
+    assert "unknown model 'nope'" in answers[3][1].message()
+    beam = FakeEngine(BEAM_SPEC).beam("a prompt")
+    np.testing.assert_array_equal(answers[4][0].as_numpy("TOKEN_IDS"), beam.token_ids)
+    assert [t.decode() for t in answers[4][0].as_numpy("TEXT_OUT")] == beam.texts
+
+
+def test_a_deadline_applies_per_request(fake_server):
+    stream = Stream(fake_server)
+    stream.send("fscore", ["late sleep=0.3"], "late", timeout=50_000)  # microseconds, as ModelInfer's
+    stream.send("fscore", ["on time"], "ok")
+    (late, late_error), (ok, ok_error) = stream.next(), stream.next()
+    stream.stop()
+    assert late is None and "deadline" in late_error.message()
+    assert ok_error is None and ok.get_response().id == "ok"
+
+
+@pytest.fixture(scope="module")
+def one_slot(launch, tmp_path_factory):
+    root = tmp_path_factory.mktemp("stream_one_slot")
+    log = root / "calls.jsonl"
+    server = launch([write_fake_artifact(root / "fscore", SCORE_SPEC, log=log)],
+                    args=["--max-inflight", "1", "--max-queue", "1", "--default-timeout-ms", "30000"])
+    server.log, server.root = log, root
+    yield server
+    assert server.stop() == 0
+
+
+def test_same_admission_as_model_infer(one_slot):
+    """One slot and one queue place: the third request of a stream is refused as ModelInfer's would be."""
+    release = one_slot.root / f"release-{uuid.uuid4().hex}"
+    stream = Stream(one_slot)
+    stream.send("fscore", [f"hold={release}"], "running")
+    wait_metric(one_slot, INFLIGHT, 1)
+    stream.send("fscore", ["queued"], "queued")
+    wait_metric(one_slot, QUEUED, 1)
+    stream.send("fscore", ["refused"], "refused")
+    release.touch()
+    answers = [stream.next() for _ in range(3)]
+    stream.stop()
+    assert [a[0].get_response().id for a in answers[:2]] == ["running", "queued"]
+    assert answers[2][0] is None and "at capacity" in answers[2][1].message()
+    assert not any("refused" in call["texts"] for call in read_log(one_slot.log))
+
+
+def test_cancelling_the_stream_frees_its_queue_place(one_slot):
+    release = one_slot.root / f"release-{uuid.uuid4().hex}"
+    stream = Stream(one_slot)
+    stream.send("fscore", [f"hold={release}"], "running")
+    wait_metric(one_slot, INFLIGHT, 1)
+    stream.send("fscore", ["never runs"], "queued")
+    wait_metric(one_slot, QUEUED, 1)
+    stream.stop(cancel_requests=True)
+    wait_metric(one_slot, QUEUED, 0)  # left the queue at once, while the first still runs
+    release.touch()
+    wait_metric(one_slot, INFLIGHT, 0)
+    assert not any("never runs" in call["texts"] for call in read_log(one_slot.log))
