@@ -4,8 +4,10 @@
 W1_ARGS=(--task score --labels " yes" " no" --max-samples 60 --max-tokens-per-sample 256 --max-total-tokens 15360
          --cuda-graphs --batching --token-bucket 512 --contexts 2 --device cuda --dtype bfloat16 --name w1)
 W1_DEFAULT="--lowering packed_attention=triton"
-# One beam artifact serves W2 and W3: W=100, N_gen=5, prompts up to 400 tokens, up to 8 a call.
+# One beam artifact serves W2 and W3: W=100, N_gen=5, prompts up to 400 tokens, up to 8 a call; candidate
+# selection by chunks (measured 2026-12-01: docs/benchmarks.md).
 BEAM_ARGS=(--task beam --width 100 --steps 5 --min-new-tokens 5 --max-prompt-tokens 400 --device cuda
            --dtype bfloat16 --name beam)
-BEAM_DEFAULT="--lowering packed_attention=triton --lowering prefix_attention=triton --max-requests 8 --cuda-graphs \
+BEAM_DEFAULT="--lowering packed_attention=triton --lowering prefix_attention=triton --lowering vocab_topk=chunks \
+--max-requests 8 --cuda-graphs \
 --batching --contexts 2 --token-bucket 128"

