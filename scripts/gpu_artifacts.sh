@@ -3,7 +3,7 @@
 # W1 bounds hold four 15-sample requests per call, so that concurrent requests can be batched.
 W1_ARGS=(--task score --labels " yes" " no" --max-samples 60 --max-tokens-per-sample 256 --max-total-tokens 15360
          --cuda-graphs --batching --token-bucket 512 --contexts 2 --device cuda --dtype bfloat16 --name w1)
-W1_DEFAULT="--lowering packed_attention=triton"
+W1_DEFAULT="--lowering packed_attention=triton --lowering rmsnorm=triton --lowering rope=triton"  # +8% (2026-12-01)
 # One beam artifact serves W2 and W3: W=100, N_gen=5, prompts up to 400 tokens, up to 8 a call; candidate
 # selection by chunks (measured 2026-12-01: docs/benchmarks.md).
 BEAM_ARGS=(--task beam --width 100 --steps 5 --min-new-tokens 5 --max-prompt-tokens 400 --device cuda

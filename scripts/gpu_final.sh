@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every GPU measurement in one go (< 10 minutes):
 #   1. with FUSED_TESTS=1, the fused elementwise kernels' gpu tests: they decide whether the eager
-#      engines use them (artifacts use Inductor's own fusions);
+#      engines use them (artifacts take theirs from scripts/gpu_artifacts.sh);
 #   2. scripts/gpu_bench.sh in the background (demo checkpoints, W1 and beam builds, W1 and W2/W3
 #      benches vs the peer, both with concurrent requests batched; with BEAM_UNBATCHED=1, W2/W3 a
 #      second time unbatched);
