@@ -136,15 +136,15 @@ class BeamEncoder:
 
     def __init__(self, tokenizer, stop_token_ids, width: int):
         self.tokenizer, self.width = tokenizer, width
-        self.stop = set(int(t) for t in stop_token_ids)
+        self.stop = np.array(sorted(set(int(t) for t in stop_token_ids)), dtype=np.int64)
 
     def split(self, host: list[np.ndarray], batches: Sequence[PackedBatch]) -> list[list[np.ndarray]]:
         w = self.width
         return [[h[i * w:(i + 1) * w] for h in host] for i in range(len(batches))]
 
     def encode(self, ids: np.ndarray, scores: np.ndarray, finished: np.ndarray) -> BeamResult:
-        texts = self.tokenizer.decode_batch(
-            [[int(t) for t in row if t >= 0 and int(t) not in self.stop] for row in ids])
+        keep = (ids >= 0) & ~np.isin(ids, self.stop)  # padding and stop tokens are not text
+        texts = self.tokenizer.decode_batch([row[k] for row, k in zip(ids, keep)])
         return BeamResult(token_ids=ids.astype(np.int32), scores=scores.astype(np.float32, copy=False),
                           finished=finished.astype(bool), texts=texts)
 
