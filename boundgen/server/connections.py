@@ -6,7 +6,7 @@
                       runs from the connection's start or its last answer while it waits for a
                       complete head; bytes arriving do not reset it)
     read_timeout_s    an inference body must arrive in full within this long of its head
-                      (kserve_http reads it under this bound): a stalled or endless body is
+                      (http_bodies.read_body reads it under this bound): a stalled or endless body is
                       answered 408 and the connection closed
     max_connections   HTTP connections open at once; one more is answered 503 and closed at once,
                       before anything of it is read

@@ -1,0 +1,202 @@
+"""The bodies of KServe v2 over HTTP: reading a request's within the server's limits, an
+inference request's JSON and binary tensor data into Tensors, the outputs into a response, and
+the JSON error body. The aiohttp application, its routes and handlers: kserve_http.py.
+
+Binary extension: the header `Inference-Header-Content-Length: N` says the body is N bytes of
+JSON followed by raw tensor data; each input with `parameters.binary_data_size` takes its bytes
+from there in order. Outputs come back binary when requested (`parameters.binary_data` per
+output, or request-level `parameters.binary_data_output`), JSON otherwise; an input or output
+with `parameters.shared_memory_region` is read from or written to a registered region
+(shared_memory.py). Errors are `{"error": "..."}` with the status of status.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+from boundgen.errors import InvalidInput
+from boundgen.server.config import ServerConfig
+from boundgen.server.served import VERSION
+from boundgen.server.shared_memory import SharedMemory, Slice, tensor_ref
+from boundgen.server.status import ReadTimeout, status_of
+from boundgen.server.tensors import Tensor, check_header, from_json, from_raw, to_json, to_raw
+
+log = logging.getLogger("boundgen.server")
+
+HEADER_LENGTH = "Inference-Header-Content-Length"
+
+
+async def read_body(request: web.Request, config: ServerConfig) -> bytes:
+    """The whole body, within --max-body-bytes (else InvalidInput) and --read-timeout-s (else ReadTimeout)."""
+    limit = config.max_body_bytes
+    if request.content_length is not None and request.content_length > limit:
+        raise InvalidInput(f"the request body is {request.content_length} bytes, over the server's limit "
+                           f"of {limit} (--max-body-bytes)")
+    try:  # the whole body within --read-timeout-s: a stalled or endless one must not hold the connection
+        return await asyncio.wait_for(request.read(), config.read_timeout_s)
+    except asyncio.TimeoutError:
+        raise ReadTimeout(f"the request body did not arrive in full within {config.read_timeout_s:g} s "
+                          "(--read-timeout-s)") from None
+    except web.HTTPRequestEntityTooLarge:
+        raise InvalidInput(f"the request body is over the server's limit of {limit} bytes "
+                           "(--max-body-bytes)") from None
+
+
+async def read_json(request: web.Request, config: ServerConfig):
+    """The body (within the limits of `read_body`) as JSON, or InvalidInput saying why not."""
+    body = await read_body(request, config)
+    try:
+        return json.loads(body)
+    except (ValueError, RecursionError, UnicodeDecodeError) as exc:
+        raise InvalidInput(f"the request body is not valid JSON: {exc}") from None
+
+
+async def read_options(request: web.Request, config: ServerConfig, what: str, example: str) -> dict:
+    """An optional JSON object body (none: {}), else InvalidInput naming `what` with an `example`."""
+    body = await read_body(request, config)
+    try:
+        options = json.loads(body) if body.strip() else {}
+    except (ValueError, RecursionError, UnicodeDecodeError) as exc:
+        raise InvalidInput(f"{what} is not valid JSON: {exc}") from None
+    if not isinstance(options, dict):
+        raise InvalidInput(f"{what} must be a JSON object like {example}")
+    return options
+
+
+@dataclass
+class HttpInferRequest:
+    id: str | None
+    tensors: list[Tensor]
+    outputs: list[str] | None  # requested names; None: all
+    binary: dict[str, bool] = field(default_factory=dict)  # per requested output: raw bytes, not JSON?
+    binary_default: bool = False  # for outputs not in `binary`
+    parameters: dict[str, Any] = field(default_factory=dict)
+    shared_memory: dict[str, Slice] = field(default_factory=dict)  # outputs to write to shared memory
+
+
+def _params(obj: dict, where: str) -> dict:
+    params = obj.get("parameters", {})
+    if not isinstance(params, dict):
+        raise InvalidInput(f"{where}: 'parameters' must be a JSON object")
+    return params
+
+
+def parse_infer_body(body: bytes, header_length: str | None, shared_memory: SharedMemory | None = None) -> HttpInferRequest:
+    """An inference request from an HTTP body (JSON, or JSON + binary tensor data), its tensors
+    in shared memory read from `shared_memory`'s regions."""
+    shared_memory = shared_memory or SharedMemory()
+    binary = memoryview(b"")
+    if header_length is not None:
+        try:
+            n = int(header_length)
+        except ValueError:
+            raise InvalidInput(f"header {HEADER_LENGTH} must be an integer, got {header_length!r}") from None
+        if not 0 <= n <= len(body):
+            raise InvalidInput(f"header {HEADER_LENGTH} says {n} bytes of JSON, the body has {len(body)}")
+        body, binary = body[:n], memoryview(body)[n:]
+    try:
+        obj = json.loads(body)
+    except UnicodeDecodeError:
+        raise InvalidInput("the request's JSON is not valid UTF-8") from None
+    except (ValueError, RecursionError) as exc:
+        raise InvalidInput(f"the request body is not valid JSON: {exc}") from None
+    if not isinstance(obj, dict):
+        raise InvalidInput("the request body must be a JSON object with 'inputs'")
+    inputs = obj.get("inputs")
+    if not isinstance(inputs, list):
+        raise InvalidInput("the request needs 'inputs', a list of tensors")
+    tensors, offset = [], 0
+    for i, inp in enumerate(inputs):
+        if not isinstance(inp, dict):
+            raise InvalidInput(f"inputs[{i}] must be a JSON object")
+        name, datatype, shape = check_header(inp.get("name"), inp.get("datatype"), inp.get("shape"))
+        params = _params(inp, f"input {name}")
+        size, ref = params.get("binary_data_size"), tensor_ref(name, params)
+        if ref is not None:
+            if size is not None or "data" in inp:
+                raise InvalidInput(f"input {name} has shared_memory_region and also "
+                                   f"{'data' if 'data' in inp else 'binary_data_size'}; send one")
+            tensors.append(shared_memory.slice(name, ref).read_tensor(name, datatype, shape))
+        elif size is not None:
+            if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+                raise InvalidInput(f"input {name}: binary_data_size must be a non-negative integer, got {size!r}")
+            if "data" in inp:
+                raise InvalidInput(f"input {name} has both 'data' and binary_data_size; send one")
+            if offset + size > len(binary):
+                raise InvalidInput(f"input {name}: binary_data_size {size} runs past the end of the binary data "
+                                   f"({len(binary) - offset} bytes left)")
+            tensors.append(from_raw(name, datatype, shape, binary[offset:offset + size]))
+            offset += size
+        elif "data" in inp:
+            tensors.append(from_json(name, datatype, shape, inp["data"]))
+        else:
+            raise InvalidInput(f"input {name} has none of 'data', parameters.binary_data_size, "
+                               "parameters.shared_memory_region")
+    if offset != len(binary):
+        raise InvalidInput(f"{len(binary) - offset} bytes of binary data are not claimed by any input")
+    parameters = _params(obj, "request")
+    default_binary = parameters.get("binary_data_output", False) is True
+    outputs, flags, slices = None, {}, {}
+    if obj.get("outputs") is not None:
+        if not isinstance(obj["outputs"], list):
+            raise InvalidInput("'outputs' must be a list of {\"name\": ...} objects")
+        outputs = []
+        for i, out in enumerate(obj["outputs"]):
+            if not isinstance(out, dict) or not isinstance(out.get("name"), str):
+                raise InvalidInput(f"outputs[{i}] must be an object with a string 'name'")
+            out_params = _params(out, f"output {out['name']}")
+            if "classification" in out_params:
+                raise InvalidInput(f"output {out['name']}: the classification extension is not supported")
+            outputs.append(out["name"])
+            ref = tensor_ref(out["name"], out_params)
+            if ref is not None:
+                if out_params.get("binary_data") is True:
+                    raise InvalidInput(f"output {out['name']} asks for shared memory and binary_data; ask for one")
+                slices[out["name"]] = shared_memory.slice(out["name"], ref)
+            flags[out["name"]] = out_params.get("binary_data", default_binary) is True
+    request_id = obj.get("id")
+    if request_id is not None and not isinstance(request_id, str):
+        raise InvalidInput("'id' must be a string")
+    return HttpInferRequest(request_id, tensors, outputs, flags, default_binary, parameters, slices)
+
+
+def encode_infer_response(model: str, request: HttpInferRequest, outputs: list[Tensor]) -> web.Response:
+    """`outputs` as `request` asked for each: into its shared memory region, binary after the JSON, or JSON."""
+    entries, chunks = [], []
+    for t in outputs:
+        entry = {"name": t.name, "datatype": t.datatype, "shape": list(t.shape)}
+        if t.name in request.shared_memory:
+            entry["parameters"] = request.shared_memory[t.name].write_tensor(t)
+        elif request.binary.get(t.name, request.binary_default):
+            raw = to_raw(t)
+            entry["parameters"] = {"binary_data_size": len(raw)}
+            chunks.append(raw)
+        else:
+            entry["data"] = to_json(t)
+        entries.append(entry)
+    head = {"model_name": model, "model_version": VERSION, "outputs": entries}
+    if request.id is not None:
+        head["id"] = request.id
+    head_bytes = json.dumps(head, separators=(",", ":")).encode()
+    if not chunks:
+        return web.Response(body=head_bytes, content_type="application/json")
+    return web.Response(body=head_bytes + b"".join(chunks), content_type="application/octet-stream",
+                        headers={HEADER_LENGTH: str(len(head_bytes))})
+
+
+def error_response(exc: BaseException) -> web.Response:
+    """`{"error": ...}` with the status of `exc` (status.py); internal errors are logged."""
+    status = status_of(exc)
+    if status.outcome == "internal_error":
+        log.error("internal error", exc_info=exc)
+    headers = {"WWW-Authenticate": "Bearer"} if status.http == 401 else None
+    response = web.json_response({"error": status.message}, status=status.http, headers=headers)
+    if status.outcome == "read_timeout":  # part of the body is unread: the connection cannot carry another request
+        response.force_close()
+    return response
