@@ -47,7 +47,8 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from boundgen.ops import chunk_max, packed_attention, prefix_attention, rmsnorm, rope, silu_mul, vocab_topk
+from boundgen.ops import (chunk_max, packed_attention, prefix_attention, qk_norm_rope, rmsnorm, rope, silu_mul,
+                          vocab_topk)
 
 PEAK_BF16_FLOPS = 989e12  # H200 dense BF16
 COPY_BYTES_PER_S = 4.1e12  # measured device copy (GPU.md)
@@ -267,6 +268,46 @@ def bench_rope(num_tokens: int, num_heads: int, head_dim: int, strided: bool, de
     work = (3.0 * x.numel(), float((2 * x.numel() + 2 * cos.numel()) * dtype.itemsize))
     case = f"rope T={num_tokens} N={num_heads} D={head_dim}{' qkv view' if strided else ''}"
     return _measure(case, impls, work, calls, replays)
+
+
+# qk_norm_rope launch configs (BLOCK_T, num_warps) timed beside the default.
+QK_NORM_ROPE_SWEEP = [(1, 8), (2, 4), (2, 8), (4, 8)]
+
+
+def bench_qk_norm_rope(num_tokens: int, heads=(16, 8), head_dim: int = 128, device: str = "cuda",
+                       calls: int = 20, replays: int = 10, dtype: torch.dtype = torch.bfloat16,
+                       sweep: bool = True) -> list[KernelTiming]:
+    """Qwen3's q/k norm + RoPE on a fused qkv output: the torch references (eager; and compiled by
+    Inductor, what an artifact with the torch lowerings runs), the separate Triton rmsnorm and rope
+    ops (four launches), the fused kernel (ops/qk_norm_rope.py) and its QK_NORM_ROPE_SWEEP."""
+    num_q, num_kv = heads
+    gen = torch.Generator(device=device).manual_seed(num_tokens)
+    qkv = (torch.randn(num_tokens, (num_q + 2 * num_kv) * head_dim, device=device, generator=gen) * 3).to(dtype)
+    wq, wk = (1 + 0.1 * torch.randn(2, head_dim, device=device, generator=gen)).to(dtype)
+    cos, sin = rope.cos_sin(torch.arange(num_tokens, device=device), rope.inv_freq(head_dim, 1e6).to(device), dtype)
+    args = (qkv, wq, wk, cos, sin, 1e-6, num_q, num_kv)
+    q, k, _ = qk_norm_rope.split_heads(qkv, num_q, num_kv, head_dim)
+
+    def separate():
+        return (rope.launch(rmsnorm.launch(q, wq, 1e-6), cos, sin), rope.launch(rmsnorm.launch(k, wk, 1e-6), cos, sin))
+    impls = {"torch reference": lambda: qk_norm_rope.reference(*args),
+             "inductor (reference compiled)": torch.compile(qk_norm_rope.reference, dynamic=False),
+             "triton rmsnorm + rope (4 launches)": separate,
+             "fused triton": lambda: qk_norm_rope.launch(*args)}
+    if sweep:
+        for block_t, warps in QK_NORM_ROPE_SWEEP:
+            impls[f"fused block_t {block_t} w{warps}"] = (
+                lambda b=block_t, w=warps: qk_norm_rope.launch(*args, block_t=b, num_warps=w))
+    elements = num_tokens * (num_q + num_kv) * head_dim
+    work = (8.0 * elements, float((2 * elements + 2 * cos.numel()) * dtype.itemsize))
+    case = f"qk_norm_rope T={num_tokens} heads={num_q}/{num_kv} D={head_dim}"
+    expected = impls["torch reference"]()
+    rows = []
+    for impl, fn in impls.items():
+        fn = (lambda f=fn: f(*args)) if impl.startswith("inductor") else fn
+        err = max((a.float() - b.float()).abs().max().item() for a, b in zip(fn(), expected))
+        rows.append(KernelTiming(case, impl, gpu_time_us(fn, calls, replays), *work, err))
+    return rows
 
 
 def bench_silu_mul(num_tokens: int, inter: int, device: str = "cuda", calls: int = 20,

@@ -136,7 +136,7 @@ def _engine(args, specs):
     lowering = _lowering(args.lowering, device)
     engine = eager_engine(args.artifact, pspec, dtype, device, contexts=args.contexts or 4,
                           cuda_graphs=bool(args.cuda_graphs), lowering=lowering, batching=bool(args.batching))
-    chosen = ",".join(f"{k}={v}" for k, v in lowering.to_dict().items() if v != "torch") or "torch reference"
+    chosen = lowering.describe()
     return engine, f"boundgen eager {args.artifact} {dtype} {device} lowering {chosen}{described}"
 
 

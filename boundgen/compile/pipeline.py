@@ -84,7 +84,7 @@ def build(cfg: BuildConfig, progress: Progress | None = None) -> Manifest:
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     try:
-        progress.stage("load", f"{cfg.model_dir} in {cfg.dtype}, lowering {_lowering_text(cfg)}")
+        progress.stage("load", f"{cfg.model_dir} in {cfg.dtype}, lowering {cfg.lowering.describe()}")
         dtype = parse_dtype(cfg.dtype)
         model = load_model(cfg.model_dir, dtype, device, cfg.lowering.resolve())
         program = make_program(model, cfg.spec)
@@ -188,11 +188,6 @@ def _num_classes(program, spec) -> int:
     """Score: columns of `probs` (labels, or the MLP head's classes); beam: 0."""
     head = getattr(program, "head", None)
     return head.num_classes if head is not None else len(getattr(spec, "labels", ()))
-
-
-def _lowering_text(cfg: BuildConfig) -> str:
-    changed = {k: v for k, v in cfg.lowering.to_dict().items() if v != "torch"}
-    return ", ".join(f"{k}={v}" for k, v in changed.items()) or "torch reference"
 
 
 def _check_device(device: str) -> torch.device:

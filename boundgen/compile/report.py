@@ -15,6 +15,8 @@ import sys
 import time
 from pathlib import Path
 
+from boundgen.ops.lowering import describe
+
 HEADER = ("| artifact | task | target | dtype | lowering | weights | export s | compile s | build s | size MiB "
           "| load s | first call ms | warm call ms | validation (worst error per output) |")
 
@@ -64,7 +66,7 @@ def measure(artifact: Path, requests: int = 5) -> dict:
             torch.cuda.synchronize()
         times.append(time.perf_counter() - start)
     compiled = manifest["compile"]
-    lowering = ",".join(f"{k}={v}" for k, v in compiled["lowering"].items() if v != "torch") or "torch"
+    lowering = describe(compiled["lowering"])
     size = sum(p.stat().st_size for p in artifact.rglob("*") if p.is_file())
     seconds = compiled["seconds"]
     target = compiled["device"] + (f" ({compiled['gpu_name']})" if compiled.get("gpu_name") else "")

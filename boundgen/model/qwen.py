@@ -19,6 +19,7 @@ from torch import nn
 
 from boundgen.model.config import ModelConfig
 from boundgen.ops import rope as rope_op
+from boundgen.ops.qk_norm_rope import split_heads
 from boundgen.ops.lowering import REFERENCE, Ops
 
 
@@ -36,10 +37,11 @@ class Attention(nn.Module):
         """x [T, H] -> q [T, Nq, D], k [T, Nkv, D], v [T, Nkv, D] with qk-norm and RoPE applied."""
         cfg = self.cfg
         qkv = self.qkv_proj(x)
-        q, k, v = qkv.split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
-        q = q.reshape(-1, cfg.num_heads, cfg.head_dim)
-        k = k.reshape(-1, cfg.num_kv_heads, cfg.head_dim)
-        v = v.reshape(-1, cfg.num_kv_heads, cfg.head_dim)
+        q, k, v = split_heads(qkv, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
+        if cfg.qk_norm and ops.qk_norm_rope is not None:  # fused
+            q, k = ops.qk_norm_rope(qkv, self.q_norm, self.k_norm, cos, sin, cfg.rms_norm_eps, cfg.num_heads,
+                                    cfg.num_kv_heads)
+            return q, k, v
         if cfg.qk_norm:
             q = ops.rmsnorm(q, self.q_norm, cfg.rms_norm_eps)
             k = ops.rmsnorm(k, self.k_norm, cfg.rms_norm_eps)

@@ -1,7 +1,8 @@
 """Choice of implementation per replaceable op.
 
 Each op module in `ops/` defines `reference` (the semantics, plain torch) and
-`IMPLEMENTATIONS` (lowering name -> callable with the reference's signature). An `OpLowering`
+`IMPLEMENTATIONS` (lowering name -> callable with the reference's signature; a fused op's default
+is None: not fused, the model composes the ops it fuses). An `OpLowering`
 names one lowering per op; `resolve()` turns it into the callables the model calls. The build
 records the lowering in the artifact's manifest.
 """
@@ -23,9 +24,14 @@ class OpLowering:
     prefix_attention: str = "torch"
     silu_mul: str = "torch"
     vocab_topk: str = "torch"
+    qk_norm_rope: str = "separate"  # no fused op: the model applies rmsnorm, then rope
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    def describe(self) -> str:
+        """The ops lowered to other than their default, as "op=impl, ..." ("torch reference" if none)."""
+        return describe(self.to_dict())
 
     @classmethod
     def from_dict(cls, raw: dict | None) -> "OpLowering":
@@ -48,6 +54,13 @@ class Ops:
     prefix_attention: Callable
     silu_mul: Callable
     vocab_topk: Callable
+    qk_norm_rope: Callable | None  # None: not fused
+
+
+def describe(lowering: dict) -> str:
+    """A manifest's or config's lowering dict -> the ops lowered to other than their default."""
+    defaults = OpLowering().to_dict()
+    return ", ".join(f"{k}={v}" for k, v in lowering.items() if v != defaults.get(k, "torch")) or "torch reference"
 
 
 def implementation(op: str, lowering: str) -> Callable:

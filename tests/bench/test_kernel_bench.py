@@ -94,3 +94,15 @@ def test_selection_benchmark_agrees_with_the_reference_on_cpu(monkeypatch):
             for r in rows]
     table = kernels.selection_table(rows).splitlines()
     assert table[4].startswith("| selection rows=3 V=1024 K=10 | triton | 4.0 | 10.00 | 0.40 |")
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="needs TRITON_INTERPRET=1")
+def test_qk_norm_rope_benchmark_agrees_with_the_reference_on_cpu(monkeypatch):
+    """Every form of q/k norm + RoPE (compiled reference, separate Triton ops, the fused kernel and
+    its sweep) gives the reference's q and k: within one bf16 ulp of values up to ~4."""
+    monkeypatch.setattr(kernels, "gpu_time_us", lambda fn, calls, replays: 1.0)
+    rows = kernels.bench_qk_norm_rope(5, heads=(4, 2), head_dim=16, device="cpu")
+    assert [r.impl for r in rows] == (["torch reference", "inductor (reference compiled)",
+                                       "triton rmsnorm + rope (4 launches)", "fused triton"]
+                                      + [f"fused block_t {b} w{w}" for b, w in kernels.QK_NORM_ROPE_SWEEP])
+    assert all(r.max_abs_err <= 0.04 for r in rows), kernels.markdown_table(rows)
