@@ -3,7 +3,8 @@ references, the registered op, the model's fused path.
 
 The kernel runs under TRITON_INTERPRET=1 on CPU tensors (tests/conftest.py), else compiled on
 CUDA. bf16 / fp16: the same rounding steps as the references, only the FP32 sum of squares in
-another order, so values are equal or one ulp apart (rarely); FP32 within 1e-5."""
+another order, so a normed value is rarely one ulp off, and a rotated one then at most one ulp of
+the largest values off (as with the separate Triton ops); FP32 within 1e-5."""
 
 import pytest
 import torch
@@ -35,9 +36,12 @@ def assert_matches(got, inputs, heads):
         assert g.dtype == w.dtype and g.shape == w.shape and g.is_contiguous()
         if g.dtype == torch.float32:
             torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-5)
-        else:
+        else:  # one ulp of the largest values at most; a normed value one ulp off moves a RoPE sum
+            # whose terms nearly cancel by many ulps of its own (16 seen on the H200), not more in value
             ulps = ulp_distance(g, w)
-            assert ulps.max() <= (2 if g.is_cuda else 1) and (ulps > 0).float().mean() < 0.01, ulps.max()
+            worst = (g.float() - w.float()).abs().max()
+            assert worst <= torch.finfo(g.dtype).eps * w.float().abs().max(), worst
+            assert (ulps > 0).float().mean() < 0.01, (ulps > 0).float().mean()
 
 
 @needs_kernel
