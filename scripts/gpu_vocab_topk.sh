@@ -18,7 +18,7 @@ timeout 170 python3 -m pytest -q -m gpu ${SELECTION_TESTS:-tests/ops/test_vocab_
 rc=$?; log "gpu tests: exit $rc -- $(tail -n 1 "$OUT/gpu_tests.log")"
 (( rc == 0 )) || grep -E "^(FAILED|ERROR)|Error|assert" "$OUT/gpu_tests.log" | head -n 20
 timeout 150 python3 -c "
-from boundgen.bench.kernels import bench_vocab_topk, selection_table
+from boundgen.bench.selection import bench_vocab_topk, selection_table
 rows = []
 for k in (200, 400):
     for r in (100, 800, 1600):

@@ -18,69 +18,31 @@ them), RoPE on q/k, silu_mul on gate_up; W1 at Qwen3-0.6B shapes (T 2400, H 1024
 of D 128, I 3072), W2 at Qwen2.5-0.5B shapes (T 100 beams, H 896, heads 14/2 of D 64, I 4864).
 Their FLOPs are elementwise operation counts (rough); bytes are what matters.
 
-Candidate selection of a beam decode step (ops/vocab_topk.py), bf16 logits [rows, 151,936] made
-by an LM head (hidden [rows, 896] x an embedding with uneven token norms, plus a Zipf-like token
-prior: torch.topk's cost depends on the values, ~2x slower on LM-head outputs than on N(0, 1)),
-two barred tokens, rows 100 / 800 / 1,600 (1, 8, 16 requests of W = 100) and K = 200 / 400:
-(a) "torch reference": FP32 log_softmax + torch.topk (the default lowering), (b) "torch-lse":
-torch.topk on the bf16 logits + FP32 logsumexp, (c) "triton" (and its SELECTION_SWEEP launch
-configs), (c') "chunks" (ops/chunk_max.py's kernel, then torch.topk over the chunks and over the
-top K chunks' values; its CHUNKS_SWEEP of chunk_max launches and chunk widths, and the chunk_max
-kernel alone), (d) the LM-head GEMM [rows, 896] x [896, 151,936] that makes the logits, for scale.
-Bytes: the logits once (2 rows V). Error: max |logp - reference logp| (both sorted best first,
-so equal values in another tie order still compare equal); nan for the GEMM.
-
-Timing: GPU time per call, CUDA graph of `calls` back-to-back calls replayed `replays` times
-(median), so host launch overhead is out and L2 is warm (as in the model, where the preceding
-projection has just written q/k/v). Throughput uses *logical* work, the same for every
+Candidate selection: bench/selection.py. Timing (bench/kernel_timing.py): GPU time per call, a
+CUDA graph of `calls` back-to-back calls replayed `replays` times (median), so host launch
+overhead is out and L2 is warm (as in the model, where the preceding projection has just written
+q/k/v). Throughput uses *logical* work, the same for every
 implementation: FLOPs 4 D N_q x (causal (query, key) pairs), bytes = q + k + v + out read or
 written once (the prefix once, not once per beam). Ceilings from ../shared/GPU.md.
 """
 
 from __future__ import annotations
 
-import statistics
 import sys
-from dataclasses import dataclass
 from typing import Callable
 
 import torch
 import torch.nn.functional as F
 
-from boundgen.ops import (chunk_max, packed_attention, prefix_attention, qk_norm_rope, rmsnorm, rope, silu_mul,
-                          vocab_topk)
+from boundgen.bench.kernel_timing import KernelTiming, gpu_time_us, markdown_table
+from boundgen.bench.selection import run_selection_benchmarks
+from boundgen.ops import packed_attention, prefix_attention, qk_norm_rope, rmsnorm, rope, silu_mul
 
-PEAK_BF16_FLOPS = 989e12  # H200 dense BF16
-COPY_BYTES_PER_S = 4.1e12  # measured device copy (GPU.md)
 # Packed-kernel launch configs (BLOCK_M, BLOCK_N, num_warps, num_stages) timed beside the default.
 PACKED_SWEEP = [(64, 64, 4, 2), (64, 32, 4, 2), (64, 64, 8, 2), (128, 64, 8, 3)]
 # A wider grid for choosing the default at head dim 128 (W1): `python -m boundgen.bench.kernels --packed-sweep`.
 PACKED_GRID = [(m, n, w, s) for m, n in ((32, 32), (64, 16), (64, 32), (64, 64), (128, 32), (128, 64))
                for w in (4, 8) for s in (2, 3)]
-# vocab_topk launch configs (BLOCK, num_warps, pipeline stages) timed beside the default.
-SELECTION_SWEEP = [(4096, 8, 3), (4096, 16, 1), (2048, 8, 3)]
-# "chunks" variants (chunk width, chunk_max tile, segment, num_warps) timed beside its default.
-CHUNKS_SWEEP = [(32, 4096, 16384, 8), (32, 2048, 8192, 4), (32, 2048, 32768, 4), (16, 2048, 16384, 4),
-                (8, 2048, 16384, 4), (64, 2048, 16384, 4)]
-QWEN_VOCAB = 151936
-
-
-@dataclass(frozen=True)
-class KernelTiming:
-    case: str
-    impl: str
-    time_us: float
-    flops: float
-    bytes: float
-    max_abs_err: float  # against the torch reference's output
-
-    @property
-    def tflops(self) -> float:
-        return self.flops / self.time_us / 1e6
-
-    @property
-    def gbps(self) -> float:
-        return self.bytes / self.time_us / 1e3
 
 
 def packed_work(lengths: list[int], num_q_heads: int, num_kv_heads: int, head_dim: int,
@@ -98,31 +60,6 @@ def prefix_work(width: int, prefix_len: int, suffix_len: int, num_q_heads: int,
     flops = 4.0 * head_dim * num_q_heads * width * (prefix_len + suffix_len)
     elems = 2 * width * num_q_heads + 2 * (prefix_len + width * suffix_len) * num_kv_heads
     return flops, float(elems * head_dim * elem_bytes)
-
-
-def gpu_time_us(fn: Callable[[], object], calls: int = 20, replays: int = 10) -> float:
-    """Median GPU time of one call of `fn`, from a CUDA graph of `calls` calls."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):  # warm up: compile, autotune caches, allocator
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(replays):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / calls)
-    return statistics.median(times)
 
 
 def _measure(case: str, impls: dict[str, Callable[[], torch.Tensor]], work: tuple[float, float],
@@ -330,69 +267,6 @@ def bench_elementwise(device: str = "cuda", calls: int = 20, replays: int = 10,
             + bench_rope(100, 2, 64, strided=True, **kw) + bench_silu_mul(100, 4864, **kw))
 
 
-def lm_head_logits(rows: int, vocab: int, hidden: int = 896, device: str = "cuda", seed: int = 0,
-                   dtype: torch.dtype = torch.bfloat16) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(hidden [rows, H], weight [V, H], logits [rows, V]): an LM head's output, not N(0, 1)
-    (uneven token norms, a Zipf-like prior, every 17th row peaked on one token)."""
-    gen = torch.Generator(device=device).manual_seed(seed)
-    h = torch.randn(rows, hidden, device=device, generator=gen).to(dtype)
-    norms = 0.5 + torch.rand(vocab, 1, device=device, generator=gen)
-    weight = (torch.randn(vocab, hidden, device=device, generator=gen) * norms / hidden ** 0.5).to(dtype)
-    rank = torch.randperm(vocab, device=device, generator=gen).float()
-    logits = 3.0 * (h.float() @ weight.float().T) + (6.0 - 1.5 * torch.log1p(rank / 50))
-    logits[::17, vocab // 3] += 25.0
-    return h, weight, logits.to(dtype)
-
-
-def bench_vocab_topk(rows: int, k: int, vocab: int = QWEN_VOCAB, hidden: int = 896, device: str = "cuda",
-                     calls: int = 20, replays: int = 10, dtype: torch.dtype = torch.bfloat16,
-                     sweep: bool = True) -> list[KernelTiming]:
-    """Candidate selection of one decode step over `rows` beams: (a)-(d) of the module docstring."""
-    h, weight, logits = lm_head_logits(rows, vocab, hidden, device, seed=rows + k, dtype=dtype)
-    bias = torch.zeros(vocab, device=device)
-    bias[[vocab - 2, vocab - 1]] = float("-inf")  # barred stop tokens (min_new_tokens)
-    impls = {"torch reference": lambda: vocab_topk.reference(logits, bias, k),
-             "torch-lse": lambda: vocab_topk.reference_lse(logits, bias, k),
-             "triton": lambda: vocab_topk.launch(logits, bias, k)}
-    if sweep:
-        for block, warps, stages in SELECTION_SWEEP:
-            impls[f"triton block {block} w{warps} s{stages}"] = (
-                lambda b=block, w=warps, st=stages: vocab_topk.launch(logits, bias, k, block=b, num_warps=w, stages=st))
-    impls["chunks"] = lambda: vocab_topk.chunked(logits, bias, k)
-    if sweep:
-        for chunk, tile, segment, warps in CHUNKS_SWEEP:
-            chunk = vocab_topk.chunk_size(vocab, k, chunk)  # one that divides V
-
-            def maxima(c=chunk, t=tile, sg=segment, w=warps):
-                return chunk_max.launch(logits, bias, c, tile=t, segment=sg, num_warps=w)
-            impls[f"chunks {chunk} tile {tile} seg {segment} w{warps}"] = (
-                lambda c=chunk, maxima=maxima: vocab_topk.select_from_chunks(logits, bias, k, *maxima(), c))
-    case = f"selection rows={rows} V={vocab} K={k}"
-    work = (0.0, float(logits.numel() * logits.element_size()))
-    expected = impls["torch reference"]()[0]
-    out = []
-    for impl, fn in impls.items():
-        err = (fn()[0] - expected).abs().nan_to_num(0.0).max().item()  # -inf - -inf (barred) is nan
-        out.append(KernelTiming(case, impl, gpu_time_us(fn, calls, replays), *work, err))
-    chunk = vocab_topk.chunk_size(vocab, k)
-    out.append(KernelTiming(case, "chunk_max kernel alone", gpu_time_us(lambda: chunk_max.launch(logits, bias, chunk),
-                                                                         calls, replays), *work, float("nan")))
-    gemm = (2.0 * rows * hidden * vocab, float((rows * hidden + vocab * hidden + rows * vocab) * h.element_size()))
-    out.append(KernelTiming(case, "lm-head GEMM (scale)", gpu_time_us(lambda: h @ weight.T, calls, replays),
-                            *gemm, float("nan")))
-    return out
-
-
-def run_selection_benchmarks(device: str = "cuda", rows: tuple[int, ...] = (100, 800, 1600),
-                             ks: tuple[int, ...] = (200, 400), calls: int = 20, replays: int = 10,
-                             sweep: bool = True) -> list[KernelTiming]:
-    """Candidate selection at every (rows, K): scripts/gpu_vocab_topk.sh."""
-    if not torch.cuda.is_available():
-        raise RuntimeError("kernel benchmarks need a CUDA device")
-    return [t for k in ks for r in rows
-            for t in bench_vocab_topk(r, k, device=device, calls=calls, replays=replays, sweep=sweep)]
-
-
 def run_kernel_benchmarks(device: str = "cuda", seed: int = 0, calls: int = 20,
                           replays: int = 10) -> list[KernelTiming]:
     """All cases: W1 packed prefill, W2/W3 beam steps (L_p 64 and 400, L_s 1..4), the
@@ -411,31 +285,6 @@ def run_kernel_benchmarks(device: str = "cuda", seed: int = 0, calls: int = 20,
                              calls=calls, replays=replays, requests=requests)
     rows += bench_elementwise(device, calls, replays)
     return rows + run_selection_benchmarks(device, ks=(200,), calls=calls, replays=replays, sweep=False)
-
-
-def markdown_table(rows: list[KernelTiming]) -> str:
-    lines = ["| case | implementation | time (us) | TFLOP/s | % BF16 peak | GB/s | % copy BW "
-             "| max abs err vs ref |",
-             "|---|---|---:|---:|---:|---:|---:|---:|"]
-    for r in rows:
-        lines.append(f"| {r.case} | {r.impl} | {r.time_us:.1f} | {r.tflops:.1f} | "
-                     f"{100 * r.tflops * 1e12 / PEAK_BF16_FLOPS:.1f} | {r.gbps:.0f} | "
-                     f"{100 * r.gbps * 1e9 / COPY_BYTES_PER_S:.1f} | {r.max_abs_err:.2e} |")
-    return "\n".join(lines)
-
-
-def selection_table(rows: list[KernelTiming]) -> str:
-    """Selection cases as time, speedup over the torch reference (a) and multiple of the GEMM (d)."""
-    lines = ["| case | implementation | time (us) | speedup vs (a) | x LM-head GEMM | max abs logp err |",
-             "|---|---|---:|---:|---:|---:|"]
-    for case in dict.fromkeys(r.case for r in rows):
-        of_case = [r for r in rows if r.case == case]
-        ref = next(r.time_us for r in of_case if r.impl == "torch reference")
-        gemm = next(r.time_us for r in of_case if r.impl.startswith("lm-head GEMM"))
-        for r in of_case:
-            lines.append(f"| {case} | {r.impl} | {r.time_us:.1f} | {ref / r.time_us:.2f} | "
-                         f"{r.time_us / gemm:.2f} | {r.max_abs_err:.2e} |")
-    return "\n".join(lines)
 
 
 if __name__ == "__main__":

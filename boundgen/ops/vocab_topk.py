@@ -53,7 +53,7 @@ in ptxas for sm_90, allows one program per SM either way, so 16 warps keep more 
 and the lane count, which must be >= K for the bound (K <= 800 here) and gives t0 close to the
 K-th value (for values spread evenly over lanes about K (1 + K/BLOCK/2) keys pass); BINS = 256
 because Triton's histogram costs ~bins/32 operations per value a warp; CAP = 2 K. These are
-choices from the design, not yet from measurement: the benchmark (bench/kernels.py,
+choices from the design, not yet from measurement: the benchmark (bench/selection.py,
 `bench_vocab_topk`) times SELECTION_SWEEP's BLOCK / warps / stages beside the default.
 """
 

@@ -5,7 +5,7 @@ import os
 import pytest
 import torch
 
-from boundgen.bench import kernels
+from boundgen.bench import kernels, selection
 from boundgen.ops import vocab_topk
 
 
@@ -81,18 +81,18 @@ def test_selection_benchmark_agrees_with_the_reference_on_cpu(monkeypatch):
     """The selection case: every lowering (the Triton sweep included) finds the reference's log-probs
     on LM-head-like logits; the table reports speedup over (a) and the multiple of the GEMM."""
     times = {"torch reference": 40.0, "lm-head GEMM (scale)": 10.0}
-    monkeypatch.setattr(kernels, "gpu_time_us", lambda fn, calls, replays: 1.0)
-    rows = kernels.bench_vocab_topk(3, 10, vocab=1024, hidden=16, device="cpu")
+    monkeypatch.setattr(selection, "gpu_time_us", lambda fn, calls, replays: 1.0)
+    rows = selection.bench_vocab_topk(3, 10, vocab=1024, hidden=16, device="cpu")
     assert [r.impl for r in rows] == (["torch reference", "torch-lse", "triton"]
-                                      + [f"triton block {b} w{w} s{st}" for b, w, st in kernels.SELECTION_SWEEP]
+                                      + [f"triton block {b} w{w} s{st}" for b, w, st in selection.SELECTION_SWEEP]
                                       + ["chunks"]
                                       + [f"chunks {vocab_topk.chunk_size(1024, 10, c)} tile {t} seg {sg} w{w}"
-                                         for c, t, sg, w in kernels.CHUNKS_SWEEP]
+                                         for c, t, sg, w in selection.CHUNKS_SWEEP]
                                       + ["chunk_max kernel alone", "lm-head GEMM (scale)"])
     assert all(r.max_abs_err < 1e-5 for r in rows[:-2]), kernels.markdown_table(rows)
     rows = [kernels.KernelTiming(r.case, r.impl, times.get(r.impl, 4.0), r.flops, r.bytes, r.max_abs_err)
             for r in rows]
-    table = kernels.selection_table(rows).splitlines()
+    table = selection.selection_table(rows).splitlines()
     assert table[4].startswith("| selection rows=3 V=1024 K=10 | triton | 4.0 | 10.00 | 0.40 |")
 
 

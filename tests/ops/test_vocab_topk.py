@@ -11,7 +11,7 @@ within a few ulp (another summation order for the log-sum-exp).
 import pytest
 import torch
 
-from boundgen.bench import kernels
+from boundgen.bench import selection
 from boundgen.ops import vocab_topk as op
 from tests.ops.kernel_testing import KERNEL_DEVICE, assert_script_prints_ok, needs_compiled_kernel, needs_kernel
 
@@ -202,9 +202,9 @@ def test_op_compiles_under_inductor():
 # GPU: Qwen's vocabulary in bf16, beam shapes (100 beams a request; 1, 8 and 16 requests a call).
 
 def lm_head_logits(rows, vocab, device, seed=0):
-    """bf16 logits shaped like an LM head's rather than N(0, 1) (bench/kernels.py: uneven token
+    """bf16 logits shaped like an LM head's rather than N(0, 1) (bench/selection.py: uneven token
     norms, a Zipf-like prior, peaked rows). Ties are common at bf16's resolution (ulp 1/16 at 8-16)."""
-    return kernels.lm_head_logits(rows, vocab, device=device, seed=seed)[2]
+    return selection.lm_head_logits(rows, vocab, device=device, seed=seed)[2]
 
 
 @pytest.mark.gpu

@@ -1,0 +1,71 @@
+"""What the kernel benchmarks share (bench/kernels.py, bench/selection.py): a timing row, the GPU
+time of a call, the markdown table.
+
+Timing: GPU time per call, a CUDA graph of `calls` back-to-back calls replayed `replays` times
+(median), so host launch overhead is out and L2 is warm. Ceilings from ../shared/GPU.md.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+PEAK_BF16_FLOPS = 989e12  # H200 dense BF16
+COPY_BYTES_PER_S = 4.1e12  # measured device copy (GPU.md)
+
+
+@dataclass(frozen=True)
+class KernelTiming:
+    case: str
+    impl: str
+    time_us: float
+    flops: float
+    bytes: float
+    max_abs_err: float  # against the torch reference's output
+
+    @property
+    def tflops(self) -> float:
+        return self.flops / self.time_us / 1e6
+
+    @property
+    def gbps(self) -> float:
+        return self.bytes / self.time_us / 1e3
+
+
+def gpu_time_us(fn: Callable[[], object], calls: int = 20, replays: int = 10) -> float:
+    """Median GPU time of one call of `fn`, from a CUDA graph of `calls` calls."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):  # warm up: compile, autotune caches, allocator
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(replays):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / calls)
+    return statistics.median(times)
+
+
+def markdown_table(rows: list[KernelTiming]) -> str:
+    lines = ["| case | implementation | time (us) | TFLOP/s | % BF16 peak | GB/s | % copy BW "
+             "| max abs err vs ref |",
+             "|---|---|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r.case} | {r.impl} | {r.time_us:.1f} | {r.tflops:.1f} | "
+                     f"{100 * r.tflops * 1e12 / PEAK_BF16_FLOPS:.1f} | {r.gbps:.0f} | "
+                     f"{100 * r.gbps * 1e9 / COPY_BYTES_PER_S:.1f} | {r.max_abs_err:.2e} |")
+    return "\n".join(lines)
