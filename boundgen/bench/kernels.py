@@ -1,4 +1,5 @@
-"""Kernel-level A/B of the two attention ops on CUDA: Triton kernel vs torch reference vs SDPA.
+"""Kernel-level A/B on CUDA of the attention ops (Triton kernel vs torch reference vs SDPA) and the
+elementwise ops (Triton kernels vs torch references).
 
 Cases (ARCHITECTURE.md workloads, bf16):
 - W1 packed prefill: 15 sequences of lengths uniform in [48, 256] (seeded), Qwen3-0.6B heads
@@ -15,7 +16,9 @@ The packed kernel also runs with the launch configs of PACKED_SWEEP, to pick the
 Elementwise ops (bf16, Triton kernel vs the torch reference, which is several kernels each):
 RMSNorm over hidden states and per head (q/k views of a fused qkv row, as the model passes
 them), RoPE on q/k, silu_mul on gate_up; W1 at Qwen3-0.6B shapes (T 2400, H 1024, heads 16/8
-of D 128, I 3072), W2 at Qwen2.5-0.5B shapes (T 100 beams, H 896, heads 14/2 of D 64, I 4864).
+of D 128, I 3072), W2 at Qwen2.5-0.5B shapes (T 100 beams, H 896, heads 14/2 of D 64, I 4864);
+Qwen3's q/k norm + RoPE as the torch references (eager and Inductor-compiled), the separate Triton
+ops and the fused kernel (`bench_qk_norm_rope`).
 Their FLOPs are elementwise operation counts (rough); bytes are what matters.
 
 Candidate selection: bench/selection.py. Timing (bench/kernel_timing.py): GPU time per call, a
