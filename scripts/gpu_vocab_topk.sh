@@ -14,7 +14,7 @@ source "$root/scripts/gpu_install.sh"  # boundgen as an installed package (no PY
 export TRITON_INTERPRET=0 PYTHONUNBUFFERED=1
 start=$SECONDS; log() { echo "[vocab_topk +$(( SECONDS - start ))s] $*"; }
 # shellcheck disable=SC2086
-timeout 170 python3 -m pytest -q -m gpu ${SELECTION_TESTS:-tests/ops/test_vocab_topk.py tests/ops/test_chunk_max.py} -p no:cacheprovider > "$OUT/gpu_tests.log" 2>&1
+timeout 170 python3 -m pytest -q -m gpu ${SELECTION_TESTS:-tests/ops/test_vocab_topk.py tests/ops/test_chunk_max.py tests/ops/test_chunk_select.py} -p no:cacheprovider > "$OUT/gpu_tests.log" 2>&1
 rc=$?; log "gpu tests: exit $rc -- $(tail -n 1 "$OUT/gpu_tests.log")"
 (( rc == 0 )) || grep -E "^(FAILED|ERROR)|Error|assert" "$OUT/gpu_tests.log" | head -n 20
 timeout 150 python3 -c "

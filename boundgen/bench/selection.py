@@ -1,14 +1,15 @@
-"""Kernel-level A/B of a beam decode step's candidate selection (ops/vocab_topk.py) on CUDA: bf16 logits [rows, 151,936] made
-by an LM head (hidden [rows, 896] x an embedding with uneven token norms, plus a Zipf-like token
-prior: torch.topk's cost depends on the values, ~2x slower on LM-head outputs than on N(0, 1)),
-two barred tokens, rows 100 / 800 / 1,600 (1, 8, 16 requests of W = 100) and K = 200 / 400:
-(a) "torch reference": FP32 log_softmax + torch.topk (the default lowering), (b) "torch-lse":
-torch.topk on the bf16 logits + FP32 logsumexp, (c) "triton" (and its SELECTION_SWEEP launch
-configs), (c') "chunks" (ops/chunk_max.py's kernel, then torch.topk over the chunks and over the
-top K chunks' values; its CHUNKS_SWEEP of chunk_max launches and chunk widths, and the chunk_max
-kernel alone), (d) the LM-head GEMM [rows, 896] x [896, 151,936] that makes the logits, for scale.
-Bytes: the logits once (2 rows V). Error: max |logp - reference logp| (both sorted best first,
-so equal values in another tie order still compare equal); nan for the GEMM.
+"""Kernel-level A/B of a beam decode step's candidate selection (ops/vocab_topk.py) on CUDA: bf16
+logits [rows, 151,936] made by an LM head (hidden [rows, 896] x an embedding with uneven token
+norms, plus a Zipf-like token prior: torch.topk's cost depends on the values, ~2x slower on LM-head
+outputs than on N(0, 1)), two barred tokens, rows 100 / 800 / 1,600 (1, 8, 16 requests of W = 100)
+and K = 200 / 400: (a) "torch reference": FP32 log_softmax + torch.topk (the default lowering), (b)
+"torch-lse": torch.topk on the bf16 logits + FP32 logsumexp, (c) "triton" (and its SELECTION_SWEEP
+launch configs), (c') "chunks" (ops/chunk_max.py's kernel, then torch.topk over the chunks and over
+the top K chunks' values; "chunks-triton": both top-Ks in one kernel, ops/chunk_select.py; its
+CHUNKS_SWEEP of chunk_max launches and chunk widths, and the chunk_max kernel alone), (d) the
+LM-head GEMM [rows, 896] x [896, 151,936] that makes the logits, for scale. Bytes: the logits once (2
+rows V). Error: max |logp - reference logp| (both sorted best first, so equal values in another tie
+order still compare equal); nan for the GEMM.
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ def bench_vocab_topk(rows: int, k: int, vocab: int = QWEN_VOCAB, hidden: int = 8
             impls[f"triton block {block} w{warps} s{stages}"] = (
                 lambda b=block, w=warps, st=stages: vocab_topk.launch(logits, bias, k, block=b, num_warps=w, stages=st))
     impls["chunks"] = lambda: vocab_topk.chunked(logits, bias, k)
+    impls["chunks-triton"] = lambda: vocab_topk.chunked_select(logits, bias, k)
     if sweep:
         for chunk, tile, segment, warps in CHUNKS_SWEEP:
             chunk = vocab_topk.chunk_size(vocab, k, chunk)  # one that divides V

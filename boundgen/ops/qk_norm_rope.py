@@ -162,7 +162,8 @@ def launch(qkv, q_weight, k_weight, cos, sin, eps: float, num_q_heads: int, num_
 
 @triton_op("boundgen::qk_norm_rope", mutates_args=())
 def qk_norm_rope(qkv: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, cos: torch.Tensor,
-                 sin: torch.Tensor, eps: float, num_q_heads: int, num_kv_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
+                 sin: torch.Tensor, eps: float, num_q_heads: int,
+                 num_kv_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
     return launch(qkv, q_weight, k_weight, cos, sin, eps, num_q_heads, num_kv_heads)
 
 

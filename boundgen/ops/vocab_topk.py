@@ -64,7 +64,8 @@ import triton
 import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
-from boundgen.ops import chunk_max
+from boundgen.ops import chunk_max, chunk_select
+from boundgen.ops.radix import masked_histogram, pick_bin
 
 BINS = 256  # histogram bins per radix-select pass
 
@@ -116,6 +117,15 @@ def select_from_chunks(logits: torch.Tensor, bias: Optional[torch.Tensor], k: in
     return best.values.to(torch.float32) - lse[:, None], ids
 
 
+def chunked_select(logits: torch.Tensor, bias: Optional[torch.Tensor], k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Lowering "chunks-triton": chunk_max, then the top k chunks and their top k values in one
+    kernel (ops/chunk_select.py): exact, equal values ranked by lower column first."""
+    vocab = logits.shape[1]
+    chunk = chunk_select.chunk_width(vocab, k, chunk_size(vocab, k))
+    maxima, lse = chunk_max.chunk_max(logits, bias, chunk)
+    return chunk_select.chunk_select(logits, bias, maxima, lse, k, chunk)
+
+
 def chunked(logits: torch.Tensor, bias: Optional[torch.Tensor], k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Lowering "chunks": the registered chunk_max op (its Triton kernel on CUDA), then
     select_from_chunks in torch (Inductor compiles the gathers; the two top-Ks stay torch.topk)."""
@@ -137,24 +147,6 @@ def _load_keys(row_ptr, bias_ptr, cols, valid, HAS_BIAS: tl.constexpr):
     y = tl.where(y == 0.0, 0.0, y)  # -0.0 == +0.0: one key
     bits = y.to(tl.int32, bitcast=True)
     return x, tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
-
-
-@triton.jit
-def _masked_histogram(digits, inside, BINS: tl.constexpr):
-    """Histogram of digits (in [0, BINS)) where `inside`; the others are counted out of bin 0."""
-    hist = tl.histogram(tl.where(inside, digits, 0), BINS)
-    outside = tl.sum((inside == 0).to(tl.int32), axis=0)
-    return hist - tl.where(tl.arange(0, BINS) == 0, outside, 0)
-
-
-@triton.jit
-def _pick_bin(hist, need, BINS: tl.constexpr):
-    """The bin holding the need-th largest value (need >= 1), the count above it, the count in it."""
-    bins = tl.arange(0, BINS)
-    above = tl.sum(hist, axis=0) - tl.cumsum(hist, axis=0)  # values in higher bins
-    b = tl.max(tl.where(above + hist >= need, bins, -1), axis=0)
-    at = bins == b
-    return b, tl.sum(tl.where(at, above, 0), axis=0), tl.sum(tl.where(at, hist, 0), axis=0)
 
 
 @triton.jit
@@ -238,8 +230,8 @@ def _vocab_topk_kernel(logits_ptr, bias_ptr, buf_ptr, logp_ptr, ids_ptr, vocab, 
                 _, key = _load_keys(row_ptr, bias_ptr, cols, valid, HAS_BIAS)
                 key = key.to(tl.int64)
                 inside = valid & (key >= lo) & (key <= hi)
-                hist += _masked_histogram(((key - lo) >> shift).to(tl.int32), inside, BINS)
-            b, above, n = _pick_bin(hist, k - gt, BINS)
+                hist += masked_histogram(((key - lo) >> shift).to(tl.int32), inside, BINS)
+            b, above, n = pick_bin(hist, k - gt, BINS)
             gt += above
             lo += b.to(tl.int64) << shift
             hi = tl.minimum(hi, lo + (tl.full([], 1, tl.int64) << shift) - 1)
@@ -329,4 +321,5 @@ def _(logits, bias, k):
 
 
 # Lowerings by name; the build config picks one per op and records it in the manifest.
-IMPLEMENTATIONS = {"torch": reference, "torch-lse": reference_lse, "triton": vocab_topk, "chunks": chunked}
+IMPLEMENTATIONS = {"torch": reference, "torch-lse": reference_lse, "triton": vocab_topk, "chunks": chunked,
+                   "chunks-triton": chunked_select}

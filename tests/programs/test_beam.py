@@ -70,7 +70,7 @@ def test_matches_hf_generate_min_new_tokens(models, family, width, steps):
 
 
 @pytest.mark.parametrize("family", ["qwen3", "qwen2"])
-@pytest.mark.parametrize("lowering", ["chunks", "torch-lse"])
+@pytest.mark.parametrize("lowering", ["chunks", "chunks-triton", "torch-lse"])
 def test_other_selection_lowerings_match_hf_generate(models, family, lowering):
     """Candidate selection by another lowering (on CPU: the torch form of its kernels) gives HF's
     beams: same sequences, scores, parents; stop tokens barred below min_new_tokens."""
