@@ -65,7 +65,7 @@ import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
 from boundgen.ops import chunk_max, chunk_select
-from boundgen.ops.radix import masked_histogram, pick_bin
+from boundgen.ops.radix import masked_histogram, ordered_key, pick_bin
 
 BINS = 256  # histogram bins per radix-select pass
 
@@ -144,9 +144,7 @@ def _load_keys(row_ptr, bias_ptr, cols, valid, HAS_BIAS: tl.constexpr):
     y = x
     if HAS_BIAS:
         y += tl.load(bias_ptr + cols, mask=valid, other=0.0)
-    y = tl.where(y == 0.0, 0.0, y)  # -0.0 == +0.0: one key
-    bits = y.to(tl.int32, bitcast=True)
-    return x, tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
+    return x, ordered_key(y)
 
 
 @triton.jit
