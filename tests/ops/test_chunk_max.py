@@ -11,7 +11,8 @@ import torch
 from boundgen.ops import chunk_max as op
 from boundgen.ops import vocab_topk
 from tests.ops.kernel_testing import KERNEL_DEVICE, needs_compiled_kernel, needs_kernel
-from tests.ops.test_vocab_topk import lm_head_logits, make_input, stable_reference
+from tests.ops.test_vocab_topk import (QWEN_CASES, assert_lowering_exports, lm_head_logits, make_input,
+                                      qwen_beam_case, stable_reference)
 
 
 def assert_maxima_match(logits, bias, chunk, **launch_args):
@@ -115,21 +116,8 @@ def test_launcher_rejects_bad_inputs():
         op.launch(logits, None, 8, tile=64, segment=96)
 
 
-class _Select(torch.nn.Module):
-    def forward(self, logits, bias):
-        return vocab_topk.IMPLEMENTATIONS["chunks"](logits, bias, 5)
-
-
 def test_lowering_exports_with_dynamic_rows_and_one_chunk_max_node():
-    rows = torch.export.Dim("M", min=2, max=4096)
-    logits, bias = make_input(9, 640, torch.float32, barred=(3,))
-    exported = torch.export.export(_Select(), (logits, bias), dynamic_shapes=({0: rows}, None))
-    calls = [n.target for n in exported.graph.nodes if n.op == "call_function"]
-    assert calls.count(torch.ops.boundgen.chunk_max.default) == 1
-    logits2, _ = make_input(37, 640, torch.float32, seed=3)
-    got, want = exported.module()(logits2, bias), stable_reference(logits2, bias, 5)
-    assert torch.equal(got[1], want[1])
-    torch.testing.assert_close(got[0], want[0], rtol=0, atol=2e-5)
+    assert_lowering_exports("chunks", [torch.ops.boundgen.chunk_max.default])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -138,14 +126,11 @@ def test_lowering_exports_with_dynamic_rows_and_one_chunk_max_node():
 
 @pytest.mark.gpu
 @needs_compiled_kernel
-@pytest.mark.parametrize("k", [200, 400, 800])
-@pytest.mark.parametrize("rows", [100, 800, 1600])
+@QWEN_CASES
 def test_gpu_bf16_qwen_vocabulary(rows, k):
-    logits = lm_head_logits(rows, 151936, "cuda", seed=rows + k)
-    bias = torch.zeros(151936, device="cuda")
-    bias[[151643, 151645]] = float("-inf")
+    logits, bias = qwen_beam_case(rows, k)
     assert_maxima_match(logits, bias, 32)
-    assert_selection_matches(logits, bias if k != 400 else None, k, ties=True)
+    assert_selection_matches(logits, bias, k, ties=True)
 
 
 @pytest.mark.gpu

@@ -7,7 +7,7 @@ import torch
 
 from boundgen.ops import chunk_max, chunk_select, vocab_topk
 from tests.ops.kernel_testing import KERNEL_DEVICE, needs_compiled_kernel, needs_kernel
-from tests.ops.test_vocab_topk import lm_head_logits, make_input, stable_reference
+from tests.ops.test_vocab_topk import QWEN_CASES, assert_lowering_exports, make_input, qwen_beam_case, stable_reference
 
 
 def assert_exact(logits, bias, k, select=chunk_select.launch):
@@ -68,21 +68,9 @@ def test_chunk_width_keeps_k_chunks_in_one_block():
     assert chunk_select.chunk_width(2048, 300, 4) == 4
 
 
-class _Select(torch.nn.Module):
-    def forward(self, logits, bias):
-        return vocab_topk.IMPLEMENTATIONS["chunks-triton"](logits, bias, 5)
-
-
 def test_lowering_exports_with_dynamic_rows_as_two_ops():
-    rows = torch.export.Dim("M", min=2, max=4096)
-    logits, bias = make_input(9, 640, torch.float32, barred=(3,))
-    exported = torch.export.export(_Select(), (logits, bias), dynamic_shapes=({0: rows}, None))
-    calls = [n.target for n in exported.graph.nodes if n.op == "call_function"]
-    assert torch.ops.boundgen.chunk_max.default in calls and torch.ops.boundgen.chunk_select.default in calls
-    logits2, _ = make_input(37, 640, torch.float32, seed=3)
-    got, want = exported.module()(logits2, bias), stable_reference(logits2, bias, 5)
-    assert torch.equal(got[1], want[1])
-    torch.testing.assert_close(got[0], want[0], rtol=0, atol=2e-5)
+    assert_lowering_exports("chunks-triton", [torch.ops.boundgen.chunk_max.default,
+                                              torch.ops.boundgen.chunk_select.default])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -90,15 +78,11 @@ def test_lowering_exports_with_dynamic_rows_as_two_ops():
 
 @pytest.mark.gpu
 @needs_compiled_kernel
-@pytest.mark.parametrize("k", [200, 400, 800])
-@pytest.mark.parametrize("rows", [100, 800, 1600])
+@QWEN_CASES
 def test_gpu_bf16_qwen_vocabulary(rows, k):
-    logits = lm_head_logits(rows, 151936, "cuda", seed=rows + k)
-    bias = torch.zeros(151936, device="cuda")
-    bias[[151643, 151645]] = float("-inf")
+    logits, bias = qwen_beam_case(rows, k)
     chunk = chunk_select.chunk_width(151936, k, vocab_topk.chunk_size(151936, k))
-    b = bias if k != 400 else None
-    logp, ids = chunk_select.launch(logits, b, *chunk_max.launch(logits, b, chunk), k, chunk)
-    want_logp, want_ids = stable_reference(logits, b, k)
+    logp, ids = chunk_select.launch(logits, bias, *chunk_max.launch(logits, bias, chunk), k, chunk)
+    want_logp, want_ids = stable_reference(logits, bias, k)
     assert torch.equal(ids, want_ids)
     torch.testing.assert_close(logp, want_logp, rtol=0, atol=2e-5)

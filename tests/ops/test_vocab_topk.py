@@ -207,15 +207,43 @@ def lm_head_logits(rows, vocab, device, seed=0):
     return selection.lm_head_logits(rows, vocab, device=device, seed=seed)[2]
 
 
-@pytest.mark.gpu
-@needs_compiled_kernel
-@pytest.mark.parametrize("k", [200, 400, 800])
-@pytest.mark.parametrize("rows", [100, 800, 1600])
-def test_gpu_bf16_qwen_vocabulary(rows, k):
+QWEN_CASES = pytest.mark.parametrize("rows,k", [(r, k) for k in (200, 400, 800) for r in (100, 800, 1600)])
+
+
+def qwen_beam_case(rows, k):
+    """(logits, bias) of a beam step over Qwen's vocabulary on the GPU: LM-head-like bf16 logits
+    [rows, 151,936], and the bias that bars the two stop tokens (None at K 400: the path without)."""
     logits = lm_head_logits(rows, 151936, "cuda", seed=rows + k)
+    if k == 400:
+        return logits, None
     bias = torch.zeros(151936, device="cuda")
     bias[[151643, 151645]] = float("-inf")
-    assert_matches(logits, bias if k != 400 else None, k)
+    return logits, bias
+
+
+def assert_lowering_exports(lowering, ops):
+    """vocab_topk lowered to `lowering` exports with dynamic rows as graph calls of the registered
+    `ops`, and the exported program gives a stable sort's top 5 on other rows."""
+    class Select(torch.nn.Module):
+        def forward(self, logits, bias):
+            return op.IMPLEMENTATIONS[lowering](logits, bias, 5)
+
+    logits, bias = make_input(9, 640, torch.float32, barred=(3,))
+    exported = torch.export.export(Select(), (logits, bias),
+                                   dynamic_shapes=({0: torch.export.Dim("M", min=2, max=4096)}, None))
+    calls = [n.target for n in exported.graph.nodes if n.op == "call_function"]
+    assert all(calls.count(o) == 1 for o in ops), calls
+    logits2, _ = make_input(37, 640, torch.float32, seed=3)
+    got, want = exported.module()(logits2, bias), stable_reference(logits2, bias, 5)
+    assert torch.equal(got[1], want[1])
+    torch.testing.assert_close(got[0], want[0], rtol=0, atol=2e-5)
+
+
+@pytest.mark.gpu
+@needs_compiled_kernel
+@QWEN_CASES
+def test_gpu_bf16_qwen_vocabulary(rows, k):
+    assert_matches(*qwen_beam_case(rows, k), k)
 
 
 @pytest.mark.gpu
