@@ -63,6 +63,23 @@ def fake_server(launch, fake_dirs):
     assert server.stop() == 0
 
 
+@pytest.fixture(scope="module")
+def one_slot(launch, tmp_path_factory):
+    """A fake score server with one in-flight slot and one queue place (a module's own); `.log`
+    lists the calls its engine made, `.root` is a folder for the test's files."""
+    root = tmp_path_factory.mktemp("one_slot")
+    log = root / "calls.jsonl"
+    server = launch([write_fake_artifact(root / "fscore", SCORE_SPEC, log=log)],
+                    args=["--max-inflight", "1", "--max-queue", "1", "--default-timeout-ms", "30000"])
+    server.log, server.root = log, root
+    yield server
+    assert server.stop() == 0
+
+
+INFLIGHT = 'boundgen_inflight_requests{model="fscore"}'
+QUEUED = 'boundgen_queue_depth{model="fscore"}'
+
+
 def metric(server, key: str) -> float:
     """The value of one sample line of /metrics, e.g. 'boundgen_queue_depth{model="fscore"}'."""
     import urllib.request

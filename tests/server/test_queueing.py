@@ -17,22 +17,8 @@ import tritonclient.grpc as tgrpc
 import tritonclient.http as thttp
 from tritonclient.utils import InferenceServerException
 
-from tests.server.conftest import SCORE_SPEC, metric, wait_metric
+from tests.server.conftest import INFLIGHT, QUEUED, SCORE_SPEC, metric, wait_metric
 from tests.server.fake_engine import read_events, read_log, wait_for_event, write_fake_artifact
-
-INFLIGHT = 'boundgen_inflight_requests{model="fscore"}'
-QUEUED = 'boundgen_queue_depth{model="fscore"}'
-
-
-@pytest.fixture(scope="module")
-def one_slot(launch, tmp_path_factory):
-    root = tmp_path_factory.mktemp("one_slot")
-    log = root / "calls.jsonl"
-    server = launch([write_fake_artifact(root / "fscore", SCORE_SPEC, log=log)],
-                    args=["--max-inflight", "1", "--max-queue", "1", "--default-timeout-ms", "30000"])
-    server.log, server.root = log, root
-    yield server
-    assert server.stop() == 0
 
 
 @pytest.fixture

@@ -9,15 +9,11 @@ import queue
 import uuid
 
 import numpy as np
-import pytest
 import tritonclient.grpc as tgrpc
 
-from tests.server.conftest import BEAM_SPEC, SCORE_SPEC, wait_metric
-from tests.server.fake_engine import FakeEngine, read_log, write_fake_artifact
+from tests.server.conftest import BEAM_SPEC, INFLIGHT, QUEUED, SCORE_SPEC, wait_metric
+from tests.server.fake_engine import FakeEngine, read_log
 from tests.server.test_endpoints import text_input
-
-INFLIGHT = 'boundgen_inflight_requests{model="fscore"}'
-QUEUED = 'boundgen_queue_depth{model="fscore"}'
 
 
 class Stream:
@@ -70,17 +66,6 @@ def test_a_deadline_applies_per_request(fake_server):
     stream.stop()
     assert late is None and "deadline" in late_error.message()
     assert ok_error is None and ok.get_response().id == "ok"
-
-
-@pytest.fixture(scope="module")
-def one_slot(launch, tmp_path_factory):
-    root = tmp_path_factory.mktemp("stream_one_slot")
-    log = root / "calls.jsonl"
-    server = launch([write_fake_artifact(root / "fscore", SCORE_SPEC, log=log)],
-                    args=["--max-inflight", "1", "--max-queue", "1", "--default-timeout-ms", "30000"])
-    server.log, server.root = log, root
-    yield server
-    assert server.stop() == 0
 
 
 def test_same_admission_as_model_infer(one_slot):
