@@ -289,10 +289,12 @@ class Sweep:
 
 
 def sweep(run_level: Callable[[int], LevelStats], concurrencies: Sequence[int], *, min_growth: float = 0.05,
-          max_blown: int = 2, progress: Callable | None = stderr_progress) -> Sweep:
-    """Run levels in order until throughput grows by no more than `min_growth` over the best so far,
-    or the latency budget is blown at `max_blown` levels, or the levels run out."""
-    levels, blown, best = [], 0, 0.0
+          max_flat: int = 2, max_blown: int = 2, progress: Callable | None = stderr_progress) -> Sweep:
+    """Run levels in order until throughput grows by no more than `min_growth` over the best so far
+    at `max_flat` levels in a row, or the latency budget is blown at `max_blown` levels, or the
+    levels run out. (One flat level is not enough: a 2 s level's QPS varies by a few percent, and a
+    single dip stopped sweeps below their peak on the H200, 2026-12-01.)"""
+    levels, blown, flat, best = [], 0, 0, 0.0
     for c in concurrencies:
         if progress:
             progress(f"closed loop c={c}")
@@ -303,8 +305,9 @@ def sweep(run_level: Callable[[int], LevelStats], concurrencies: Sequence[int], 
         blown += not stats.within_budget
         if blown >= max_blown:
             return Sweep(levels, f"latency budget blown at {blown} levels")
-        if len(levels) > 1 and stats.qps <= best * (1.0 + min_growth):
-            return Sweep(levels, f"throughput grew by <= {100 * min_growth:g}% at c={c}")
+        flat = flat + 1 if len(levels) > 1 and stats.qps <= best * (1.0 + min_growth) else 0
+        if flat >= max_flat:
+            return Sweep(levels, f"throughput grew by <= {100 * min_growth:g}% at {flat} levels up to c={c}")
         best = max(best, stats.qps)
     return Sweep(levels, "all concurrency levels run")
 

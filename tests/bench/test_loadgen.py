@@ -206,11 +206,15 @@ def _level(c, qps, mean=5.0, p99=10.0, errors=None):
                               None, None, within)
 
 
-def test_sweep_stops_when_throughput_stops_growing():
-    table = {1: _level(1, 100), 2: _level(2, 180), 4: _level(4, 250), 8: _level(8, 260), 16: _level(16, 300)}
-    result = sweep(lambda c: table[c], [1, 2, 4, 8, 16], progress=None)
-    assert [s.concurrency for s in result.levels] == [1, 2, 4, 8]  # 260 <= 1.05 x 250
-    assert "5%" in result.stop_reason
+def test_sweep_stops_when_throughput_stops_growing_twice_in_a_row():
+    table = {1: _level(1, 100), 2: _level(2, 180), 3: _level(3, 175), 4: _level(4, 250), 6: _level(6, 260),
+             8: _level(8, 255), 16: _level(16, 300)}
+    result = sweep(lambda c: table[c], [1, 2, 3, 4, 6, 8, 16], progress=None)
+    # c=3 dips (one flat level: go on), c=4 grows, c=6 and c=8 stay within 5% of 250: stop
+    assert [s.concurrency for s in result.levels] == [1, 2, 3, 4, 6, 8]
+    assert "5% at 2 levels" in result.stop_reason
+    once = sweep(lambda c: table[c], [1, 2, 3, 4, 6, 8, 16], max_flat=1, progress=None)
+    assert [s.concurrency for s in once.levels] == [1, 2, 3]
 
 
 def test_sweep_stops_when_budget_blown_twice():
