@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from boundgen.bench.kernel_timing import KernelTiming, gpu_time_us
-from boundgen.ops import chunk_max, vocab_topk
+from boundgen.ops import chunk_max, chunk_select, vocab_topk
 
 QWEN_VOCAB = 151936
 # vocab_topk launch configs (BLOCK, num_warps, pipeline stages) timed beside the default.
@@ -57,6 +57,11 @@ def bench_vocab_topk(rows: int, k: int, vocab: int = QWEN_VOCAB, hidden: int = 8
                 lambda b=block, w=warps, st=stages: vocab_topk.launch(logits, bias, k, block=b, num_warps=w, stages=st))
     impls["chunks"] = lambda: vocab_topk.chunked(logits, bias, k)
     impls["chunks-triton"] = lambda: vocab_topk.chunked_select(logits, bias, k)
+    if sweep:
+        select_chunk = chunk_select.chunk_width(vocab, k, vocab_topk.chunk_size(vocab, k))
+        for warps in (8, 32):
+            impls[f"chunks-triton w{warps}"] = (lambda w=warps: chunk_select.launch(
+                logits, bias, *chunk_max.launch(logits, bias, select_chunk), k, select_chunk, num_warps=w))
     if sweep:
         for chunk, tile, segment, warps in CHUNKS_SWEEP:
             chunk = vocab_topk.chunk_size(vocab, k, chunk)  # one that divides V

@@ -85,7 +85,7 @@ def test_selection_benchmark_agrees_with_the_reference_on_cpu(monkeypatch):
     rows = selection.bench_vocab_topk(3, 10, vocab=1024, hidden=16, device="cpu")
     assert [r.impl for r in rows] == (["torch reference", "torch-lse", "triton"]
                                       + [f"triton block {b} w{w} s{st}" for b, w, st in selection.SELECTION_SWEEP]
-                                      + ["chunks", "chunks-triton"]
+                                      + ["chunks", "chunks-triton", "chunks-triton w8", "chunks-triton w32"]
                                       + [f"chunks {vocab_topk.chunk_size(1024, 10, c)} tile {t} seg {sg} w{w}"
                                          for c, t, sg, w in selection.CHUNKS_SWEEP]
                                       + ["chunk_max kernel alone", "lm-head GEMM (scale)"])
