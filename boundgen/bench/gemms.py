@@ -4,6 +4,10 @@ The projections of one layer (qkv with Qwen2's bias, o, gate_up, down) and the L
 rows M a call feeds them, bf16 weights as the model holds them ([N, K], F.linear):
 
 - "cublas": F.linear, what an artifact calls today (Inductor's default for these GEMMs).
+- "cublas, weights from HBM": the same, each call on another copy of the weight, enough copies
+  (WEIGHT_BYTES_COLD in all) that none is still in L2 when it comes round again: a decode step
+  reads a layer's weights once, cold (the model is ~1 GB, L2 50 MB), where the case above, one
+  weight called back to back, measures them warm in L2.
 - "triton autotuned": the same GEMM compiled by Inductor with max-autotune and Triton templates
   only, tuned for this exact shape (what a build with max-autotune would pick among).
 - "fp8 rowwise": torch._scaled_mm on e4m3 operands, one scale per activation row and per weight
@@ -23,6 +27,7 @@ calls, median of replays): GPU time only, launch overhead out.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import sys
@@ -31,7 +36,7 @@ from dataclasses import asdict
 import torch
 import torch.nn.functional as F
 
-from boundgen.bench.kernels import KernelTiming, gpu_time_us, markdown_table
+from boundgen.bench.kernel_timing import KernelTiming, gpu_time_us, markdown_table
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0
@@ -41,6 +46,12 @@ QWEN25_05B = [("qkv", 1152, 896, True), ("o", 896, 896, False), ("gate_up", 9728
 QWEN3_06B = [("qkv", 4096, 1024, False), ("o", 1024, 2048, False), ("gate_up", 6144, 1024, False),
              ("down", 1024, 3072, False)]
 WORKLOADS = {"W2": (QWEN25_05B, (100, 400)), "W1": (QWEN3_06B, (2250,))}
+WEIGHT_BYTES_COLD = 128 << 20  # > 2.5 x the H200's L2
+
+
+def cold_copies(weight_bytes: int) -> int:
+    """Copies of a weight whose round trip reads WEIGHT_BYTES_COLD at least (2 at least)."""
+    return max(2, -(-WEIGHT_BYTES_COLD // weight_bytes))
 
 
 def gemm_shapes(workloads: list[str]) -> list[tuple[str, int, int, int, bool]]:
@@ -78,6 +89,9 @@ def bench_gemm(case: str, m: int, n: int, k: int, bias: bool, autotune: bool = T
     b = torch.randn(n, device="cuda", generator=gen).to(torch.bfloat16) if bias else None
     work = (2.0 * m * n * k, 2.0 * (n * k + m * k + m * n))
     impls = {"cublas": lambda: F.linear(x, w, b)}
+    copies = [w.clone() for _ in range(cold_copies(w.numel() * w.element_size()))]
+    turn = itertools.count()
+    impls["cublas, weights from HBM"] = lambda: F.linear(x, copies[next(turn) % len(copies)], b)
     if autotune:
         torch._dynamo.reset()  # a fresh cache a shape: past 8 recompiles of F.linear dynamo runs it eagerly
         tuned = torch.compile(F.linear, dynamic=False, options={  # max-autotune-no-cudagraphs, Triton only
@@ -92,7 +106,8 @@ def bench_gemm(case: str, m: int, n: int, k: int, bias: bool, autotune: bool = T
             got = fn()
             err = (got.float() - expected.float()).abs().max().item()
             name = f"{impl} (SQNR {sqnr_db(got, expected):.1f} dB)" if impl.startswith("fp8") else impl
-            rows.append(KernelTiming(case, name, gpu_time_us(fn, calls, replays), *work, err))
+            n_calls = max(calls, len(copies)) if "HBM" in impl else calls  # every copy in each replay
+            rows.append(KernelTiming(case, name, gpu_time_us(fn, n_calls, replays), *work, err))
         except Exception as exc:  # one implementation failing (an unsupported shape) must not hide the rest
             print(f"{case}: {impl} failed: {type(exc).__name__}: {str(exc)[:200]}", file=sys.stderr)
     return rows

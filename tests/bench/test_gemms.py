@@ -29,3 +29,9 @@ def test_main_refuses_without_cuda(capsys):
         pytest.skip("has CUDA")
     assert gemms.main(["--workloads", "W2"]) == 2
     assert "need a CUDA device" in capsys.readouterr().err
+
+
+def test_cold_weights_come_round_only_after_more_than_l2():
+    assert gemms.cold_copies(896 * 1152 * 2) == 66  # W2 qkv, 2 MB: 66 copies, 136 MB
+    assert gemms.cold_copies(151936 * 896 * 2) == 2  # the LM head alone is 272 MB
+    assert all(gemms.cold_copies(b) * b >= gemms.WEIGHT_BYTES_COLD for b in (1, 10 ** 6, 17 * 10 ** 6))
