@@ -33,7 +33,8 @@ def register(sub):
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
                    help="compute dtype (default: float32 on cpu, bfloat16 on cuda)")
     p.add_argument("--lowering", action="append", default=None, metavar="OP=IMPL",
-                   help="op implementation, e.g. packed_attention=triton (repeatable; default torch)")
+                   help="op implementation, e.g. packed_attention=triton (repeatable; default: every op's torch "
+                        "reference, no fused ops; docs/build.md lists the ops and their lowerings)")
     p.add_argument("--weights", choices=["external", "packaged"], default=None,
                    help="weights as safetensors beside the package (default) or inside it")
     shared = {o.key for o in options(ScoreSpec)} & {o.key for o in options(BeamSpec)}
