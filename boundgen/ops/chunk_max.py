@@ -84,16 +84,22 @@ SUPPORTED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 DEFAULT_TILE, DEFAULT_SEGMENT, DEFAULT_WARPS, DEFAULT_STAGES = 2048, 16384, 4, 2
 
 
-def check(logits: torch.Tensor, bias: Optional[torch.Tensor], chunk: int) -> None:
+def check_logits(op: str, logits: torch.Tensor, bias: Optional[torch.Tensor]) -> None:
+    """The logits and bias every selection op reads (chunk_max, chunk_select, vocab_topk); `op`
+    names the op in the message."""
     if logits.dim() != 2 or logits.stride(1) != 1:
-        raise ValueError(f"chunk_max: expected logits [M, V] with contiguous rows; got shape "
+        raise ValueError(f"{op}: expected logits [M, V] with contiguous rows; got shape "
                          f"{tuple(logits.shape)}, strides {logits.stride()}")
     if logits.dtype not in SUPPORTED_DTYPES:
-        raise ValueError(f"chunk_max: logits must be bfloat16, float16 or float32; got {logits.dtype}")
+        raise ValueError(f"{op}: logits must be bfloat16, float16 or float32; got {logits.dtype}")
     if bias is not None and (bias.dtype != torch.float32 or tuple(bias.shape) != (logits.shape[1],)
                              or bias.stride(0) != 1):
-        raise ValueError(f"chunk_max: bias must be contiguous FP32 [V={logits.shape[1]}]; got {bias.dtype} "
+        raise ValueError(f"{op}: bias must be contiguous FP32 [V={logits.shape[1]}]; got {bias.dtype} "
                          f"{tuple(bias.shape)}")
+
+
+def check(logits: torch.Tensor, bias: Optional[torch.Tensor], chunk: int) -> None:
+    check_logits("chunk_max", logits, bias)
     if chunk < 1 or chunk & (chunk - 1) or logits.shape[1] % chunk:
         raise ValueError(f"chunk_max: chunk must be a power of two dividing V={logits.shape[1]}; got {chunk}")
 

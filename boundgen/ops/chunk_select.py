@@ -33,6 +33,7 @@ import triton
 import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
+from boundgen.ops.chunk_max import check_logits
 from boundgen.ops.radix import kth_largest, ordered_key
 
 MAX_BLOCK = 16384  # values a program holds at once (chunk maxima, or k x chunk candidates)
@@ -102,18 +103,15 @@ def _chunk_select_kernel(logits_ptr, bias_ptr, maxima_ptr, lse_ptr, chunk_buf_pt
 
 def check(logits: torch.Tensor, bias: Optional[torch.Tensor], maxima: torch.Tensor, lse: torch.Tensor, k: int,
           chunk: int) -> None:
+    check_logits("chunk_select", logits, bias)
     rows, vocab = logits.shape
-    if logits.stride(1) != 1 or chunk < 1 or chunk & (chunk - 1) or vocab % chunk:
-        raise ValueError(f"chunk_select: logits [M, V] with contiguous rows and chunk a power of two dividing "
-                         f"V={vocab}; got strides {logits.stride()}, chunk {chunk}")
+    if chunk < 1 or chunk & (chunk - 1) or vocab % chunk:
+        raise ValueError(f"chunk_select: chunk must be a power of two dividing V={vocab}; got {chunk}")
     if tuple(maxima.shape) != (rows, vocab // chunk) or maxima.dtype != logits.dtype or not maxima.is_contiguous():
         raise ValueError(f"chunk_select: maxima must be contiguous [{rows}, {vocab // chunk}] {logits.dtype}; got "
                          f"{tuple(maxima.shape)} {maxima.dtype}")
     if tuple(lse.shape) != (rows,) or lse.dtype != torch.float32:
         raise ValueError(f"chunk_select: lse must be FP32 [{rows}]; got {tuple(lse.shape)} {lse.dtype}")
-    if bias is not None and (bias.dtype != torch.float32 or tuple(bias.shape) != (vocab,) or bias.stride(0) != 1):
-        raise ValueError(f"chunk_select: bias must be contiguous FP32 [V={vocab}]; got {bias.dtype} "
-                         f"{tuple(bias.shape)}")
     chunks, kp = vocab // chunk, triton.next_power_of_2(k)
     if not 1 <= k <= chunks or triton.next_power_of_2(chunks) > MAX_BLOCK or kp * chunk > MAX_BLOCK:
         raise ValueError(f"chunk_select: k={k} and chunk {chunk} need 1 <= k <= V / chunk = {chunks}, "

@@ -253,20 +253,11 @@ def _vocab_topk_kernel(logits_ptr, bias_ptr, buf_ptr, logp_ptr, ids_ptr, vocab, 
 # ---------------------------------------------------------------------------------------------
 # Launcher
 
-SUPPORTED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 DEFAULT_BLOCK, DEFAULT_WARPS, DEFAULT_STAGES = 4096, 16, 3
 
 
 def _check(logits: torch.Tensor, bias: Optional[torch.Tensor], k: int) -> None:
-    if logits.dim() != 2 or logits.stride(1) != 1:
-        raise ValueError(f"vocab_topk: expected logits [M, V] with contiguous rows; got shape "
-                         f"{tuple(logits.shape)}, strides {logits.stride()}")
-    if logits.dtype not in SUPPORTED_DTYPES:
-        raise ValueError(f"vocab_topk: logits must be bfloat16, float16 or float32; got {logits.dtype}")
-    if bias is not None and (bias.dtype != torch.float32 or tuple(bias.shape) != (logits.shape[1],)
-                             or bias.stride(0) != 1):
-        raise ValueError(f"vocab_topk: bias must be contiguous FP32 [V={logits.shape[1]}]; got {bias.dtype} "
-                         f"{tuple(bias.shape)}")
+    chunk_max.check_logits("vocab_topk", logits, bias)
     if not 1 <= k <= logits.shape[1]:
         raise ValueError(f"vocab_topk: k must be in 1..V={logits.shape[1]}; got {k}")
 
