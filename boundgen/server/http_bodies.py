@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,10 +23,9 @@ from boundgen.errors import InvalidInput
 from boundgen.server.config import ServerConfig
 from boundgen.server.served import VERSION
 from boundgen.server.shared_memory import SharedMemory, Slice, tensor_ref
-from boundgen.server.status import ReadTimeout, status_of
+from boundgen.server.status import ReadTimeout, answer_status
 from boundgen.server.tensors import Tensor, check_header, from_json, from_raw, to_json, to_raw
 
-log = logging.getLogger("boundgen.server")
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 
@@ -192,9 +190,7 @@ def encode_infer_response(model: str, request: HttpInferRequest, outputs: list[T
 
 def error_response(exc: BaseException) -> web.Response:
     """`{"error": ...}` with the status of `exc` (status.py); internal errors are logged."""
-    status = status_of(exc)
-    if status.outcome == "internal_error":
-        log.error("internal error", exc_info=exc)
+    status = answer_status(exc)
     headers = {"WWW-Authenticate": "Bearer"} if status.http == 401 else None
     response = web.json_response({"error": status.message}, status=status.http, headers=headers)
     if status.outcome == "read_timeout":  # part of the body is unread: the connection cannot carry another request

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
 import time
 
 import grpc
@@ -40,12 +39,11 @@ from boundgen.server.models import LOADING, ModelSet
 from boundgen.server.repository import Repository, control
 from boundgen.server.served import VERSION
 from boundgen.server.shared_memory import SharedMemory, Slice, tensor_ref
-from boundgen.server.status import status_of
+from boundgen.server.status import answer_status
 from boundgen.server.tensors import Tensor, check_header, from_grpc_contents, from_raw, to_raw
 from boundgen.server.triton_extensions import (log_settings, model_config, model_statistics, repository_index,
                                                to_message, trace_settings, update_log_settings)
 
-log = logging.getLogger("boundgen.server")
 
 PUBLIC_METHODS = frozenset({"ServerLive", "ServerReady"})
 
@@ -206,9 +204,7 @@ class GrpcFrontend:
         return request
 
     async def _abort(self, context, exc: BaseException):
-        status = status_of(exc)
-        if status.outcome == "internal_error":
-            log.error("internal error", exc_info=exc)
+        status = answer_status(exc)
         await context.abort(status.grpc, status.message)
 
     def _check_key(self, context) -> None:
@@ -368,10 +364,7 @@ class GrpcFrontend:
             with self.models.observe("grpc", request.model_name, lambda: _expired(context)):
                 return pb.ModelStreamInferResponse(infer_response=await self._infer(request, context, arrived))
         except Exception as exc:
-            status = status_of(exc)
-            if status.outcome == "internal_error":
-                log.error("internal error", exc_info=exc)
-            return pb.ModelStreamInferResponse(error_message=status.message,
+            return pb.ModelStreamInferResponse(error_message=answer_status(exc).message,
                                                infer_response=pb.ModelInferResponse(id=getattr(request, "id", "")))
 
     async def _infer(self, request, context, arrived: float):

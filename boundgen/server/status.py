@@ -13,12 +13,15 @@ request") without a log line. Everything else a request can hit is a `ServeError
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import grpc
 
 from boundgen import errors
 from boundgen.errors import InvalidInput
+
+log = logging.getLogger("boundgen.server")
 
 
 class ServeError(Exception):
@@ -103,3 +106,12 @@ def status_of(exc: BaseException) -> Status:
         outcome, message = "internal_error", f"internal error: {type(exc).__name__}: {exc}"
     http, code = _CODES[outcome]
     return Status(http, code, outcome, message)
+
+
+def answer_status(exc: BaseException) -> Status:
+    """`status_of(exc)` for a front end about to answer with it: an internal error is logged first,
+    with its traceback, since the client sees only its one-line message."""
+    status = status_of(exc)
+    if status.outcome == "internal_error":
+        log.error("internal error", exc_info=exc)
+    return status
