@@ -46,22 +46,22 @@ async def read_body(request: web.Request, config: ServerConfig) -> bytes:
                            "(--max-body-bytes)") from None
 
 
-async def read_json(request: web.Request, config: ServerConfig):
-    """The body (within the limits of `read_body`) as JSON, or InvalidInput saying why not."""
-    body = await read_body(request, config)
+def _loads(body: bytes, what: str):
     try:
         return json.loads(body)
     except (ValueError, RecursionError, UnicodeDecodeError) as exc:
-        raise InvalidInput(f"the request body is not valid JSON: {exc}") from None
+        raise InvalidInput(f"{what} is not valid JSON: {exc}") from None
+
+
+async def read_json(request: web.Request, config: ServerConfig):
+    """The body (within the limits of `read_body`) as JSON, or InvalidInput saying why not."""
+    return _loads(await read_body(request, config), "the request body")
 
 
 async def read_options(request: web.Request, config: ServerConfig, what: str, example: str) -> dict:
     """An optional JSON object body (none: {}), else InvalidInput naming `what` with an `example`."""
     body = await read_body(request, config)
-    try:
-        options = json.loads(body) if body.strip() else {}
-    except (ValueError, RecursionError, UnicodeDecodeError) as exc:
-        raise InvalidInput(f"{what} is not valid JSON: {exc}") from None
+    options = _loads(body, what) if body.strip() else {}
     if not isinstance(options, dict):
         raise InvalidInput(f"{what} must be a JSON object like {example}")
     return options
