@@ -166,7 +166,8 @@ from pathlib import Path
 res = Path(sys.argv[1])
 ab = sys.argv[2].replace("--", "").replace(" ", "_") or "ab"
 lowering = sys.argv[4].replace("--lowering", "").replace("=", "_").split()
-names = {"beam_topk": f"boundgen_vocab_topk_{sys.argv[3]}", "w1_lowering": "boundgen_" + "_".join(lowering), "beam_ab": f"boundgen_{ab}", "w1_ab": f"boundgen_{ab}"}
+names = {"beam_topk": f"boundgen_vocab_topk_{sys.argv[3]}", "w1_lowering": "boundgen_" + "_".join(lowering),
+         "beam_ab": f"boundgen_{ab}", "w1_ab": f"boundgen_{ab}"}
 for wl, parts in {"W1": ("w1", "w1_ab", "w1_lowering", "peers_W1"), "W2": ("beam", "beam_ab", "beam_topk", "peers_W2"),
                   "W3": ("beam", "beam_ab", "beam_topk", "peers_W3")}.items():
     merged = None

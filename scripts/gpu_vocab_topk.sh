@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Candidate selection on the GPU in one call: the vocab_topk and chunk_max GPU tests (exactness at rows
-# 100/800/1,600, K 200/400/800, V 151,936), then the selection benchmark (torch reference,
-# torch-lse, the Triton kernel, the "chunks" lowering, their launch sweeps, the LM-head GEMM for scale) as a markdown table.
+# Candidate selection on the GPU in one call: the vocab_topk, chunk_max and chunk_select GPU tests
+# (exactness at rows 100/800/1,600, K 200/400/800, V 151,936), then the selection benchmark (torch
+# reference, torch-lse, the Triton kernel, the "chunks" and "chunks-triton" lowerings, their launch
+# sweeps, the LM-head GEMM for scale) as a markdown table.
 #   bash scripts/gpu_vocab_topk.sh            (OUT=/dir to keep the logs; system python3;
 #                                              SELECTION_TESTS=files: only those tests)
 # About 2-3 minutes on an H200, most of it Triton compiles.
