@@ -58,7 +58,7 @@ def bench_vocab_topk(rows: int, k: int, vocab: int = QWEN_VOCAB, hidden: int = 8
     impls["chunks"] = lambda: vocab_topk.chunked(logits, bias, k)
     impls["chunks-triton"] = lambda: vocab_topk.chunked_select(logits, bias, k)
     if sweep:
-        select_chunk = chunk_select.chunk_width(vocab, k, vocab_topk.chunk_size(vocab, k))
+        select_chunk = vocab_topk.select_chunk_size(vocab, k)
         for warps in (8, 32):
             impls[f"chunks-triton w{warps}"] = (lambda w=warps: chunk_select.launch(
                 logits, bias, *chunk_max.launch(logits, bias, select_chunk), k, select_chunk, num_warps=w))

@@ -117,11 +117,16 @@ def select_from_chunks(logits: torch.Tensor, bias: Optional[torch.Tensor], k: in
     return best.values.to(torch.float32) - lse[:, None], ids
 
 
+def select_chunk_size(vocab: int, k: int) -> int:
+    """The chunk width of lowering "chunks-triton": chunk_size's, narrowed until the k chunks' values
+    fit one program of chunk_select."""
+    return chunk_select.chunk_width(vocab, k, chunk_size(vocab, k))
+
+
 def chunked_select(logits: torch.Tensor, bias: Optional[torch.Tensor], k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Lowering "chunks-triton": chunk_max, then the top k chunks and their top k values in one
     kernel (ops/chunk_select.py): exact, equal values ranked by lower column first."""
-    vocab = logits.shape[1]
-    chunk = chunk_select.chunk_width(vocab, k, chunk_size(vocab, k))
+    chunk = select_chunk_size(logits.shape[1], k)
     maxima, lse = chunk_max.chunk_max(logits, bias, chunk)
     return chunk_select.chunk_select(logits, bias, maxima, lse, k, chunk)
 

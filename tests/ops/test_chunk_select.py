@@ -11,7 +11,7 @@ from tests.ops.test_vocab_topk import QWEN_CASES, assert_lowering_exports, make_
 
 
 def assert_exact(logits, bias, k, select=chunk_select.launch):
-    chunk = chunk_select.chunk_width(logits.shape[1], k, vocab_topk.chunk_size(logits.shape[1], k))
+    chunk = vocab_topk.select_chunk_size(logits.shape[1], k)
     maxima, lse = chunk_max.reference(logits, bias, chunk)
     logp, ids = select(logits, bias, maxima, lse, k, chunk)
     want_logp, want_ids = stable_reference(logits, bias, k)
@@ -81,7 +81,7 @@ def test_lowering_exports_with_dynamic_rows_as_two_ops():
 @QWEN_CASES
 def test_gpu_bf16_qwen_vocabulary(rows, k):
     logits, bias = qwen_beam_case(rows, k)
-    chunk = chunk_select.chunk_width(151936, k, vocab_topk.chunk_size(151936, k))
+    chunk = vocab_topk.select_chunk_size(151936, k)
     logp, ids = chunk_select.launch(logits, bias, *chunk_max.launch(logits, bias, chunk), k, chunk)
     want_logp, want_ids = stable_reference(logits, bias, k)
     assert torch.equal(ids, want_ids)
