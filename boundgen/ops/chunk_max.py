@@ -36,6 +36,18 @@ def biased(logits: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
     return logits if bias is None else logits + bias.to(logits.dtype)
 
 
+def chunk_values(logits: torch.Tensor, bias: Optional[torch.Tensor], chunk_ids: torch.Tensor,
+                 chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The columns [M, k x chunk] of chunks `chunk_ids` [M, k] (in their order) and the values
+    there as selection ranks them (`biased`). Columns are clamped into the row: a no-op on real
+    data that lets Inductor drop its index bound check (it tunes kernels on made-up indices)."""
+    rows, vocab = logits.shape
+    cols = (chunk_ids[:, :, None] * chunk + torch.arange(chunk, device=logits.device)).reshape(rows, -1)
+    cols = cols.clamp(0, vocab - 1)
+    values = logits.gather(1, cols)
+    return cols, values if bias is None else values + bias[cols].to(values.dtype)
+
+
 def reference(logits: torch.Tensor, bias: Optional[torch.Tensor], chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
     rows, vocab = logits.shape
     maxima = biased(logits, bias).view(rows, vocab // chunk, chunk).amax(dim=-1)

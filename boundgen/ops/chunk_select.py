@@ -33,7 +33,7 @@ import triton
 import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
-from boundgen.ops.chunk_max import check_logits
+from boundgen.ops.chunk_max import check_logits, chunk_values
 from boundgen.ops.radix import kth_largest, ordered_key
 
 MAX_BLOCK = 16384  # values a program holds at once (chunk maxima, or k x chunk candidates)
@@ -41,13 +41,9 @@ MAX_BLOCK = 16384  # values a program holds at once (chunk maxima, or k x chunk 
 
 def reference(logits: torch.Tensor, bias: Optional[torch.Tensor], maxima: torch.Tensor, lse: torch.Tensor, k: int,
               chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
-    rows = logits.shape[0]
     top_chunks = torch.sort(maxima, dim=-1, descending=True, stable=True).indices[:, :k]
     top_chunks = torch.sort(top_chunks, dim=-1).values  # index order: candidates in column order
-    cols = (top_chunks[:, :, None] * chunk + torch.arange(chunk, device=logits.device)).reshape(rows, k * chunk)
-    values = logits.gather(1, cols)
-    if bias is not None:
-        values = values + bias[cols].to(values.dtype)
+    cols, values = chunk_values(logits, bias, top_chunks, chunk)
     best = torch.sort(values, dim=-1, descending=True, stable=True)
     return best.values[:, :k].to(torch.float32) - lse[:, None], cols.gather(1, best.indices[:, :k])
 

@@ -105,13 +105,8 @@ def select_from_chunks(logits: torch.Tensor, bias: Optional[torch.Tensor], k: in
                        lse: torch.Tensor, chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The row's top k from its chunk maxima [M, V / chunk] and log-sum-exp [M] (chunk_max): the
     top k chunks by maximum hold a top k of the row, so only their k x chunk values are ranked."""
-    rows, vocab = logits.shape
     top_chunks = torch.topk(maxima, k, dim=-1, sorted=False).indices  # [M, k]
-    cols = (top_chunks[:, :, None] * chunk + torch.arange(chunk, device=logits.device)).reshape(rows, k * chunk)
-    cols = cols.clamp(0, vocab - 1)  # a no-op on real data; lets the compiler drop its index bound check
-    values = logits.gather(1, cols)
-    if bias is not None:
-        values = values + bias[cols].to(values.dtype)
+    cols, values = chunk_max.chunk_values(logits, bias, top_chunks, chunk)
     best = torch.topk(values, k, dim=-1)  # best first
     ids = cols.gather(1, best.indices)
     return best.values.to(torch.float32) - lse[:, None], ids
