@@ -230,8 +230,9 @@ def bench_qk_norm_rope(num_tokens: int, heads=(16, 8), head_dim: int = 128, devi
 
     def separate():
         return (rope.launch(rmsnorm.launch(q, wq, 1e-6), cos, sin), rope.launch(rmsnorm.launch(k, wk, 1e-6), cos, sin))
+    compiled = torch.compile(qk_norm_rope.reference, dynamic=False)
     impls = {"torch reference": lambda: qk_norm_rope.reference(*args),
-             "inductor (reference compiled)": torch.compile(qk_norm_rope.reference, dynamic=False),
+             "inductor (reference compiled)": lambda: compiled(*args),
              "triton rmsnorm + rope (4 launches)": separate,
              "fused triton": lambda: qk_norm_rope.launch(*args)}
     if sweep:
@@ -244,7 +245,6 @@ def bench_qk_norm_rope(num_tokens: int, heads=(16, 8), head_dim: int = 128, devi
     expected = impls["torch reference"]()
     rows = []
     for impl, fn in impls.items():
-        fn = (lambda f=fn: f(*args)) if impl.startswith("inductor") else fn
         err = max((a.float() - b.float()).abs().max().item() for a, b in zip(fn(), expected))
         rows.append(KernelTiming(case, impl, gpu_time_us(fn, calls, replays), *work, err))
     return rows

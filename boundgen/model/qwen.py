@@ -19,8 +19,8 @@ from torch import nn
 
 from boundgen.model.config import ModelConfig
 from boundgen.ops import rope as rope_op
-from boundgen.ops.qk_norm_rope import split_heads
 from boundgen.ops.lowering import REFERENCE, Ops
+from boundgen.ops.qk_norm_rope import split_heads
 
 
 class Attention(nn.Module):
