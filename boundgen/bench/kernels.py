@@ -116,6 +116,9 @@ def bench_packed(lengths: list[int], heads=(16, 8), head_dim: int = 128, device:
         "torch reference": lambda: packed_attention.reference(q, k, v, cu_seqlens, scale),
         "sdpa (padded)": sdpa,
     }
+    if q.is_cuda and dtype in packed_attention.FLASH_DTYPES:  # elsewhere the flash lowering is the reference
+        impls["flash (PyTorch's FlashAttention-2)"] = (
+            lambda: packed_attention.flash(q, k, v, cu_seqlens, scale, max(lengths)))
     for config in configs:
         if config != packed_attention.default_config(head_dim):
             impls["triton m{} n{} w{} s{}".format(*config)] = (

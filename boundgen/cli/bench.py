@@ -71,6 +71,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batching", action=argparse.BooleanOptionalAction, default=None,
                    help="concurrent requests share model calls within the artifact's bounds (eager beam: up to 8); "
                         "default: the artifact's setting, off for the eager engine")
+    p.add_argument("--token-bucket", type=int, default=None, metavar="N",
+                   help="artifact only: pad calls to multiples of N tokens for CUDA graphs (default: the artifact's)")
     p.add_argument("--tokenizer", choices=["fast", "tokenizers"], default=None,
                    help="artifact only: encode with tiktoken where the vocabulary allows (fast, the default) "
                         "or with `tokenizers` (same ids; for an A/B)")
@@ -107,7 +109,8 @@ def _engine(args, specs):
     every workload in `specs`."""
     from boundgen.cli.common import is_artifact
 
-    overrides = {k: getattr(args, k) for k in ("contexts", "executors", "cuda_graphs", "batching")
+    overrides = {k: getattr(args, k) for k in ("contexts", "executors", "cuda_graphs", "batching",
+                                                       "token_bucket")
                  if getattr(args, k) is not None}
     if args.tokenizer is not None:
         overrides["fast_tokenizer"] = args.tokenizer == "fast"

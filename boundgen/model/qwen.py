@@ -103,10 +103,12 @@ class QwenModel(nn.Module):
         return h, cos, sin
 
     def prefill(self, tokens: torch.Tensor, positions: torch.Tensor, cu_seqlens: torch.Tensor,
-                keep_kv: bool = False):
+                keep_kv: bool = False, max_seqlen: int | None = None):
         """tokens/positions [T], cu_seqlens [B+1] int32 -> (hidden [T, H], kv or None).
 
-        kv, when kept, is (k, v) each [n_layers, T, Nkv, D].
+        kv, when kept, is (k, v) each [n_layers, T, Nkv, D]. max_seqlen: the caller's bound on a
+        real sequence's tokens, for the attention lowerings that size their grid by it
+        (ops/packed_attention.py); None: no bound.
         """
         ops = self.ops
         h, cos, sin = self._embed(tokens, positions)
@@ -116,7 +118,7 @@ class QwenModel(nn.Module):
             if keep_kv:
                 ks.append(k)
                 vs.append(v)
-            h = layer.attn_out(h, ops.packed_attention(q, k, v, cu_seqlens, self.scale), ops)
+            h = layer.attn_out(h, ops.packed_attention(q, k, v, cu_seqlens, self.scale, max_seqlen=max_seqlen), ops)
         h = ops.rmsnorm(h, self.norm, self.cfg.rms_norm_eps)
         return h, ((torch.stack(ks), torch.stack(vs)) if keep_kv else None)
 

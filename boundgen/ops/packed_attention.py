@@ -36,6 +36,16 @@ Triton kernel (FlashAttention-2 forward, varlen):
   scale * log2(e) folded in), p cast to v's dtype for p @ v, FP32 accumulator.
 - Any strides with a contiguous head dim: the model passes v as a view of the fused qkv output.
 - FP32 inputs use IEEE dots (no TF32) so the FP32 lowering stays exact enough to validate.
+
+Flash lowering (`flash`): PyTorch's own FlashAttention-2 varlen forward
+(`aten._flash_attention_forward`, CUDA, bf16/fp16; AOTInductor calls it through its C shim, so a
+package needs no custom op). Its grid is cdiv(max_seqlen, 128) x B x N_q, and programs past a
+sequence's end return at once, so it needs a tight `max_seqlen`: every lowering takes the
+program's bound on a real sequence (the packer refuses longer ones), which the model passes.
+Rows of a longer sequence are not written: only padding can be longer (score's filler sequence
+of up to token_bucket - 1 tokens, whose score row is dropped), and beam's tail after the last
+sequence is never written either; neither is read by a real row. Without a bound (None) it
+uses T, correct but slow. On CPU or in FP32 (which FlashAttention lacks) it runs `reference`.
 """
 
 import math
@@ -56,7 +66,8 @@ def sequence_ids(cu_seqlens: torch.Tensor, num_tokens: int) -> torch.Tensor:
 
 
 def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor,
-              scale: float) -> torch.Tensor:
+              scale: float, max_seqlen: int | None = None) -> torch.Tensor:
+    """`max_seqlen` (every lowering takes it; only `flash` needs it) is not used here."""
     if torch.compiler.is_compiling():
         if q.device.type == "cpu":  # one sequence at a time, as below, called by the package by name
             return torch.ops.boundgen.packed_attention(q, k, v, cu_seqlens, scale)
@@ -297,5 +308,27 @@ def _(q, k, v, cu_seqlens, scale):
     return q.new_empty(q.shape)
 
 
+def triton_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, scale: float,
+                     max_seqlen: int | None = None) -> torch.Tensor:
+    """The registered op (the grid needs no bound on a sequence's length)."""
+    return packed_attention(q, k, v, cu_seqlens, scale)
+
+
+# ---------------------------------------------------------------------------------------------
+# FlashAttention-2 (PyTorch's)
+
+FLASH_DTYPES = (torch.bfloat16, torch.float16)
+
+
+def flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, scale: float,
+          max_seqlen: int | None = None) -> torch.Tensor:
+    """PyTorch's FlashAttention-2 varlen forward; `reference` where it does not run (module doc)."""
+    if q.device.type != "cuda" or q.dtype not in FLASH_DTYPES:
+        return reference(q, k, v, cu_seqlens, scale)
+    longest = q.shape[0] if max_seqlen is None else max_seqlen
+    return torch.ops.aten._flash_attention_forward(q, k, v, cu_seqlens, cu_seqlens, longest, longest, 0.0, True,
+                                                   False, scale=scale)[0]
+
+
 # Lowerings by name; the build config picks one per op and records it in the manifest.
-IMPLEMENTATIONS = {"torch": reference, "triton": packed_attention}
+IMPLEMENTATIONS = {"torch": reference, "triton": triton_attention, "flash": flash}

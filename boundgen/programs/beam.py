@@ -58,11 +58,14 @@ NEG = -1.0e9  # HF's "impossible" score offset; kept identical so ties and sums 
 
 class BeamProgram(nn.Module):
     def __init__(self, model: QwenModel, width: int, steps: int, stop_token_ids: list[int] = (),
-                 length_penalty: float = 0.0, min_new_tokens: int = 0):
+                 length_penalty: float = 0.0, min_new_tokens: int = 0, max_prompt_tokens: int | None = None):
+        """max_prompt_tokens: the bound the packer holds every prompt to, for attention lowerings
+        that size their grid by it; None: no bound."""
         super().__init__()
         vocab = model.cfg.vocab_size
         self.model = model
         self.width, self.steps = width, steps
+        self.max_prompt_tokens = max_prompt_tokens
         self.keep = max(2, 1 + len(stop_token_ids)) * width
         if not 1 <= steps:
             raise ConfigError(f"steps must be >= 1, got {steps}")
@@ -91,7 +94,8 @@ class BeamProgram(nn.Module):
         model, W, N, K = self.model, self.width, self.steps, self.keep
         cfg, device = model.cfg, tokens.device
         R = cu_seqlens.shape[0] - 1
-        hidden, (prefix_k, prefix_v) = model.prefill(tokens, positions, cu_seqlens, keep_kv=True)
+        hidden, (prefix_k, prefix_v) = model.prefill(tokens, positions, cu_seqlens, keep_kv=True,
+                                                     max_seqlen=self.max_prompt_tokens)
         ends = cu_seqlens.to(torch.int64)[torch.arange(R, device=device) + 1]
         # Indexed, not sliced: a slice of cu_seqlens would make export guard R >= 2 (as the example).
         _, logp = self._log_probs(hidden[ends - 1], torch.zeros(1, dtype=torch.int64, device=device))  # [R, V]

@@ -13,8 +13,9 @@ def make_program(model: QwenModel, spec: ScoreSpec | BeamSpec):
     """The program for `spec`, its buffers (label ids, stop ids, head) on the model's device."""
     if isinstance(spec, ScoreSpec):
         head = MLPHead.load(spec.head_path, model.cfg.hidden_size) if spec.head_path else None
-        program = ScoreProgram(model, list(spec.label_token_ids), topk=spec.topk, head=head)
+        program = ScoreProgram(model, list(spec.label_token_ids), topk=spec.topk, head=head,
+                               max_tokens_per_sample=spec.max_tokens_per_sample)
     else:
         program = BeamProgram(model, spec.width, spec.steps, list(spec.stop_token_ids), spec.length_penalty,
-                              spec.min_new_tokens)
+                              spec.min_new_tokens, max_prompt_tokens=spec.max_prompt_tokens)
     return program.to(model.embed_tokens.device).eval()

@@ -20,7 +20,9 @@ from boundgen.programs.head import MLPHead
 
 class ScoreProgram(nn.Module):
     def __init__(self, model: QwenModel, label_token_ids: list[int] | None = None, topk: int = 0,
-                 head: MLPHead | None = None):
+                 head: MLPHead | None = None, max_tokens_per_sample: int | None = None):
+        """max_tokens_per_sample: the bound the packer holds every sample to (template included),
+        for attention lowerings that size their grid by it; None: no bound."""
         super().__init__()
         if head is None and not label_token_ids:
             raise ValueError("a score program needs label token ids or an MLP head")
@@ -29,11 +31,12 @@ class ScoreProgram(nn.Module):
         self.model = model
         self.head = head
         self.topk = topk
+        self.max_tokens_per_sample = max_tokens_per_sample
         ids = torch.tensor(list(label_token_ids or []), dtype=torch.int64)
         self.register_buffer("label_token_ids", ids, persistent=False)
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, cu_seqlens: torch.Tensor):
-        hidden, _ = self.model.prefill(tokens, positions, cu_seqlens)  # [T, H]
+        hidden, _ = self.model.prefill(tokens, positions, cu_seqlens, max_seqlen=self.max_tokens_per_sample)  # [T, H]
         last = hidden[cu_seqlens[1:].to(torch.int64) - 1]  # [B, H]
         if self.head is not None:
             out = (self.head(last),)

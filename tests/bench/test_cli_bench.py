@@ -92,3 +92,23 @@ def test_bench_peer_only_in_its_own_process(tmp_path, tiny_qwen3_dir):
 def test_peer_mode_and_target_checks(tmp_path):
     assert main(["bench", "--workload", "W1", "--out", str(tmp_path)]) == 2  # nothing to measure
     assert main(["bench", "--workload", "W1", "--peer", "x", "--peer-mode", "jit", "--out", str(tmp_path)]) == 2
+
+
+def test_engine_flags_override_the_artifacts_runtime(monkeypatch):
+    """--contexts / --token-bucket / --tokenizer reach the artifact's loader as overrides (the A/B
+    runs of the GPU scripts bench one artifact under other engine flags)."""
+    import argparse
+
+    import boundgen
+    from boundgen.cli import common
+
+    seen = {}
+    monkeypatch.setattr(common, "is_artifact", lambda path: True)
+    monkeypatch.setattr(boundgen, "load", lambda path, **kw: seen.update(kw) or "engine")
+    parser = argparse.ArgumentParser()
+    bench_cli.add_arguments(parser)
+    args = parser.parse_args(["--workload", "W1", "--artifact", "art", "--contexts", "1", "--token-bucket", "128",
+                              "--tokenizer", "tokenizers"])
+    engine, described = bench_cli._engine(args, [])
+    assert engine == "engine" and seen == {"contexts": 1, "token_bucket": 128, "fast_tokenizer": False}
+    assert "token_bucket=128" in described

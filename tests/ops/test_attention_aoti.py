@@ -2,7 +2,7 @@
 
 CPU: the ops stay opaque calls (decompose_custom_triton_ops=False) and run the reference.
 GPU: Inductor's default, the Triton kernels compiled into the package with a grid that is an
-expression of the symbolic T. Each runs in a fresh process: the GPU one without the
+expression of the symbolic T; the flash lowering calls PyTorch's FlashAttention through the C shim. Each runs in a fresh process: the GPU one without the
 interpreter, and with libstdc++ preloaded (the H200 image's AOTI load crash, ../shared/GPU.md).
 """
 
@@ -30,7 +30,8 @@ _SCRIPT = textwrap.dedent("""
             packed = torch.ops.boundgen.packed_attention(q, k, v, cu_seqlens, 0.125)
             beams = torch.ops.boundgen.prefix_attention(q_beams, k, v, k_buffer, v_buffer,
                                                         suffix_len, cu_seqlens, 2, 0.125)
-            return packed, beams
+            flashed = pa.flash(q, k, v, cu_seqlens, 0.125, 256)  # the reference on CPU
+            return packed, beams, flashed
 
     def inputs(lengths, suffix_len, heads=(14, 2), head_dim=64):
         t, b = sum(lengths), len(lengths)
@@ -55,12 +56,13 @@ _SCRIPT = textwrap.dedent("""
     runner = torch._inductor.aoti_load_package(path)
     for lengths, n in (([1, 7, 37], 1), ([200, 48, 256, 1, 99], 4), ([5, 3], 0)):
         args = inputs(lengths, n)
-        packed, beams = runner(*args)
+        packed, beams, flashed = runner(*args)
         q, k, v, cu, qb, kb, vb, suffix_len = args
         err_packed = (packed.float() - pa.reference(q, k, v, cu, 0.125).float()).abs().max()
         err_beams = (beams.float() - pf.reference(qb, k, v, kb[:, :n], vb[:, :n], suffix_len,
                                                   cu, 2, 0.125).float()).abs().max()
-        assert err_packed <= tol and err_beams <= tol, (lengths, n, err_packed, err_beams)
+        err_flash = (flashed.float() - pa.reference(q, k, v, cu, 0.125).float()).abs().max()
+        assert max(err_packed, err_beams, err_flash) <= tol, (lengths, n, err_packed, err_beams, err_flash)
     print("ok")
 """)
 

@@ -89,7 +89,7 @@ def test_registered_op_runs_reference_on_cpu():
     q, k, v, cu_seqlens = make_inputs([1, 7, 37], 4, 2, 16, torch.float32)
     out = torch.ops.boundgen.packed_attention(q, k, v, cu_seqlens, 0.25)
     torch.testing.assert_close(out, op.reference(q, k, v, cu_seqlens, 0.25), atol=0, rtol=0)
-    assert op.IMPLEMENTATIONS["triton"] is op.packed_attention
+    assert op.IMPLEMENTATIONS["triton"] is op.triton_attention
 
 
 class _Attend(torch.nn.Module):
@@ -171,6 +171,35 @@ def test_gpu_matches_reference_sdpa_flex(heads, head_dim):
         expected = other(q, k, v, cu_seqlens, scale).float()
         err = (out - expected).abs().max().item()
         assert err < 2e-2, f"max abs error {err} against {name}"
+
+
+def test_flash_runs_the_reference_on_cpu_and_in_fp32():
+    """FlashAttention is CUDA-only and has no FP32 kernel: the lowering falls back, exactly."""
+    q, k, v, cu_seqlens = make_inputs([1, 7, 37], 4, 2, 16, torch.float32)
+    torch.testing.assert_close(op.flash(q, k, v, cu_seqlens, 0.25, 37), op.reference(q, k, v, cu_seqlens, 0.25),
+                               atol=0, rtol=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("heads,head_dim", [((16, 8), 128), ((14, 2), 64)], ids=["qwen3", "qwen2"])
+def test_gpu_flash_matches_reference(heads, head_dim):
+    """W1-like samples of <= 256 tokens, empty sequences, then padding as the engine adds it: a
+    filler sequence longer than the bound (its rows past 256 are not written) and a tail of no
+    sequence. Every row of a real sequence matches the reference; with no bound, every row."""
+    gen = torch.Generator().manual_seed(0)
+    lengths = torch.randint(48, 257, (15,), generator=gen).tolist() + [1, 0, 256, 400]
+    q, k, v, cu_seqlens = make_inputs(lengths + [0], *heads, head_dim, torch.bfloat16, "cuda")
+    tail = 7
+    q, k, v = (torch.cat((t, torch.randn_like(t[:tail]))) for t in (q, k, v))
+    scale = head_dim ** -0.5
+    expected = op.reference(q, k, v, cu_seqlens, scale).float()
+    real = int(cu_seqlens[-3])  # rows before the filler sequence
+    bounded = op.flash(q, k, v, cu_seqlens, scale, 256).float()
+    assert (bounded[:real] - expected[:real]).abs().max().item() < 2e-2
+    unbounded = op.flash(q, k, v, cu_seqlens, scale).float()
+    end = int(cu_seqlens[-1])
+    assert (unbounded[:end] - expected[:end]).abs().max().item() < 2e-2
 
 
 @pytest.mark.parametrize("lengths", [[1], [37], [5, 1, 123, 2], [16] * 9])

@@ -104,7 +104,7 @@ def test_tail_tokens_with_the_kernels(tiny_qwen2_dir):
     """The same with the attention kernels themselves (the interpreter on CPU; compiled on CUDA):
     they leave tail rows unwritten (whatever the buffer held) and never read them for a real row.
     (The tail never reaches the vocabulary top-K: only beams' rows are ranked.)"""
-    ops = dataclasses.replace(REFERENCE.resolve(), packed_attention=packed_attention.launch,
+    ops = dataclasses.replace(REFERENCE.resolve(), packed_attention=packed_attention.triton_attention,
                               prefix_attention=prefix_attention.launch)
     program = BeamProgram(load_model(tiny_qwen2_dir, device=KERNEL_DEVICE, ops=ops), 4, 3, stop_token_ids=[5])
     reference = BeamProgram(load_model(tiny_qwen2_dir, device=KERNEL_DEVICE), 4, 3, stop_token_ids=[5])
