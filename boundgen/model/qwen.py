@@ -67,12 +67,29 @@ class Layer(nn.Module):
         self.post_attention_layernorm = nn.Parameter(torch.ones(cfg.hidden_size))
         self.mlp = MLP(cfg)
 
-    def attn_in(self, h, cos, sin, ops: Ops):
-        return self.self_attn.project(ops.rmsnorm(h, self.input_layernorm, self.cfg.rms_norm_eps), cos, sin, ops)
+    def attn_in(self, h, delta, cos, sin, ops: Ops):
+        """The residual stream h plus the previous block's output `delta` (None: nothing to add),
+        normalised and projected: returns (h, q, k, v)."""
+        h, x = add_norm(h, delta, self.input_layernorm, self.cfg.rms_norm_eps, ops)
+        return (h, *self.self_attn.project(x, cos, sin, ops))
 
     def attn_out(self, h, attn, ops: Ops):
-        h = h + self.self_attn.o_proj(attn.reshape(attn.shape[0], -1))
-        return h + self.mlp(ops.rmsnorm(h, self.post_attention_layernorm, self.cfg.rms_norm_eps), ops)
+        """The attention's output projection added to h, then the MLP: returns (h, the MLP's
+        output, not yet added: the next norm adds it)."""
+        delta = self.self_attn.o_proj(attn.reshape(attn.shape[0], -1))
+        h, x = add_norm(h, delta, self.post_attention_layernorm, self.cfg.rms_norm_eps, ops)
+        return h, self.mlp(x, ops)
+
+
+def add_norm(h: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float, ops: Ops):
+    """(h + delta, rmsnorm of it): the residual add and the norm after it, fused where lowered so
+    (ops/add_rmsnorm.py), else the add and `ops.rmsnorm`, as HF computes them."""
+    if delta is None:
+        return h, ops.rmsnorm(h, weight, eps)
+    if ops.add_rmsnorm is not None:
+        return ops.add_rmsnorm(h, delta, weight, eps)
+    h = h + delta
+    return h, ops.rmsnorm(h, weight, eps)
 
 
 class QwenModel(nn.Module):
@@ -112,14 +129,15 @@ class QwenModel(nn.Module):
         """
         ops = self.ops
         h, cos, sin = self._embed(tokens, positions)
-        ks, vs = [], []
+        ks, vs, delta = [], [], None
         for layer in self.layers:
-            q, k, v = layer.attn_in(h, cos, sin, ops)
+            h, q, k, v = layer.attn_in(h, delta, cos, sin, ops)
             if keep_kv:
                 ks.append(k)
                 vs.append(v)
-            h = layer.attn_out(h, ops.packed_attention(q, k, v, cu_seqlens, self.scale, max_seqlen=max_seqlen), ops)
-        h = ops.rmsnorm(h, self.norm, self.cfg.rms_norm_eps)
+            attn = ops.packed_attention(q, k, v, cu_seqlens, self.scale, max_seqlen=max_seqlen)
+            h, delta = layer.attn_out(h, attn, ops)
+        _, h = add_norm(h, delta, self.norm, self.cfg.rms_norm_eps, ops)
         return h, ((torch.stack(ks), torch.stack(vs)) if keep_kv else None)
 
     def decode(self, tokens: torch.Tensor, positions: torch.Tensor, prefix_k: torch.Tensor,
@@ -137,14 +155,15 @@ class QwenModel(nn.Module):
             width = tokens.shape[0]
         suffix_len = (step + 1).to(torch.int32)
         h, cos, sin = self._embed(tokens, positions)
+        delta = None
         for i, layer in enumerate(self.layers):
-            q, k, v = layer.attn_in(h, cos, sin, ops)
+            h, q, k, v = layer.attn_in(h, delta, cos, sin, ops)
             suffix_k[i].index_copy_(1, step, k[:, None])
             suffix_v[i].index_copy_(1, step, v[:, None])
             attn = ops.prefix_attention(q, prefix_k[i], prefix_v[i], suffix_k[i], suffix_v[i], suffix_len,
                                         cu_seqlens, width, self.scale)
-            h = layer.attn_out(h, attn, ops)
-        return ops.rmsnorm(h, self.norm, self.cfg.rms_norm_eps)
+            h, delta = layer.attn_out(h, attn, ops)
+        return add_norm(h, delta, self.norm, self.cfg.rms_norm_eps, ops)[1]
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [M, H] -> logits [M, V] in the model dtype (as HF computes them)."""

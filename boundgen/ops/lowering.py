@@ -25,6 +25,7 @@ class OpLowering:
     silu_mul: str = "torch"
     vocab_topk: str = "torch"
     qk_norm_rope: str = "separate"  # no fused op: the model applies rmsnorm, then rope
+    add_rmsnorm: str = "separate"  # no fused op: the model adds the residual, then applies rmsnorm
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -55,6 +56,7 @@ class Ops:
     silu_mul: Callable
     vocab_topk: Callable
     qk_norm_rope: Callable | None  # None: not fused
+    add_rmsnorm: Callable | None  # None: not fused
 
 
 def describe(lowering: dict) -> str:

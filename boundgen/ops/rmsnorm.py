@@ -35,9 +35,11 @@ def reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor
 # Triton kernel
 
 @triton.jit
-def _rmsnorm_kernel(x_ptr, w_ptr, out_ptr, eps, num_rows, stride_xt, stride_xn,
+def _rmsnorm_kernel(x_ptr, w_ptr, out_ptr, eps, num_rows, stride_xt, stride_xn, d_ptr, sum_ptr, stride_dt,
                     NUM_HEADS: tl.constexpr, HIDDEN: tl.constexpr, BLOCK_ROWS: tl.constexpr,
-                    BLOCK_H: tl.constexpr, SOFT_BF16: tl.constexpr):
+                    BLOCK_H: tl.constexpr, SOFT_BF16: tl.constexpr, ADD: tl.constexpr):
+    # ADD (ops/add_rmsnorm.py): x + d, rounded to x's dtype as torch's add rounds, is written to
+    # sum_ptr ([T, H] contiguous) and normalised; else x itself is normalised (d_ptr, sum_ptr unused).
     rows = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)  # row = token * N + head
     cols = tl.arange(0, BLOCK_H)
     col_ok = cols < HIDDEN
@@ -47,6 +49,10 @@ def _rmsnorm_kernel(x_ptr, w_ptr, out_ptr, eps, num_rows, stride_xt, stride_xn,
     rows = rows.to(tl.int64)
     x = tl.load(x_ptr + (token * stride_xt + head * stride_xn)[:, None] + cols[None, :],
                 mask=mask, other=0.0)  # [R, H]
+    if ADD:  # rounded on the bits on every device, so that the norm reads the stored sum
+        d = tl.load(d_ptr + (token * stride_dt)[:, None] + cols[None, :], mask=mask, other=0.0)
+        x = round_to(x.to(tl.float32) + d.to(tl.float32), x.dtype, True)
+        tl.store(sum_ptr + rows[:, None] * HIDDEN + cols[None, :], x, mask=mask)
     xf = x.to(tl.float32)
     mean_sq = tl.div_rn(tl.sum(xf * xf, axis=1), tl.full([BLOCK_ROWS], HIDDEN, tl.float32))
     # eps made FP32 first: Inductor passes a Python float argument as fp64 in AOTI builds.
@@ -90,10 +96,16 @@ def default_config(hidden: int) -> tuple[int, int]:
 
 
 def launch(x: torch.Tensor, weight: torch.Tensor, eps: float, block_rows: int | None = None,
-           num_warps: int | None = None) -> torch.Tensor:
+           num_warps: int | None = None, delta: torch.Tensor | None = None):
     """Run the Triton kernel; same signature and result as `reference`. The launch config is
-    overridable for tests (small blocks exercise many programs on tiny inputs) and benchmarks."""
+    overridable for tests (small blocks exercise many programs on tiny inputs) and benchmarks.
+    With `delta` (x's shape, [T, H]): the residual add first, and (x + delta, the norm of it), as
+    ops/add_rmsnorm.py's reference."""
     _check(x, weight)
+    if delta is not None and (x.dim() != 2 or delta.shape != x.shape or delta.dtype != x.dtype
+                              or delta.stride(-1) != 1 or delta.device != x.device):
+        raise ValueError(f"add_rmsnorm: delta must be like x [T, H] {tuple(x.shape)} {x.dtype} with a contiguous "
+                         f"last dim; got {tuple(delta.shape)} {delta.dtype} strides {delta.stride()}")
     hidden = x.shape[-1]
     num_heads = x.shape[1] if x.dim() == 3 else 1
     stride_xn = x.stride(1) if x.dim() == 3 else 0
@@ -102,11 +114,14 @@ def launch(x: torch.Tensor, weight: torch.Tensor, eps: float, block_rows: int | 
     block_rows, num_warps = block_rows or default_rows, num_warps or default_warps
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     grid = (triton.cdiv(num_rows, block_rows),)
+    add = delta is not None
+    total = torch.empty(x.shape, dtype=x.dtype, device=x.device) if add else out
     wrap_triton(_rmsnorm_kernel)[grid](
-        x, weight, out, eps, num_rows, x.stride(0), stride_xn, NUM_HEADS=num_heads,
+        x, weight, out, eps, num_rows, x.stride(0), stride_xn, delta if add else x, total,
+        delta.stride(0) if add else 0, NUM_HEADS=num_heads,
         HIDDEN=hidden, BLOCK_ROWS=block_rows, BLOCK_H=triton.next_power_of_2(hidden),
-        SOFT_BF16=x.device.type == "cpu", num_warps=num_warps)
-    return out
+        SOFT_BF16=x.device.type == "cpu", ADD=add, num_warps=num_warps)
+    return (total, out) if add else out
 
 
 # ---------------------------------------------------------------------------------------------
