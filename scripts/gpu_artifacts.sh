@@ -4,7 +4,10 @@
 W1_ARGS=(--task score --labels " yes" " no" --max-samples 60 --max-tokens-per-sample 256 --max-total-tokens 15360
          --cuda-graphs --batching --token-bucket 128 --contexts 2 --device cuda --dtype bfloat16 --name w1)
 # (token bucket 128: 188.0 against 176.5 QPS within the budget for 512, 2026-12-01: less padding a call)
-W1_DEFAULT="--lowering packed_attention=triton --lowering rmsnorm=triton --lowering rope=triton"  # +8% (2026-12-01)
+# Triton norms and RoPE +8%; then fused q/k-norm + RoPE and residual add + norm: 191.0 against 186.0 QPS,
+# 294 against 450 kernels a request (2026-12-01, docs/benchmarks.md).
+W1_DEFAULT="--lowering packed_attention=triton --lowering rmsnorm=triton --lowering rope=triton \
+--lowering qk_norm_rope=triton --lowering add_rmsnorm=triton"
 # One beam artifact serves W2 and W3: W=100, N_gen=5, prompts up to 400 tokens, up to 8 a call; candidate
 # selection by chunks (measured 2026-12-01: docs/benchmarks.md).
 BEAM_ARGS=(--task beam --width 100 --steps 5 --min-new-tokens 5 --max-prompt-tokens 400 --device cuda
