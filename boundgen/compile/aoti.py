@@ -61,11 +61,13 @@ def compile_package(ep: torch.export.ExportedProgram, out_dir: Path, device: str
 @contextlib.contextmanager
 def unique_int_array_owners():
     """Work around an AOTInductor codegen race: the C++ wrapper caches its `int_array_N`
-    declarations by `id()` of the buffer a declaration was written to. A buffer freed during
-    codegen can be followed by a new one at the same address, which then gets the old
+    declarations by `id()` of the `writeline` it was given: torch 2.13 keys on the buffer behind
+    it, 2.11 on the bound method itself, a temporary object made at each attribute access. Either
+    can be freed during codegen and its address reused by a new one, which then gets the old
     declaration's name without the declaration: "int_array_26 was not declared in this scope"
-    (2 of 3 beam builds on the H200, 2026-11-29, torch 2.11; the same cache is in 2.13).
-    Keeping every such buffer alive until the compile ends makes the ids unique."""
+    (2 of 3 beam builds on the H200, 2026-11-29; a W1 build with add_rmsnorm, 2026-12-01, when
+    only the buffers were kept). Keeping every `writeline` (and so its buffer) alive until the
+    compile ends makes both ids unique."""
     try:
         from torch._inductor.codegen.cpp_wrapper_cpu import CppWrapperCpu
     except ImportError:
@@ -78,7 +80,7 @@ def unique_int_array_owners():
     owners: list = []
 
     def codegen_int_array_var(self, int_array, writeline, *args, **kwargs):
-        owners.append(getattr(writeline, "__self__", writeline))
+        owners.append(writeline)
         return original(self, int_array, writeline, *args, **kwargs)
 
     CppWrapperCpu.codegen_int_array_var = codegen_int_array_var
