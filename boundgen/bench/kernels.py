@@ -18,7 +18,8 @@ RMSNorm over hidden states and per head (q/k views of a fused qkv row, as the mo
 them), RoPE on q/k, silu_mul on gate_up; W1 at Qwen3-0.6B shapes (T 2400, H 1024, heads 16/8
 of D 128, I 3072), W2 at Qwen2.5-0.5B shapes (T 100 beams, H 896, heads 14/2 of D 64, I 4864);
 Qwen3's q/k norm + RoPE as the torch references (eager and Inductor-compiled), the separate Triton
-ops and the fused kernel (`bench_qk_norm_rope`).
+ops and the fused kernel (`bench_qk_norm_rope`); a beam decode step's RoPE + K/V write, the
+reference compiled against the fused kernel (`bench_rope_kv_write`).
 Their FLOPs are elementwise operation counts (rough); bytes are what matters.
 
 Candidate selection: bench/selection.py. Timing (bench/kernel_timing.py): GPU time per call, a
@@ -39,7 +40,7 @@ import torch.nn.functional as F
 
 from boundgen.bench.kernel_timing import KernelTiming, gpu_time_us, markdown_table
 from boundgen.bench.selection import run_selection_benchmarks
-from boundgen.ops import packed_attention, prefix_attention, qk_norm_rope, rmsnorm, rope, silu_mul
+from boundgen.ops import packed_attention, prefix_attention, qk_norm_rope, rmsnorm, rope, rope_kv_write, silu_mul
 
 # Packed-kernel launch configs (BLOCK_M, BLOCK_N, num_warps, num_stages) timed beside the default.
 PACKED_SWEEP = [(64, 64, 4, 2), (64, 32, 4, 2), (64, 64, 8, 2), (128, 64, 8, 3)]
@@ -251,6 +252,36 @@ def bench_qk_norm_rope(num_tokens: int, heads=(16, 8), head_dim: int = 128, devi
         err = max((a.float() - b.float()).abs().max().item() for a, b in zip(fn(), expected))
         rows.append(KernelTiming(case, impl, gpu_time_us(fn, calls, replays), *work, err))
     return rows
+
+
+def bench_rope_kv_write(rows: int, heads=(14, 2), head_dim: int = 64, slots: int = 4, layers: int = 24,
+                        device: str = "cuda", calls: int = 20, replays: int = 10,
+                        dtype: torch.dtype = torch.bfloat16) -> list[KernelTiming]:
+    """A beam decode step's RoPE of q and k and K/V write into slot 2 of layer 1 (W2: Qwen2.5-0.5B
+    heads, `rows` = R x W beams): the torch reference (eager; and compiled by Inductor, what a
+    build with the separate ops runs) against the fused kernel (ops/rope_kv_write.py)."""
+    num_q, num_kv = heads
+    gen = torch.Generator(device=device).manual_seed(rows)
+    qkv = torch.randn(rows, (num_q + 2 * num_kv) * head_dim, device=device, generator=gen).to(dtype)
+    cos, sin = rope.cos_sin(torch.arange(rows, device=device) % 400, rope.inv_freq(head_dim, 1e6).to(device), dtype)
+    buffers = {name: tuple(torch.zeros(layers, rows, slots, num_kv, head_dim, device=device, dtype=dtype)
+                           for _ in range(2)) for name in ("reference", "inductor", "fused")}  # (k, v) each
+    step = torch.tensor([2], device=device)
+    compiled = torch.compile(rope_kv_write.reference, dynamic=False)
+
+    def run(fn, name):
+        return lambda: (fn(qkv, cos, sin, *buffers[name], step, 1, num_q, num_kv), buffers[name][0][1, :, 2],
+                        buffers[name][1][1, :, 2])
+    impls = {"torch reference": run(rope_kv_write.reference, "reference"),
+             "inductor (reference compiled)": run(compiled, "inductor"),
+             "fused triton": run(rope_kv_write.launch, "fused")}
+    elements = rows * (num_q + 2 * num_kv) * head_dim
+    work = (6.0 * rows * (num_q + num_kv) * head_dim, float((2 * elements + 2 * cos.numel()) * dtype.itemsize))
+    case = f"rope_kv_write B={rows} heads={num_q}/{num_kv} D={head_dim}"
+    expected = impls["torch reference"]()
+    return [KernelTiming(case, impl, gpu_time_us(fn, calls, replays), *work,
+                         max((a.float() - b.float()).abs().max().item() for a, b in zip(fn(), expected)))
+            for impl, fn in impls.items()]
 
 
 def bench_silu_mul(num_tokens: int, inter: int, device: str = "cuda", calls: int = 20,

@@ -187,6 +187,8 @@ def failure_message(report: dict) -> str:
                     detail = o["problem"]
                 elif "failed" in o:  # the candidate checks of a low-precision beam
                     detail = "; ".join(o["failed"])
+                elif "identical" in o:  # ids, or an output that must match exactly
+                    detail = f"not identical ({o['identical_rows']:.1%} of rows are)"
                 else:
                     detail = f"max abs error {o['max_abs_err']} > tolerance {o['tolerance']}"
                 lines.append(f"  {case['name']} ({case['samples']} samples, {case['tokens']} tokens): {name}: {detail}")

@@ -73,6 +73,21 @@ class Layer(nn.Module):
         h, x = add_norm(h, delta, self.input_layernorm, self.cfg.rms_norm_eps, ops)
         return (h, *self.self_attn.project(x, cos, sin, ops))
 
+    def attn_in_step(self, h, delta, cos, sin, suffix_k, suffix_v, step, layer: int, ops: Ops):
+        """`attn_in` for a beam decode step, which also writes this step's k and v into slot
+        `step` of this layer's suffix K/V (suffix_k/v: every layer's, written in place): returns
+        (h, q). One kernel from the qkv GEMM to the attention where lowered so
+        (ops/rope_kv_write.py; not with a q/k norm)."""
+        cfg = self.cfg
+        if ops.rope_kv_write is None or cfg.qk_norm:
+            h, q, k, v = self.attn_in(h, delta, cos, sin, ops)
+            suffix_k[layer].index_copy_(1, step, k[:, None])
+            suffix_v[layer].index_copy_(1, step, v[:, None])
+            return h, q
+        h, x = add_norm(h, delta, self.input_layernorm, cfg.rms_norm_eps, ops)
+        return h, ops.rope_kv_write(self.self_attn.qkv_proj(x), cos, sin, suffix_k, suffix_v, step, layer,
+                                    cfg.num_heads, cfg.num_kv_heads)
+
     def attn_out(self, h, attn, ops: Ops):
         """The attention's output projection added to h, then the MLP: returns (h, the MLP's
         output, not yet added: the next norm adds it)."""
@@ -157,9 +172,7 @@ class QwenModel(nn.Module):
         h, cos, sin = self._embed(tokens, positions)
         delta = None
         for i, layer in enumerate(self.layers):
-            h, q, k, v = layer.attn_in(h, delta, cos, sin, ops)
-            suffix_k[i].index_copy_(1, step, k[:, None])
-            suffix_v[i].index_copy_(1, step, v[:, None])
+            h, q = layer.attn_in_step(h, delta, cos, sin, suffix_k, suffix_v, step, i, ops)
             attn = ops.prefix_attention(q, prefix_k[i], prefix_v[i], suffix_k[i], suffix_v[i], suffix_len,
                                         cu_seqlens, width, self.scale)
             h, delta = layer.attn_out(h, attn, ops)

@@ -26,6 +26,7 @@ class OpLowering:
     vocab_topk: str = "torch"
     qk_norm_rope: str = "separate"  # no fused op: the model applies rmsnorm, then rope
     add_rmsnorm: str = "separate"  # no fused op: the model adds the residual, then applies rmsnorm
+    rope_kv_write: str = "separate"  # no fused op: a decode step applies rope, then writes K/V with index_copy_
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -57,6 +58,7 @@ class Ops:
     vocab_topk: Callable
     qk_norm_rope: Callable | None  # None: not fused
     add_rmsnorm: Callable | None  # None: not fused
+    rope_kv_write: Callable | None  # None: not fused
 
 
 def describe(lowering: dict) -> str:

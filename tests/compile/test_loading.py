@@ -162,3 +162,23 @@ def test_a_beam_artifact_with_chunked_selection_registers_its_op_and_answers_ali
     assert out.returncode == 0, out.stderr[-2000:]
     default, ours = out.stdout.splitlines()
     assert json.loads(default) == json.loads(ours)
+
+
+def test_a_beam_artifact_with_fused_decode_ops_registers_them_and_answers_alike(beam_build, tiny_qwen2_dir,
+                                                                                 tmp_path):
+    """--lowering rope_kv_write=triton add_rmsnorm=triton: the step package calls the fused ops by
+    name (the K/V write a declared mutation of the suffix buffers), the manifest says so, a fresh
+    process registers them on load, and the candidates equal the default build's."""
+    from tests.compile.conftest import BEAM_OPTIONS, _build
+    fused, manifest, _ = _build(tiny_qwen2_dir, tmp_path / "fused",
+                                dict(BEAM_OPTIONS, lowering={"rope_kv_write": "triton", "add_rmsnorm": "triton"}))
+    assert manifest["compile"]["custom_ops"] == ["add_rmsnorm", "packed_attention", "rope_kv_write"]
+    code = ("import sys, json, boundgen\n"
+            "for path in sys.argv[1:]:\n"
+            "    r = boundgen.load(path).beam('query: running shoes')\n"
+            "    print(json.dumps([[c['token_ids'], round(c['score'], 4)] for c in r.candidates()]))\n")
+    out = subprocess.run([sys.executable, "-c", code, str(beam_build[0]), str(fused)], capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    default, ours = out.stdout.splitlines()
+    assert json.loads(default) == json.loads(ours)

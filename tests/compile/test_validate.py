@@ -59,6 +59,14 @@ def test_within_tolerance_passes():
     assert all(abs(c["outputs"]["probs"]["max_abs_err"] - 5e-5) < 1e-6 for c in report["cases"])
 
 
+def test_an_exact_output_that_differs_fails_with_a_message():
+    """Outputs compared for identity (ids) name the share of identical rows, not an error bound."""
+    report = {"cases": [{"name": "representative", "samples": 2, "tokens": 9, "outputs": {
+        "token_ids": {"identical": False, "identical_rows": 0.25, "passed": False}}}], "reference": "float32 eager"}
+    assert validate.failure_message(report).endswith(
+        "representative (2 samples, 9 tokens): token_ids: not identical (25.0% of rows are)")
+
+
 def test_beyond_tolerance_fails_with_a_message_naming_case_and_output():
     spec = score_spec(max_samples=3, max_tokens_per_sample=4, max_total_tokens=12)
     far = lambda *x: (Reference()(*x)[0] + 1e-3,)  # noqa: E731

@@ -11,7 +11,7 @@ import uuid
 import numpy as np
 import tritonclient.grpc as tgrpc
 
-from tests.server.conftest import BEAM_SPEC, INFLIGHT, QUEUED, SCORE_SPEC, wait_metric
+from tests.server.conftest import BEAM_SPEC, INFLIGHT, QUEUED, SCORE_SPEC, metric, wait_metric
 from tests.server.fake_engine import FakeEngine, read_log
 from tests.server.test_endpoints import text_input
 
@@ -68,6 +68,9 @@ def test_a_deadline_applies_per_request(fake_server):
     assert ok_error is None and ok.get_response().id == "ok"
 
 
+REJECTED = 'boundgen_requests_total{model="fscore",outcome="rejected",protocol="grpc"}'
+
+
 def test_same_admission_as_model_infer(one_slot):
     """One slot and one queue place: the third request of a stream is refused as ModelInfer's would be."""
     release = one_slot.root / f"release-{uuid.uuid4().hex}"
@@ -76,7 +79,9 @@ def test_same_admission_as_model_infer(one_slot):
     wait_metric(one_slot, INFLIGHT, 1)
     stream.send("fscore", ["queued"], "queued")
     wait_metric(one_slot, QUEUED, 1)
+    refusals = metric(one_slot, REJECTED)
     stream.send("fscore", ["refused"], "refused")
+    wait_metric(one_slot, REJECTED, refusals + 1)  # refused while the slot is held, not after its release
     release.touch()
     answers = [stream.next() for _ in range(3)]
     stream.stop()
