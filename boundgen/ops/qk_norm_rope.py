@@ -83,19 +83,7 @@ def _qk_norm_rope_kernel(qkv_ptr, wq_ptr, wk_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr
     n2 = round_to(w2 * round_to(x2 * rstd, dtype, SOFT_BF16).to(tl.float32), dtype, SOFT_BF16).to(tl.float32)
 
     # RoPE (rotate-half), as ops/rope.py rounds.
-    t_mask = t_ok[:, None]
-    cos_at = cos_ptr + tokens[:, None] * stride_cos + offs[None, :]
-    sin_at = sin_ptr + tokens[:, None] * stride_sin + offs[None, :]
-    cos1 = tl.load(cos_at, mask=t_mask, other=0.0).to(tl.float32)[:, None, :]
-    cos2 = tl.load(cos_at + HALF, mask=t_mask, other=0.0).to(tl.float32)[:, None, :]
-    sin1 = tl.load(sin_at, mask=t_mask, other=0.0).to(tl.float32)[:, None, :]
-    sin2 = tl.load(sin_at + HALF, mask=t_mask, other=0.0).to(tl.float32)[:, None, :]
-    y1 = (round_to(n1 * cos1, dtype, SOFT_BF16).to(tl.float32)
-          + round_to(-n2 * sin1, dtype, SOFT_BF16).to(tl.float32))
-    y2 = (round_to(n2 * cos2, dtype, SOFT_BF16).to(tl.float32)
-          + round_to(n1 * sin2, dtype, SOFT_BF16).to(tl.float32))
-    y1 = round_to(y1, dtype, SOFT_BF16)
-    y2 = round_to(y2, dtype, SOFT_BF16)
+    y1, y2 = rope.rotate_halves(n1, n2, cos_ptr, sin_ptr, tokens, stride_cos, stride_sin, t_ok, HALF, dtype, SOFT_BF16)
 
     q_at = q_ptr + (tokens[:, None, None] * NUM_Q + heads[None, :, None]) * (2 * HALF) + offs[None, None, :]
     q_mask = mask & q_head

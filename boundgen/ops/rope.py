@@ -90,6 +90,27 @@ def _rope_kernel(x_ptr, cos_ptr, sin_ptr, out_ptr, num_tokens, stride_xt, stride
     tl.store(out_at + HALF, round_to(y2, dtype, SOFT_BF16), mask=mask)
 
 
+@triton.jit
+def rotate_halves(x1, x2, cos_ptr, sin_ptr, rows, stride_cos, stride_sin, row_ok, HALF: tl.constexpr,
+                  dtype: tl.constexpr, SOFT_BF16: tl.constexpr):
+    """RoPE inside a fused kernel (ops/qk_norm_rope.py, ops/rope_kv_write.py): rows' halves x1, x2
+    [T, N, D/2] in FP32 (values of `dtype`), cos / sin rows [T, D] loaded once for all N heads ->
+    (y1, y2) in `dtype`, each product and the sum rounded as `reference` rounds them."""
+    offs = tl.arange(0, HALF)
+    r_mask = row_ok[:, None]
+    cos_at = cos_ptr + rows[:, None] * stride_cos + offs[None, :]
+    sin_at = sin_ptr + rows[:, None] * stride_sin + offs[None, :]
+    cos1 = tl.load(cos_at, mask=r_mask, other=0.0).to(tl.float32)[:, None, :]
+    cos2 = tl.load(cos_at + HALF, mask=r_mask, other=0.0).to(tl.float32)[:, None, :]
+    sin1 = tl.load(sin_at, mask=r_mask, other=0.0).to(tl.float32)[:, None, :]
+    sin2 = tl.load(sin_at + HALF, mask=r_mask, other=0.0).to(tl.float32)[:, None, :]
+    y1 = round_to(round_to(x1 * cos1, dtype, SOFT_BF16).to(tl.float32)
+                  + round_to(-x2 * sin1, dtype, SOFT_BF16).to(tl.float32), dtype, SOFT_BF16)
+    y2 = round_to(round_to(x2 * cos2, dtype, SOFT_BF16).to(tl.float32)
+                  + round_to(x1 * sin2, dtype, SOFT_BF16).to(tl.float32), dtype, SOFT_BF16)
+    return y1, y2
+
+
 # ---------------------------------------------------------------------------------------------
 # Launcher
 

@@ -35,7 +35,6 @@ from torch.library import triton_op, wrap_triton
 
 from boundgen.ops import rope
 from boundgen.ops.qk_norm_rope import split_heads
-from boundgen.ops.rounding import round_to
 
 
 def reference(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, suffix_k: torch.Tensor,
@@ -68,17 +67,7 @@ def _rope_kv_write_kernel(qkv_ptr, cos_ptr, sin_ptr, q_ptr, sk_ptr, sv_ptr, step
     x_at = qkv_ptr + rows[:, None, None] * stride_qkv + heads[None, :, None] * (2 * HALF) + offs[None, None, :]
     x1 = tl.load(x_at, mask=mask, other=0.0).to(tl.float32)  # [T, N, D/2]
     x2 = tl.load(x_at + HALF, mask=mask, other=0.0).to(tl.float32)
-    r_mask = r_ok[:, None]
-    cos_at = cos_ptr + rows[:, None] * stride_cos + offs[None, :]
-    sin_at = sin_ptr + rows[:, None] * stride_sin + offs[None, :]
-    cos1 = tl.load(cos_at, mask=r_mask, other=0.0).to(tl.float32)[:, None, :]
-    cos2 = tl.load(cos_at + HALF, mask=r_mask, other=0.0).to(tl.float32)[:, None, :]
-    sin1 = tl.load(sin_at, mask=r_mask, other=0.0).to(tl.float32)[:, None, :]
-    sin2 = tl.load(sin_at + HALF, mask=r_mask, other=0.0).to(tl.float32)[:, None, :]
-    y1 = round_to(round_to(x1 * cos1, dtype, SOFT_BF16).to(tl.float32)
-                  + round_to(-x2 * sin1, dtype, SOFT_BF16).to(tl.float32), dtype, SOFT_BF16)
-    y2 = round_to(round_to(x2 * cos2, dtype, SOFT_BF16).to(tl.float32)
-                  + round_to(x1 * sin2, dtype, SOFT_BF16).to(tl.float32), dtype, SOFT_BF16)
+    y1, y2 = rope.rotate_halves(x1, x2, cos_ptr, sin_ptr, rows, stride_cos, stride_sin, r_ok, HALF, dtype, SOFT_BF16)
 
     is_q = (heads < NUM_Q)[None, :, None]
     q_at = q_ptr + (rows[:, None, None] * NUM_Q + heads[None, :, None]) * (2 * HALF) + offs[None, None, :]

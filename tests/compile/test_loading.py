@@ -145,23 +145,36 @@ def test_a_beam_artifact_serves_without_the_model_programs_or_compiler(beam_arti
                                                     + [f"boundgen.ops.{op}" for op in called])]
 
 
+_CANDIDATES = ("import sys, json, boundgen\n"
+               "for path in sys.argv[1:]:\n"
+               "    r = boundgen.load(path).beam('query: running shoes')\n"
+               "    print(json.dumps([[c['token_ids'], round(c['score'], 4)] for c in r.candidates()]))\n")
+
+
+def _built_with_lowering(tiny_qwen2_dir, out, lowering: dict) -> tuple:
+    """(artifact dir, manifest) of the tiny beam build with these lowerings."""
+    from tests.compile.conftest import BEAM_OPTIONS, _build
+    built, manifest, _ = _build(tiny_qwen2_dir, out, dict(BEAM_OPTIONS, lowering=lowering))
+    return built, manifest
+
+
+def _assert_same_candidates(*artifacts) -> None:
+    """Each artifact loaded in one fresh process (which registers the ops its manifest names) gives
+    the same candidates for one prompt."""
+    out = subprocess.run([sys.executable, "-c", _CANDIDATES, *map(str, artifacts)], capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    first, *others = map(json.loads, out.stdout.splitlines())
+    assert len(others) == len(artifacts) - 1 and all(other == first for other in others)
+
+
 def test_a_beam_artifact_with_chunked_selection_registers_its_op_and_answers_alike(beam_build, tiny_qwen2_dir,
                                                                                     tmp_path):
     """--lowering vocab_topk=chunks: the packages call chunk_max by name, the manifest says so, a
     fresh process registers it on load, and the candidates equal the default build's."""
-    from tests.compile.conftest import BEAM_OPTIONS, _build
-    chunked, manifest, _ = _build(tiny_qwen2_dir, tmp_path / "chunks",
-                                  dict(BEAM_OPTIONS, lowering={"vocab_topk": "chunks"}))
+    chunked, manifest = _built_with_lowering(tiny_qwen2_dir, tmp_path / "chunks", {"vocab_topk": "chunks"})
     assert manifest["compile"]["custom_ops"] == ["chunk_max", "packed_attention"]
-    code = ("import sys, json, boundgen\n"
-            "for path in sys.argv[1:]:\n"
-            "    r = boundgen.load(path).beam('query: running shoes')\n"
-            "    print(json.dumps([[c['token_ids'], round(c['score'], 4)] for c in r.candidates()]))\n")
-    out = subprocess.run([sys.executable, "-c", code, str(beam_build[0]), str(chunked)], capture_output=True,
-                         text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-2000:]
-    default, ours = out.stdout.splitlines()
-    assert json.loads(default) == json.loads(ours)
+    _assert_same_candidates(beam_build[0], chunked)
 
 
 def test_a_beam_artifact_with_fused_decode_ops_registers_them_and_answers_alike(beam_build, tiny_qwen2_dir,
@@ -169,16 +182,7 @@ def test_a_beam_artifact_with_fused_decode_ops_registers_them_and_answers_alike(
     """--lowering rope_kv_write=triton add_rmsnorm=triton: the step package calls the fused ops by
     name (the K/V write a declared mutation of the suffix buffers), the manifest says so, a fresh
     process registers them on load, and the candidates equal the default build's."""
-    from tests.compile.conftest import BEAM_OPTIONS, _build
-    fused, manifest, _ = _build(tiny_qwen2_dir, tmp_path / "fused",
-                                dict(BEAM_OPTIONS, lowering={"rope_kv_write": "triton", "add_rmsnorm": "triton"}))
+    fused, manifest = _built_with_lowering(tiny_qwen2_dir, tmp_path / "fused",
+                                           {"rope_kv_write": "triton", "add_rmsnorm": "triton"})
     assert manifest["compile"]["custom_ops"] == ["add_rmsnorm", "packed_attention", "rope_kv_write"]
-    code = ("import sys, json, boundgen\n"
-            "for path in sys.argv[1:]:\n"
-            "    r = boundgen.load(path).beam('query: running shoes')\n"
-            "    print(json.dumps([[c['token_ids'], round(c['score'], 4)] for c in r.candidates()]))\n")
-    out = subprocess.run([sys.executable, "-c", code, str(beam_build[0]), str(fused)], capture_output=True,
-                         text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-2000:]
-    default, ours = out.stdout.splitlines()
-    assert json.loads(default) == json.loads(ours)
+    _assert_same_candidates(beam_build[0], fused)
