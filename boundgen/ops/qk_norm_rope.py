@@ -83,7 +83,8 @@ def _qk_norm_rope_kernel(qkv_ptr, wq_ptr, wk_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr
     n2 = round_to(w2 * round_to(x2 * rstd, dtype, SOFT_BF16).to(tl.float32), dtype, SOFT_BF16).to(tl.float32)
 
     # RoPE (rotate-half), as ops/rope.py rounds.
-    y1, y2 = rope.rotate_halves(n1, n2, cos_ptr, sin_ptr, tokens, stride_cos, stride_sin, t_ok, HALF, dtype, SOFT_BF16)
+    y1, y2 = rope.rotate_halves(n1, n2, cos_ptr, sin_ptr, tokens, stride_cos, stride_sin, t_ok, HALF, HALF, dtype,
+                                SOFT_BF16)
 
     q_at = q_ptr + (tokens[:, None, None] * NUM_Q + heads[None, :, None]) * (2 * HALF) + offs[None, None, :]
     q_mask = mask & q_head

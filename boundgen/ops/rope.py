@@ -55,6 +55,28 @@ def reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Te
 # Triton kernel
 
 @triton.jit
+def rotate_halves(x1, x2, cos_ptr, sin_ptr, rows, stride_cos, stride_sin, row_ok, HALF: tl.constexpr,
+                  BLOCK_HALF: tl.constexpr, dtype: tl.constexpr, SOFT_BF16: tl.constexpr):
+    """RoPE of rows' halves x1, x2 [T, N, BLOCK_HALF] in FP32 (values of `dtype`; BLOCK_HALF the
+    power of two >= D/2), cos / sin rows [T, D] loaded once for all N heads -> (y1, y2) in
+    `dtype`, each product and the sum rounded as `reference` rounds them. This kernel's and the
+    fused kernels' (ops/qk_norm_rope.py, ops/rope_kv_write.py) one RoPE."""
+    offs = tl.arange(0, BLOCK_HALF)
+    mask = row_ok[:, None] & (offs < HALF)[None, :]  # [T, D/2]
+    cos_at = cos_ptr + rows[:, None] * stride_cos + offs[None, :]
+    sin_at = sin_ptr + rows[:, None] * stride_sin + offs[None, :]
+    cos1 = tl.load(cos_at, mask=mask, other=0.0).to(tl.float32)[:, None, :]
+    cos2 = tl.load(cos_at + HALF, mask=mask, other=0.0).to(tl.float32)[:, None, :]
+    sin1 = tl.load(sin_at, mask=mask, other=0.0).to(tl.float32)[:, None, :]
+    sin2 = tl.load(sin_at + HALF, mask=mask, other=0.0).to(tl.float32)[:, None, :]
+    y1 = round_to(round_to(x1 * cos1, dtype, SOFT_BF16).to(tl.float32)
+                  + round_to(-x2 * sin1, dtype, SOFT_BF16).to(tl.float32), dtype, SOFT_BF16)
+    y2 = round_to(round_to(x2 * cos2, dtype, SOFT_BF16).to(tl.float32)
+                  + round_to(x1 * sin2, dtype, SOFT_BF16).to(tl.float32), dtype, SOFT_BF16)
+    return y1, y2
+
+
+@triton.jit
 def _rope_kernel(x_ptr, cos_ptr, sin_ptr, out_ptr, num_tokens, stride_xt, stride_xn,
                  stride_ct, stride_st, NUM_HEADS: tl.constexpr, HALF: tl.constexpr,
                  BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_HALF: tl.constexpr,
@@ -64,51 +86,19 @@ def _rope_kernel(x_ptr, cos_ptr, sin_ptr, out_ptr, num_tokens, stride_xt, stride
     heads = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_HALF)
     t_ok = tokens < num_tokens
-    d_ok = offs_d < HALF
-    mask_td = t_ok[:, None] & d_ok[None, :]  # [T, D/2]
+    mask_td = t_ok[:, None] & (offs_d < HALF)[None, :]  # [T, D/2]
     mask = mask_td[:, None, :] & (heads < NUM_HEADS)[None, :, None]  # [T, N, D/2]
-
-    cos_row = cos_ptr + tokens[:, None] * stride_ct + offs_d[None, :]
-    sin_row = sin_ptr + tokens[:, None] * stride_st + offs_d[None, :]
-    cos1 = tl.load(cos_row, mask=mask_td, other=0.0).to(tl.float32)[:, None, :]
-    cos2 = tl.load(cos_row + HALF, mask=mask_td, other=0.0).to(tl.float32)[:, None, :]
-    sin1 = tl.load(sin_row, mask=mask_td, other=0.0).to(tl.float32)[:, None, :]
-    sin2 = tl.load(sin_row + HALF, mask=mask_td, other=0.0).to(tl.float32)[:, None, :]
 
     x_at = (x_ptr + tokens[:, None, None] * stride_xt + heads[None, :, None] * stride_xn
             + offs_d[None, None, :])
     x1 = tl.load(x_at, mask=mask, other=0.0).to(tl.float32)  # [T, N, D/2]
     x2 = tl.load(x_at + HALF, mask=mask, other=0.0).to(tl.float32)
-
-    y1 = (round_to(x1 * cos1, dtype, SOFT_BF16).to(tl.float32)
-          + round_to(-x2 * sin1, dtype, SOFT_BF16).to(tl.float32))
-    y2 = (round_to(x2 * cos2, dtype, SOFT_BF16).to(tl.float32)
-          + round_to(x1 * sin2, dtype, SOFT_BF16).to(tl.float32))
+    y1, y2 = rotate_halves(x1, x2, cos_ptr, sin_ptr, tokens, stride_ct, stride_st, t_ok, HALF, BLOCK_HALF, dtype,
+                           SOFT_BF16)
     out_at = (out_ptr + (tokens[:, None, None] * NUM_HEADS + heads[None, :, None]) * (2 * HALF)
               + offs_d[None, None, :])
-    tl.store(out_at, round_to(y1, dtype, SOFT_BF16), mask=mask)
-    tl.store(out_at + HALF, round_to(y2, dtype, SOFT_BF16), mask=mask)
-
-
-@triton.jit
-def rotate_halves(x1, x2, cos_ptr, sin_ptr, rows, stride_cos, stride_sin, row_ok, HALF: tl.constexpr,
-                  dtype: tl.constexpr, SOFT_BF16: tl.constexpr):
-    """RoPE inside a fused kernel (ops/qk_norm_rope.py, ops/rope_kv_write.py): rows' halves x1, x2
-    [T, N, D/2] in FP32 (values of `dtype`), cos / sin rows [T, D] loaded once for all N heads ->
-    (y1, y2) in `dtype`, each product and the sum rounded as `reference` rounds them."""
-    offs = tl.arange(0, HALF)
-    r_mask = row_ok[:, None]
-    cos_at = cos_ptr + rows[:, None] * stride_cos + offs[None, :]
-    sin_at = sin_ptr + rows[:, None] * stride_sin + offs[None, :]
-    cos1 = tl.load(cos_at, mask=r_mask, other=0.0).to(tl.float32)[:, None, :]
-    cos2 = tl.load(cos_at + HALF, mask=r_mask, other=0.0).to(tl.float32)[:, None, :]
-    sin1 = tl.load(sin_at, mask=r_mask, other=0.0).to(tl.float32)[:, None, :]
-    sin2 = tl.load(sin_at + HALF, mask=r_mask, other=0.0).to(tl.float32)[:, None, :]
-    y1 = round_to(round_to(x1 * cos1, dtype, SOFT_BF16).to(tl.float32)
-                  + round_to(-x2 * sin1, dtype, SOFT_BF16).to(tl.float32), dtype, SOFT_BF16)
-    y2 = round_to(round_to(x2 * cos2, dtype, SOFT_BF16).to(tl.float32)
-                  + round_to(x1 * sin2, dtype, SOFT_BF16).to(tl.float32), dtype, SOFT_BF16)
-    return y1, y2
+    tl.store(out_at, y1, mask=mask)
+    tl.store(out_at + HALF, y2, mask=mask)
 
 
 # ---------------------------------------------------------------------------------------------
