@@ -71,14 +71,21 @@ def test_a_deadline_applies_per_request(fake_server):
 REJECTED = 'boundgen_requests_total{model="fscore",outcome="rejected",protocol="grpc"}'
 
 
+def _hold_and_queue(server, queued_text: str):
+    """A stream whose first request holds the one slot (until `release` is touched) and whose
+    second waits in the one queue place: (stream, release)."""
+    release = server.root / f"release-{uuid.uuid4().hex}"
+    stream = Stream(server)
+    stream.send("fscore", [f"hold={release}"], "running")
+    wait_metric(server, INFLIGHT, 1)
+    stream.send("fscore", [queued_text], "queued")
+    wait_metric(server, QUEUED, 1)
+    return stream, release
+
+
 def test_same_admission_as_model_infer(one_slot):
     """One slot and one queue place: the third request of a stream is refused as ModelInfer's would be."""
-    release = one_slot.root / f"release-{uuid.uuid4().hex}"
-    stream = Stream(one_slot)
-    stream.send("fscore", [f"hold={release}"], "running")
-    wait_metric(one_slot, INFLIGHT, 1)
-    stream.send("fscore", ["queued"], "queued")
-    wait_metric(one_slot, QUEUED, 1)
+    stream, release = _hold_and_queue(one_slot, "queued")
     refusals = metric(one_slot, REJECTED)
     stream.send("fscore", ["refused"], "refused")
     wait_metric(one_slot, REJECTED, refusals + 1)  # refused while the slot is held, not after its release
@@ -91,12 +98,7 @@ def test_same_admission_as_model_infer(one_slot):
 
 
 def test_cancelling_the_stream_frees_its_queue_place(one_slot):
-    release = one_slot.root / f"release-{uuid.uuid4().hex}"
-    stream = Stream(one_slot)
-    stream.send("fscore", [f"hold={release}"], "running")
-    wait_metric(one_slot, INFLIGHT, 1)
-    stream.send("fscore", ["never runs"], "queued")
-    wait_metric(one_slot, QUEUED, 1)
+    stream, release = _hold_and_queue(one_slot, "never runs")
     stream.stop(cancel_requests=True)
     wait_metric(one_slot, QUEUED, 0)  # left the queue at once, while the first still runs
     release.touch()
