@@ -34,7 +34,7 @@ import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
 from boundgen.ops.chunk_max import check_logits, chunk_values
-from boundgen.ops.radix import kth_largest, ordered_key
+from boundgen.ops.radix import ordered_key, top_k_mask
 
 MAX_BLOCK = 16384  # values a program holds at once (chunk maxima, or k x chunk candidates)
 
@@ -62,9 +62,7 @@ def _chunk_select_kernel(logits_ptr, bias_ptr, maxima_ptr, lse_ptr, chunk_buf_pt
     idx = tl.arange(0, NCP)
     valid = idx < chunks
     key = ordered_key(tl.load(maxima_ptr + row * chunks + idx, mask=valid, other=float("-inf")).to(tl.float32))
-    t, ties = kth_largest(key, valid, k)
-    at_t = valid & (key == t)
-    take = (valid & (key > t)) | (at_t & (tl.cumsum(at_t.to(tl.int32), axis=0) <= ties))
+    take = top_k_mask(key, valid, k)
     tl.store(chunk_buf_ptr + row * KP + tl.cumsum(take.to(tl.int32), axis=0) - 1, idx, mask=take)
     tl.debug_barrier()  # the chunk list visible to every thread
 
@@ -78,9 +76,7 @@ def _chunk_select_kernel(logits_ptr, bias_ptr, maxima_ptr, lse_ptr, chunk_buf_pt
     if HAS_BIAS:  # in the model dtype, as the reference ranks (the bias is 0 or -inf: exact)
         y = (y + tl.load(bias_ptr + cols, mask=inside, other=0.0)).to(dtype).to(tl.float32)
     key = ordered_key(y)
-    t, ties = kth_largest(key, inside, k)
-    at_t = inside & (key == t)
-    take = (inside & (key > t)) | (at_t & (tl.cumsum(at_t.to(tl.int32), axis=0) <= ties))
+    take = top_k_mask(key, inside, k)
     sort_key = (key.to(tl.int64) << 32) | (0x7FFFFFFF - cols).to(tl.int64)
     tl.store(key_buf_ptr + row * KP + tl.cumsum(take.to(tl.int32), axis=0) - 1, sort_key, mask=take)
     tl.debug_barrier()

@@ -52,3 +52,12 @@ def kth_largest(keys, inside, k):
         prefix = prefix | (b.to(tl.int64) << shift)
         match = match & (digits == b)
     return (prefix - 2147483648).to(tl.int32), need
+
+
+@triton.jit
+def top_k_mask(keys, inside, k):
+    """Where the k largest keys are among those `inside` (at least k of them); of keys equal to
+    the k-th largest, the lowest-indexed ones: exactly k positions."""
+    t, ties = kth_largest(keys, inside, k)
+    at_t = inside & (keys == t)
+    return (inside & (keys > t)) | (at_t & (tl.cumsum(at_t.to(tl.int32), axis=0) <= ties))
