@@ -66,13 +66,18 @@ def prefix_work(width: int, prefix_len: int, suffix_len: int, num_q_heads: int,
     return flops, float(elems * head_dim * elem_bytes)
 
 
-def _measure(case: str, impls: dict[str, Callable[[], torch.Tensor]], work: tuple[float, float],
-             calls: int, replays: int) -> list[KernelTiming]:
-    expected = impls["torch reference"]().float()
+def _measure(case: str, impls: dict[str, Callable[[], torch.Tensor | tuple[torch.Tensor, ...]]],
+             work: tuple[float, float], calls: int, replays: int) -> list[KernelTiming]:
+    """Each implementation's GPU time and its largest error against "torch reference" over all its
+    outputs (a tensor or a tuple of them)."""
+    def outputs(fn):
+        out = fn()
+        return [t.float() for t in (out if isinstance(out, tuple) else (out,))]
+    expected = outputs(impls["torch reference"])
     rows = []
     for impl, fn in impls.items():
         try:
-            err = (fn().float() - expected).abs().max().item()
+            err = max((got - want).abs().max().item() for got, want in zip(outputs(fn), expected))
             rows.append(KernelTiming(case, impl, gpu_time_us(fn, calls, replays), *work, err))
         except Exception as exc:  # a launch config that does not fit (shared memory) must not hide the rest
             print(f"{case}: {impl} failed: {type(exc).__name__}: {str(exc)[:200]}", file=sys.stderr)
@@ -245,13 +250,7 @@ def bench_qk_norm_rope(num_tokens: int, heads=(16, 8), head_dim: int = 128, devi
                 lambda b=block_t, w=warps: qk_norm_rope.launch(*args, block_t=b, num_warps=w))
     elements = num_tokens * (num_q + num_kv) * head_dim
     work = (8.0 * elements, float((2 * elements + 2 * cos.numel()) * dtype.itemsize))
-    case = f"qk_norm_rope T={num_tokens} heads={num_q}/{num_kv} D={head_dim}"
-    expected = impls["torch reference"]()
-    rows = []
-    for impl, fn in impls.items():
-        err = max((a.float() - b.float()).abs().max().item() for a, b in zip(fn(), expected))
-        rows.append(KernelTiming(case, impl, gpu_time_us(fn, calls, replays), *work, err))
-    return rows
+    return _measure(f"qk_norm_rope T={num_tokens} heads={num_q}/{num_kv} D={head_dim}", impls, work, calls, replays)
 
 
 def bench_rope_kv_write(rows: int, heads=(14, 2), head_dim: int = 64, slots: int = 4, layers: int = 24,
@@ -277,11 +276,7 @@ def bench_rope_kv_write(rows: int, heads=(14, 2), head_dim: int = 64, slots: int
              "fused triton": run(rope_kv_write.launch, "fused")}
     elements = rows * (num_q + 2 * num_kv) * head_dim
     work = (6.0 * rows * (num_q + num_kv) * head_dim, float((2 * elements + 2 * cos.numel()) * dtype.itemsize))
-    case = f"rope_kv_write B={rows} heads={num_q}/{num_kv} D={head_dim}"
-    expected = impls["torch reference"]()
-    return [KernelTiming(case, impl, gpu_time_us(fn, calls, replays), *work,
-                         max((a.float() - b.float()).abs().max().item() for a, b in zip(fn(), expected)))
-            for impl, fn in impls.items()]
+    return _measure(f"rope_kv_write B={rows} heads={num_q}/{num_kv} D={head_dim}", impls, work, calls, replays)
 
 
 def bench_silu_mul(num_tokens: int, inter: int, device: str = "cuda", calls: int = 20,

@@ -62,7 +62,6 @@ def bench_vocab_topk(rows: int, k: int, vocab: int = QWEN_VOCAB, hidden: int = 8
         for warps in (8, 32):
             impls[f"chunks-triton w{warps}"] = (lambda w=warps: chunk_select.launch(
                 logits, bias, *chunk_max.launch(logits, bias, select_chunk), k, select_chunk, num_warps=w))
-    if sweep:
         for chunk, tile, segment, warps in CHUNKS_SWEEP:
             chunk = vocab_topk.chunk_size(vocab, k, chunk)  # one that divides V
 
