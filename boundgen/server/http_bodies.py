@@ -49,7 +49,9 @@ async def read_body(request: web.Request, config: ServerConfig) -> bytes:
 def _loads(body: bytes, what: str):
     try:
         return json.loads(body)
-    except (ValueError, RecursionError, UnicodeDecodeError) as exc:
+    except UnicodeDecodeError:
+        raise InvalidInput(f"{what} is not valid UTF-8") from None
+    except (ValueError, RecursionError) as exc:
         raise InvalidInput(f"{what} is not valid JSON: {exc}") from None
 
 
@@ -98,12 +100,7 @@ def parse_infer_body(body: bytes, header_length: str | None, shared_memory: Shar
         if not 0 <= n <= len(body):
             raise InvalidInput(f"header {HEADER_LENGTH} says {n} bytes of JSON, the body has {len(body)}")
         body, binary = body[:n], memoryview(body)[n:]
-    try:
-        obj = json.loads(body)
-    except UnicodeDecodeError:
-        raise InvalidInput("the request's JSON is not valid UTF-8") from None
-    except (ValueError, RecursionError) as exc:
-        raise InvalidInput(f"the request body is not valid JSON: {exc}") from None
+    obj = _loads(body, "the request body")
     if not isinstance(obj, dict):
         raise InvalidInput("the request body must be a JSON object with 'inputs'")
     inputs = obj.get("inputs")
