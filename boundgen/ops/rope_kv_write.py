@@ -61,8 +61,9 @@ def _rope_kv_write_kernel(qkv_ptr, cos_ptr, sin_ptr, q_ptr, sk_ptr, sv_ptr, step
     r_ok = rows < num_rows
     mask = r_ok[:, None, None] & (heads < NUM_Q + NUM_KV)[None, :, None]  # [T, N, 1]
     step = tl.load(step_ptr)
-    sk_ptr += layer.to(tl.int64) * stride_kl  # this layer's [B, S, Nkv, D]
-    sv_ptr += layer.to(tl.int64) * stride_vl
+    # tl.cast, not .to: Triton specialises an int argument equal to 1 into a constant (layer 1).
+    sk_ptr += tl.cast(layer, tl.int64) * stride_kl  # this layer's [B, S, Nkv, D]
+    sv_ptr += tl.cast(layer, tl.int64) * stride_vl
 
     x_at = qkv_ptr + rows[:, None, None] * stride_qkv + heads[None, :, None] * (2 * HALF) + offs[None, None, :]
     x1 = tl.load(x_at, mask=mask, other=0.0).to(tl.float32)  # [T, N, D/2]
