@@ -30,6 +30,7 @@ import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
 from boundgen.ops import rmsnorm, rope
+from boundgen.ops.rope import rotate_halves  # by name: Inductor copies a kernel's helpers by name
 from boundgen.ops.rounding import round_to
 
 
@@ -83,7 +84,7 @@ def _qk_norm_rope_kernel(qkv_ptr, wq_ptr, wk_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr
     n2 = round_to(w2 * round_to(x2 * rstd, dtype, SOFT_BF16).to(tl.float32), dtype, SOFT_BF16).to(tl.float32)
 
     # RoPE (rotate-half), as ops/rope.py rounds.
-    y1, y2 = rope.rotate_halves(n1, n2, cos_ptr, sin_ptr, tokens, stride_cos, stride_sin, t_ok, HALF, HALF, dtype,
+    y1, y2 = rotate_halves(n1, n2, cos_ptr, sin_ptr, tokens, stride_cos, stride_sin, t_ok, HALF, HALF, dtype,
                                 SOFT_BF16)
 
     q_at = q_ptr + (tokens[:, None, None] * NUM_Q + heads[None, :, None]) * (2 * HALF) + offs[None, None, :]

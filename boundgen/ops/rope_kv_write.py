@@ -34,6 +34,7 @@ import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
 from boundgen.ops import rope
+from boundgen.ops.rope import rotate_halves  # by name: Inductor copies a kernel's helpers by name
 from boundgen.ops.qk_norm_rope import split_heads
 
 
@@ -68,7 +69,7 @@ def _rope_kv_write_kernel(qkv_ptr, cos_ptr, sin_ptr, q_ptr, sk_ptr, sv_ptr, step
     x_at = qkv_ptr + rows[:, None, None] * stride_qkv + heads[None, :, None] * (2 * HALF) + offs[None, None, :]
     x1 = tl.load(x_at, mask=mask, other=0.0).to(tl.float32)  # [T, N, D/2]
     x2 = tl.load(x_at + HALF, mask=mask, other=0.0).to(tl.float32)
-    y1, y2 = rope.rotate_halves(x1, x2, cos_ptr, sin_ptr, rows, stride_cos, stride_sin, r_ok, HALF, HALF, dtype,
+    y1, y2 = rotate_halves(x1, x2, cos_ptr, sin_ptr, rows, stride_cos, stride_sin, r_ok, HALF, HALF, dtype,
                                 SOFT_BF16)
 
     is_q = (heads < NUM_Q)[None, :, None]

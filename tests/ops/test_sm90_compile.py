@@ -2,6 +2,9 @@
 ptxas, from the triton wheel, builds the cubin on this machine, no device needed. The interpreter
 (the other kernel tests) is more lenient than the compiler; this catches what only the compiler
 refuses, and prints each kernel's registers and spill (cuobjdump's resource usage) for the record.
+Each kernel is compiled from the source Inductor writes for it in a build (the kernel and the
+helpers it calls, copied by name into one file), so a helper the copy misses fails here, as it
+failed an H200 build (`rope.rotate_halves` called through its module, 2026-12-01).
 Skipped where the wheel carries no ptxas."""
 
 import subprocess
@@ -53,6 +56,10 @@ KERNELS = {
                                "stride_vs": "i32"},
                               {"layer": 1, "NUM_Q": 14, "NUM_KV": 2, "HALF": 32, "BLOCK_T": 4, "BLOCK_N": 16,
                                "BLOCK_KV": 2, "SOFT_BF16": True}, 4),
+    "rope": ("rope", "_rope_kernel",
+             {"x_ptr": "*bf16", "cos_ptr": "*bf16", "sin_ptr": "*bf16", "out_ptr": "*bf16", "num_tokens": "i32",
+              "stride_xt": "i32", "stride_xn": "i32", "stride_ct": "i32", "stride_st": "i32"},
+             {"NUM_HEADS": 14, "HALF": 32, "BLOCK_T": 4, "BLOCK_N": 16, "BLOCK_HALF": 32, "SOFT_BF16": True}, 4),
     "qk_norm_rope": ("qk_norm_rope", "_qk_norm_rope_kernel",
                      {"qkv_ptr": "*bf16", "wq_ptr": "*bf16", "wk_ptr": "*bf16", "cos_ptr": "*bf16", "sin_ptr": "*bf16",
                       "q_ptr": "*bf16", "k_ptr": "*bf16", "eps": "fp32", "num_tokens": "i32", "stride_qkv": "i32",
@@ -62,15 +69,23 @@ KERNELS = {
 
 # Run without the interpreter (its kernels cannot be compiled); prints cuobjdump's resource line.
 _SCRIPT = """
-import importlib, subprocess, sys
+import importlib, importlib.util, subprocess, sys
 import triton
 from triton.backends.compiler import GPUTarget
 module_name, kernel, signature, constants, warps, cubin, cuobjdump = sys.argv[1:]
+from torch._inductor.codegen.wrapper import user_defined_triton_kernel_transitive_closure_source_code as closure
 module = importlib.import_module("boundgen.ops." + module_name)
 constants = eval(constants)
 signature = dict(eval(signature), **{c: "constexpr" for c in constants})
 warps = getattr(module, warps) if not warps.isdigit() else int(warps)
-source = triton.compiler.ASTSource(fn=getattr(module, kernel), signature=signature, constexprs=constants)
+# The kernel as a build compiles it: Inductor's copy of its source and its helpers, in a file of its own.
+copy = cubin[:-len(".cubin")] + "_inductor_copy.py"
+with open(copy, "w") as f:
+    f.write("import triton\\nimport triton.language as tl\\n\\n@triton.jit\\n" + closure(getattr(module, kernel)))
+spec = importlib.util.spec_from_file_location("inductor_copy", copy)
+copied = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(copied)
+source = triton.compiler.ASTSource(fn=getattr(copied, kernel), signature=signature, constexprs=constants)
 compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
 open(cubin, "wb").write(compiled.asm["cubin"])
 usage = subprocess.run([cuobjdump, "--dump-resource-usage", cubin], capture_output=True, text=True).stdout
