@@ -32,6 +32,7 @@ written once (the prefix once, not once per beam). Ceilings from ../shared/GPU.m
 
 from __future__ import annotations
 
+import functools
 import sys
 from typing import Callable
 
@@ -255,25 +256,26 @@ def bench_qk_norm_rope(num_tokens: int, heads=(16, 8), head_dim: int = 128, devi
 
 def bench_rope_kv_write(rows: int, heads=(14, 2), head_dim: int = 64, slots: int = 4, layers: int = 24,
                         device: str = "cuda", calls: int = 20, replays: int = 10,
-                        dtype: torch.dtype = torch.bfloat16) -> list[KernelTiming]:
+                        dtype: torch.dtype = torch.bfloat16, block_ts: tuple[int, ...] = ()) -> list[KernelTiming]:
     """A beam decode step's RoPE of q and k and K/V write into slot 2 of layer 1 (W2: Qwen2.5-0.5B
     heads, `rows` = R x W beams): the torch reference (eager; and compiled by Inductor, what a
-    build with the separate ops runs) against the fused kernel (ops/rope_kv_write.py)."""
+    build with the separate ops runs) against the fused kernel (ops/rope_kv_write.py), at its
+    default launch config and at each of `block_ts` rows a program."""
     num_q, num_kv = heads
     gen = torch.Generator(device=device).manual_seed(rows)
     qkv = torch.randn(rows, (num_q + 2 * num_kv) * head_dim, device=device, generator=gen).to(dtype)
     cos, sin = rope.cos_sin(torch.arange(rows, device=device) % 400, rope.inv_freq(head_dim, 1e6).to(device), dtype)
-    buffers = {name: tuple(torch.zeros(layers, rows, slots, num_kv, head_dim, device=device, dtype=dtype)
-                           for _ in range(2)) for name in ("reference", "inductor", "fused")}  # (k, v) each
     step = torch.tensor([2], device=device)
     compiled = torch.compile(rope_kv_write.reference, dynamic=False)
 
-    def run(fn, name):
-        return lambda: (fn(qkv, cos, sin, *buffers[name], step, 1, num_q, num_kv), buffers[name][0][1, :, 2],
-                        buffers[name][1][1, :, 2])
-    impls = {"torch reference": run(rope_kv_write.reference, "reference"),
-             "inductor (reference compiled)": run(compiled, "inductor"),
-             "fused triton": run(rope_kv_write.launch, "fused")}
+    def run(fn):
+        k, v = (torch.zeros(layers, rows, slots, num_kv, head_dim, device=device, dtype=dtype) for _ in range(2))
+        return lambda: (fn(qkv, cos, sin, k, v, step, 1, num_q, num_kv), k[1, :, 2], v[1, :, 2])
+    impls = {"torch reference": run(rope_kv_write.reference),
+             "inductor (reference compiled)": run(compiled),
+             "fused triton": run(rope_kv_write.launch)}
+    for block_t in block_ts:
+        impls[f"fused triton, BLOCK_T={block_t}"] = run(functools.partial(rope_kv_write.launch, block_t=block_t))
     elements = rows * (num_q + 2 * num_kv) * head_dim
     work = (6.0 * rows * (num_q + num_kv) * head_dim, float((2 * elements + 2 * cos.numel()) * dtype.itemsize))
     return _measure(f"rope_kv_write B={rows} heads={num_q}/{num_kv} D={head_dim}", impls, work, calls, replays)

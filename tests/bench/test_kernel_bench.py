@@ -113,7 +113,8 @@ def test_rope_kv_write_benchmark_agrees_with_the_reference_on_cpu(monkeypatch):
     """The fused kernel gives the reference's q and slot exactly; Inductor's compile of the reference
     within a bf16 ulp (it keeps RoPE's intermediate products in FP32, ops/rope.py)."""
     monkeypatch.setattr(kernels, "gpu_time_us", lambda fn, calls, replays: 1.0)
-    rows = kernels.bench_rope_kv_write(6, heads=(4, 2), head_dim=16, slots=3, layers=2, device="cpu")
-    assert [r.impl for r in rows] == ["torch reference", "inductor (reference compiled)", "fused triton"]
+    rows = kernels.bench_rope_kv_write(6, heads=(4, 2), head_dim=16, slots=3, layers=2, device="cpu", block_ts=(1, 4))
+    assert [r.impl for r in rows] == ["torch reference", "inductor (reference compiled)", "fused triton",
+                                      "fused triton, BLOCK_T=1", "fused triton, BLOCK_T=4"]
     errors = [r.max_abs_err for r in rows]
-    assert errors[0] == errors[2] == 0 and errors[1] <= 0.04, kernels.markdown_table(rows)
+    assert errors[0] == errors[2] == errors[3] == errors[4] == 0 and errors[1] <= 0.04, kernels.markdown_table(rows)
