@@ -9,9 +9,10 @@ W1_ARGS=(--task score --labels " yes" " no" --max-samples 60 --max-tokens-per-sa
 W1_DEFAULT="--lowering packed_attention=triton --lowering rmsnorm=triton --lowering rope=triton \
 --lowering qk_norm_rope=triton --lowering add_rmsnorm=triton"
 # One beam artifact serves W2 and W3: W=100, N_gen=5, prompts up to 400 tokens, up to 8 a call; candidate
-# selection by chunks (measured 2026-12-01: docs/benchmarks.md).
+# selection by chunks; RoPE and the K/V write in one kernel a decode layer: 235.0 against 213.5 W2 and 159.5
+# against 136.5 W3 QPS within the budget (both measured 2026-12-01: docs/benchmarks.md).
 BEAM_ARGS=(--task beam --width 100 --steps 5 --min-new-tokens 5 --max-prompt-tokens 400 --device cuda
            --dtype bfloat16 --name beam)
 BEAM_DEFAULT="--lowering packed_attention=triton --lowering prefix_attention=triton --lowering vocab_topk=chunks \
---max-requests 8 --cuda-graphs \
+--lowering rope_kv_write=triton --max-requests 8 --cuda-graphs \
 --batching --contexts 2 --token-bucket 128"
