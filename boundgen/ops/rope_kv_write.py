@@ -128,10 +128,13 @@ def _check(qkv, cos, sin, suffix_k, suffix_v, step, layer, num_q_heads, num_kv_h
 
 
 def default_config(num_heads: int, head_dim: int) -> tuple[int, int]:
-    """(BLOCK_T, num_warps): rows up to ~2K half-row elements a program (Qwen2.5-0.5B: 16 roped
-    heads x 32 = 512: four rows). Fixed, not autotuned: deterministic builds."""
+    """(BLOCK_T, num_warps): rows up to 512 half-row elements a program (Qwen2.5-0.5B: 16 roped
+    heads x 32 = 512: one row). Fixed, not autotuned: deterministic builds. On the H200
+    (2026-12-01, `bench_rope_kv_write(rows, block_ts=(1, 2, 4, 8))`) one row a program took 2.0 /
+    2.1 / 2.5 / 3.2 us at 100 / 200 / 400 / 800 rows against 2.9 / 2.9 / 2.9 / 3.7 for four: a
+    decode step's few hundred rows need every program they can get."""
     per_row = triton.next_power_of_2(num_heads) * (head_dim // 2)
-    return max(1, 2048 // per_row), 4
+    return max(1, 512 // per_row), 4
 
 
 def launch(qkv, cos, sin, suffix_k, suffix_v, step, layer: int, num_q_heads: int, num_kv_heads: int,
