@@ -73,9 +73,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "default: the artifact's setting, off for the eager engine")
     p.add_argument("--token-bucket", type=int, default=None, metavar="N",
                    help="artifact only: pad calls to multiples of N tokens for CUDA graphs (default: the artifact's)")
-    p.add_argument("--tokenizer", choices=["fast", "tokenizers"], default=None,
-                   help="artifact only: encode with tiktoken where the vocabulary allows (fast, the default) "
-                        "or with `tokenizers` (same ids; for an A/B)")
+    p.add_argument("--tokenizer", choices=["fast", "fast-joined", "tokenizers"], default=None,
+                   help="artifact only: encode with tiktoken where the vocabulary allows (fast, the default; "
+                        "fast-joined: a request's texts in one call) or with `tokenizers` (same ids; for an A/B)")
     p.add_argument("--lowering", action="append", default=[], metavar="OP=IMPL",
                    help="eager engine only: op lowering, repeatable (default on cuda: Triton attention)")
     p.add_argument("--device", default=None, help="device for the peer and an eager engine (default: cuda if present)")
@@ -113,7 +113,9 @@ def _engine(args, specs):
                                                        "token_bucket")
                  if getattr(args, k) is not None}
     if args.tokenizer is not None:
-        overrides["fast_tokenizer"] = args.tokenizer == "fast"
+        overrides["fast_tokenizer"] = args.tokenizer != "tokenizers"
+        if args.tokenizer == "fast-joined":
+            overrides["joined_tokenizing"] = True
     described = "".join(f" {k}={v}" for k, v in overrides.items())
     if is_artifact(args.artifact):
         import boundgen

@@ -31,12 +31,13 @@ from boundgen.version import __version__
 def load_artifact_engine(path, contexts: int | None = None, executors: int | None = None,
                          cuda_graphs: bool | None = None, verify_files: bool = True, batching: bool | None = None,
                          token_bucket: int | None = None, libstdcxx_check: str = "auto",
-                         fast_tokenizer: bool = True) -> LocalEngine:
+                         fast_tokenizer: bool = True, joined_tokenizing: bool = False) -> LocalEngine:
     """The engine for an artifact directory. contexts / executors / cuda_graphs / batching /
     token_bucket override the manifest's runtime settings (None: as built); libstdcxx_check is
     "auto" (refuse where the load would crash), "require" (refuse unless preloaded, on any
-    Linux) or "skip"; fast_tokenizer=False encodes with `tokenizers` even where tiktoken could
-    (text/fast_bpe.py; the same ids either way)."""
+    Linux) or "skip"; fast_tokenizer=False encodes with `tokenizers` even where tiktoken could,
+    joined_tokenizing=True a request's texts in one tiktoken call (text/fast_bpe.py; the same ids
+    every way)."""
     root = Path(path)
     manifest = read_manifest(root)
     if verify_files:
@@ -47,7 +48,7 @@ def load_artifact_engine(path, contexts: int | None = None, executors: int | Non
     runtime = manifest.runtime.replace(contexts=contexts, executors=executors, cuda_graphs=cuda_graphs,
                                        batching=batching, token_bucket=token_bucket)
     compiled, spec = manifest.compile, manifest.program
-    tokenizer = Tokenizer.from_dir(root, fast=fast_tokenizer)
+    tokenizer = Tokenizer.from_dir(root, fast=fast_tokenizer, joined=joined_tokenizing)
     try:
         runner = load_runner(root, compiled.packages, compiled.weights_file, device, getattr(spec, "steps", 0),
                              runtime.executors, compiled.ops_to_register,

@@ -82,9 +82,10 @@ class Tokenizer:
         self.backend, self.fast = backend, fast
 
     @classmethod
-    def from_dir(cls, path: str | Path, fast: bool = True) -> "Tokenizer":
+    def from_dir(cls, path: str | Path, fast: bool = True, joined: bool = False) -> "Tokenizer":
         """Load `tokenizer.json` from a model or artifact directory; `fast`: encode with tiktoken
-        where the file allows it (text/fast_bpe.py)."""
+        where the file allows it (text/fast_bpe.py); `joined`: a request's texts in one tiktoken
+        call (same ids; off until measured on a loaded server)."""
         file = Path(path) / "tokenizer.json"
         if not file.is_file():
             raise ConfigError(f"{path} has no tokenizer.json")
@@ -99,12 +100,16 @@ class Tokenizer:
         key = (str(file.resolve()), stat.st_mtime_ns, stat.st_size)
         if key not in _FAST_ENCODERS:
             _FAST_ENCODERS[key] = fast_encoder(json.loads(text), backend)
-        return cls(backend, _FAST_ENCODERS[key])
+        encoder = _FAST_ENCODERS[key]
+        return cls(backend, encoder if joined or encoder is None else encoder.text_by_text())
 
     @property
     def encoder_name(self) -> str:
-        """What encodes: "tiktoken" (the fast path) or "tokenizers"."""
-        return "tiktoken" if self.fast is not None else "tokenizers"
+        """What encodes: "tiktoken" (the fast path; "tiktoken, joined": a request's texts in one
+        call) or "tokenizers"."""
+        if self.fast is None:
+            return "tokenizers"
+        return "tiktoken, joined" if self.fast.separator_id is not None else "tiktoken"
 
     @property
     def vocab_size(self) -> int:

@@ -112,3 +112,6 @@ def test_engine_flags_override_the_artifacts_runtime(monkeypatch):
     engine, described = bench_cli._engine(args, [])
     assert engine == "engine" and seen == {"contexts": 1, "token_bucket": 128, "fast_tokenizer": False}
     assert "token_bucket=128" in described
+    seen.clear()
+    bench_cli._engine(parser.parse_args(["--workload", "W1", "--artifact", "art", "--tokenizer", "fast-joined"]), [])
+    assert seen == {"fast_tokenizer": True, "joined_tokenizing": True}

@@ -36,9 +36,15 @@ def tokenizers(tiny_qwen3_dir):
     return Tokenizer.from_dir(tiny_qwen3_dir), Tokenizer.from_dir(tiny_qwen3_dir, fast=False)
 
 
-def test_fast_path_is_taken_for_the_qwen_vocabulary(tokenizers):
+@pytest.fixture(scope="module")
+def joined(tiny_qwen3_dir):
+    return Tokenizer.from_dir(tiny_qwen3_dir, joined=True).fast
+
+
+def test_fast_path_is_taken_for_the_qwen_vocabulary(tokenizers, tiny_qwen3_dir):
     fast, slow = tokenizers
     assert fast.encoder_name == "tiktoken" and slow.encoder_name == "tokenizers"
+    assert Tokenizer.from_dir(tiny_qwen3_dir, joined=True).encoder_name == "tiktoken, joined"
 
 
 def test_same_ids_as_tokenizers(tokenizers):
@@ -75,3 +81,55 @@ def test_other_tokenizer_shapes_keep_tokenizers(tiny_qwen3_dir):
     vocab = swapped["model"]["vocab"]
     vocab["Ġworld"], vocab["Ġthe"] = vocab["Ġthe"], vocab["Ġworld"]
     assert fast_encoder(swapped, reference) is None
+
+
+class _CountingEncoding:
+    """The tiktoken Encoding, counting the calls into it."""
+
+    def __init__(self, encoding):
+        self.encoding, self.calls = encoding, 0
+
+    def encode(self, *args, **kwargs):
+        self.calls += 1
+        return self.encoding.encode(*args, **kwargs)
+
+    def encode_ordinary(self, text):
+        self.calls += 1
+        return self.encoding.encode_ordinary(text)
+
+
+def test_a_batch_is_one_call_with_the_ids_of_text_by_text(tokenizers, joined, monkeypatch):
+    """Texts joined by the separator encode in one call to the ids `tokenizers` gives each alone,
+    added tokens written in text and whitespace at either end included."""
+    _, slow = tokenizers
+    encoder = joined
+    counting = _CountingEncoding(encoder.encoding)
+    monkeypatch.setattr(encoder, "encoding", counting)
+    edges = ["  trailing  ", "\n", "x<|im_end|>", "<|im_start|>", "<|im_end|>\u0338 composes only across the token"]
+    texts = [t for t in corpus(seed=1) if encoder._joinable(t)] + edges
+    assert len(texts) > 300
+    for start in range(0, len(texts), 15):
+        batch = texts[start:start + 15]
+        counting.calls = 0
+        got = encoder.encode_batch(batch)
+        assert counting.calls == (1 if len(batch) > 1 else len(batch)), batch
+        want = [e.ids for e in slow.backend.encode_batch(batch, add_special_tokens=False)]
+        assert got == want, [(t, g, w) for t, g, w in zip(batch, got, want) if g != w][:2]
+
+
+def test_texts_that_would_join_otherwise_are_encoded_one_by_one(tokenizers, joined, monkeypatch):
+    from boundgen.text.fast_bpe import SEPARATOR, FastEncoder
+    _, slow = tokenizers
+    encoder = joined
+    for odd in (f"a{SEPARATOR}b", "<|im_end|> e\u0301 is not NFC", "e\u0301"):
+        batch = ["plain text", odd, "more text"]
+        assert not encoder._joinable(odd)
+        counting = _CountingEncoding(encoder.encoding)
+        monkeypatch.setattr(encoder, "encoding", counting)
+        got = encoder.encode_batch(batch)
+        assert counting.calls >= len(batch)
+        assert got[0] == slow.backend.encode("plain text", add_special_tokens=False).ids
+        assert got[1] == encoder.encode(odd)
+    # Added tokens of which one starts another: tiktoken's alternation could pick either.
+    nested = FastEncoder(encoder.encoding, {"<a>": 1, "<a>b": 2}, nfc=False, separator_id=3)
+    assert nested.separator_id is None
