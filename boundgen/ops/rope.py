@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
-from boundgen.ops.rounding import round_to
+from boundgen.ops.rounding import round_to, rounded
 
 
 def inv_freq(head_dim: int, theta: float) -> torch.Tensor:
@@ -69,10 +69,8 @@ def rotate_halves(x1, x2, cos_ptr, sin_ptr, rows, stride_cos, stride_sin, row_ok
     cos2 = tl.load(cos_at + HALF, mask=mask, other=0.0).to(tl.float32)[:, None, :]
     sin1 = tl.load(sin_at, mask=mask, other=0.0).to(tl.float32)[:, None, :]
     sin2 = tl.load(sin_at + HALF, mask=mask, other=0.0).to(tl.float32)[:, None, :]
-    y1 = round_to(round_to(x1 * cos1, dtype, SOFT_BF16).to(tl.float32)
-                  + round_to(-x2 * sin1, dtype, SOFT_BF16).to(tl.float32), dtype, SOFT_BF16)
-    y2 = round_to(round_to(x2 * cos2, dtype, SOFT_BF16).to(tl.float32)
-                  + round_to(x1 * sin2, dtype, SOFT_BF16).to(tl.float32), dtype, SOFT_BF16)
+    y1 = round_to(rounded(x1 * cos1, dtype, SOFT_BF16) + rounded(-x2 * sin1, dtype, SOFT_BF16), dtype, SOFT_BF16)
+    y2 = round_to(rounded(x2 * cos2, dtype, SOFT_BF16) + rounded(x1 * sin2, dtype, SOFT_BF16), dtype, SOFT_BF16)
     return y1, y2
 
 

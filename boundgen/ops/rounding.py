@@ -9,6 +9,9 @@ arithmetic on its bits (ties to even; inf and NaN stay inf and NaN), after which
 exact (the interpreter still mishandles FP32 subnormals, which no test input produces).
 A kernel whose intermediate roundings must survive GPU compilation passes SOFT_BF16 = True on
 the GPU too (ops/rope.py): a cast round trip FP32 -> bf16 -> FP32 may be folded away there.
+`rounded` is such an intermediate: the value on the dtype's grid, kept in FP32, with no
+conversion instruction on the soft path (a conversion issues at a quarter of the integer rate on
+the H200; the fused q/k-norm + RoPE kernel was bound by its roundings).
 """
 
 import triton
@@ -23,3 +26,14 @@ def round_to(x, dtype: tl.constexpr, SOFT_BF16: tl.constexpr):
         bits = (bits + (0x7FFF + ((bits >> 16) & 1))) & 0xFFFF0000
         x = bits.to(tl.float32, bitcast=True)
     return x.to(dtype)
+
+
+@triton.jit
+def rounded(x, dtype: tl.constexpr, SOFT_BF16: tl.constexpr):
+    """x (FP32) rounded to nearest-even in `dtype`, returned in FP32: `round_to(x).to(float32)`."""
+    if SOFT_BF16 and dtype == tl.bfloat16:
+        bits = x.to(tl.uint32, bitcast=True)
+        bits = (bits + (0x7FFF + ((bits >> 16) & 1))) & 0xFFFF0000
+        return bits.to(tl.float32, bitcast=True)
+    else:
+        return x.to(dtype).to(tl.float32)

@@ -1,12 +1,12 @@
 """round_to: FP32 -> bf16/fp16 rounding to nearest even in a kernel, under the interpreter as on
-the GPU (the interpreter's own bf16 cast truncates)."""
+the GPU (the interpreter's own bf16 cast truncates); `rounded`, the same value kept in FP32."""
 
 import pytest
 import torch
 import triton
 import triton.language as tl
 
-from boundgen.ops.rounding import round_to
+from boundgen.ops.rounding import round_to, rounded
 from tests.ops.kernel_testing import KERNEL_DEVICE, needs_kernel
 
 
@@ -14,6 +14,35 @@ from tests.ops.kernel_testing import KERNEL_DEVICE, needs_kernel
 def _round_kernel(x_ptr, out_ptr, N: tl.constexpr, SOFT_BF16: tl.constexpr):
     offs = tl.arange(0, N)
     tl.store(out_ptr + offs, round_to(tl.load(x_ptr + offs), out_ptr.dtype.element_ty, SOFT_BF16))
+
+
+@triton.jit
+def _rounded_kernel(x_ptr, out_ptr, N: tl.constexpr, DTYPE: tl.constexpr, SOFT_BF16: tl.constexpr):
+    offs = tl.arange(0, N)
+    tl.store(out_ptr + offs, rounded(tl.load(x_ptr + offs), DTYPE, SOFT_BF16))
+
+
+def _inputs(dtype):
+    gen = torch.Generator().manual_seed(0)
+    a, b = (torch.randn(1024, generator=gen).to(dtype).float() for _ in range(2))
+    ties = (torch.randint(-3000, 3000, (512,), generator=gen).to(dtype).float() + 0.5) * 2.0 ** -7
+    x = torch.cat([torch.randn(1024, generator=gen) * 100, a * b, ties,
+                   torch.tensor([float("inf"), -float("inf"), float("nan"), 0.0, -0.0, 3.4e38,
+                                 65519.0, 65520.0])])
+    return torch.nn.functional.pad(x, (0, 4096 - x.numel())).to(KERNEL_DEVICE)
+
+
+@needs_kernel
+@pytest.mark.filterwarnings("ignore:overflow encountered in cast")
+def test_rounded_is_the_bf16_value_in_fp32():
+    """The soft path (every device) and the cast path (the GPU's) give torch's bf16 values, in FP32."""
+    x = _inputs(torch.bfloat16)
+    expected = x.to(torch.bfloat16).float()
+    for soft in (True, False) if x.device.type == "cuda" else (True,):
+        out = torch.empty_like(x)
+        _rounded_kernel[(1,)](x, out, N=x.numel(), DTYPE=tl.bfloat16, SOFT_BF16=soft)
+        same = (out == expected) | (out.isnan() & expected.isnan())
+        assert bool(same.all()), (soft, x[~same][:5], out[~same][:5], expected[~same][:5])
 
 
 @needs_kernel
