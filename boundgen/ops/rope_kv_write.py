@@ -70,7 +70,7 @@ def _rope_kv_write_kernel(qkv_ptr, cos_ptr, sin_ptr, q_ptr, sk_ptr, sv_ptr, step
     x1 = tl.load(x_at, mask=mask, other=0.0).to(tl.float32)  # [T, N, D/2]
     x2 = tl.load(x_at + HALF, mask=mask, other=0.0).to(tl.float32)
     y1, y2 = rotate_halves(x1, x2, cos_ptr, sin_ptr, rows, stride_cos, stride_sin, r_ok, HALF, HALF, dtype,
-                                SOFT_BF16)
+                           SOFT_BF16)
 
     is_q = (heads < NUM_Q)[None, :, None]
     q_at = q_ptr + (rows[:, None, None] * NUM_Q + heads[None, :, None]) * (2 * HALF) + offs[None, None, :]

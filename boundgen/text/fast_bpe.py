@@ -165,4 +165,7 @@ def fast_encoder(spec: dict, reference) -> FastEncoder | None:
         return None
     encoder = FastEncoder(encoding, added, nfc=spec.get("normalizer") is not None, separator_id=separator_id)
     want = [e.ids for e in reference.encode_batch(list(PROBES), add_special_tokens=False)]
-    return encoder if encoder.encode_batch(PROBES) == want else None
+    joinable = [i for i, probe in enumerate(PROBES) if encoder._joinable(probe)]  # the joined call too
+    joined = encoder.encode_batch([PROBES[i] for i in joinable])
+    same = encoder.encode_batch(PROBES) == want and joined == [want[i] for i in joinable]
+    return encoder if same else None

@@ -23,6 +23,7 @@ def _rounded_kernel(x_ptr, out_ptr, N: tl.constexpr, DTYPE: tl.constexpr, SOFT_B
 
 
 def _inputs(dtype):
+    """FP32 values: random, products of two `dtype` values, exact ties of `dtype`, inf, NaN, zeros, limits."""
     gen = torch.Generator().manual_seed(0)
     a, b = (torch.randn(1024, generator=gen).to(dtype).float() for _ in range(2))
     ties = (torch.randint(-3000, 3000, (512,), generator=gen).to(dtype).float() + 0.5) * 2.0 ** -7
@@ -49,13 +50,7 @@ def test_rounded_is_the_bf16_value_in_fp32():
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.filterwarnings("ignore:overflow encountered in cast")  # numpy, 3.4e38 -> fp16 (inf)
 def test_round_to_matches_torch_cast(dtype):
-    gen = torch.Generator().manual_seed(0)
-    a, b = (torch.randn(1024, generator=gen).to(dtype).float() for _ in range(2))
-    ties = (torch.randint(-3000, 3000, (512,), generator=gen).to(dtype).float() + 0.5) * 2.0 ** -7
-    x = torch.cat([torch.randn(1024, generator=gen) * 100, a * b, ties,
-                   torch.tensor([float("inf"), -float("inf"), float("nan"), 0.0, -0.0, 3.4e38,
-                                 65519.0, 65520.0])])
-    x = torch.nn.functional.pad(x, (0, 4096 - x.numel())).to(KERNEL_DEVICE)
+    x = _inputs(dtype)
     out = torch.empty(x.shape, dtype=dtype, device=KERNEL_DEVICE)
     _round_kernel[(1,)](x, out, N=x.numel(), SOFT_BF16=x.device.type == "cpu")
     expected = x.to(dtype)

@@ -64,7 +64,8 @@ KERNELS = {
                      {"qkv_ptr": "*bf16", "wq_ptr": "*bf16", "wk_ptr": "*bf16", "cos_ptr": "*bf16", "sin_ptr": "*bf16",
                       "q_ptr": "*bf16", "k_ptr": "*bf16", "eps": "fp32", "num_tokens": "i32", "stride_qkv": "i32",
                       "stride_cos": "i32", "stride_sin": "i32"},
-                     {"NUM_Q": 16, "NUM_KV": 8, "HALF": 64, "BLOCK_T": 1, "BLOCK_Q": 16, "BLOCK_KV": 8, "SOFT_BF16": True}, 4),
+                     {"NUM_Q": 16, "NUM_KV": 8, "HALF": 64, "BLOCK_T": 1, "BLOCK_Q": 16, "BLOCK_KV": 8,
+                      "SOFT_BF16": True}, 4),
 }
 
 # Run without the interpreter (its kernels cannot be compiled); prints cuobjdump's resource line.
