@@ -19,11 +19,11 @@ each group in a block of its own (a row is a (token, head) pair), each row in it
 Rounding is the references' step by step, on the bits (ops/rounding.py `rounded`, SOFT_BF16 on
 the GPU too, so that no cast round trip is folded away; intermediates kept in FP32, since the
 kernel was bound by its roundings' conversions: 19.3 against 14.6 us at T 2,250 on the H200):
-FP32 sum of squares (the two halves' sums added: the order differs
-from the reference's, which can move the FP32 rstd by an ulp and a bf16 value by one), rstd =
-1 / sqrt_rn(mean + eps), normed rounded to the dtype, times the weight rounded to the dtype, then
-RoPE's two products each rounded and their sum rounded. Bytes: q and k read once, written once;
-cos / sin once per token; the weights once per program.
+FP32 sum of squares (the two halves' sums added: the order differs from the reference's, which
+can move the FP32 rstd by an ulp and a bf16 value by one), rstd = 1 / sqrt_rn(mean + eps),
+normed rounded to the dtype, times the weight rounded to the dtype, then RoPE's two products
+each rounded and their sum rounded. Bytes: q and k read once, written once; cos / sin once per
+token and head group (from L1 the second time); the weights once per program and group.
 """
 
 import torch
