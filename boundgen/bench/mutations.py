@@ -95,8 +95,20 @@ def written(kernel, kwargs: dict) -> list[str]:
     return [n for n in names if isinstance(kwargs.get(n), torch.Tensor)]
 
 
+def require_gpu_target() -> None:
+    """The analysis compiles each kernel for the GPU's target; where triton has none, torch's
+    analysis fails and reports every argument as written: refuse instead."""
+    import triton
+    try:
+        triton.runtime.driver.active.get_current_target()
+    except Exception as exc:
+        raise RuntimeError(f"the analysis compiles each kernel for the GPU's target, and triton has none here "
+                           f"({type(exc).__name__}: {exc}); run it on the GPU machine") from None
+
+
 def analyse(device: torch.device) -> list[dict]:
     """One row per case: the arguments torch believes written, the real outputs, the difference."""
+    require_gpu_target()
     rows = []
     for case, module, call, outputs in _cases():
         calls: list = []
@@ -122,7 +134,11 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(prog="python -m boundgen.bench.mutations", description=__doc__.split("\n\n")[0])
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
                    help="where the small tensors live (the analysis needs a GPU target: cuda, or a test's stand-in)")
-    print(markdown(analyse(torch.device(p.parse_args(argv).device))))
+    try:
+        rows = analyse(torch.device(p.parse_args(argv).device))
+    except RuntimeError as exc:
+        raise SystemExit(f"boundgen.bench.mutations: {exc}") from None
+    print(markdown(rows))
 
 
 if __name__ == "__main__":

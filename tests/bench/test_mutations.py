@@ -46,7 +46,17 @@ def test_a_kernel_believed_to_write_an_input_is_reported(monkeypatch):
     import torch
 
     from boundgen.bench import mutations
+    monkeypatch.setattr(mutations, "require_gpu_target", lambda: None)
     monkeypatch.setattr(mutations, "written", lambda kernel, kwargs: ["out_ptr", "suffix_len_ptr"])
     rows = [r for r in mutations.analyse(torch.device("cpu")) if r["case"] == "prefix_attention"]
     assert rows and rows[0]["copied"] == ["suffix_len_ptr"]
     assert "| suffix_len_ptr |" in mutations.markdown(rows)
+
+
+def test_without_a_gpu_target_it_refuses_instead_of_reporting_everything_written():
+    """Without a target torch's analysis fails and says every argument is written: the tool says why
+    it cannot answer, in one line, and exits non-zero."""
+    out = subprocess.run([sys.executable, "-m", "boundgen.bench.mutations"], env=env_without_interpreter(),
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode != 0 and "run it on the GPU machine" in out.stderr, out.stderr[-2000:]
+    assert "Traceback" not in out.stderr and "believed written" not in out.stdout
