@@ -154,8 +154,8 @@ def bench_prefix(width: int, prefix_len: int, suffix_len: int, heads=(14, 2), he
     slots = suffix_len + 1  # a suffix buffer with room for the next step: slices are strided
     k_suffix = randn(beams, slots, num_kv_heads, head_dim)[:, :suffix_len]
     v_suffix = randn(beams, slots, num_kv_heads, head_dim)[:, :suffix_len]
-    valid = torch.tensor([suffix_len], device=device, dtype=torch.int32)  # all L_s positions
-    args = (q, k_prefix, v_prefix, k_suffix, v_suffix, valid, cu_seqlens, width, scale)
+    step = torch.tensor([suffix_len - 1], device=device)  # all L_s positions valid
+    args = (q, k_prefix, v_prefix, k_suffix, v_suffix, step, cu_seqlens, width, scale)
     impls = {
         "triton": lambda: prefix_attention.launch(*args),
         "triton 1 beam/program": lambda: prefix_attention.launch(*args, beams_per_program=1),

@@ -2,15 +2,20 @@
 
 When a build exports a registered Triton op, functionalization clones every input that torch's
 analysis of the kernel (its TTIR) says is written; a clone of a tensor that later ops read again
-stays in the graph. The beam step's C++ wrapper on the H200 (torch 2.11, 2026-12-01) had such
-copies: the suffix length once per prefix-attention call, RoPE's cos / sin once per
-`rope_kv_write` call (and per q/k-norm + RoPE call in W1's). torch 2.13's analysis finds only the
-real outputs of these kernels. This prints what the installed torch finds, kernel by kernel:
+stays in the graph. This prints what the installed torch finds, kernel by kernel, against what each
+kernel really writes:
 
     python -m boundgen.bench.mutations        (on the GPU machine: its torch and triton)
 
 Each op's launcher runs on small tensors with its `wrap_triton` replaced by a recorder, so the
 analysis sees exactly the arguments a build passes; nothing is launched.
+
+On the H200 (torch 2.11, 2026-12-01) and on CPU (torch 2.13) the analysis finds exactly the real
+outputs. The per-call copies that the beam step's and W1's C++ wrappers showed (the suffix length
+once per prefix-attention call, RoPE's cos / sin once per `rope_kv_write` or q/k-norm + RoPE call)
+are not clones: a cheap pointwise value read by several opaque kernels is recomputed by Inductor
+into a buffer for each reader (`should_realize_on_reuse`: it realizes a reused pointwise node only
+past `realize_reads_threshold` reads or a large inner function).
 """
 
 from __future__ import annotations
@@ -40,7 +45,7 @@ def _cases() -> list[Case]:
     return [
         ("prefix_attention", prefix_attention,
          lambda d: prefix_attention.launch(t(d, 4, 14, 64), t(d, 8, 2, 64), t(d, 8, 2, 64), t(d, 4, 3, 2, 64),
-                                           t(d, 4, 3, 2, 64), torch.ones(1, dtype=torch.int32, device=d),
+                                           t(d, 4, 3, 2, 64), torch.zeros(1, dtype=torch.int64, device=d),
                                            torch.tensor([0, 8], dtype=torch.int32, device=d), 4, 0.125),
          ("out_ptr",)),
         ("rope_kv_write", rope_kv_write,

@@ -131,7 +131,7 @@ class QwenModel(nn.Module):
 
     def _embed(self, tokens, positions):
         h = F.embedding(tokens, self.embed_tokens)
-        cos, sin = rope_op.cos_sin(positions, self.inv_freq, h.dtype)
+        cos, sin = self.ops.cos_sin(positions, self.inv_freq, h.dtype)
         return h, cos, sin
 
     def prefill(self, tokens: torch.Tensor, positions: torch.Tensor, cu_seqlens: torch.Tensor,
@@ -168,13 +168,12 @@ class QwenModel(nn.Module):
         if cu_seqlens is None:
             cu_seqlens = torch.tensor([0, prefix_k.shape[1]], dtype=torch.int32, device=tokens.device)
             width = tokens.shape[0]
-        suffix_len = (step + 1).to(torch.int32)
         h, cos, sin = self._embed(tokens, positions)
         delta = None
         for i, layer in enumerate(self.layers):
             h, q = layer.attn_in_step(h, delta, cos, sin, suffix_k, suffix_v, step, i, ops)
-            attn = ops.prefix_attention(q, prefix_k[i], prefix_v[i], suffix_k[i], suffix_v[i], suffix_len,
-                                        cu_seqlens, width, self.scale)
+            attn = ops.prefix_attention(q, prefix_k[i], prefix_v[i], suffix_k[i], suffix_v[i], step, cu_seqlens,
+                                        width, self.scale)
             h, delta = layer.attn_out(h, attn, ops)
         return add_norm(h, delta, self.norm, self.cfg.rms_norm_eps, ops)[1]
 

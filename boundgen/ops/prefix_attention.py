@@ -4,17 +4,21 @@ request's prompt K/V plus per-beam suffix K/V.
 Requests are packed as in prefill: the prompts' K/V `[T, N_kv, D]` (T = all prompt tokens),
 request r owning rows cu_seqlens[r]:cu_seqlens[r+1], each prompt stored once. Beams are packed
 request by request, `width` (W) each: beam b belongs to request b // W and has its own suffix
-K/V buffer (the tokens it generated so far, including the current one), of which the first n =
-suffix_len[0] positions are valid. The query of beam b attends to its request's prefix rows and
+K/V buffer (the tokens it generated so far, including the current one), of which slots
+[0, step[0]] are valid: n = step[0] + 1 positions. The query of beam b attends to its request's prefix rows and
 suffix positions [0, n) of its own suffix in one softmax; no concatenation of K/V, no page
-table. GQA as in packed attention. n is a tensor, not a shape, so one compiled decode step
-serves every step: the suffix buffer keeps its full capacity L_s and the step sets n.
+table. GQA as in packed attention. `step` is a tensor, not a shape, so one compiled decode step
+serves every step: the suffix buffer keeps its full capacity L_s and the step sets n. The op takes
+the step itself (the slot this step's token was written to), not n: a count computed from it in
+the graph is a cheap pointwise value with one user per layer, which Inductor recomputes into a
+buffer of its own for each opaque kernel that reads it (24 one-element kernels a decode step on
+the H200, 2026-12-01); the step is a graph input, passed to every layer as it is.
 
     r = b // W,  keys(b) = prefix[cu_seqlens[r]:cu_seqlens[r+1]] ++ suffix[b, :n]
     out[b, h] = softmax over keys(b) of scale * q[b, h] . k, applied to v
 
 Shapes: q [R*W, N_q, D], k_prefix/v_prefix [T, N_kv, D], k_suffix/v_suffix [R*W, L_s, N_kv, D]
-(L_s may be 0), suffix_len [1] int32 on q's device holding n in [0, L_s] (not checked: reading
+(L_s may be 0), step [1] int64 on q's device holding n - 1 in [-1, L_s - 1] (not checked: reading
 it on the host would sync), cu_seqlens [R+1] int32 -> out [R*W, N_q, D] in q's dtype. Suffix
 positions >= n never reach the output, whatever they hold (NaN and inf included). Softmax in
 FP32. A beam whose prompt is empty and n = 0 has no keys: NaN in the reference, 0 in the kernel.
@@ -38,8 +42,8 @@ Triton kernel:
   dividing W, e.g. Qwen3's BW 8 at W 100) reads both prompts: ~one such block per request.
 - The suffix is per beam and short (L_s <= N_gen - 1, a handful), so its positions are visited
   one at a time with FP32 dot products on CUDA cores, reading each beam's rows by stride (a
-  non-contiguous buffer view is read in place, nothing is copied). The loop bound n is loaded
-  from suffix_len on the device; positions >= n are never loaded.
+  non-contiguous buffer view is read in place, nothing is copied). The loop bound n = step + 1
+  is loaded from `step` on the device; positions >= n are never loaded.
 - No split-K over the prefix. At W2/W3 shapes the grid has R * W / BW * N_kv programs of
   ceil(L_p / 64) <= 7 key tiles each; split-K would add a combine pass (a second launch or
   atomics) to save a few tile latencies. Revisit if the kernel benchmark shows long prompts
@@ -56,7 +60,7 @@ from torch.library import triton_op, wrap_triton
 
 
 def reference(q: torch.Tensor, k_prefix: torch.Tensor, v_prefix: torch.Tensor,
-              k_suffix: torch.Tensor, v_suffix: torch.Tensor, suffix_len: torch.Tensor,
+              k_suffix: torch.Tensor, v_suffix: torch.Tensor, step: torch.Tensor,
               cu_seqlens: torch.Tensor, width: int, scale: float) -> torch.Tensor:
     beams, num_q_heads, head_dim = q.shape
     num_kv_heads = k_prefix.shape[1]
@@ -66,7 +70,7 @@ def reference(q: torch.Tensor, k_prefix: torch.Tensor, v_prefix: torch.Tensor,
     s_prefix = torch.einsum("bkgd,tkd->bkgt", qg, k_prefix.to(torch.float32))  # [RW, Nkv, G, T]
     # Suffix positions >= n are zeroed before use (0 * NaN would be NaN) and masked from the
     # softmax: a mask from a tensor compare, no .item(), so torch.export keeps n an input.
-    valid = torch.arange(k_suffix.shape[1], device=q.device) < suffix_len  # [Ls]
+    valid = torch.arange(k_suffix.shape[1], device=q.device) <= step  # [Ls]
     k_suffix = torch.where(valid[:, None, None], k_suffix.to(torch.float32), 0.0)
     v_suffix = torch.where(valid[:, None, None], v_suffix.to(torch.float32), 0.0)
     s_suffix = torch.einsum("bkgd,bskd->bkgs", qg, k_suffix)  # [RW, Nkv, G, Ls]
@@ -102,7 +106,7 @@ def _dot(a, b, IEEE: tl.constexpr):
 
 @triton.jit
 def _prefix_attention_kernel(
-        q_ptr, kp_ptr, vp_ptr, ks_ptr, vs_ptr, suffix_len_ptr, cu_ptr, out_ptr, num_beams, width,
+        q_ptr, kp_ptr, vp_ptr, ks_ptr, vs_ptr, step_ptr, cu_ptr, out_ptr, num_beams, width,
         qk_scale,
         stride_qw, stride_qh, stride_kpl, stride_kph, stride_vpl, stride_vph,
         stride_ksw, stride_ksl, stride_ksh, stride_vsw, stride_vsl, stride_vsh,
@@ -153,7 +157,7 @@ def _prefix_attention_kernel(
     ks_ptr += kv_head * stride_ksh
     vs_ptr += kv_head * stride_vsh
     qf = q.to(tl.float32)
-    suffix_len = tl.load(suffix_len_ptr)
+    suffix_len = tl.load(step_ptr) + 1
     for j in range(0, suffix_len):
         k = tl.load(ks_ptr + beam[:, None] * stride_ksw + j * stride_ksl + offs_d[None, :],
                     mask=row_ok[:, None], other=0.0)  # [R, D]
@@ -178,7 +182,7 @@ def _prefix_attention_kernel(
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
-def _check(q, k_prefix, v_prefix, k_suffix, v_suffix, suffix_len, cu_seqlens, width) -> None:
+def _check(q, k_prefix, v_prefix, k_suffix, v_suffix, step, cu_seqlens, width) -> None:
     if q.dim() != 3 or k_prefix.dim() != 3 or v_prefix.dim() != 3:
         raise ValueError(f"prefix_attention: expected q [R*W, N_q, D], k_prefix/v_prefix [T, N_kv, "
                          f"D]; got q {tuple(q.shape)}, k_prefix {tuple(k_prefix.shape)}, "
@@ -200,12 +204,11 @@ def _check(q, k_prefix, v_prefix, k_suffix, v_suffix, suffix_len, cu_seqlens, wi
         raise ValueError(f"prefix_attention: k_suffix and v_suffix must both be [R*W={beams}, L_s, "
                          f"N_kv={num_kv_heads}, D={head_dim}]; got {tuple(k_suffix.shape)}, "
                          f"{tuple(v_suffix.shape)}")
-    if not isinstance(suffix_len, torch.Tensor) or suffix_len.dim() != 1 \
-            or suffix_len.shape[0] != 1 or suffix_len.dtype != torch.int32:
-        got = (f"{suffix_len.dtype} {tuple(suffix_len.shape)}"
-               if isinstance(suffix_len, torch.Tensor) else type(suffix_len).__name__)
-        raise ValueError(f"prefix_attention: expected suffix_len an int32 tensor of shape [1] "
-                         f"holding the number of valid suffix positions; got {got}")
+    if not isinstance(step, torch.Tensor) or step.dim() != 1 or step.shape[0] != 1 \
+            or step.dtype != torch.int64:
+        got = f"{step.dtype} {tuple(step.shape)}" if isinstance(step, torch.Tensor) else type(step).__name__
+        raise ValueError(f"prefix_attention: expected step an int64 tensor of shape [1] holding the last "
+                         f"valid suffix slot; got {got}")
     if num_q_heads % num_kv_heads != 0:
         raise ValueError(f"prefix_attention: N_q={num_q_heads} is not a multiple of "
                          f"N_kv={num_kv_heads}")
@@ -218,18 +221,18 @@ def _check(q, k_prefix, v_prefix, k_suffix, v_suffix, suffix_len, cu_seqlens, wi
     if any(t.stride(-1) != 1 for t in tensors):
         raise ValueError("prefix_attention: the head dim of q and all K/V must be contiguous "
                          f"(stride 1); got strides {[t.stride() for t in tensors]}")
-    if any(t.device != q.device for t in tensors + (suffix_len, cu_seqlens)):
+    if any(t.device != q.device for t in tensors + (step, cu_seqlens)):
         raise ValueError(f"prefix_attention: all inputs must be on one device; got "
-                         f"{[str(t.device) for t in tensors + (suffix_len, cu_seqlens)]}")
+                         f"{[str(t.device) for t in tensors + (step, cu_seqlens)]}")
 
 
 def launch(q: torch.Tensor, k_prefix: torch.Tensor, v_prefix: torch.Tensor,
-           k_suffix: torch.Tensor, v_suffix: torch.Tensor, suffix_len: torch.Tensor,
+           k_suffix: torch.Tensor, v_suffix: torch.Tensor, step: torch.Tensor,
            cu_seqlens: torch.Tensor, width: int, scale: float, beams_per_program: int | None = None,
            block_n: int = 64) -> torch.Tensor:
     """Run the Triton kernel; same signature and result as `reference`. `beams_per_program`
     (a power of two; default: fill one 16-row MMA tile) is exposed for tests and benchmarks."""
-    _check(q, k_prefix, v_prefix, k_suffix, v_suffix, suffix_len, cu_seqlens, width)
+    _check(q, k_prefix, v_prefix, k_suffix, v_suffix, step, cu_seqlens, width)
     beams_total, num_q_heads, head_dim = q.shape
     num_kv_heads = k_prefix.shape[1]
     group = num_q_heads // num_kv_heads
@@ -241,7 +244,7 @@ def launch(q: torch.Tensor, k_prefix: torch.Tensor, v_prefix: torch.Tensor,
     out = torch.empty((beams_total, num_q_heads, head_dim), dtype=q.dtype, device=q.device)
     grid = (triton.cdiv(beams_total, beams), num_kv_heads)
     wrap_triton(_prefix_attention_kernel)[grid](
-        q, k_prefix, v_prefix, k_suffix, v_suffix, suffix_len, cu_seqlens, out, beams_total,
+        q, k_prefix, v_prefix, k_suffix, v_suffix, step, cu_seqlens, out, beams_total,
         width, scale * math.log2(math.e),
         q.stride(0), q.stride(1), k_prefix.stride(0), k_prefix.stride(1),
         v_prefix.stride(0), v_prefix.stride(1),
@@ -258,16 +261,16 @@ def launch(q: torch.Tensor, k_prefix: torch.Tensor, v_prefix: torch.Tensor,
 
 @triton_op("boundgen::prefix_attention", mutates_args=())
 def prefix_attention(q: torch.Tensor, k_prefix: torch.Tensor, v_prefix: torch.Tensor,
-                     k_suffix: torch.Tensor, v_suffix: torch.Tensor, suffix_len: torch.Tensor,
+                     k_suffix: torch.Tensor, v_suffix: torch.Tensor, step: torch.Tensor,
                      cu_seqlens: torch.Tensor, width: int, scale: float) -> torch.Tensor:
-    return launch(q, k_prefix, v_prefix, k_suffix, v_suffix, suffix_len, cu_seqlens, width, scale)
+    return launch(q, k_prefix, v_prefix, k_suffix, v_suffix, step, cu_seqlens, width, scale)
 
 
 prefix_attention.register_kernel("cpu")(reference)
 
 
 @prefix_attention.register_fake
-def _(q, k_prefix, v_prefix, k_suffix, v_suffix, suffix_len, cu_seqlens, width, scale):
+def _(q, k_prefix, v_prefix, k_suffix, v_suffix, step, cu_seqlens, width, scale):
     return q.new_empty(q.shape)
 
 

@@ -47,10 +47,10 @@ def test_a_kernel_believed_to_write_an_input_is_reported(monkeypatch):
 
     from boundgen.bench import mutations
     monkeypatch.setattr(mutations, "require_gpu_target", lambda: None)
-    monkeypatch.setattr(mutations, "written", lambda kernel, kwargs: ["out_ptr", "suffix_len_ptr"])
+    monkeypatch.setattr(mutations, "written", lambda kernel, kwargs: ["out_ptr", "step_ptr"])
     rows = [r for r in mutations.analyse(torch.device("cpu")) if r["case"] == "prefix_attention"]
-    assert rows and rows[0]["copied"] == ["suffix_len_ptr"]
-    assert "| suffix_len_ptr |" in mutations.markdown(rows)
+    assert rows and rows[0]["copied"] == ["step_ptr"]
+    assert "| step_ptr |" in mutations.markdown(rows)
 
 
 def test_without_a_gpu_target_it_refuses_instead_of_reporting_everything_written():

@@ -27,10 +27,10 @@ _SCRIPT = textwrap.dedent("""
     # Packed prefill attention over B sequences; a beam step of W=2 beams per sequence over the
     # first suffix_len positions of a 4-slot suffix buffer (one package serves every step).
     class Attend(torch.nn.Module):
-        def forward(self, q, k, v, cu_seqlens, q_beams, k_buffer, v_buffer, suffix_len):
+        def forward(self, q, k, v, cu_seqlens, q_beams, k_buffer, v_buffer, step):
             packed = torch.ops.boundgen.packed_attention(q, k, v, cu_seqlens, 0.125)
             beams = torch.ops.boundgen.prefix_attention(q_beams, k, v, k_buffer, v_buffer,
-                                                        suffix_len, cu_seqlens, 2, 0.125)
+                                                        step, cu_seqlens, 2, 0.125)
             flashed = pa.flash(q, k, v, cu_seqlens, 0.125, 256)  # the reference on CPU
             return packed, beams, flashed
 
@@ -42,7 +42,7 @@ _SCRIPT = textwrap.dedent("""
         k_buffer[:, suffix_len:], v_buffer[:, suffix_len:] = float("nan"), float("nan")
         return (rand(t, heads[0], head_dim), rand(t, heads[1], head_dim),
                 rand(t, heads[1], head_dim), cu.to(device), rand(2 * b, heads[0], head_dim),
-                k_buffer, v_buffer, torch.tensor([suffix_len], dtype=torch.int32, device=device))
+                k_buffer, v_buffer, torch.tensor([suffix_len - 1], device=device))
 
     tokens = torch.export.Dim("T", min=6, max=4096)
     seqs = torch.export.Dim("B", min=1, max=64)
@@ -58,9 +58,9 @@ _SCRIPT = textwrap.dedent("""
     for lengths, n in (([1, 7, 37], 1), ([200, 48, 256, 1, 99], 4), ([5, 3], 0)):
         args = inputs(lengths, n)
         packed, beams, flashed = runner(*args)
-        q, k, v, cu, qb, kb, vb, suffix_len = args
+        q, k, v, cu, qb, kb, vb, step = args
         err_packed = (packed.float() - pa.reference(q, k, v, cu, 0.125).float()).abs().max()
-        err_beams = (beams.float() - pf.reference(qb, k, v, kb[:, :n], vb[:, :n], suffix_len,
+        err_beams = (beams.float() - pf.reference(qb, k, v, kb[:, :n], vb[:, :n], step,
                                                   cu, 2, 0.125).float()).abs().max()
         err_flash = (flashed.float() - pa.reference(q, k, v, cu, 0.125).float()).abs().max()
         assert max(err_packed, err_beams, err_flash) <= tol, (lengths, n, err_packed, err_beams, err_flash)

@@ -22,7 +22,7 @@ def make_inputs(lengths, width, suffix_len, num_q_heads, num_kv_heads, head_dim,
     """Inputs for R = len(lengths) requests of W beams: the prefix is one layer of a
     [n_layers, T, N_kv, D] buffer, the suffix the slice [:, :L_s] of a [R*W, S, N_kv, D] buffer
     (not contiguous), all L_s positions valid. Returns (q, k_prefix, v_prefix, k_suffix, v_suffix,
-    suffix_len, cu_seqlens)."""
+    step, cu_seqlens)."""
     gen = torch.Generator().manual_seed(seed)
 
     def randn(*shape):
@@ -34,13 +34,14 @@ def make_inputs(lengths, width, suffix_len, num_q_heads, num_kv_heads, head_dim,
     k_suffix = randn(beams, slots, num_kv_heads, head_dim)[:, :suffix_len]
     v_suffix = randn(beams, slots, num_kv_heads, head_dim)[:, :suffix_len]
     cu_seqlens = torch.tensor([0, *lengths], dtype=torch.int32).cumsum(0).to(torch.int32)
-    return (q, k_prefix, v_prefix, k_suffix, v_suffix, valid_len(suffix_len, device),
+    return (q, k_prefix, v_prefix, k_suffix, v_suffix, step_of(suffix_len, device),
             cu_seqlens.to(device))
 
 
-def valid_len(n, device="cpu"):
-    """suffix_len as the op takes it: [1] int32 on the inputs' device."""
-    return torch.tensor([n], dtype=torch.int32, device=device)
+def step_of(n, device="cpu"):
+    """The step as the op takes it for n valid suffix positions: its last slot n - 1, [1] int64 on
+    the inputs' device (-1: none)."""
+    return torch.tensor([n - 1], dtype=torch.int64, device=device)
 
 
 def check_kernel(lengths, width, suffix_len, heads, head_dim, dtype, beams=None, block_n=16):
@@ -113,20 +114,19 @@ def test_launcher_rejects_bad_inputs():
         op.launch(q, kp, vp, ks, vs, n, cu.long(), 3, 0.25)
 
 
-@pytest.mark.parametrize("bad", [torch.tensor([2]), torch.tensor(2, dtype=torch.int32),
-                                 torch.tensor([2, 2], dtype=torch.int32),
-                                 torch.tensor([[2]], dtype=torch.int32), 2],
-                         ids=["int64", "0-d", "shape2", "shape1x1", "python-int"])
-def test_launcher_rejects_bad_suffix_len(bad):
+@pytest.mark.parametrize("bad", [torch.tensor([1], dtype=torch.int32), torch.tensor(1),
+                                 torch.tensor([1, 1]), torch.tensor([[1]]), 1],
+                         ids=["int32", "0-d", "shape2", "shape1x1", "python-int"])
+def test_launcher_rejects_bad_step(bad):
     q, kp, vp, ks, vs, _, cu = make_inputs((3, 2), 3, 2, 4, 2, 16, torch.float32)
-    with pytest.raises(ValueError, match="expected suffix_len an int32 tensor of shape \\[1\\]"):
+    with pytest.raises(ValueError, match="expected step an int64 tensor of shape \\[1\\]"):
         op.launch(q, kp, vp, ks, vs, bad, cu, 3, 0.25)
 
 
-def test_launcher_rejects_suffix_len_on_another_device():
+def test_launcher_rejects_step_on_another_device():
     q, kp, vp, ks, vs, _, cu = make_inputs((3, 2), 3, 2, 4, 2, 16, torch.float32)
     with pytest.raises(ValueError, match="all inputs must be on one device"):
-        op.launch(q, kp, vp, ks, vs, valid_len(2, "meta"), cu, 3, 0.25)
+        op.launch(q, kp, vp, ks, vs, step_of(2, "meta"), cu, 3, 0.25)
 
 
 def _poisoned_buffer(lengths, width, capacity, n, heads, dtype, device):
@@ -136,7 +136,7 @@ def _poisoned_buffer(lengths, width, capacity, n, heads, dtype, device):
     clean = ks[:, :n], vs[:, :n]
     ks, vs = ks.clone(), vs.clone()
     ks[:, n:], vs[:, n:] = float("nan"), float("inf")
-    return (q, kp, vp, ks, vs, valid_len(n, device), cu), clean
+    return (q, kp, vp, ks, vs, step_of(n, device), cu), clean
 
 
 @pytest.mark.parametrize("n", [0, 1, 3, 4])
@@ -194,15 +194,15 @@ def test_registered_op_runs_reference_on_cpu():
 
 
 class _Step(torch.nn.Module):
-    """One decode step's attention as the model runs it: the whole suffix buffer, the step's
-    number of valid positions an input."""
+    """One decode step's attention as the model runs it: the whole suffix buffer, the step (its
+    last valid slot) an input."""
 
     def __init__(self, lowering: str):
         super().__init__()
         self.attention = op.IMPLEMENTATIONS[lowering]
 
-    def forward(self, q, k_prefix, v_prefix, k_buffer, v_buffer, suffix_len, cu_seqlens):
-        return self.attention(q, k_prefix, v_prefix, k_buffer, v_buffer, suffix_len, cu_seqlens,
+    def forward(self, q, k_prefix, v_prefix, k_buffer, v_buffer, step, cu_seqlens):
+        return self.attention(q, k_prefix, v_prefix, k_buffer, v_buffer, step, cu_seqlens,
                               5, 0.25)
 
 
@@ -229,8 +229,8 @@ def test_op_exports_once_for_every_suffix_len(lowering):
         kb2, vb2 = kb2.contiguous(), vb2.contiguous()
         kb2[:, n:], vb2[:, n:] = float("nan"), float("nan")
         torch.testing.assert_close(
-            exported.module()(q2, kp2, vp2, kb2, vb2, valid_len(n), cu2),
-            op.reference(q2, kp2, vp2, kb2[:, :n], vb2[:, :n], valid_len(n), cu2, 5, 0.25),
+            exported.module()(q2, kp2, vp2, kb2, vb2, step_of(n), cu2),
+            op.reference(q2, kp2, vp2, kb2[:, :n], vb2[:, :n], step_of(n), cu2, 5, 0.25),
             atol=0, rtol=0)
 
 
@@ -240,7 +240,7 @@ _TRACE_SCRIPT = textwrap.dedent("""
     from boundgen.ops import prefix_attention as op
     q, kp, vp = torch.randn(6, 4, 16), torch.randn(9, 2, 16), torch.randn(9, 2, 16)
     kb, vb = torch.randn(6, 4, 2, 16), torch.randn(6, 4, 2, 16)
-    cu, n = torch.tensor([0, 4, 9], dtype=torch.int32), torch.tensor([2], dtype=torch.int32)
+    cu, n = torch.tensor([0, 4, 9], dtype=torch.int32), torch.tensor([1], dtype=torch.int64)
     graph = make_fx(lambda q, kp, vp, kb, vb, n, cu: op.launch(q, kp, vp, kb[:, :3], vb[:, :3], n,
                                                                cu, 3, 0.25),
                     tracing_mode="symbolic")(q, kp, vp, kb, vb, n, cu).graph
@@ -254,7 +254,7 @@ _TRACE_SCRIPT = textwrap.dedent("""
 
 def test_launcher_traces_with_symbolic_shapes_without_copies():
     """What Inductor does to the op on the GPU: one kernel call, the suffix slice passed by
-    strides (no copy), suffix_len passed as a pointer (no host read). Fresh process without the
+    strides (no copy), the step passed as a pointer (no host read). Fresh process without the
     interpreter, where wrap_triton can trace."""
     assert_script_prints_ok(_TRACE_SCRIPT)
 
@@ -269,18 +269,18 @@ def _concatenated(k_prefix, k_suffix):
     return full.transpose(1, 2)  # [W, Nkv, L, D]
 
 
-def _sdpa(q, k_prefix, v_prefix, k_suffix, v_suffix, suffix_len, cu_seqlens, width, scale):
+def _sdpa(q, k_prefix, v_prefix, k_suffix, v_suffix, step, cu_seqlens, width, scale):
     import torch.nn.functional as F
-    n = int(suffix_len)
+    n = int(step) + 1
     out = F.scaled_dot_product_attention(q[:, :, None], _concatenated(k_prefix, k_suffix[:, :n]),
                                          _concatenated(v_prefix, v_suffix[:, :n]), scale=scale,
                                          enable_gqa=True)
     return out[:, :, 0]
 
 
-def _flex(q, k_prefix, v_prefix, k_suffix, v_suffix, suffix_len, cu_seqlens, width, scale):
+def _flex(q, k_prefix, v_prefix, k_suffix, v_suffix, step, cu_seqlens, width, scale):
     from torch.nn.attention.flex_attention import flex_attention
-    n = int(suffix_len)
+    n = int(step) + 1
     out = flex_attention(q[:, :, None], _concatenated(k_prefix, k_suffix[:, :n]),
                          _concatenated(v_prefix, v_suffix[:, :n]), scale=scale, enable_gqa=True)
     return out[:, :, 0]
