@@ -20,6 +20,7 @@ from boundgen.errors import ConfigError
 class OpLowering:
     rmsnorm: str = "torch"
     rope: str = "torch"
+    cos_sin: str = "torch"
     packed_attention: str = "torch"
     prefix_attention: str = "torch"
     silu_mul: str = "torch"
@@ -52,6 +53,7 @@ class OpLowering:
 class Ops:
     rmsnorm: Callable
     rope: Callable
+    cos_sin: Callable
     packed_attention: Callable
     prefix_attention: Callable
     silu_mul: Callable
