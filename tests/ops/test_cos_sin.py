@@ -8,15 +8,12 @@ within one ulp (a value next to a rounding boundary), nearly all equal. On the G
 what Inductor's compile of the reference calls: equal to it bit for bit.
 """
 
-import dataclasses
-
 import pytest
 import torch
 
-from boundgen.model.loader import load_model
 from boundgen.ops import cos_sin as op
 from boundgen.ops import rope
-from boundgen.ops.lowering import REFERENCE, OpLowering
+from tests.ops.decode_testing import assert_decode_unchanged
 from tests.ops.kernel_testing import KERNEL_DEVICE, needs_compiled_kernel, needs_kernel
 from tests.ops.ulp import ulp_distance
 
@@ -91,17 +88,7 @@ def test_model_with_the_op_matches_the_model_without(checkpoint, request):
     """The model's cos / sin go through the lowering: prefill and decode steps with the registered op
     (its CPU kernel is the reference) are identical to those without; with the kernel itself (the
     interpreter) within FP32 rounding."""
-    from tests.ops.test_rope_kv_write import _decode
-
-    path = request.getfixturevalue(checkpoint)
-    expected = _decode(load_model(path))
-    lowered = _decode(load_model(path, ops=OpLowering(cos_sin="triton").resolve()))
-    assert all(torch.equal(a, b) for a, b in zip(lowered, expected))
-    if KERNEL_DEVICE is not None:
-        ops = dataclasses.replace(REFERENCE.resolve(), cos_sin=op.launch)
-        kernel = _decode(load_model(path, device=KERNEL_DEVICE, ops=ops))
-        for a, b in zip(kernel, expected):
-            torch.testing.assert_close(a.cpu(), b, atol=1e-5, rtol=1e-5)
+    assert_decode_unchanged(request.getfixturevalue(checkpoint), "cos_sin", op.launch)
 
 
 # ---------------------------------------------------------------------------------------------

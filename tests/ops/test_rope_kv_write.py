@@ -4,14 +4,11 @@ op (its writes survive export), and the model's decode step with the op lowered.
 The kernel tests run the real kernel: under TRITON_INTERPRET=1 on CPU tensors (the CPU lane), else
 compiled on CUDA. No dots, so bf16 runs in the interpreter too (casts go through `round_to`)."""
 
-import dataclasses
-
 import pytest
 import torch
 
-from boundgen.model.loader import load_model
 from boundgen.ops import rope_kv_write as op
-from boundgen.ops.lowering import REFERENCE, OpLowering
+from tests.ops.decode_testing import assert_decode_unchanged
 from tests.ops.kernel_testing import KERNEL_DEVICE, needs_compiled_kernel, needs_kernel
 
 
@@ -118,36 +115,12 @@ def test_the_writes_survive_export_and_an_aoti_package(tmp_path):
         assert torch.equal(q, q_ref) and torch.equal(k, k_ref) and torch.equal(v, v_ref)
 
 
-def _decode(model, steps=2):
-    """Prefill a 7-token prompt, then `steps` decode steps of 3 beams: hidden states and the suffix K/V."""
-    cfg = model.cfg
-    tokens = torch.randint(0, 500, (7,), generator=torch.Generator().manual_seed(4))
-    cu = torch.tensor([0, 7], dtype=torch.int32)
-    _, (prefix_k, prefix_v) = model.prefill(tokens, torch.arange(7), cu, keep_kv=True)
-    shape = (cfg.num_layers, 3, steps, cfg.num_kv_heads, cfg.head_dim)
-    suffix_k, suffix_v = torch.zeros(shape), torch.zeros(shape)
-    hidden = []
-    for s in range(steps):
-        beams = torch.tensor([5 + s, 9, 300 + s])
-        hidden.append(model.decode(beams, torch.full((3,), 7 + s), prefix_k, prefix_v, suffix_k, suffix_v,
-                                   torch.tensor([s]), cu, 3))
-    return torch.stack(hidden), suffix_k, suffix_v
-
-
 @pytest.mark.parametrize("checkpoint", ["tiny_qwen2_dir", "tiny_qwen3_dir"])
 def test_decode_with_the_fused_op_equals_the_decode_without(checkpoint, request):
     """In FP32 the lowered decode (the registered op: its CPU kernel is the reference) is identical
     to the separate ops; with the kernel itself (the interpreter) within FP32 rounding. Qwen3 (q/k
     norm) keeps the separate form whatever the lowering."""
-    path = request.getfixturevalue(checkpoint)
-    expected = _decode(load_model(path))
-    lowered = _decode(load_model(path, ops=OpLowering(rope_kv_write="triton").resolve()))
-    assert all(torch.equal(a, b) for a, b in zip(lowered, expected))
-    if KERNEL_DEVICE is not None:
-        ops = dataclasses.replace(REFERENCE.resolve(), rope_kv_write=op.launch)
-        kernel = _decode(load_model(path, device=KERNEL_DEVICE, ops=ops))
-        for a, b in zip(kernel, expected):
-            torch.testing.assert_close(a.cpu(), b, atol=1e-5, rtol=1e-5)
+    assert_decode_unchanged(request.getfixturevalue(checkpoint), "rope_kv_write", op.launch)
 
 
 @pytest.mark.gpu

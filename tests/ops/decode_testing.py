@@ -1,0 +1,39 @@
+"""A lowering left in the model changes nothing a decode gives: what the op tests of the lowerings
+that a decode step runs share."""
+
+import dataclasses
+
+import torch
+
+from boundgen.model.loader import load_model
+from boundgen.ops.lowering import REFERENCE, OpLowering
+from tests.ops.kernel_testing import KERNEL_DEVICE
+
+
+def decode(model, steps=2):
+    """Prefill a 7-token prompt, then `steps` decode steps of 3 beams: hidden states and the suffix K/V."""
+    cfg = model.cfg
+    tokens = torch.randint(0, 500, (7,), generator=torch.Generator().manual_seed(4))
+    cu = torch.tensor([0, 7], dtype=torch.int32)
+    _, (prefix_k, prefix_v) = model.prefill(tokens, torch.arange(7), cu, keep_kv=True)
+    shape = (cfg.num_layers, 3, steps, cfg.num_kv_heads, cfg.head_dim)
+    suffix_k, suffix_v = torch.zeros(shape), torch.zeros(shape)
+    hidden = []
+    for s in range(steps):
+        beams = torch.tensor([5 + s, 9, 300 + s])
+        hidden.append(model.decode(beams, torch.full((3,), 7 + s), prefix_k, prefix_v, suffix_k, suffix_v,
+                                   torch.tensor([s]), cu, 3))
+    return torch.stack(hidden), suffix_k, suffix_v
+
+
+def assert_decode_unchanged(path, op: str, kernel) -> None:
+    """In FP32 the model with `op` lowered to "triton" (the registered op: its CPU kernel is the
+    reference) decodes identically to the model without; with `kernel` itself in its place (the
+    interpreter, or the GPU) within FP32 rounding."""
+    expected = decode(load_model(path))
+    lowered = decode(load_model(path, ops=OpLowering(**{op: "triton"}).resolve()))
+    assert all(torch.equal(a, b) for a, b in zip(lowered, expected))
+    if KERNEL_DEVICE is not None:
+        ops = dataclasses.replace(REFERENCE.resolve(), **{op: kernel})
+        for a, b in zip(decode(load_model(path, device=KERNEL_DEVICE, ops=ops)), expected):
+            torch.testing.assert_close(a.cpu(), b, atol=1e-5, rtol=1e-5)
