@@ -1,8 +1,8 @@
 """bench.mutations: torch's analysis of which arguments each boundgen Triton kernel writes. With
-the torch of this machine (2.13) it finds exactly the real outputs; a kernel whose code made the
-analysis see more would have its inputs cloned on every call in a build (what the H200's torch 2.11
-build showed for the suffix length and cos / sin, 2026-12-01). The analysis compiles each kernel
-to TTIR for an sm_90 target, outside the interpreter, so it runs in a process of its own."""
+the torch of this machine (2.13) it finds exactly the real outputs, as the H200's torch 2.11 did
+(2026-12-01); a kernel whose code made the analysis see more would have its inputs cloned on every
+call in a build. The analysis compiles each kernel to TTIR for an sm_90 target, outside the
+interpreter, so it runs in a process of its own."""
 
 import json
 import subprocess
