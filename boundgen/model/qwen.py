@@ -19,6 +19,7 @@ from torch import nn
 
 from boundgen.model.config import ModelConfig
 from boundgen.ops import rope as rope_op
+from boundgen.ops import swiglu_down
 from boundgen.ops.lowering import REFERENCE, Ops
 from boundgen.ops.qk_norm_rope import split_heads
 
@@ -54,8 +55,13 @@ class MLP(nn.Module):
         self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
-    def forward(self, x: torch.Tensor, ops: Ops) -> torch.Tensor:
-        return self.down_proj(ops.silu_mul(self.gate_up_proj(x)))
+    def forward(self, x: torch.Tensor, ops: Ops, decoding: bool = False) -> torch.Tensor:
+        """The MLP's output [T, H]; in a decode step with `swiglu_down` lowered, its FP32 split-K
+        partial products [S, T, H] instead (ops/swiglu_down.py), which `add_norm` sums."""
+        gate_up = self.gate_up_proj(x)
+        if decoding and ops.swiglu_down is not None:
+            return ops.swiglu_down(gate_up, self.down_proj.weight)
+        return self.down_proj(ops.silu_mul(gate_up))
 
 
 class Layer(nn.Module):
@@ -88,22 +94,23 @@ class Layer(nn.Module):
         return h, ops.rope_kv_write(self.self_attn.qkv_proj(x), cos, sin, suffix_k, suffix_v, step, layer,
                                     cfg.num_heads, cfg.num_kv_heads)
 
-    def attn_out(self, h, attn, ops: Ops):
+    def attn_out(self, h, attn, ops: Ops, decoding: bool = False):
         """The attention's output projection added to h, then the MLP: returns (h, the MLP's
         output, not yet added: the next norm adds it)."""
         delta = self.self_attn.o_proj(attn.reshape(attn.shape[0], -1))
         h, x = add_norm(h, delta, self.post_attention_layernorm, self.cfg.rms_norm_eps, ops)
-        return h, self.mlp(x, ops)
+        return h, self.mlp(x, ops, decoding)
 
 
 def add_norm(h: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float, ops: Ops):
     """(h + delta, rmsnorm of it): the residual add and the norm after it, fused where lowered so
-    (ops/add_rmsnorm.py), else the add and `ops.rmsnorm`, as HF computes them."""
+    (ops/add_rmsnorm.py), else the add and `ops.rmsnorm`, as HF computes them. delta may be
+    split-K partial products [S, T, H] (ops/swiglu_down.py): summed first."""
     if delta is None:
         return h, ops.rmsnorm(h, weight, eps)
     if ops.add_rmsnorm is not None:
         return ops.add_rmsnorm(h, delta, weight, eps)
-    h = h + delta
+    h = h + (swiglu_down.total(delta, h.dtype) if delta.dim() == 3 else delta)
     return h, ops.rmsnorm(h, weight, eps)
 
 
@@ -174,7 +181,7 @@ class QwenModel(nn.Module):
             h, q = layer.attn_in_step(h, delta, cos, sin, suffix_k, suffix_v, step, i, ops)
             attn = ops.prefix_attention(q, prefix_k[i], prefix_v[i], suffix_k[i], suffix_v[i], step, cu_seqlens,
                                         width, self.scale)
-            h, delta = layer.attn_out(h, attn, ops)
+            h, delta = layer.attn_out(h, attn, ops, decoding=True)
         return add_norm(h, delta, self.norm, self.cfg.rms_norm_eps, ops)[1]
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -4,6 +4,10 @@
     h = x + delta           (in x's dtype, as torch adds: FP32 sum rounded once)
     y = rmsnorm(h, weight, eps)   (ops/rmsnorm.py; `reference` below is exactly that composition)
 
+delta may also be FP32 partial products [S, T, H] of a split-K projection (ops/swiglu_down.py):
+they are summed in order and rounded to x's dtype first (`swiglu_down.total`), as the GEMM they
+replace would have stored its product.
+
 Why: a decoder layer adds each block's output to the residual stream and normalises the sum for
 the next block. With the norm an opaque op (the Triton RMSNorm), Inductor puts the add in the
 GEMM's epilogue instead (cuBLAS addmm with beta = 1), and PyTorch first copies the residual into
@@ -18,10 +22,12 @@ runs `reference` on CPU).
 import torch
 from torch.library import triton_op
 
-from boundgen.ops import rmsnorm
+from boundgen.ops import rmsnorm, swiglu_down
 
 
 def reference(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float):
+    if delta.dim() == 3:
+        delta = swiglu_down.total(delta, x.dtype)
     h = x + delta
     return h, rmsnorm.reference(h, weight, eps)
 

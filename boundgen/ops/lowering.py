@@ -28,6 +28,7 @@ class OpLowering:
     qk_norm_rope: str = "separate"  # no fused op: the model applies rmsnorm, then rope
     add_rmsnorm: str = "separate"  # no fused op: the model adds the residual, then applies rmsnorm
     rope_kv_write: str = "separate"  # no fused op: a decode step applies rope, then writes K/V with index_copy_
+    swiglu_down: str = "separate"  # no fused op: a decode step applies silu_mul, then down_proj
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -61,6 +62,7 @@ class Ops:
     qk_norm_rope: Callable | None  # None: not fused
     add_rmsnorm: Callable | None  # None: not fused
     rope_kv_write: Callable | None  # None: not fused
+    swiglu_down: Callable | None  # None: not fused
 
 
 def describe(lowering: dict) -> str:

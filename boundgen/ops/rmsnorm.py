@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
-from boundgen.ops.rounding import round_to
+from boundgen.ops.rounding import round_to, rounded
 
 
 def reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -36,10 +36,12 @@ def reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor
 
 @triton.jit
 def _rmsnorm_kernel(x_ptr, w_ptr, out_ptr, eps, num_rows, stride_xt, stride_xn, d_ptr, sum_ptr, stride_dt,
-                    NUM_HEADS: tl.constexpr, HIDDEN: tl.constexpr, BLOCK_ROWS: tl.constexpr,
-                    BLOCK_H: tl.constexpr, SOFT_BF16: tl.constexpr, ADD: tl.constexpr):
+                    stride_ds, NUM_HEADS: tl.constexpr, HIDDEN: tl.constexpr, BLOCK_ROWS: tl.constexpr,
+                    BLOCK_H: tl.constexpr, SOFT_BF16: tl.constexpr, ADD: tl.constexpr, SPLITS: tl.constexpr):
     # ADD (ops/add_rmsnorm.py): x + d, rounded to x's dtype as torch's add rounds, is written to
     # sum_ptr ([T, H] contiguous) and normalised; else x itself is normalised (d_ptr, sum_ptr unused).
+    # SPLITS > 0: d is that many FP32 partial products [S, T, H] (ops/swiglu_down.py), summed in
+    # order and rounded to x's dtype first, as the GEMM they replace stores its product.
     rows = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)  # row = token * N + head
     cols = tl.arange(0, BLOCK_H)
     col_ok = cols < HIDDEN
@@ -50,7 +52,14 @@ def _rmsnorm_kernel(x_ptr, w_ptr, out_ptr, eps, num_rows, stride_xt, stride_xn, 
     x = tl.load(x_ptr + (token * stride_xt + head * stride_xn)[:, None] + cols[None, :],
                 mask=mask, other=0.0)  # [R, H]
     if ADD:  # rounded on the bits on every device, so that the norm reads the stored sum
-        d = tl.load(d_ptr + (token * stride_dt)[:, None] + cols[None, :], mask=mask, other=0.0)
+        if SPLITS:
+            d = tl.zeros([BLOCK_ROWS, BLOCK_H], tl.float32)
+            for s in tl.static_range(SPLITS):
+                d += tl.load(d_ptr + s * stride_ds + (token * stride_dt)[:, None] + cols[None, :], mask=mask,
+                             other=0.0)
+            d = rounded(d, x.dtype, True)
+        else:
+            d = tl.load(d_ptr + (token * stride_dt)[:, None] + cols[None, :], mask=mask, other=0.0)
         x = round_to(x.to(tl.float32) + d.to(tl.float32), x.dtype, True)
         tl.store(sum_ptr + rows[:, None] * HIDDEN + cols[None, :], x, mask=mask)
     xf = x.to(tl.float32)
@@ -88,6 +97,20 @@ def _check(x: torch.Tensor, weight: torch.Tensor) -> None:
                          f"weight {weight.device}")
 
 
+def _check_delta(x: torch.Tensor, delta: torch.Tensor) -> None:
+    if x.dim() != 2:
+        raise ValueError(f"add_rmsnorm: x must be [T, H]; got shape {tuple(x.shape)}")
+    if delta.dim() == 3:  # partial products (ops/swiglu_down.py)
+        if delta.shape[1:] != x.shape or delta.dtype != torch.float32 or not delta.is_contiguous():
+            raise ValueError(f"add_rmsnorm: partial products must be [S, T, H] float32 contiguous with [T, H] = "
+                             f"x's {tuple(x.shape)}; got {tuple(delta.shape)} {delta.dtype} strides {delta.stride()}")
+    elif delta.shape != x.shape or delta.dtype != x.dtype or delta.stride(-1) != 1:
+        raise ValueError(f"add_rmsnorm: delta must be like x [T, H] {tuple(x.shape)} {x.dtype} with a contiguous "
+                         f"last dim; got {tuple(delta.shape)} {delta.dtype} strides {delta.stride()}")
+    if delta.device != x.device:
+        raise ValueError(f"add_rmsnorm: delta must be on x's device {x.device}; got {delta.device}")
+
+
 def default_config(hidden: int) -> tuple[int, int]:
     """(BLOCK_ROWS, num_warps): ~2K elements per program (a row of H 1024 is 2 rows per program,
     a head of D 128 is 16). Fixed, not autotuned: deterministic builds."""
@@ -99,13 +122,11 @@ def launch(x: torch.Tensor, weight: torch.Tensor, eps: float, block_rows: int | 
            num_warps: int | None = None, delta: torch.Tensor | None = None):
     """Run the Triton kernel; same signature and result as `reference`. The launch config is
     overridable for tests (small blocks exercise many programs on tiny inputs) and benchmarks.
-    With `delta` (x's shape, [T, H]): the residual add first, and (x + delta, the norm of it), as
-    ops/add_rmsnorm.py's reference."""
+    With `delta` (x's shape, [T, H], or FP32 partial products [S, T, H] of it): the residual add
+    first, and (x + delta, the norm of it), as ops/add_rmsnorm.py's reference."""
     _check(x, weight)
-    if delta is not None and (x.dim() != 2 or delta.shape != x.shape or delta.dtype != x.dtype
-                              or delta.stride(-1) != 1 or delta.device != x.device):
-        raise ValueError(f"add_rmsnorm: delta must be like x [T, H] {tuple(x.shape)} {x.dtype} with a contiguous "
-                         f"last dim; got {tuple(delta.shape)} {delta.dtype} strides {delta.stride()}")
+    if delta is not None:
+        _check_delta(x, delta)
     hidden = x.shape[-1]
     num_heads = x.shape[1] if x.dim() == 3 else 1
     stride_xn = x.stride(1) if x.dim() == 3 else 0
@@ -115,12 +136,13 @@ def launch(x: torch.Tensor, weight: torch.Tensor, eps: float, block_rows: int | 
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     grid = (triton.cdiv(num_rows, block_rows),)
     add = delta is not None
+    parts = delta.shape[0] if add and delta.dim() == 3 else 0
     total = torch.empty(x.shape, dtype=x.dtype, device=x.device) if add else out
     wrap_triton(_rmsnorm_kernel)[grid](
         x, weight, out, eps, num_rows, x.stride(0), stride_xn, delta if add else x, total,
-        delta.stride(0) if add else 0, NUM_HEADS=num_heads,
+        delta.stride(-2) if add else 0, delta.stride(0) if parts else 0, NUM_HEADS=num_heads,
         HIDDEN=hidden, BLOCK_ROWS=block_rows, BLOCK_H=triton.next_power_of_2(hidden),
-        SOFT_BF16=x.device.type == "cpu", ADD=add, num_warps=num_warps)
+        SOFT_BF16=x.device.type == "cpu", ADD=add, SPLITS=parts, num_warps=num_warps)
     return (total, out) if add else out
 
 

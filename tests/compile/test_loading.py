@@ -179,10 +179,11 @@ def test_a_beam_artifact_with_chunked_selection_registers_its_op_and_answers_ali
 
 def test_a_beam_artifact_with_fused_decode_ops_registers_them_and_answers_alike(beam_build, tiny_qwen2_dir,
                                                                                  tmp_path):
-    """--lowering rope_kv_write=triton add_rmsnorm=triton: the step package calls the fused ops by
-    name (the K/V write a declared mutation of the suffix buffers), the manifest says so, a fresh
-    process registers them on load, and the candidates equal the default build's."""
-    fused, manifest = _built_with_lowering(tiny_qwen2_dir, tmp_path / "fused",
-                                           {"rope_kv_write": "triton", "add_rmsnorm": "triton"})
-    assert manifest["compile"]["custom_ops"] == ["add_rmsnorm", "packed_attention", "rope_kv_write"]
+    """--lowering rope_kv_write=triton add_rmsnorm=triton swiglu_down=triton: the step package calls
+    the fused ops by name (the K/V write a declared mutation of the suffix buffers, the MLP's
+    partial products summed by the add + norm), the manifest says so, a fresh process registers
+    them on load, and the candidates equal the default build's."""
+    fused, manifest = _built_with_lowering(tiny_qwen2_dir, tmp_path / "fused", {
+        "rope_kv_write": "triton", "add_rmsnorm": "triton", "swiglu_down": "triton"})
+    assert manifest["compile"]["custom_ops"] == ["add_rmsnorm", "packed_attention", "rope_kv_write", "swiglu_down"]
     _assert_same_candidates(beam_build[0], fused)

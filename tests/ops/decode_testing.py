@@ -26,13 +26,15 @@ def decode(model, steps=2):
     return torch.stack(hidden), suffix_k, suffix_v
 
 
-def assert_decode_unchanged(path, op: str, kernel) -> None:
+def assert_decode_unchanged(path, op: str, kernel, exact: bool = True) -> None:
     """In FP32 the model with `op` lowered to "triton" (the registered op: its CPU kernel is the
-    reference) decodes identically to the model without; with `kernel` itself in its place (the
+    reference) decodes identically to the model without (not `exact`: within FP32 rounding, for an
+    op whose reference sums in another order); with `kernel` itself in its place (the
     interpreter, or the GPU) within FP32 rounding."""
     expected = decode(load_model(path))
     lowered = decode(load_model(path, ops=OpLowering(**{op: "triton"}).resolve()))
-    assert all(torch.equal(a, b) for a, b in zip(lowered, expected))
+    for a, b in zip(lowered, expected):
+        assert torch.equal(a, b) if exact else torch.allclose(a, b, atol=1e-5, rtol=1e-5)
     if KERNEL_DEVICE is not None:
         ops = dataclasses.replace(REFERENCE.resolve(), **{op: kernel})
         for a, b in zip(decode(load_model(path, device=KERNEL_DEVICE, ops=ops)), expected):

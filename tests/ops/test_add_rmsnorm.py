@@ -52,7 +52,7 @@ def test_launcher_rejects_bad_delta():
         op.launch(x, delta[:4], weight, EPS)
     with pytest.raises(ValueError, match="delta must be like x"):
         op.launch(x, delta.half(), weight, EPS)
-    with pytest.raises(ValueError, match="delta must be like x"):
+    with pytest.raises(ValueError, match=r"x must be \[T, H\]"):
         op.launch(x.reshape(5, 3, 16), delta.reshape(5, 3, 16), weight[:16], EPS)
 
 
