@@ -22,6 +22,10 @@ IEEE division in silu); it writes its FP32 partial product. Every program of a r
 recomputes the activation of its K_SPLIT columns: BLOCK_N trades that against the partials'
 size. The split count is fixed by I and K_SPLIT, not by T, so that one compiled step serves
 every batch size R.
+
+Measured on the H200 (docs/benchmarks.md, 2026-12-01): the MLP tail with this kernel took 15.2
+us at 100 rows against 14.2 for Inductor's SwiGLU, cuBLAS and the add + norm, and 2.3x their
+time at 800 rows (the recomputed activation, short K loops, the partials' bytes): off by default.
 """
 
 import functools
@@ -103,7 +107,7 @@ def _swiglu_down_kernel(x_ptr, w_ptr, out_ptr, num_rows, stride_xt, INTER: tl.co
 # Launcher
 
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-DEFAULT_CONFIG = (128, 128, 64, 8, 3)  # BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages
+DEFAULT_CONFIG = (64, 128, 64, 4, 3)  # BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages: the best at 100 rows
 
 
 def _check(x: torch.Tensor, weight: torch.Tensor, k_split: int, block_k: int) -> None:

@@ -48,7 +48,7 @@ KERNELS = {
                               "ADD": True, "SPLITS": 10}, 4),
     "swiglu_down": ("swiglu_down", "_swiglu_down_kernel",
                     {"x_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*fp32", "num_rows": "i32", "stride_xt": "i32"},
-                    {"INTER": 4864, "HIDDEN": 896, "K_SPLIT": 512, "BLOCK_M": 128, "BLOCK_N": 64, "BLOCK_K": 64,
+                    {"INTER": 4864, "HIDDEN": 896, "K_SPLIT": 320, "BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 64,
                      "IEEE": False, "SOFT_BF16": False}, 4),
     "rope_kv_write": ("rope_kv_write", "_rope_kv_write_kernel",
                       {"qkv_ptr": "*bf16", "cos_ptr": "*bf16", "sin_ptr": "*bf16", "q_ptr": "*bf16",
