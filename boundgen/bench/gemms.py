@@ -14,10 +14,13 @@ rows M a call feeds them, bf16 weights as the model holds them ([N, K], F.linear
   row (the weight quantized once, outside the timed call; the activation's amax, scale and cast
   inside it, as a model would run them). Error as SQNR in dB against the bf16 product (torchao
   judges FP8 by an SQNR floor), besides the max abs error.
+- "fp8 rowwise, activation quantized": the same GEMM with the activation quantized outside the
+  timed call too: the GEMM alone, what a model whose producing kernel writes e4m3 rows and their
+  scales (a norm or SwiGLU with the quantization fused) would run.
 
 Cases: W2/W3 beam decode, Qwen2.5-0.5B (H 896, 14/2 heads of D 64, I 4864), M = R x W rows for
 R = 1 and 4 requests of W = 100; W1 scoring, Qwen3-0.6B (H 1024, 16/8 heads of D 128, I 3072),
-M = 2,250 tokens (a request of 15 samples). Autotuning takes seconds a shape, hence few M. Bytes: weights +
+M = 2,250 / 4,500 / 9,000 tokens (calls of 1 / 2 / 4 requests of 15 samples). Autotuning takes seconds a shape, hence few M. Bytes: weights +
 activations in + out once; FLOPs 2 M N K. Timing as bench/kernels.py (CUDA graph of back-to-back
 calls, median of replays): GPU time only, launch overhead out.
 
@@ -45,7 +48,7 @@ QWEN25_05B = [("qkv", 1152, 896, True), ("o", 896, 896, False), ("gate_up", 9728
               ("down", 896, 4864, False), ("lm_head", 151936, 896, False)]
 QWEN3_06B = [("qkv", 4096, 1024, False), ("o", 1024, 2048, False), ("gate_up", 6144, 1024, False),
              ("down", 1024, 3072, False)]
-WORKLOADS = {"W2": (QWEN25_05B, (100, 400)), "W1": (QWEN3_06B, (2250,))}
+WORKLOADS = {"W2": (QWEN25_05B, (100, 400)), "W1": (QWEN3_06B, (2250, 4500, 9000))}
 WEIGHT_BYTES_COLD = 128 << 20  # > 2.5 x the H200's L2
 
 
@@ -71,7 +74,11 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def fp8_linear(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """F.linear(x, w) with both operands in e4m3, rowwise scales, bf16 out (w_q [N, K], w_scale [N, 1])."""
-    x_q, x_scale = quantize_rows(x)
+    return scaled_mm(*quantize_rows(x), w_q, w_scale, bias)
+
+
+def scaled_mm(x_q: torch.Tensor, x_scale: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor,
+              bias: torch.Tensor | None) -> torch.Tensor:
     out = torch._scaled_mm(x_q, w_q.t(), scale_a=x_scale, scale_b=w_scale.t(), out_dtype=torch.bfloat16)
     return out if bias is None else out + bias
 
@@ -99,6 +106,8 @@ def bench_gemm(case: str, m: int, n: int, k: int, bias: bool, autotune: bool = T
         impls["triton autotuned"] = lambda: tuned(x, w, b)
     w_q, w_scale = quantize_rows(w)
     impls["fp8 rowwise"] = lambda: fp8_linear(x, w_q, w_scale, b)
+    x_q, x_scale = quantize_rows(x)
+    impls["fp8 rowwise, activation quantized"] = lambda: scaled_mm(x_q, x_scale, w_q, w_scale, b)
     expected = impls["cublas"]()
     rows = []
     for impl, fn in impls.items():
