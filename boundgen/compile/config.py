@@ -8,7 +8,8 @@ them (`deploy_keys()`):
   max_requests, stop_token_ids, length_penalty, min_new_tokens; template;
 - runtime settings recorded in the manifest: RuntimeConfig (artifact/manifest.py): contexts,
   executors, cuda_graphs, batching, token_bucket;
-- compilation: name, task, device, dtype, lowering ({"packed_attention": "triton"}), weights
+- compilation: name, task, device, dtype, lowering ({"packed_attention": "triton"}), fp8
+  ("none" | "mlp": the MLP projections in E4M3, bf16 builds only, model/fp8.py), weights
   ("external": safetensors beside the package | "packaged"), tolerances ({"probs": 2e-2}:
   per-output max abs error allowed by validation; bf16/fp16 beams also "recall", "spearman",
   "top1" minimums against the FP32 program, compile/validate.py).
@@ -30,11 +31,12 @@ from pathlib import Path
 from boundgen.artifact.manifest import RuntimeConfig
 from boundgen.artifact.program import SPECS, BeamSpec, ScoreSpec, options
 from boundgen.errors import ConfigError, InvalidInput
+from boundgen.model import fp8
 from boundgen.model.loader import default_stop_tokens
 from boundgen.ops.lowering import OpLowering
 from boundgen.text.tokenizer import Tokenizer
 
-COMPILE_KEYS = ("name", "task", "device", "dtype", "lowering", "weights", "tolerances")
+COMPILE_KEYS = ("name", "task", "device", "dtype", "lowering", "fp8", "weights", "tolerances")
 WEIGHT_MODES = ("external", "packaged")
 # Measured on CPU (docs/build.md): external safetensors load faster than weights inside the .so.
 DEFAULT_WEIGHTS = "external"
@@ -62,13 +64,15 @@ class BuildConfig:
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     weights: str = DEFAULT_WEIGHTS
     tolerances: dict = field(default_factory=dict)  # output name -> max abs error, overriding defaults
+    fp8: str = "none"  # "mlp": the MLP projections in E4M3 (model/fp8.py)
 
     @property
     def task(self) -> str:
         return self.spec.task
 
     def summary(self) -> str:
-        return f"{self.name}: {self.task} on {self.device} in {self.dtype} ({self.spec.describe()})"
+        fp8 = f", FP8 {self.fp8}" if self.fp8 != "none" else ""
+        return f"{self.name}: {self.task} on {self.device} in {self.dtype}{fp8} ({self.spec.describe()})"
 
 
 def read_deploy_file(path: str | Path | None) -> tuple[dict, Path | None]:
@@ -120,11 +124,16 @@ def resolve(model_dir, out, options_: dict, base_dir: Path | None = None) -> Bui
     tolerances = o.get("tolerances") or {}
     if not isinstance(tolerances, dict) or not all(isinstance(v, (int, float)) for v in tolerances.values()):
         raise ConfigError(f"tolerances must map output names to numbers, got {tolerances!r}")
+    fp8_mode = str(o.get("fp8", "none"))
+    fp8.check_mode(fp8_mode, dtype)
     cfg = BuildConfig(model_dir=model_dir, out=Path(out), name=o.get("name") or Path(out).name, device=device,
                       dtype=dtype, spec=_spec(task, o, model_dir, base_dir), lowering=OpLowering.from_dict(lowering),
                       runtime=RuntimeConfig(**_values(RuntimeConfig, o)), weights=weights,
-                      tolerances={k: float(v) for k, v in tolerances.items()})
+                      tolerances={k: float(v) for k, v in tolerances.items()}, fp8=fp8_mode)
     cfg.lowering.resolve()  # every named implementation exists
+    if fp8_mode != "none" and cfg.lowering.swiglu_down != "separate":
+        raise ConfigError("--fp8 mlp and --lowering swiglu_down=triton both replace the down projection; "
+                          "choose one")
     return cfg
 
 

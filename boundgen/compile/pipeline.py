@@ -33,6 +33,7 @@ from boundgen.artifact.tensors import output_names, tensor_interface
 from boundgen.compile import aoti, export, memory, validate
 from boundgen.compile.config import BuildConfig
 from boundgen.errors import ConfigError
+from boundgen.model import fp8
 from boundgen.model.loader import load_model, parse_dtype, read_config
 from boundgen.ops.lowering import REFERENCE
 from boundgen.programs.eager import EagerRunner
@@ -84,9 +85,10 @@ def build(cfg: BuildConfig, progress: Progress | None = None) -> Manifest:
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     try:
-        progress.stage("load", f"{cfg.model_dir} in {cfg.dtype}, lowering {cfg.lowering.describe()}")
+        fp8_note = f", FP8 {cfg.fp8}" if cfg.fp8 != "none" else ""
+        progress.stage("load", f"{cfg.model_dir} in {cfg.dtype}{fp8_note}, lowering {cfg.lowering.describe()}")
         dtype = parse_dtype(cfg.dtype)
-        model = load_model(cfg.model_dir, dtype, device, cfg.lowering.resolve())
+        model = fp8.quantize(load_model(cfg.model_dir, dtype, device, cfg.lowering.resolve()), cfg.fp8)
         program = make_program(model, cfg.spec)
         vocab = model.cfg.vocab_size
 
@@ -109,13 +111,15 @@ def build(cfg: BuildConfig, progress: Progress | None = None) -> Manifest:
         if cfg.lowering == REFERENCE:
             reference = EagerRunner(program)
         else:  # the reference lowering, not the one under test
-            reference = EagerRunner(make_program(load_model(cfg.model_dir, dtype, device), cfg.spec))
+            reference = EagerRunner(make_program(fp8.quantize(load_model(cfg.model_dir, dtype, device), cfg.fp8),
+                                                 cfg.spec))
         num_classes = _num_classes(program, cfg.spec)
-        fp32_reference = None if cfg.dtype == "float32" or cfg.task != "beam" else EagerRunner(  # judges bf16 beams
+        judged_by_fp32 = cfg.dtype != "float32" and (cfg.task == "beam" or cfg.fp8 != "none")
+        fp32_reference = None if not judged_by_fp32 else EagerRunner(  # judges bf16 beams and FP8 builds
             make_program(load_model(cfg.model_dir, torch.float32, device), cfg.spec))
         report = validate.validate(compiled, reference, cfg.spec, output_names(cfg.spec), cfg.dtype, cfg.device,
                                    vocab, cfg.tolerances, fp32_reference=fp32_reference,
-                                   token_bucket=cfg.runtime.token_bucket)
+                                   token_bucket=cfg.runtime.token_bucket, fp8=cfg.fp8)
         for case in report["cases"]:
             worst = {k: o.get("max_abs_err", "identical" if o.get("identical") else "differs")
                      for k, o in case["outputs"].items()}
@@ -178,7 +182,7 @@ def _manifest(cfg: BuildConfig, model_cfg: dict, num_classes: int, packages: dic
                               packages=packages, weights_file=weights, gpu_name=gpu_name,
                               gpu_capability=gpu_capability, inductor_configs=aoti.inductor_configs(cfg.weights),
                               decompose_custom_triton_ops=cfg.device != "cpu", seconds=seconds,
-                              custom_ops=custom_ops),
+                              custom_ops=custom_ops, fp8=cfg.fp8),
         validation=report,
         versions=versions(),
     )

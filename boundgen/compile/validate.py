@@ -42,7 +42,13 @@ beyond ties), spearman 0.97-0.99, score error 0.04-0.08, rank-for-rank 0.03-0.05
 W = 8: recall >= 0.75, one top-1 of 9 requests another candidate. A wrong lowering fails on scores
 (wrong values, or scores on the wrong candidates), spearman (scrambled), recall (other
 sequences) or best_first (order). The thresholds are TOLERANCES' (recall, spearman and top1 are
-minimums), overridable by the deploy file's "tolerances". The report keeps the per-output
+minimums), overridable by the deploy file's "tolerances".
+
+FP8 builds (`--fp8 mlp`, model/fp8.py) are judged against the FP32 eager program too, with
+FP8_TOLERANCES over the dtype's: for a score artifact the label probabilities' max abs error, and
+per case (the "labels" entry) the label argmax of every sample whose reference margin (best minus
+second probability) exceeds TIE_BAND x the case's probability error (`argmax`, a minimum share),
+and the rank correlation of the first label's probability over the samples (`spearman`). The report keeps the per-output
 entries too (token_ids: identical, candidate_overlap = recall; scores: the error on common
 candidates), so tools reading them keep working.
 """
@@ -68,6 +74,9 @@ TOLERANCES = {
     "float16": {"probs": 5e-3, "topk_probs": 5e-3, "scores": 5e-2, "recall": 0.75, "spearman": 0.5, "top1": 0.5},
     "bfloat16": {"probs": 2e-2, "topk_probs": 2e-2, "scores": 2.5e-1, "recall": 0.75, "spearman": 0.5, "top1": 0.5},
 }
+# FP8 builds against the FP32 program, over the dtype's (module docstring). E4M3 keeps 3 mantissa
+# bits: a GEMM's output carries ~28 dB SQNR (bench.gemms), label probabilities move by a few 1e-2.
+FP8_TOLERANCES = {"probs": 6e-2, "topk_probs": 6e-2, "argmax": 0.99, "spearman": 0.5}
 DEFAULT_TOKEN_BUCKET = RuntimeConfig().token_bucket
 EXACT_OUTPUTS = ("token_ids", "beam_indices", "finished", "topk_ids")
 EMPTY_SCORE = -0.5e9  # finished-set slots below this hold no hypothesis (programs/beam.py: NEG = -1e9)
@@ -139,17 +148,21 @@ def _fill(samples: int, per_sample: int, total: int) -> tuple[int, ...]:
 
 
 def validate(compiled, reference, spec, output_names: tuple[str, ...], dtype: str, device: str, vocab_size: int,
-             overrides: dict | None = None, fp32_reference=None, token_bucket: int = DEFAULT_TOKEN_BUCKET) -> dict:
+             overrides: dict | None = None, fp32_reference=None, token_bucket: int = DEFAULT_TOKEN_BUCKET,
+             fp8: str = "none") -> dict:
     """Run every case through both runners; return the report (see module docstring).
-    fp32_reference: the FP32 eager program, the reference of a low-precision beam artifact."""
-    tolerances = dict(TOLERANCES[dtype], **(overrides or {}))
+    fp32_reference: the FP32 eager program, the reference of a low-precision beam artifact and of
+    an FP8 one (`fp8` other than "none")."""
+    quantized = fp8 != "none"
+    tolerances = dict(TOLERANCES[dtype], **(FP8_TOLERANCES if quantized else {}), **(overrides or {}))
     exact_required = dtype == "float32"
     by_candidates = spec.task == "beam" and not exact_required
-    if by_candidates and fp32_reference is not None:
+    by_labels = spec.task == "score" and quantized
+    if (by_candidates or by_labels) and fp32_reference is not None:
         reference, against = fp32_reference, "float32 eager"
     else:
         against = f"{dtype} eager"
-    report = {"passed": True, "dtype": dtype, "reference": against, "tolerances": tolerances,
+    report = {"passed": True, "dtype": dtype, "fp8": fp8, "reference": against, "tolerances": tolerances,
               "ids_must_match": exact_required, "cases": []}
     for i, case in enumerate(cases(spec, token_bucket)):
         inputs = packed_example(list(case.lengths), device, vocab_size, seed=1000 + i, tail=case.tail)
@@ -164,6 +177,9 @@ def validate(compiled, reference, spec, output_names: tuple[str, ...], dtype: st
             judged = _compare_candidates(dict(zip(output_names, got)), dict(zip(output_names, want)), spec.width,
                                          tolerances)
             outputs.update({name: {**outputs.get(name, {}), **entry} for name, entry in judged.items()})
+        elif by_labels and "probs" in outputs and outputs["probs"].get("problem") is None:
+            names = list(output_names)
+            outputs["labels"] = _compare_labels(got[names.index("probs")], want[names.index("probs")], tolerances)
         passed = all(o["passed"] for o in outputs.values())
         report["cases"].append({"name": case.name, "samples": len(case.lengths), "tokens": sum(case.lengths) + case.tail,
                                 "outputs": outputs, "passed": passed,
@@ -283,6 +299,30 @@ def _compare_candidates(got: dict, want: dict, width: int, tolerances: dict) -> 
     scores = {"max_abs_err": out["scores_max_abs_err"], "tolerance": score_tol, "on": "common candidates",
               "passed": math.isfinite(err) and err <= score_tol}
     return {"candidates": out, "token_ids": token_ids, "scores": scores}
+
+
+def _compare_labels(got: torch.Tensor, want: torch.Tensor, tolerances: dict) -> dict:
+    """A quantized score artifact's label probabilities [B, C] against the FP32 reference's:
+    argmax agreement beyond near ties, rank correlation of the first label (module docstring)."""
+    finite = torch.isfinite(got).all(dim=1) & torch.isfinite(want).all(dim=1)
+    got, want = got[finite].double(), want[finite].double()
+    err = _worst((got - want).abs().flatten().tolist())
+    top2 = want.topk(min(2, want.shape[1]), dim=1).values if want.numel() else want
+    margin = top2[:, 0] - top2[:, -1] if want.shape[1] > 1 else torch.full((len(want),), math.inf)
+    decided = margin > TIE_BAND * err + 1e-6 if math.isfinite(err) else torch.zeros(len(want), dtype=torch.bool)
+    agree = (got.argmax(dim=1) == want.argmax(dim=1))[decided]
+    share = float(agree.double().mean()) if len(agree) else 1.0
+    rho = _spearman(want[:, 0].tolist(), got[:, 0].tolist()) if len(want) >= 3 else 1.0
+    out = {"samples": int(finite.sum()), "decided": int(decided.sum()), "argmax_agree": round(share, 6),
+           "spearman": round(rho, 6), "max_abs_err": err if math.isfinite(err) else str(err),
+           "thresholds": {"argmax": tolerances["argmax"], "spearman": tolerances["spearman"]}}
+    failed = []
+    if not share >= tolerances["argmax"]:
+        failed.append(f"label argmax agrees on {share:.3f} of {len(agree)} samples beyond near ties "
+                      f"< {tolerances['argmax']}")
+    if not rho >= tolerances["spearman"]:
+        failed.append(f"rank correlation of the first label's probability {rho:.3f} < {tolerances['spearman']}")
+    return dict(out, passed=not failed, failed=failed)
 
 
 def _worst(errors: list[float]) -> float:

@@ -1,0 +1,92 @@
+"""Selective FP8: a model's MLP projections in E4M3 (`boundgen build --fp8 mlp`).
+
+What the original system did (section 3.4 of its article): the MLP's gate/up and down projections
+run in FP8, everything numerically sensitive stays as it was (attention and its softmax state, the
+norms, the label softmax, the scores). Here:
+
+- weights: quantized once at build, one FP32 scale per output channel (row of [N, K]):
+  scale = amax(|row|) / 448, w_q = round(w / scale) in E4M3 (`quantize_rows`);
+- activations: quantized on the fly, one scale per token row, the same way; on CUDA Inductor
+  fuses the amax, the scale and the cast with the kernel that produces the activation where it is
+  one of its own (SwiGLU), else into one kernel after it (the Triton norm);
+- the product: `torch._scaled_mm` (rowwise scales, bf16 out) on CUDA; elsewhere the same
+  arithmetic emulated in FP32 (dequantize, matmul, round to the model dtype), which is what the
+  CPU tests and CPU builds run.
+
+Bf16 models only: rowwise `_scaled_mm` writes bf16. Measured on the H200 (docs/benchmarks.md,
+2026-12-01, `bench.gemms`): with the activation already in E4M3 the W1 gate_up GEMM takes 32 / 59
+/ 110 us at 2,250 / 4,500 / 9,000 tokens against 42 / 81 / 156 in bf16, down 20 / 31 / 51 against
+21 / 39 / 75; with a separate torch quantization of the activation FP8 is 2-5x slower.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from boundgen.errors import ConfigError
+
+E4M3 = torch.float8_e4m3fn
+E4M3_MAX = 448.0
+MODES = ("none", "mlp")
+
+
+def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, K] -> (E4M3 [M, K], FP32 scale [M, 1]) with x ~= q * scale, one scale per row."""
+    scale = x.abs().amax(dim=1, keepdim=True).float().clamp(min=1e-12) / E4M3_MAX
+    return (x.float() / scale).clamp(-E4M3_MAX, E4M3_MAX).to(E4M3), scale
+
+
+class FP8Linear(nn.Module):
+    """A bias-free nn.Linear whose weight is E4M3 with per-output-channel scales; the input is
+    quantized per row at each call. Output in the original weight's dtype."""
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        if linear.bias is not None:
+            raise ValueError("FP8Linear: the MLP projections it replaces have no bias")
+        weight_q, weight_scale = quantize_rows(linear.weight.detach())
+        self.register_buffer("weight_q", weight_q)  # [N, K] E4M3
+        self.register_buffer("weight_scale", weight_scale)  # [N, 1] FP32
+        self.out_dtype = linear.weight.dtype
+
+    @property
+    def in_features(self) -> int:
+        return self.weight_q.shape[1]
+
+    @property
+    def out_features(self) -> int:
+        return self.weight_q.shape[0]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x_q, x_scale = quantize_rows(x)
+        if x.is_cuda:
+            return torch._scaled_mm(x_q, self.weight_q.t(), scale_a=x_scale, scale_b=self.weight_scale.t(),
+                                    out_dtype=self.out_dtype)
+        return emulated_scaled_mm(x_q, x_scale, self.weight_q, self.weight_scale, self.out_dtype)
+
+
+def emulated_scaled_mm(x_q, x_scale, w_q, w_scale, out_dtype) -> torch.Tensor:
+    """`torch._scaled_mm(x_q, w_q.t(), x_scale, w_scale.t())` in FP32: the reference of the CUDA
+    path up to the order of its FP32 sums."""
+    return ((x_q.float() * x_scale) @ (w_q.float() * w_scale).t()).to(out_dtype)
+
+
+def check_mode(mode: str, dtype: str) -> None:
+    if mode not in MODES:
+        raise ConfigError(f"fp8 must be one of {', '.join(MODES)}; got {mode!r}")
+    if mode != "none" and dtype != "bfloat16":
+        raise ConfigError(f"--fp8 {mode} needs --dtype bfloat16 (rowwise FP8 GEMMs write bf16); got {dtype}")
+
+
+def quantize(model: nn.Module, mode: str) -> nn.Module:
+    """Put the projections `mode` names in FP8, in place ("none": leave the model as it is)."""
+    if mode == "none":
+        return model
+    if mode != "mlp":
+        raise ConfigError(f"fp8 must be one of {', '.join(MODES)}; got {mode!r}")
+    for layer in model.layers:
+        mlp = layer.mlp
+        mlp.gate_up_proj = FP8Linear(mlp.gate_up_proj)
+        mlp.down_proj = FP8Linear(mlp.down_proj)
+    return model
