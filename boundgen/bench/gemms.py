@@ -20,9 +20,10 @@ rows M a call feeds them, bf16 weights as the model holds them ([N, K], F.linear
 
 Cases: W2/W3 beam decode, Qwen2.5-0.5B (H 896, 14/2 heads of D 64, I 4864), M = R x W rows for
 R = 1 and 4 requests of W = 100; W1 scoring, Qwen3-0.6B (H 1024, 16/8 heads of D 128, I 3072),
-M = 2,250 / 4,500 / 9,000 tokens (calls of 1 / 2 / 4 requests of 15 samples). Autotuning takes seconds a shape, hence few M. Bytes: weights +
-activations in + out once; FLOPs 2 M N K. Timing as bench/kernels.py (CUDA graph of back-to-back
-calls, median of replays): GPU time only, launch overhead out.
+M = 2,250 / 4,500 / 9,000 tokens (calls of 1 / 2 / 4 requests of 15 samples). Autotuning takes
+seconds a shape, hence few M. Bytes: weights + activations in + out once; FLOPs 2 M N K. Timing
+as bench/kernels.py (CUDA graph of back-to-back calls, median of replays): GPU time only, launch
+overhead out.
 
     python -m boundgen.bench.gemms [--json OUT] [--workloads W2,W1] [--no-autotune]
 """

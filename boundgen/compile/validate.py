@@ -46,9 +46,9 @@ minimums), overridable by the deploy file's "tolerances".
 
 FP8 builds (`--fp8 mlp`, model/fp8.py) are judged against the FP32 eager program too, with
 FP8_TOLERANCES over the dtype's: for a score artifact the label probabilities' max abs error, and
-per case (the "labels" entry) the label argmax of every sample whose reference margin (best minus
-second probability) exceeds TIE_BAND x the case's probability error (`argmax`, a minimum share),
-and the rank correlation of the first label's probability over the samples (`spearman`). The report keeps the per-output
+per case (the "labels" entry) the share of samples whose label argmax agrees (`argmax`, a
+minimum: a flip on a near tie is luck, so the default is a floor below 1) and the rank
+correlation of the first label's probability over the samples (`spearman`, a minimum). The report keeps the per-output
 entries too (token_ids: identical, candidate_overlap = recall; scores: the error on common
 candidates), so tools reading them keep working.
 """
@@ -76,7 +76,7 @@ TOLERANCES = {
 }
 # FP8 builds against the FP32 program, over the dtype's (module docstring). E4M3 keeps 3 mantissa
 # bits: a GEMM's output carries ~28 dB SQNR (bench.gemms), label probabilities move by a few 1e-2.
-FP8_TOLERANCES = {"probs": 6e-2, "topk_probs": 6e-2, "argmax": 0.99, "spearman": 0.5}
+FP8_TOLERANCES = {"probs": 6e-2, "topk_probs": 6e-2, "argmax": 0.75, "spearman": 0.5}
 DEFAULT_TOKEN_BUCKET = RuntimeConfig().token_bucket
 EXACT_OUTPUTS = ("token_ids", "beam_indices", "finished", "topk_ids")
 EMPTY_SCORE = -0.5e9  # finished-set slots below this hold no hypothesis (programs/beam.py: NEG = -1e9)
@@ -302,24 +302,21 @@ def _compare_candidates(got: dict, want: dict, width: int, tolerances: dict) -> 
 
 
 def _compare_labels(got: torch.Tensor, want: torch.Tensor, tolerances: dict) -> dict:
-    """A quantized score artifact's label probabilities [B, C] against the FP32 reference's:
-    argmax agreement beyond near ties, rank correlation of the first label (module docstring)."""
+    """A quantized score artifact's label probabilities [B, C] against the FP32 reference's: the
+    share of samples whose label argmax agrees, the rank correlation of the first label's
+    probability over the samples (module docstring)."""
     finite = torch.isfinite(got).all(dim=1) & torch.isfinite(want).all(dim=1)
     got, want = got[finite].double(), want[finite].double()
     err = _worst((got - want).abs().flatten().tolist())
-    top2 = want.topk(min(2, want.shape[1]), dim=1).values if want.numel() else want
-    margin = top2[:, 0] - top2[:, -1] if want.shape[1] > 1 else torch.full((len(want),), math.inf)
-    decided = margin > TIE_BAND * err + 1e-6 if math.isfinite(err) else torch.zeros(len(want), dtype=torch.bool)
-    agree = (got.argmax(dim=1) == want.argmax(dim=1))[decided]
+    agree = got.argmax(dim=1) == want.argmax(dim=1)
     share = float(agree.double().mean()) if len(agree) else 1.0
     rho = _spearman(want[:, 0].tolist(), got[:, 0].tolist()) if len(want) >= 3 else 1.0
-    out = {"samples": int(finite.sum()), "decided": int(decided.sum()), "argmax_agree": round(share, 6),
-           "spearman": round(rho, 6), "max_abs_err": err if math.isfinite(err) else str(err),
+    out = {"samples": int(finite.sum()), "argmax_agree": round(share, 6), "spearman": round(rho, 6),
+           "max_abs_err": err if math.isfinite(err) else str(err),
            "thresholds": {"argmax": tolerances["argmax"], "spearman": tolerances["spearman"]}}
     failed = []
     if not share >= tolerances["argmax"]:
-        failed.append(f"label argmax agrees on {share:.3f} of {len(agree)} samples beyond near ties "
-                      f"< {tolerances['argmax']}")
+        failed.append(f"label argmax agrees on {share:.3f} of {len(agree)} samples < {tolerances['argmax']}")
     if not rho >= tolerances["spearman"]:
         failed.append(f"rank correlation of the first label's probability {rho:.3f} < {tolerances['spearman']}")
     return dict(out, passed=not failed, failed=failed)

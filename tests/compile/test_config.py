@@ -50,6 +50,10 @@ def test_beam_defaults(tiny_qwen2_dir, tmp_path):
     ({"task": "score", "labels": [" yes"], "lowering": {"softmax": "triton"}}, "unknown ops in lowering: softmax"),
     ({"task": "score", "labels": [" yes"], "max_samples": "15"}, "max_samples must be an integer"),
     ({"task": "score", "labels": [" yes"], "max_tokens_per_sample": 64, "max_total_tokens": 32}, "exceeds"),
+    ({"task": "score", "labels": [" yes"], "fp8": "mlp"}, "needs --dtype bfloat16"),
+    ({"task": "score", "labels": [" yes"], "fp8": "all", "dtype": "bfloat16"}, "fp8 must be one of none, mlp"),
+    ({"task": "beam", "width": 4, "steps": 2, "fp8": "mlp", "dtype": "bfloat16", "lowering": {"swiglu_down": "triton"}},
+     "both replace the down projection"),
 ])
 def test_bad_options_are_clear_errors(tiny_qwen3_dir, tmp_path, options, message):
     with pytest.raises(ConfigError, match=message):
@@ -83,3 +87,11 @@ def test_refuses_to_overwrite_a_directory_that_is_not_an_artifact(tiny_qwen3_dir
     with pytest.raises(ConfigError, match="not a boundgen artifact; refusing to overwrite"):
         build(cfg)
     assert (out / "notes.txt").read_text() == "keep me"
+
+
+def test_fp8_from_the_deploy_file_or_the_flag(tiny_qwen3_dir, tmp_path):
+    options = {"task": "score", "labels": [" yes"], "dtype": "bfloat16"}
+    assert config.resolve(tiny_qwen3_dir, tmp_path / "a", options).fp8 == "none"
+    cfg = config.resolve(tiny_qwen3_dir, tmp_path / "a", dict(options, fp8="mlp"))
+    assert cfg.fp8 == "mlp" and "FP8 mlp" in cfg.summary()
+    assert "fp8" in config.deploy_keys()

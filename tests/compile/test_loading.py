@@ -187,3 +187,27 @@ def test_a_beam_artifact_with_fused_decode_ops_registers_them_and_answers_alike(
         "rope_kv_write": "triton", "add_rmsnorm": "triton", "swiglu_down": "triton"})
     assert manifest["compile"]["custom_ops"] == ["add_rmsnorm", "packed_attention", "rope_kv_write", "swiglu_down"]
     _assert_same_candidates(beam_build[0], fused)
+
+
+def test_an_fp8_score_artifact_records_its_gate_and_serves_close_to_fp32(score_artifact, tiny_qwen3_dir, tmp_path):
+    """--fp8 mlp: the manifest records it and the gate against the FP32 program (labels checked
+    per case); the weights file holds E4M3 MLP weights; loaded, the artifact's label probabilities
+    are the FP32 artifact's within the FP8 tolerance, and not equal to them."""
+    import numpy as np
+    from safetensors import safe_open
+
+    from boundgen.compile.validate import FP8_TOLERANCES
+    from tests.compile.conftest import SCORE_OPTIONS, _build
+
+    built, manifest, log = _build(tiny_qwen3_dir, tmp_path / "fp8", dict(SCORE_OPTIONS, dtype="bfloat16", fp8="mlp"))
+    assert manifest["compile"]["fp8"] == "mlp" and "FP8 mlp" in log
+    validation = manifest["validation"]
+    assert validation["passed"] and validation["reference"] == "float32 eager" and validation["fp8"] == "mlp"
+    assert all(case["outputs"]["labels"]["passed"] for case in validation["cases"])
+    with safe_open(str(built / "weights.safetensors"), "pt") as f:
+        dtypes = {k: f.get_slice(k).get_dtype() for k in f.keys() if k.endswith("weight_q")}
+    assert dtypes and set(dtypes.values()) == {"F8_E4M3"}
+    texts = ["is this relevant?", "a query and a document about something else", "x"]
+    quantized = boundgen.load(built).score(texts).scores
+    exact = boundgen.load(score_artifact).score(texts).scores
+    assert np.abs(quantized - exact).max() <= FP8_TOLERANCES["probs"] and not np.array_equal(quantized, exact)

@@ -186,3 +186,40 @@ def test_bf16_beam_program_against_fp32_passes_and_a_scrambled_one_fails(tiny_qw
 
     broken = validate.validate(scrambled, bf16, spec, BEAM_NAMES, "bfloat16", "cpu", vocab, fp32_reference=fp32)
     assert not broken["passed"] and "not sorted best first" in validate.failure_message(broken)
+
+
+def test_fp8_labels_judged_by_argmax_share_and_rank():
+    """An FP8 score artifact's labels: one flipped argmax of five fails a 0.9 floor and passes the
+    default's; samples ranked in reverse fail the rank correlation whatever the argmax floor."""
+    want = torch.tensor([[0.9, 0.1], [0.2, 0.8], [0.505, 0.495], [0.7, 0.3], [0.4, 0.6]])
+    tolerances = dict(validate.TOLERANCES["bfloat16"], **validate.FP8_TOLERANCES)
+    near = want + torch.tensor([[0.01, -0.01], [0.0, 0.0], [-0.01, 0.01], [0.0, 0.0], [0.0, 0.0]])
+    ok = validate._compare_labels(near, want, tolerances)  # sample 2 flips on a near tie
+    assert ok["passed"] and ok["argmax_agree"] == 0.8 and ok["samples"] == 5, ok
+    strict = validate._compare_labels(near, want, dict(tolerances, argmax=0.9))
+    assert not strict["passed"] and "argmax agrees on 0.800 of 5 samples" in strict["failed"][0]
+    reversed_ = validate._compare_labels(want.flip(0), want, dict(tolerances, argmax=0.0))
+    assert not reversed_["passed"] and "rank correlation" in reversed_["failed"][0]
+    assert validate._compare_labels(want, want, tolerances)["spearman"] == 1.0
+
+
+def test_an_fp8_score_program_is_judged_against_the_fp32_program(tiny_qwen3_dir):
+    """With fp8, the score artifact is compared with the FP32 program, its labels checked; the real
+    FP8 program passes, one whose MLP output is scaled wrongly fails."""
+    from boundgen.model import fp8
+
+    spec = ScoreSpec(labels=(" yes", " no"), label_token_ids=(9891, 2152), max_samples=4, max_tokens_per_sample=16,
+                     max_total_tokens=48)
+    fp32 = EagerRunner(make_program(load_model(tiny_qwen3_dir, torch.float32, "cpu"), spec))
+    quantized = EagerRunner(make_program(fp8.quantize(load_model(tiny_qwen3_dir, torch.bfloat16, "cpu"), "mlp"), spec))
+    vocab = load_model(tiny_qwen3_dir, torch.float32, "cpu").cfg.vocab_size
+    report = validate.validate(quantized, quantized, spec, ("probs",), "bfloat16", "cpu", vocab, fp32_reference=fp32,
+                               fp8="mlp")
+    assert report["passed"] and report["reference"] == "float32 eager" and report["fp8"] == "mlp"
+    assert all("labels" in case["outputs"] for case in report["cases"])
+    broken_model = fp8.quantize(load_model(tiny_qwen3_dir, torch.bfloat16, "cpu"), "mlp")
+    for layer in broken_model.layers:
+        layer.mlp.down_proj.weight_scale.mul_(-40)  # a wrong scale: the MLP's output sign-flipped and huge
+    broken = validate.validate(EagerRunner(make_program(broken_model, spec)), quantized, spec, ("probs",), "bfloat16",
+                               "cpu", vocab, fp32_reference=fp32, fp8="mlp")
+    assert not broken["passed"], broken
