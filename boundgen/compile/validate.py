@@ -154,7 +154,7 @@ def validate(compiled, reference, spec, output_names: tuple[str, ...], dtype: st
     fp32_reference: the FP32 eager program, the reference of a low-precision beam artifact and of
     an FP8 one (`fp8` other than "none")."""
     quantized = fp8 != "none"
-    tolerances = dict(TOLERANCES[dtype], **(FP8_TOLERANCES if quantized else {}), **(overrides or {}))
+    tolerances = {**TOLERANCES[dtype], **(FP8_TOLERANCES if quantized else {}), **(overrides or {})}
     exact_required = dtype == "float32"
     by_candidates = spec.task == "beam" and not exact_required
     by_labels = spec.task == "score" and quantized

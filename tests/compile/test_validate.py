@@ -217,6 +217,10 @@ def test_an_fp8_score_program_is_judged_against_the_fp32_program(tiny_qwen3_dir)
                                fp8="mlp")
     assert report["passed"] and report["reference"] == "float32 eager" and report["fp8"] == "mlp"
     assert all("labels" in case["outputs"] for case in report["cases"])
+    assert report["tolerances"]["probs"] == validate.FP8_TOLERANCES["probs"]
+    overridden = validate.validate(quantized, quantized, spec, ("probs",), "bfloat16", "cpu", vocab,
+                                   overrides={"probs": 0.2, "argmax": 0.5}, fp32_reference=fp32, fp8="mlp")
+    assert overridden["tolerances"]["probs"] == 0.2 and overridden["tolerances"]["argmax"] == 0.5
     broken_model = fp8.quantize(load_model(tiny_qwen3_dir, torch.bfloat16, "cpu"), "mlp")
     for layer in broken_model.layers:
         layer.mlp.down_proj.weight_scale.mul_(-40)  # a wrong scale: the MLP's output sign-flipped and huge
