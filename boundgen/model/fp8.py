@@ -6,9 +6,9 @@ norms, the label softmax, the scores). Here:
 
 - weights: quantized once at build, one FP32 scale per output channel (row of [N, K]):
   scale = amax(|row|) / 448, w_q = round(w / scale) in E4M3 (`quantize_rows`);
-- activations: quantized on the fly, one scale per token row, the same way; on CUDA Inductor
-  fuses the amax, the scale and the cast with the kernel that produces the activation where it is
-  one of its own (SwiGLU), else into one kernel after it (the Triton norm);
+- activations: quantized on the fly, one scale per token row, the same way (ops/e4m3.py): by
+  Inductor after the kernel that produces them, or for the down projection's input in SwiGLU's
+  own kernel (`--lowering silu_quant=triton`, ops/silu_quant.py: one pass over the row);
 - the product: `torch._scaled_mm` (rowwise scales, bf16 out) on CUDA; elsewhere the same
   arithmetic emulated in FP32 (dequantize, matmul, round to the model dtype), which is what the
   CPU tests and CPU builds run.
@@ -25,16 +25,9 @@ import torch
 from torch import nn
 
 from boundgen.errors import ConfigError
+from boundgen.ops.e4m3 import E4M3, E4M3_MAX, quantize_rows  # noqa: F401 (re-exported for callers and tests)
 
-E4M3 = torch.float8_e4m3fn
-E4M3_MAX = 448.0
 MODES = ("none", "mlp")
-
-
-def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [M, K] -> (E4M3 [M, K], FP32 scale [M, 1]) with x ~= q * scale, one scale per row."""
-    scale = x.abs().amax(dim=1, keepdim=True).float().clamp(min=1e-12) / E4M3_MAX
-    return (x.float() / scale).clamp(-E4M3_MAX, E4M3_MAX).to(E4M3), scale
 
 
 class FP8Linear(nn.Module):
@@ -59,8 +52,12 @@ class FP8Linear(nn.Module):
         return self.weight_q.shape[0]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x_q, x_scale = quantize_rows(x)
-        if x.is_cuda:
+        return self.quantized(*quantize_rows(x))
+
+    def quantized(self, x_q: torch.Tensor, x_scale: torch.Tensor) -> torch.Tensor:
+        """The product of an input already in E4M3 rows (x_q [M, K], x_scale [M, 1] FP32), as a
+        producing kernel with the quantization fused writes it (ops/silu_quant.py)."""
+        if x_q.is_cuda:
             return torch._scaled_mm(x_q, self.weight_q.t(), scale_a=x_scale, scale_b=self.weight_scale.t(),
                                     out_dtype=self.out_dtype)
         return emulated_scaled_mm(x_q, x_scale, self.weight_q, self.weight_scale, self.out_dtype)

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from boundgen.model import fp8
 from boundgen.model.config import ModelConfig
 from boundgen.ops import rope as rope_op
 from boundgen.ops import swiglu_down
@@ -59,6 +60,10 @@ class MLP(nn.Module):
         """The MLP's output [T, H]; in a decode step with `swiglu_down` lowered, its FP32 split-K
         partial products [S, T, H] instead (ops/swiglu_down.py), which `add_norm` sums."""
         gate_up = self.gate_up_proj(x)
+        if isinstance(self.down_proj, fp8.FP8Linear):  # its input in E4M3 rows (model/fp8.py)
+            if ops.silu_quant is not None:
+                return self.down_proj.quantized(*ops.silu_quant(gate_up))
+            return self.down_proj(ops.silu_mul(gate_up))
         if decoding and ops.swiglu_down is not None:
             return ops.swiglu_down(gate_up, self.down_proj.weight)
         return self.down_proj(ops.silu_mul(gate_up))

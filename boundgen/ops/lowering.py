@@ -29,6 +29,7 @@ class OpLowering:
     add_rmsnorm: str = "separate"  # no fused op: the model adds the residual, then applies rmsnorm
     rope_kv_write: str = "separate"  # no fused op: a decode step applies rope, then writes K/V with index_copy_
     swiglu_down: str = "separate"  # no fused op: a decode step applies silu_mul, then down_proj
+    silu_quant: str = "separate"  # no fused op: an FP8 MLP quantizes silu_mul's output
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -63,6 +64,7 @@ class Ops:
     add_rmsnorm: Callable | None  # None: not fused
     rope_kv_write: Callable | None  # None: not fused
     swiglu_down: Callable | None  # None: not fused
+    silu_quant: Callable | None  # None: not fused
 
 
 def describe(lowering: dict) -> str:

@@ -190,8 +190,9 @@ def test_a_beam_artifact_with_fused_decode_ops_registers_them_and_answers_alike(
 
 
 def test_an_fp8_score_artifact_records_its_gate_and_serves_close_to_fp32(score_artifact, tiny_qwen3_dir, tmp_path):
-    """--fp8 mlp: the manifest records it and the gate against the FP32 program (labels checked
-    per case); the weights file holds E4M3 MLP weights; loaded, the artifact's label probabilities
+    """--fp8 mlp (with the fused SwiGLU + quantization op): the manifest records it and the gate
+    against the FP32 program (labels checked per case); the weights file holds E4M3 MLP weights;
+    loaded, the artifact's label probabilities
     are the FP32 artifact's within the FP8 tolerance, and not equal to them."""
     import numpy as np
     from safetensors import safe_open
@@ -199,8 +200,10 @@ def test_an_fp8_score_artifact_records_its_gate_and_serves_close_to_fp32(score_a
     from boundgen.compile.validate import FP8_TOLERANCES
     from tests.compile.conftest import SCORE_OPTIONS, _build
 
-    built, manifest, log = _build(tiny_qwen3_dir, tmp_path / "fp8", dict(SCORE_OPTIONS, dtype="bfloat16", fp8="mlp"))
+    built, manifest, log = _build(tiny_qwen3_dir, tmp_path / "fp8", dict(SCORE_OPTIONS, dtype="bfloat16", fp8="mlp",
+                                                                        lowering={"silu_quant": "triton"}))
     assert manifest["compile"]["fp8"] == "mlp" and "FP8 mlp" in log
+    assert "silu_quant" in manifest["compile"]["custom_ops"]  # a loading process registers it
     validation = manifest["validation"]
     assert validation["passed"] and validation["reference"] == "float32 eager" and validation["fp8"] == "mlp"
     assert all(case["outputs"]["labels"]["passed"] for case in validation["cases"])

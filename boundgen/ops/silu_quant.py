@@ -1,0 +1,124 @@
+"""SwiGLU and its E4M3 rowwise quantization in one pass: the FP8 down projection's input.
+
+    x [T, 2I] (gate then up) -> (q [T, I] float8_e4m3fn, scale [T, 1] FP32)
+    = e4m3.quantize_rows(silu_mul.reference(x))   (`reference` below)
+
+Why: in an FP8 build (model/fp8.py) the down projection takes its input in E4M3 rows. Left to
+Inductor, SwiGLU, the row's amax and the cast become one looped reduction that reads the [T, 2I]
+gate/up output twice (28.6 us a W1 layer on the H200, 11% of the GPU time of an FP8 build,
+docs/benchmarks.md), where SwiGLU alone took 19.5 us. Here one program holds whole rows in
+registers: one read of gate and up, one write of the E4M3 row and its scale.
+
+Triton kernel: one program per BLOCK_T rows, the row's I columns in one block. silu and the
+product rounded to x's dtype as ops/silu_mul.py rounds them (HF's rounding), the amax of the
+rounded product, scale = max(amax, 1e-12) / 448 and q = clamp(act / scale, +-448) with IEEE
+divisions as torch's, cast to E4M3 (nearest even). Equal to the reference but where silu_mul's
+exp differs in its last FP32 bit (an ulp of the bf16 product, at times). Under the interpreter
+the cast to E4M3 rounds wrongly when the rounding carries into the exponent (TOOLCHAIN.md), so
+on CPU the value is first rounded onto the E4M3 grid in FP32.
+"""
+
+import torch
+import triton
+import triton.language as tl
+from torch.library import triton_op, wrap_triton
+
+from boundgen.ops import silu_mul
+from boundgen.ops.e4m3 import E4M3, E4M3_MAX, MIN_AMAX, quantize_rows
+
+assert (E4M3_MAX, MIN_AMAX) == (448.0, 1e-12), "the kernel below writes them out"
+from boundgen.ops.rounding import rounded
+
+
+def reference(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return quantize_rows(silu_mul.reference(x))
+
+
+# ---------------------------------------------------------------------------------------------
+# Triton kernel
+
+@triton.jit
+def _e4m3_grid(v):
+    """v (FP32, |v| <= 448) rounded to the nearest E4M3 value (ties to even), kept in FP32: an
+    ulp of 2^(max(e, -6) - 3) for v = m 2^e, rounded by the FP32 add of 1.5 x 2^23."""
+    bits = v.to(tl.uint32, bitcast=True)
+    exponent = ((bits >> 23) & 0xFF).to(tl.int32) - 127
+    ulp_bits = ((tl.maximum(exponent, -6) - 3 + 127) << 23).to(tl.uint32)
+    ulp = ulp_bits.to(tl.float32, bitcast=True)
+    return ((v / ulp + 12582912.0) - 12582912.0) * ulp
+
+
+@triton.jit
+def _silu_quant_kernel(x_ptr, q_ptr, scale_ptr, num_rows, stride_xt, INTER: tl.constexpr, BLOCK_T: tl.constexpr,
+                       BLOCK_I: tl.constexpr, SOFT_BF16: tl.constexpr):
+    dtype = x_ptr.dtype.element_ty
+    rows = (tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)).to(tl.int64)
+    cols = tl.arange(0, BLOCK_I)
+    mask = (rows < num_rows)[:, None] & (cols < INTER)[None, :]
+    gate_at = x_ptr + rows[:, None] * stride_xt + cols[None, :]
+    gate = tl.load(gate_at, mask=mask, other=0.0).to(tl.float32)
+    up = tl.load(gate_at + INTER, mask=mask, other=0.0).to(tl.float32)
+    silu = rounded(tl.div_rn(gate, 1.0 + tl.exp(-gate)), dtype, SOFT_BF16)
+    act = rounded(silu * up, dtype, SOFT_BF16)  # 0 where masked
+    # e4m3.MIN_AMAX and E4M3_MAX written out: a build compiles Inductor's copy of the kernel, which
+    # takes its helper functions along but not this module's globals (tests/ops/test_sm90_compile.py)
+    amax = tl.max(tl.abs(act), axis=1)  # [T]
+    scale = tl.div_rn(tl.maximum(amax, 1e-12), tl.full([BLOCK_T], 448.0, tl.float32))
+    q = tl.div_rn(act, scale[:, None])
+    q = tl.minimum(tl.maximum(q, -448.0), 448.0)
+    if SOFT_BF16:
+        q = _e4m3_grid(q)
+    tl.store(q_ptr + rows[:, None] * INTER + cols[None, :], q.to(q_ptr.dtype.element_ty), mask=mask)
+    tl.store(scale_ptr + rows, scale, mask=rows < num_rows)
+
+
+# ---------------------------------------------------------------------------------------------
+# Launcher
+
+SUPPORTED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def default_config(inter: int) -> tuple[int, int]:
+    """(BLOCK_T, num_warps): one row a program, its I columns in one block (I 3,072: 4,096 lanes,
+    16 a thread at 8 warps). Fixed, not autotuned: deterministic builds."""
+    return 1, (8 if triton.next_power_of_2(inter) >= 2048 else 4)
+
+
+def launch(x: torch.Tensor, block_t: int | None = None, num_warps: int | None = None):
+    """Run the Triton kernel; same signature and result as `reference` (launch config for tests)."""
+    if x.dim() != 2 or x.shape[1] % 2:
+        raise ValueError(f"silu_quant: expected x [T, 2I] (gate then up); got shape {tuple(x.shape)}")
+    if x.dtype not in SUPPORTED_DTYPES:
+        raise ValueError(f"silu_quant: x must be bfloat16, float16 or float32; got {x.dtype}")
+    if x.stride(1) != 1:
+        raise ValueError(f"silu_quant: the last dim of x must be contiguous (stride 1); got strides {x.stride()}")
+    num_rows, inter = x.shape[0], x.shape[1] // 2
+    default_t, default_warps = default_config(inter)
+    block_t, num_warps = block_t or default_t, num_warps or default_warps
+    q = torch.empty((num_rows, inter), dtype=E4M3, device=x.device)
+    scale = torch.empty((num_rows, 1), dtype=torch.float32, device=x.device)
+    wrap_triton(_silu_quant_kernel)[(triton.cdiv(num_rows, block_t),)](
+        x, q, scale, num_rows, x.stride(0), INTER=inter, BLOCK_T=block_t, BLOCK_I=triton.next_power_of_2(inter),
+        SOFT_BF16=x.device.type == "cpu", num_warps=num_warps)
+    return q, scale
+
+
+# ---------------------------------------------------------------------------------------------
+# Registered op: one node under torch.export; the kernel on CUDA, the reference on CPU.
+
+@triton_op("boundgen::silu_quant", mutates_args=())
+def silu_quant(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return launch(x)
+
+
+silu_quant.register_kernel("cpu")(reference)
+
+
+@silu_quant.register_fake
+def _(x):
+    return x.new_empty((x.shape[0], x.shape[1] // 2), dtype=E4M3), x.new_empty((x.shape[0], 1), dtype=torch.float32)
+
+
+# Lowerings by name; the build config picks one per op and records it in the manifest. "separate":
+# no fused op, the model quantizes `silu_mul`'s output (Inductor compiles the two together).
+IMPLEMENTATIONS = {"separate": None, "triton": silu_quant}
