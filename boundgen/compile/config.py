@@ -131,8 +131,9 @@ def resolve(model_dir, out, options_: dict, base_dir: Path | None = None) -> Bui
                       runtime=RuntimeConfig(**_values(RuntimeConfig, o)), weights=weights,
                       tolerances={k: float(v) for k, v in tolerances.items()}, fp8=fp8_mode)
     cfg.lowering.resolve()  # every named implementation exists
-    if fp8_mode == "none" and cfg.lowering.silu_quant != "separate":
-        raise ConfigError("--lowering silu_quant=triton quantizes the FP8 down projection's input: it needs --fp8 mlp")
+    for op in ("silu_quant", "add_rmsnorm_quant"):  # they quantize an FP8 MLP's inputs
+        if fp8_mode == "none" and getattr(cfg.lowering, op) != "separate":
+            raise ConfigError(f"--lowering {op}=triton quantizes an FP8 MLP's input: it needs --fp8 mlp")
     if fp8_mode != "none" and cfg.lowering.swiglu_down != "separate":
         raise ConfigError("--fp8 mlp and --lowering swiglu_down=triton both replace the down projection; "
                           "choose one")

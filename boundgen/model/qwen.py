@@ -56,10 +56,11 @@ class MLP(nn.Module):
         self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
-    def forward(self, x: torch.Tensor, ops: Ops, decoding: bool = False) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, ops: Ops, decoding: bool = False, x_scale: torch.Tensor | None = None):
         """The MLP's output [T, H]; in a decode step with `swiglu_down` lowered, its FP32 split-K
-        partial products [S, T, H] instead (ops/swiglu_down.py), which `add_norm` sums."""
-        gate_up = self.gate_up_proj(x)
+        partial products [S, T, H] instead (ops/swiglu_down.py), which `add_norm` sums. With
+        `x_scale`, x is already in E4M3 rows (an FP8 MLP's input, ops/add_rmsnorm_quant.py)."""
+        gate_up = self.gate_up_proj(x) if x_scale is None else self.gate_up_proj.quantized(x, x_scale)
         if isinstance(self.down_proj, fp8.FP8Linear):  # its input in E4M3 rows (model/fp8.py)
             if ops.silu_quant is not None:
                 return self.down_proj.quantized(*ops.silu_quant(gate_up))
@@ -103,6 +104,9 @@ class Layer(nn.Module):
         """The attention's output projection added to h, then the MLP: returns (h, the MLP's
         output, not yet added: the next norm adds it)."""
         delta = self.self_attn.o_proj(attn.reshape(attn.shape[0], -1))
+        if ops.add_rmsnorm_quant is not None and isinstance(self.mlp.gate_up_proj, fp8.FP8Linear):
+            h, x_q, x_scale = ops.add_rmsnorm_quant(h, delta, self.post_attention_layernorm, self.cfg.rms_norm_eps)
+            return h, self.mlp(x_q, ops, decoding, x_scale)
         h, x = add_norm(h, delta, self.post_attention_layernorm, self.cfg.rms_norm_eps, ops)
         return h, self.mlp(x, ops, decoding)
 

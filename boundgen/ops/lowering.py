@@ -30,6 +30,7 @@ class OpLowering:
     rope_kv_write: str = "separate"  # no fused op: a decode step applies rope, then writes K/V with index_copy_
     swiglu_down: str = "separate"  # no fused op: a decode step applies silu_mul, then down_proj
     silu_quant: str = "separate"  # no fused op: an FP8 MLP quantizes silu_mul's output
+    add_rmsnorm_quant: str = "separate"  # no fused op: an FP8 MLP quantizes the post-attention norm's output
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -65,6 +66,7 @@ class Ops:
     rope_kv_write: Callable | None  # None: not fused
     swiglu_down: Callable | None  # None: not fused
     silu_quant: Callable | None  # None: not fused
+    add_rmsnorm_quant: Callable | None  # None: not fused
 
 
 def describe(lowering: dict) -> str:

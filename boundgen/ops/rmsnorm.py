@@ -20,6 +20,7 @@ import triton
 import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
+from boundgen.ops.e4m3 import E4M3, to_e4m3_grid
 from boundgen.ops.rounding import round_to, rounded
 
 
@@ -36,12 +37,15 @@ def reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor
 
 @triton.jit
 def _rmsnorm_kernel(x_ptr, w_ptr, out_ptr, eps, num_rows, stride_xt, stride_xn, d_ptr, sum_ptr, stride_dt,
-                    stride_ds, NUM_HEADS: tl.constexpr, HIDDEN: tl.constexpr, BLOCK_ROWS: tl.constexpr,
-                    BLOCK_H: tl.constexpr, SOFT_BF16: tl.constexpr, ADD: tl.constexpr, SPLITS: tl.constexpr):
+                    stride_ds, scale_ptr, NUM_HEADS: tl.constexpr, HIDDEN: tl.constexpr, BLOCK_ROWS: tl.constexpr,
+                    BLOCK_H: tl.constexpr, SOFT_BF16: tl.constexpr, ADD: tl.constexpr, SPLITS: tl.constexpr,
+                    QUANT: tl.constexpr):
     # ADD (ops/add_rmsnorm.py): x + d, rounded to x's dtype as torch's add rounds, is written to
     # sum_ptr ([T, H] contiguous) and normalised; else x itself is normalised (d_ptr, sum_ptr unused).
     # SPLITS > 0: d is that many FP32 partial products [S, T, H] (ops/swiglu_down.py), summed in
     # order and rounded to x's dtype first, as the GEMM they replace stores its product.
+    # QUANT (ops/add_rmsnorm_quant.py): the normalised row, rounded to x's dtype, is written in E4M3
+    # to out_ptr with its FP32 scale to scale_ptr (ops/e4m3.py: amax / 448), not in x's dtype.
     rows = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)  # row = token * N + head
     cols = tl.arange(0, BLOCK_H)
     col_ok = cols < HIDDEN
@@ -70,8 +74,17 @@ def _rmsnorm_kernel(x_ptr, w_ptr, out_ptr, eps, num_rows, stride_xt, stride_xn, 
     normed = round_to(xf * rstd[:, None], x.dtype, SOFT_BF16)
     w = tl.load(w_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)  # [H]
     y = w[None, :] * normed.to(tl.float32)
-    tl.store(out_ptr + rows[:, None] * HIDDEN + cols[None, :],
-             round_to(y, x.dtype, SOFT_BF16), mask=mask)
+    if QUANT:  # 448 and 1e-12: e4m3.E4M3_MAX and MIN_AMAX written out (a build's copy of the kernel has no globals)
+        y = rounded(y, x.dtype, True)  # on x's grid on every device (a cast round trip may be folded)
+        scale = tl.div_rn(tl.maximum(tl.max(tl.abs(y), axis=1), 1e-12), tl.full([BLOCK_ROWS], 448.0, tl.float32))
+        q = tl.minimum(tl.maximum(tl.div_rn(y, scale[:, None]), -448.0), 448.0)
+        if SOFT_BF16:
+            q = to_e4m3_grid(q)
+        tl.store(out_ptr + rows[:, None] * HIDDEN + cols[None, :], q.to(out_ptr.dtype.element_ty), mask=mask)
+        tl.store(scale_ptr + rows, scale, mask=rows < num_rows)
+    else:
+        tl.store(out_ptr + rows[:, None] * HIDDEN + cols[None, :],
+                 round_to(y, x.dtype, SOFT_BF16), mask=mask)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -119,30 +132,37 @@ def default_config(hidden: int) -> tuple[int, int]:
 
 
 def launch(x: torch.Tensor, weight: torch.Tensor, eps: float, block_rows: int | None = None,
-           num_warps: int | None = None, delta: torch.Tensor | None = None):
+           num_warps: int | None = None, delta: torch.Tensor | None = None, quantize: bool = False):
     """Run the Triton kernel; same signature and result as `reference`. The launch config is
     overridable for tests (small blocks exercise many programs on tiny inputs) and benchmarks.
     With `delta` (x's shape, [T, H], or FP32 partial products [S, T, H] of it): the residual add
-    first, and (x + delta, the norm of it), as ops/add_rmsnorm.py's reference."""
+    first, and (x + delta, the norm of it), as ops/add_rmsnorm.py's reference. With `quantize`
+    (x [T, H] and a delta): (x + delta, the norm in E4M3 rows, their FP32 scales [T, 1]), as
+    ops/add_rmsnorm_quant.py's reference."""
     _check(x, weight)
     if delta is not None:
         _check_delta(x, delta)
+    if quantize and delta is None:
+        raise ValueError("add_rmsnorm_quant: quantize comes with a residual add (delta)")
     hidden = x.shape[-1]
     num_heads = x.shape[1] if x.dim() == 3 else 1
     stride_xn = x.stride(1) if x.dim() == 3 else 0
     num_rows = x.shape[0] * num_heads
     default_rows, default_warps = default_config(hidden)
     block_rows, num_warps = block_rows or default_rows, num_warps or default_warps
-    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    out = torch.empty(x.shape, dtype=E4M3 if quantize else x.dtype, device=x.device)
+    scale = torch.empty((num_rows, 1), dtype=torch.float32, device=x.device) if quantize else None
     grid = (triton.cdiv(num_rows, block_rows),)
     add = delta is not None
     parts = delta.shape[0] if add and delta.dim() == 3 else 0
     total = torch.empty(x.shape, dtype=x.dtype, device=x.device) if add else out
     wrap_triton(_rmsnorm_kernel)[grid](
         x, weight, out, eps, num_rows, x.stride(0), stride_xn, delta if add else x, total,
-        delta.stride(-2) if add else 0, delta.stride(0) if parts else 0, NUM_HEADS=num_heads,
-        HIDDEN=hidden, BLOCK_ROWS=block_rows, BLOCK_H=triton.next_power_of_2(hidden),
-        SOFT_BF16=x.device.type == "cpu", ADD=add, SPLITS=parts, num_warps=num_warps)
+        delta.stride(-2) if add else 0, delta.stride(0) if parts else 0, scale if quantize else out,
+        NUM_HEADS=num_heads, HIDDEN=hidden, BLOCK_ROWS=block_rows, BLOCK_H=triton.next_power_of_2(hidden),
+        SOFT_BF16=x.device.type == "cpu", ADD=add, SPLITS=parts, QUANT=quantize, num_warps=num_warps)
+    if quantize:
+        return total, out, scale
     return (total, out) if add else out
 
 

@@ -24,7 +24,7 @@ import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
 from boundgen.ops import silu_mul
-from boundgen.ops.e4m3 import E4M3, E4M3_MAX, MIN_AMAX, quantize_rows
+from boundgen.ops.e4m3 import E4M3, E4M3_MAX, MIN_AMAX, quantize_rows, to_e4m3_grid
 
 assert (E4M3_MAX, MIN_AMAX) == (448.0, 1e-12), "the kernel below writes them out"
 from boundgen.ops.rounding import rounded
@@ -36,17 +36,6 @@ def reference(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 # ---------------------------------------------------------------------------------------------
 # Triton kernel
-
-@triton.jit
-def _e4m3_grid(v):
-    """v (FP32, |v| <= 448) rounded to the nearest E4M3 value (ties to even), kept in FP32: an
-    ulp of 2^(max(e, -6) - 3) for v = m 2^e, rounded by the FP32 add of 1.5 x 2^23."""
-    bits = v.to(tl.uint32, bitcast=True)
-    exponent = ((bits >> 23) & 0xFF).to(tl.int32) - 127
-    ulp_bits = ((tl.maximum(exponent, -6) - 3 + 127) << 23).to(tl.uint32)
-    ulp = ulp_bits.to(tl.float32, bitcast=True)
-    return ((v / ulp + 12582912.0) - 12582912.0) * ulp
-
 
 @triton.jit
 def _silu_quant_kernel(x_ptr, q_ptr, scale_ptr, num_rows, stride_xt, INTER: tl.constexpr, BLOCK_T: tl.constexpr,
@@ -67,7 +56,7 @@ def _silu_quant_kernel(x_ptr, q_ptr, scale_ptr, num_rows, stride_xt, INTER: tl.c
     q = tl.div_rn(act, scale[:, None])
     q = tl.minimum(tl.maximum(q, -448.0), 448.0)
     if SOFT_BF16:
-        q = _e4m3_grid(q)
+        q = to_e4m3_grid(q)
     tl.store(q_ptr + rows[:, None] * INTER + cols[None, :], q.to(q_ptr.dtype.element_ty), mask=mask)
     tl.store(scale_ptr + rows, scale, mask=rows < num_rows)
 

@@ -54,7 +54,9 @@ def test_beam_defaults(tiny_qwen2_dir, tmp_path):
     ({"task": "score", "labels": [" yes"], "fp8": "all", "dtype": "bfloat16"}, "fp8 must be one of none, mlp"),
     ({"task": "beam", "width": 4, "steps": 2, "fp8": "mlp", "dtype": "bfloat16", "lowering": {"swiglu_down": "triton"}},
      "both replace the down projection"),
-    ({"task": "score", "labels": [" yes"], "lowering": {"silu_quant": "triton"}}, "it needs --fp8 mlp"),
+    ({"task": "score", "labels": [" yes"], "lowering": {"silu_quant": "triton"}}, "silu_quant=triton .* needs --fp8"),
+    ({"task": "score", "labels": [" yes"], "lowering": {"add_rmsnorm_quant": "triton"}},
+     "add_rmsnorm_quant=triton .* needs --fp8 mlp"),
 ])
 def test_bad_options_are_clear_errors(tiny_qwen3_dir, tmp_path, options, message):
     with pytest.raises(ConfigError, match=message):
