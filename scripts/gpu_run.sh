@@ -173,9 +173,10 @@ score_lane() {  # $1: the GPU it runs on
   done
 }
 
-# keep_wrapper ART: the C++ wrapper of each of the artifact's packages (which kernels and copies a call
-# launches, in order), under $RES/ART/wrapper/.
+# keep_wrapper ART: the artifact's manifest (its validation report: errors, an FP8 build's gate) and the
+# C++ wrapper of each of its packages (which kernels and copies a call launches, in order), under $RES/ART/.
 keep_wrapper() {
+  mkdir -p "$RES/$1" && cp "$WORK/art/$1/manifest.json" "$RES/$1/manifest.json" 2>/dev/null
   python3 - "$WORK/art/$1" "$RES/$1/wrapper" <<'PY' || true
 import sys, zipfile
 from pathlib import Path

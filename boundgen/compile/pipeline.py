@@ -123,6 +123,9 @@ def build(cfg: BuildConfig, progress: Progress | None = None) -> Manifest:
         for case in report["cases"]:
             worst = {k: o.get("max_abs_err", "identical" if o.get("identical") else "differs")
                      for k, o in case["outputs"].items()}
+            if "labels" in case["outputs"]:  # an FP8 score build's gate (compile/validate.py)
+                labels = case["outputs"]["labels"]
+                worst["labels"] = f"argmax {labels['argmax_agree']}, spearman {labels['spearman']}"
             progress(f"  {case['name']}: {case['samples']} samples, {case['tokens']} tokens: "
                      f"{'ok' if case['passed'] else 'FAILED'} {worst}")
         if not report["passed"]:

@@ -202,7 +202,7 @@ def test_an_fp8_score_artifact_records_its_gate_and_serves_close_to_fp32(score_a
 
     built, manifest, log = _build(tiny_qwen3_dir, tmp_path / "fp8", dict(SCORE_OPTIONS, dtype="bfloat16", fp8="mlp",
                                                                         lowering={"silu_quant": "triton"}))
-    assert manifest["compile"]["fp8"] == "mlp" and "FP8 mlp" in log
+    assert manifest["compile"]["fp8"] == "mlp" and "FP8 mlp" in log and "'labels': 'argmax 1.0, spearman" in log
     assert "silu_quant" in manifest["compile"]["custom_ops"]  # a loading process registers it
     validation = manifest["validation"]
     assert validation["passed"] and validation["reference"] == "float32 eager" and validation["fp8"] == "mlp"
