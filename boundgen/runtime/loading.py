@@ -57,7 +57,8 @@ def load_artifact_engine(path, contexts: int | None = None, executors: int | Non
         raise ArtifactError(f"could not load the compiled package of {manifest.name}: {exc!s}") from None
     extra = {"artifact_dir": str(root.resolve()), "lowering": compiled.lowering, "weights": compiled.weights,
              "gpu_name": compiled.gpu_name, "validation_passed": manifest.validation.get("passed"),
-             "boundgen": __version__, "tokenizer": tokenizer.encoder_name}
+             "boundgen": __version__, "tokenizer": tokenizer.encoder_name,
+             "fp8_groups": [] if compiled.fp8 == "none" else [compiled.fp8]}  # counted at the FP8 peak (bench/mfu.py)
     return make_engine(manifest.name, spec, tokenizer, runner, str(device), compiled.dtype, runtime, extra)
 
 

@@ -211,6 +211,8 @@ def test_an_fp8_score_artifact_records_its_gate_and_serves_close_to_fp32(score_a
         dtypes = {k: f.get_slice(k).get_dtype() for k in f.keys() if k.endswith("weight_q")}
     assert dtypes and set(dtypes.values()) == {"F8_E4M3"}
     texts = ["is this relevant?", "a query and a document about something else", "x"]
-    quantized = boundgen.load(built).score(texts).scores
-    exact = boundgen.load(score_artifact).score(texts).scores
+    fp8_engine, fp32_engine = boundgen.load(built), boundgen.load(score_artifact)
+    # the bench counts these groups' FLOPs at the FP8 peak (bench/mfu.py)
+    assert fp8_engine.spec.extra["fp8_groups"] == ["mlp"] and fp32_engine.spec.extra["fp8_groups"] == []
+    quantized, exact = fp8_engine.score(texts).scores, fp32_engine.score(texts).scores
     assert np.abs(quantized - exact).max() <= FP8_TOLERANCES["probs"] and not np.array_equal(quantized, exact)
