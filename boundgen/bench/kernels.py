@@ -41,7 +41,8 @@ import torch.nn.functional as F
 
 from boundgen.bench.kernel_timing import KernelTiming, gpu_time_us, markdown_table
 from boundgen.bench.selection import run_selection_benchmarks
-from boundgen.ops import packed_attention, prefix_attention, qk_norm_rope, rmsnorm, rope, rope_kv_write, silu_mul
+from boundgen.ops import (packed_attention, prefix_attention, qk_norm_rope, rmsnorm, rope, rope_kv_write, silu_mul,
+                          silu_quant)
 
 # Packed-kernel launch configs (BLOCK_M, BLOCK_N, num_warps, num_stages) timed beside the default.
 PACKED_SWEEP = [(64, 64, 4, 2), (64, 32, 4, 2), (64, 64, 8, 2), (128, 64, 8, 3)]
@@ -288,6 +289,26 @@ def bench_silu_mul(num_tokens: int, inter: int, device: str = "cuda", calls: int
              "torch reference": lambda: silu_mul.reference(x)}
     work = (5.0 * num_tokens * inter, float(3 * num_tokens * inter * dtype.itemsize))
     return _measure(f"silu_mul T={num_tokens} I={inter}", impls, work, calls, replays)
+
+
+def bench_silu_quant(num_tokens: int, inter: int = 3072, device: str = "cuda", calls: int = 20, replays: int = 10,
+                     dtype: torch.dtype = torch.bfloat16, configs=((1, 8), (1, 4), (2, 8), (4, 8))) -> list[KernelTiming]:
+    """An FP8 MLP's SwiGLU + E4M3 rowwise quantization (W1: Qwen3-0.6B, I 3,072): Inductor's compile
+    of the reference against the Triton kernel with IEEE divisions and with the fast ones, at each
+    (BLOCK_T, num_warps) of `configs`. The error column compares dequantized values."""
+    x = torch.randn(num_tokens, 2 * inter, device=device, dtype=dtype)
+    compiled = torch.compile(silu_quant.reference, dynamic=False)
+
+    def dequantized(fn):
+        return lambda: (lambda q, s: q.float() * s)(*fn())
+    impls = {"torch reference": dequantized(lambda: silu_quant.reference(x)),
+             "inductor (reference compiled)": dequantized(lambda: compiled(x)),
+             "triton, IEEE divisions": dequantized(lambda: silu_quant.launch(x, ieee_div=True))}
+    for block_t, warps in configs:
+        impls[f"triton, fast divisions, BLOCK_T={block_t} w{warps}"] = dequantized(
+            functools.partial(silu_quant.launch, x, block_t, warps, False))
+    work = (5.0 * num_tokens * inter, float(num_tokens * inter * (2 * dtype.itemsize + 1)))
+    return _measure(f"silu_quant T={num_tokens} I={inter}", impls, work, calls, replays)
 
 
 def bench_elementwise(device: str = "cuda", calls: int = 20, replays: int = 10,

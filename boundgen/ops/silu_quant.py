@@ -11,9 +11,11 @@ registers: one read of gate and up, one write of the E4M3 row and its scale.
 
 Triton kernel: one program per BLOCK_T rows, the row's I columns in one block. silu and the
 product rounded to x's dtype as ops/silu_mul.py rounds them (HF's rounding), the amax of the
-rounded product, scale = max(amax, 1e-12) / 448 and q = clamp(act / scale, +-448) with IEEE
-divisions as torch's, cast to E4M3 (nearest even). Equal to the reference but where silu_mul's
-exp differs in its last FP32 bit (an ulp of the bf16 product, at times). Under the interpreter
+rounded product, scale = max(amax, 1e-12) / 448 and q = clamp(act / scale, +-448), cast to E4M3
+(nearest even). On CPU the divisions are IEEE, as torch's: equal to the reference but where the
+exp differs in its last FP32 bit. On the GPU silu's division is approximate and q is act times
+the row's reciprocal scale: IEEE divisions for every element made the kernel compute-bound
+(44.7 us a W1 layer on the H200 against 28.6 for Inductor's two-pass version, 2026-12-01). Under the interpreter
 the cast to E4M3 rounds wrongly when the rounding carries into the exponent (TOOLCHAIN.md), so
 on CPU the value is first rounded onto the E4M3 grid in FP32.
 """
@@ -39,7 +41,7 @@ def reference(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 @triton.jit
 def _silu_quant_kernel(x_ptr, q_ptr, scale_ptr, num_rows, stride_xt, INTER: tl.constexpr, BLOCK_T: tl.constexpr,
-                       BLOCK_I: tl.constexpr, SOFT_BF16: tl.constexpr):
+                       BLOCK_I: tl.constexpr, SOFT_BF16: tl.constexpr, IEEE_DIV: tl.constexpr):
     dtype = x_ptr.dtype.element_ty
     rows = (tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)).to(tl.int64)
     cols = tl.arange(0, BLOCK_I)
@@ -47,13 +49,19 @@ def _silu_quant_kernel(x_ptr, q_ptr, scale_ptr, num_rows, stride_xt, INTER: tl.c
     gate_at = x_ptr + rows[:, None] * stride_xt + cols[None, :]
     gate = tl.load(gate_at, mask=mask, other=0.0).to(tl.float32)
     up = tl.load(gate_at + INTER, mask=mask, other=0.0).to(tl.float32)
-    silu = rounded(tl.div_rn(gate, 1.0 + tl.exp(-gate)), dtype, SOFT_BF16)
-    act = rounded(silu * up, dtype, SOFT_BF16)  # 0 where masked
+    if IEEE_DIV:
+        silu = tl.div_rn(gate, 1.0 + tl.exp(-gate))
+    else:  # an approximate division: its last FP32 bits rarely survive the rounding to x's dtype
+        silu = gate / (1.0 + tl.exp(-gate))
+    act = rounded(rounded(silu, dtype, SOFT_BF16) * up, dtype, SOFT_BF16)  # 0 where masked
     # e4m3.MIN_AMAX and E4M3_MAX written out: a build compiles Inductor's copy of the kernel, which
     # takes its helper functions along but not this module's globals (tests/ops/test_sm90_compile.py)
-    amax = tl.max(tl.abs(act), axis=1)  # [T]
-    scale = tl.div_rn(tl.maximum(amax, 1e-12), tl.full([BLOCK_T], 448.0, tl.float32))
-    q = tl.div_rn(act, scale[:, None])
+    amax = tl.maximum(tl.max(tl.abs(act), axis=1), 1e-12)  # [T]
+    scale = tl.div_rn(amax, tl.full([BLOCK_T], 448.0, tl.float32))
+    if IEEE_DIV:
+        q = tl.div_rn(act, scale[:, None])
+    else:  # times the row's reciprocal: one division a row, not one an element
+        q = act * tl.div_rn(tl.full([BLOCK_T], 1.0, tl.float32), scale)[:, None]
     q = tl.minimum(tl.maximum(q, -448.0), 448.0)
     if SOFT_BF16:
         q = to_e4m3_grid(q)
@@ -73,8 +81,11 @@ def default_config(inter: int) -> tuple[int, int]:
     return 1, (8 if triton.next_power_of_2(inter) >= 2048 else 4)
 
 
-def launch(x: torch.Tensor, block_t: int | None = None, num_warps: int | None = None):
-    """Run the Triton kernel; same signature and result as `reference` (launch config for tests)."""
+def launch(x: torch.Tensor, block_t: int | None = None, num_warps: int | None = None, ieee_div: bool | None = None):
+    """Run the Triton kernel; same signature and result as `reference` (launch config for tests).
+    `ieee_div` (default: on CPU only) divides as torch does, element by element; else silu's
+    division is approximate and the quantization multiplies by the row's reciprocal scale: an
+    E4M3 or bf16 ulp apart from the reference at times, and fast on the GPU."""
     if x.dim() != 2 or x.shape[1] % 2:
         raise ValueError(f"silu_quant: expected x [T, 2I] (gate then up); got shape {tuple(x.shape)}")
     if x.dtype not in SUPPORTED_DTYPES:
@@ -88,7 +99,8 @@ def launch(x: torch.Tensor, block_t: int | None = None, num_warps: int | None = 
     scale = torch.empty((num_rows, 1), dtype=torch.float32, device=x.device)
     wrap_triton(_silu_quant_kernel)[(triton.cdiv(num_rows, block_t),)](
         x, q, scale, num_rows, x.stride(0), INTER=inter, BLOCK_T=block_t, BLOCK_I=triton.next_power_of_2(inter),
-        SOFT_BF16=x.device.type == "cpu", num_warps=num_warps)
+        SOFT_BF16=x.device.type == "cpu", IEEE_DIV=x.device.type == "cpu" if ieee_div is None else ieee_div,
+        num_warps=num_warps)
     return q, scale
 
 

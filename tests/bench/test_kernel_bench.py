@@ -118,3 +118,14 @@ def test_rope_kv_write_benchmark_agrees_with_the_reference_on_cpu(monkeypatch):
                                       "fused triton, BLOCK_T=1", "fused triton, BLOCK_T=4"]
     errors = [r.max_abs_err for r in rows]
     assert errors[0] == errors[2] == errors[3] == errors[4] == 0 and errors[1] <= 0.04, kernels.markdown_table(rows)
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="needs TRITON_INTERPRET=1")
+def test_silu_quant_benchmark_agrees_with_the_reference_on_cpu(monkeypatch):
+    """Every form of SwiGLU + E4M3 quantization dequantizes to the reference's values within an
+    E4M3 ulp of the row's largest (a 1/8 of its scale x 448, at most)."""
+    monkeypatch.setattr(kernels, "gpu_time_us", lambda fn, calls, replays: 1.0)
+    rows = kernels.bench_silu_quant(4, inter=64, device="cpu", configs=((1, 4), (2, 4)))
+    assert [r.impl for r in rows] == ["torch reference", "inductor (reference compiled)", "triton, IEEE divisions",
+                                      "triton, fast divisions, BLOCK_T=1 w4", "triton, fast divisions, BLOCK_T=2 w4"]
+    assert rows[0].max_abs_err == 0 and all(r.max_abs_err < 1.0 for r in rows), kernels.markdown_table(rows)

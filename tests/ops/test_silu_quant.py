@@ -125,3 +125,12 @@ def test_gpu_w1_shape(num_rows):
     """Qwen3-0.6B's gate/up output (I 3,072), bf16, the default config."""
     x = make_x(num_rows, 3072, torch.bfloat16, "cuda")
     assert_matches_reference(*op.launch(x), x)
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_the_gpus_fast_divisions_stay_within_the_reference(dtype):
+    """The GPU's default (approximate silu division, the row's reciprocal scale) differs from the
+    reference by an ulp at times, never more."""
+    x = make_x(12, 96, dtype, KERNEL_DEVICE, seed=4)
+    assert_matches_reference(*op.launch(x, ieee_div=False), x)

@@ -54,7 +54,7 @@ KERNELS = {
                               "ADD": True, "SPLITS": 10, "QUANT": False}, 4),
     "silu_quant": ("silu_quant", "_silu_quant_kernel",
                    {"x_ptr": "*bf16", "q_ptr": "*fp8e4nv", "scale_ptr": "*fp32", "num_rows": "i32", "stride_xt": "i32"},
-                   {"INTER": 3072, "BLOCK_T": 1, "BLOCK_I": 4096, "SOFT_BF16": False}, 8),
+                   {"INTER": 3072, "BLOCK_T": 1, "BLOCK_I": 4096, "SOFT_BF16": False, "IEEE_DIV": False}, 8),
     "swiglu_down": ("swiglu_down", "_swiglu_down_kernel",
                     {"x_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*fp32", "num_rows": "i32", "stride_xt": "i32"},
                     {"INTER": 4864, "HIDDEN": 896, "K_SPLIT": 320, "BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 64,
