@@ -1,10 +1,11 @@
-"""A lowering left in the model changes nothing a decode gives: what the op tests of the lowerings
-that a decode step runs share."""
+"""A lowering left in the model changes nothing it computes: what the op tests of the lowerings
+that a decode step runs, or that an FP8 model runs, share."""
 
 import dataclasses
 
 import torch
 
+from boundgen.model import fp8
 from boundgen.model.loader import load_model
 from boundgen.ops.lowering import REFERENCE, OpLowering
 from tests.ops.kernel_testing import KERNEL_DEVICE
@@ -39,3 +40,20 @@ def assert_decode_unchanged(path, op: str, kernel, exact: bool = True) -> None:
         ops = dataclasses.replace(REFERENCE.resolve(), **{op: kernel})
         for a, b in zip(decode(load_model(path, device=KERNEL_DEVICE, ops=ops)), expected):
             torch.testing.assert_close(a.cpu(), b, atol=1e-5, rtol=1e-5)
+
+
+def assert_fp8_prefill_unchanged(path, kernels: dict) -> None:
+    """An FP8 model (bf16, model/fp8.py) with the ops of `kernels` lowered to "triton" computes the
+    logits it computes without: identical with the registered ops (their CPU kernels are the
+    references), within an E4M3 ulp here and there with the kernels themselves (the interpreter)."""
+    tokens = torch.randint(0, 500, (19,), generator=torch.Generator().manual_seed(6))
+    positions, cu = torch.arange(19), torch.tensor([0, 19], dtype=torch.int32)
+
+    def logits(ops=None):
+        model = fp8.quantize(load_model(path, torch.bfloat16, ops=ops), "mlp")
+        return model.logits(model.prefill(tokens, positions, cu)[0]).float()
+    expected = logits()
+    assert torch.equal(logits(OpLowering(**{op: "triton" for op in kernels}).resolve()), expected)
+    if KERNEL_DEVICE == "cpu":
+        ops = dataclasses.replace(REFERENCE.resolve(), **kernels)
+        torch.testing.assert_close(logits(ops), expected, atol=0.1, rtol=0.05)

@@ -5,16 +5,13 @@ lowered against the one without.
 The kernel tests run the real kernel: under TRITON_INTERPRET=1 on CPU tensors (the CPU lane), else
 compiled on CUDA."""
 
-import dataclasses
-
 import pytest
 import torch
 
-from boundgen.model import fp8
-from boundgen.model.loader import load_model
 from boundgen.ops import add_rmsnorm_quant as op
+from boundgen.ops import silu_quant
 from boundgen.ops.e4m3 import E4M3
-from boundgen.ops.lowering import OpLowering
+from tests.ops.decode_testing import assert_fp8_prefill_unchanged
 from tests.ops.kernel_testing import KERNEL_DEVICE, needs_compiled_kernel, needs_kernel
 from tests.ops.test_add_rmsnorm import make_inputs
 from tests.ops.test_rmsnorm import EPS
@@ -70,22 +67,11 @@ def test_registered_op_runs_the_reference_on_cpu_and_exports_as_one_node():
 
 @pytest.mark.parametrize("checkpoint", ["tiny_qwen2_dir", "tiny_qwen3_dir"])
 def test_fp8_model_scores_alike_with_the_op(checkpoint, request):
-    """An FP8 model (bf16) with `add_rmsnorm_quant=triton` computes what it computes without:
-    identical with the registered op (its CPU kernel is the reference), close with the kernel."""
-    path = request.getfixturevalue(checkpoint)
-    tokens = torch.randint(0, 500, (19,), generator=torch.Generator().manual_seed(7))
-    positions, cu = torch.arange(19), torch.tensor([0, 19], dtype=torch.int32)
+    assert_fp8_prefill_unchanged(request.getfixturevalue(checkpoint), {"add_rmsnorm_quant": op.launch})
 
-    def logits(ops=None):
-        model = fp8.quantize(load_model(path, torch.bfloat16, ops=ops), "mlp")
-        return model.logits(model.prefill(tokens, positions, cu)[0]).float()
-    expected = logits()
-    both = OpLowering(add_rmsnorm_quant="triton", silu_quant="triton").resolve()
-    assert torch.equal(logits(OpLowering(add_rmsnorm_quant="triton").resolve()), expected)
-    assert torch.equal(logits(both), expected)
-    if KERNEL_DEVICE == "cpu":
-        ops = dataclasses.replace(OpLowering().resolve(), add_rmsnorm_quant=op.launch)
-        torch.testing.assert_close(logits(ops), expected, atol=0.1, rtol=0.05)
+
+def test_fp8_model_scores_alike_with_both_fused_quantizations(tiny_qwen3_dir):
+    assert_fp8_prefill_unchanged(tiny_qwen3_dir, {"add_rmsnorm_quant": op.launch, "silu_quant": silu_quant.launch})
 
 
 @pytest.mark.gpu

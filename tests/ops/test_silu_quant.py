@@ -8,11 +8,9 @@ compiled on CUDA."""
 import pytest
 import torch
 
-from boundgen.model import fp8
-from boundgen.model.loader import load_model
 from boundgen.ops import silu_quant as op
 from boundgen.ops.e4m3 import E4M3, E4M3_MAX
-from boundgen.ops.lowering import OpLowering
+from tests.ops.decode_testing import assert_fp8_prefill_unchanged
 from tests.ops.kernel_testing import KERNEL_DEVICE, needs_compiled_kernel, needs_kernel
 
 
@@ -100,22 +98,7 @@ def test_registered_op_runs_the_reference_on_cpu_and_exports_as_one_node():
 
 @pytest.mark.parametrize("checkpoint", ["tiny_qwen2_dir", "tiny_qwen3_dir"])
 def test_fp8_model_scores_alike_with_the_op(checkpoint, request):
-    """An FP8 model (bf16) with `silu_quant=triton` computes what it computes without: identical
-    with the registered op (its CPU kernel is the reference), within an E4M3 ulp here and there
-    with the kernel itself (the interpreter)."""
-    path = request.getfixturevalue(checkpoint)
-    tokens = torch.randint(0, 500, (19,), generator=torch.Generator().manual_seed(6))
-    positions, cu = torch.arange(19), torch.tensor([0, 19], dtype=torch.int32)
-
-    def logits(ops=None):
-        model = fp8.quantize(load_model(path, torch.bfloat16, ops=ops), "mlp")
-        return model.logits(model.prefill(tokens, positions, cu)[0]).float()
-    expected = logits()
-    assert torch.equal(logits(OpLowering(silu_quant="triton").resolve()), expected)
-    if KERNEL_DEVICE == "cpu":
-        import dataclasses
-        ops = dataclasses.replace(OpLowering().resolve(), silu_quant=op.launch)
-        torch.testing.assert_close(logits(ops), expected, atol=0.1, rtol=0.05)
+    assert_fp8_prefill_unchanged(request.getfixturevalue(checkpoint), {"silu_quant": op.launch})
 
 
 @pytest.mark.gpu
