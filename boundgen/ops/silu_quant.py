@@ -14,8 +14,9 @@ product rounded to x's dtype as ops/silu_mul.py rounds them (HF's rounding), the
 rounded product, scale = max(amax, 1e-12) / 448 and q = clamp(act / scale, +-448), cast to E4M3
 (nearest even). On CPU the divisions are IEEE, as torch's: equal to the reference but where the
 exp differs in its last FP32 bit. On the GPU silu's division is approximate and q is act times
-the row's reciprocal scale: IEEE divisions for every element made the kernel compute-bound
-(44.7 us a W1 layer on the H200 against 28.6 for Inductor's two-pass version, 2026-12-01). Under the interpreter
+the row's reciprocal scale: with IEEE divisions for every element the kernel took 44.7 us a W1
+layer on the H200 against 28.6 for Inductor's two-pass version (2026-12-01), though it moves
+half the bytes; the divisions are the likely cost (the fast form is not measured yet). Under the interpreter
 the cast to E4M3 rounds wrongly when the rounding carries into the exponent (TOOLCHAIN.md), so
 on CPU the value is first rounded onto the E4M3 grid in FP32.
 """
