@@ -41,9 +41,8 @@ import torch
 import torch.nn.functional as F
 
 from boundgen.bench.kernel_timing import KernelTiming, gpu_time_us, markdown_table
+from boundgen.ops.e4m3 import quantize_rows  # the rowwise E4M3 quantization the FP8 builds use
 
-FP8 = torch.float8_e4m3fn
-FP8_MAX = 448.0
 # (name, N, K, bias) per model: one decoder layer's projections, then the LM head.
 QWEN25_05B = [("qkv", 1152, 896, True), ("o", 896, 896, False), ("gate_up", 9728, 896, False),
               ("down", 896, 4864, False), ("lm_head", 151936, 896, False)]
@@ -65,12 +64,6 @@ def gemm_shapes(workloads: list[str]) -> list[tuple[str, int, int, int, bool]]:
         raise ValueError(f"unknown workloads {unknown}; known: {', '.join(WORKLOADS)}")
     return [(f"{w} {name} M={m}", m, n, k, bias) for w in workloads for name, n, k, bias in WORKLOADS[w][0]
             for m in WORKLOADS[w][1]]
-
-
-def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [M, K] -> (e4m3 [M, K], FP32 scale [M, 1]) with x ~= q * scale, one scale per row."""
-    scale = x.abs().amax(dim=1, keepdim=True).float().clamp(min=1e-12) / FP8_MAX
-    return (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8), scale
 
 
 def fp8_linear(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:

@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
-from boundgen.ops.e4m3 import E4M3, to_e4m3_grid
+from boundgen.ops.e4m3 import E4M3, quantize_block
 from boundgen.ops.rounding import round_to, rounded
 
 
@@ -74,12 +74,9 @@ def _rmsnorm_kernel(x_ptr, w_ptr, out_ptr, eps, num_rows, stride_xt, stride_xn, 
     normed = round_to(xf * rstd[:, None], x.dtype, SOFT_BF16)
     w = tl.load(w_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)  # [H]
     y = w[None, :] * normed.to(tl.float32)
-    if QUANT:  # 448 and 1e-12: e4m3.E4M3_MAX and MIN_AMAX written out (a build's copy of the kernel has no globals)
+    if QUANT:
         y = rounded(y, x.dtype, True)  # on x's grid on every device (a cast round trip may be folded)
-        scale = tl.div_rn(tl.maximum(tl.max(tl.abs(y), axis=1), 1e-12), tl.full([BLOCK_ROWS], 448.0, tl.float32))
-        q = tl.minimum(tl.maximum(tl.div_rn(y, scale[:, None]), -448.0), 448.0)
-        if SOFT_BF16:
-            q = to_e4m3_grid(q)
+        q, scale = quantize_block(y, SOFT_BF16, True)
         tl.store(out_ptr + rows[:, None] * HIDDEN + cols[None, :], q.to(out_ptr.dtype.element_ty), mask=mask)
         tl.store(scale_ptr + rows, scale, mask=rows < num_rows)
     else:

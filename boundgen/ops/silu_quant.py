@@ -27,9 +27,7 @@ import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
 from boundgen.ops import silu_mul
-from boundgen.ops.e4m3 import E4M3, E4M3_MAX, MIN_AMAX, quantize_rows, to_e4m3_grid
-
-assert (E4M3_MAX, MIN_AMAX) == (448.0, 1e-12), "the kernel below writes them out"
+from boundgen.ops.e4m3 import E4M3, quantize_block, quantize_rows
 from boundgen.ops.rounding import rounded
 
 
@@ -55,17 +53,7 @@ def _silu_quant_kernel(x_ptr, q_ptr, scale_ptr, num_rows, stride_xt, INTER: tl.c
     else:  # an approximate division: its last FP32 bits rarely survive the rounding to x's dtype
         silu = gate / (1.0 + tl.exp(-gate))
     act = rounded(rounded(silu, dtype, SOFT_BF16) * up, dtype, SOFT_BF16)  # 0 where masked
-    # e4m3.MIN_AMAX and E4M3_MAX written out: a build compiles Inductor's copy of the kernel, which
-    # takes its helper functions along but not this module's globals (tests/ops/test_sm90_compile.py)
-    amax = tl.maximum(tl.max(tl.abs(act), axis=1), 1e-12)  # [T]
-    scale = tl.div_rn(amax, tl.full([BLOCK_T], 448.0, tl.float32))
-    if IEEE_DIV:
-        q = tl.div_rn(act, scale[:, None])
-    else:  # times the row's reciprocal: one division a row, not one an element
-        q = act * tl.div_rn(tl.full([BLOCK_T], 1.0, tl.float32), scale)[:, None]
-    q = tl.minimum(tl.maximum(q, -448.0), 448.0)
-    if SOFT_BF16:
-        q = to_e4m3_grid(q)
+    q, scale = quantize_block(act, SOFT_BF16, IEEE_DIV)
     tl.store(q_ptr + rows[:, None] * INTER + cols[None, :], q.to(q_ptr.dtype.element_ty), mask=mask)
     tl.store(scale_ptr + rows, scale, mask=rows < num_rows)
 
