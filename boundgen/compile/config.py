@@ -70,9 +70,13 @@ class BuildConfig:
     def task(self) -> str:
         return self.spec.task
 
+    @property
+    def precision(self) -> str:
+        """The dtype, and the FP8 mode when there is one: "bfloat16, FP8 mlp"."""
+        return self.dtype + (f", FP8 {self.fp8}" if self.fp8 != "none" else "")
+
     def summary(self) -> str:
-        fp8 = f", FP8 {self.fp8}" if self.fp8 != "none" else ""
-        return f"{self.name}: {self.task} on {self.device} in {self.dtype}{fp8} ({self.spec.describe()})"
+        return f"{self.name}: {self.task} on {self.device} in {self.precision} ({self.spec.describe()})"
 
 
 def read_deploy_file(path: str | Path | None) -> tuple[dict, Path | None]:

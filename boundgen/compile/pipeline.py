@@ -85,8 +85,7 @@ def build(cfg: BuildConfig, progress: Progress | None = None) -> Manifest:
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     try:
-        fp8_note = f", FP8 {cfg.fp8}" if cfg.fp8 != "none" else ""
-        progress.stage("load", f"{cfg.model_dir} in {cfg.dtype}{fp8_note}, lowering {cfg.lowering.describe()}")
+        progress.stage("load", f"{cfg.model_dir} in {cfg.precision}, lowering {cfg.lowering.describe()}")
         dtype = parse_dtype(cfg.dtype)
         model = fp8.quantize(load_model(cfg.model_dir, dtype, device, cfg.lowering.resolve()), cfg.fp8)
         program = make_program(model, cfg.spec)
