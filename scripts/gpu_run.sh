@@ -27,7 +27,10 @@
 # W1_LOWERING_AB (e.g. "--lowering rope=triton", or several sets separated by ";": a W1 build with
 # each set added, benched and profiled), ATTENTION_AB (set: the attention GPU tests and kernel A/B on
 # the score lane, scripts/gpu_attention.sh), W1_AB, BEAM_AB (one set of engine flags, both),
-# GPU_TESTS (test files whose GPU tests the score lane runs while it builds), TOTAL_S (570),
+# GPU_TESTS (test files whose GPU tests the score lane runs while it builds), SCORE_KERNELS (arguments of
+# `python -m boundgen.bench.kernels`, run after GPU_TESTS, e.g. "--silu-quant 2250,4500"), W1_DEFAULT (the W1
+# build's flags, default in scripts/gpu_artifacts.sh), AB_CALLS (1; 0: no call curve for the W1_LOWERING_AB
+# builds), TOTAL_S (570),
 # LANES ("beam score"; "beam" or "score" alone on a machine of one GPU).
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -142,6 +145,10 @@ score_lane() {  # $1: the GPU it runs on
     # shellcheck disable=SC2086
     step 150 gpu_tests "$SCORE_CORES" env TRITON_INTERPRET=0 python3 -m pytest -q -m gpu $GPU_TESTS -p no:cacheprovider
   fi
+  if [[ -n "${SCORE_KERNELS:-}" ]]; then  # kernel A/Bs, while the builds compile
+    # shellcheck disable=SC2086
+    step 120 kernels "$SCORE_CORES" python3 -m boundgen.bench.kernels $SCORE_KERNELS
+  fi
   if [[ -n "${ATTENTION_AB:-}" ]]; then  # the attention lowerings' GPU tests and kernel A/B (scripts/gpu_attention.sh)
     step 300 attention "$SCORE_CORES" env OUT="$RES/attention" bash scripts/gpu_attention.sh
   fi
@@ -168,6 +175,7 @@ score_lane() {  # $1: the GPU it runs on
     # shellcheck disable=SC2086
     step 90 "bench_w1_lowering_$j" "$SCORE_CORES" python3 -m boundgen bench --workload W1 \
       --artifact "$WORK/art/w1_lowering_$j" --out "$RES/w1_lowering_$j" --seed 0 $SWEEP --profile --profile-requests 20
+    [[ "${AB_CALLS:-1}" == 0 ]] && continue
     step 45 "calls_w1_lowering_$j" "$SCORE_CORES" python3 -m boundgen.bench.calls "$WORK/art/w1_lowering_$j" \
       --workload W1 --requests 1,2,4 --json "$RES/w1_lowering_$j/calls_W1.json"
   done

@@ -342,12 +342,32 @@ def run_kernel_benchmarks(device: str = "cuda", seed: int = 0, calls: int = 20,
     return rows + run_selection_benchmarks(device, ks=(200,), calls=calls, replays=replays, sweep=False)
 
 
-if __name__ == "__main__":
-    if "--packed-sweep" not in sys.argv[1:]:
-        print("usage: python -m boundgen.bench.kernels --packed-sweep   (every PACKED_GRID config at W1 shapes)",
-              file=sys.stderr)
-        sys.exit(2)
+def main(argv: list[str] | None = None) -> int:
+    """Kernel A/Bs one at a time (the full set is `run_kernel_benchmarks`, run by `boundgen bench`)."""
+    import argparse
+    parser = argparse.ArgumentParser(prog="python -m boundgen.bench.kernels", description=main.__doc__)
+    parser.add_argument("--packed-sweep", action="store_true",
+                        help="every PACKED_GRID launch config of the packed attention kernel at W1 shapes")
+    parser.add_argument("--silu-quant", metavar="TOKENS", default=None,
+                        help="SwiGLU + E4M3 quantization at these token counts (comma list, e.g. 2250,4500,9000)")
+    args = parser.parse_args(argv)
+    if not (args.packed_sweep or args.silu_quant):
+        parser.error("name at least one benchmark: --packed-sweep, --silu-quant TOKENS")
+    try:
+        tokens = [int(t) for t in args.silu_quant.split(",")] if args.silu_quant else []
+    except ValueError:
+        tokens = [0]
+    if any(t <= 0 for t in tokens):
+        parser.error(f"--silu-quant takes a comma list of positive token counts, got {args.silu_quant!r}")
     if not torch.cuda.is_available():
         print("error: kernel benchmarks need a CUDA device", file=sys.stderr)
-        sys.exit(2)
-    print(markdown_table(bench_packed(w1_lengths(), configs=PACKED_GRID)))
+        return 2
+    rows = bench_packed(w1_lengths(), configs=PACKED_GRID) if args.packed_sweep else []
+    for t in tokens:
+        rows += bench_silu_quant(t)
+    print(markdown_table(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

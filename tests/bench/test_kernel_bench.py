@@ -129,3 +129,15 @@ def test_silu_quant_benchmark_agrees_with_the_reference_on_cpu(monkeypatch):
     assert [r.impl for r in rows] == ["torch reference", "inductor (reference compiled)", "triton, IEEE divisions",
                                       "triton, fast divisions, BLOCK_T=1 w4", "triton, fast divisions, BLOCK_T=2 w4"]
     assert rows[0].max_abs_err == 0 and all(r.max_abs_err < 1.0 for r in rows), kernels.markdown_table(rows)
+
+
+def test_command_line_asks_for_a_benchmark_and_checks_its_token_counts(capsys):
+    with pytest.raises(SystemExit) as exc:
+        kernels.main([])
+    assert exc.value.code == 2 and "name at least one benchmark" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        kernels.main(["--silu-quant", "2250,x"])
+    assert "positive token counts" in capsys.readouterr().err
+    if not torch.cuda.is_available():
+        assert kernels.main(["--silu-quant", "2250"]) == 2
+        assert "need a CUDA device" in capsys.readouterr().err
