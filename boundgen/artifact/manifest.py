@@ -34,6 +34,9 @@ MANIFEST_FILE = "manifest.json"
 SIGNATURE_FILE = "manifest.sig"  # written by artifact/signing.py, beside the manifest it signs
 
 
+MAX_BATCH_WAIT_MS = 20.0  # the mean latency budget: waiting longer for company never pays
+
+
 @dataclass(frozen=True)
 class RuntimeConfig:
     """How an artifact is served; recorded at build, overridable at load (no recompilation)."""
@@ -43,12 +46,17 @@ class RuntimeConfig:
     cuda_graphs: bool = option(False, "replay CUDA graphs per shape bucket", kind=bool)
     batching: bool = option(False, "concurrent requests share model calls", kind=bool)
     token_bucket: int = option(256, "token bucket that CUDA-graph shapes are padded to")
+    batch_wait_ms: float = option(0.0, "with batching: ms after a call that a free context may wait for as many "
+                                       "requests as that call held (0: never waits; runtime/batcher.py)", kind=float)
 
     def __post_init__(self):
         for name in ("contexts", "executors", "token_bucket"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"{name} must be an integer >= 1, got {value!r}")
+        wait = self.batch_wait_ms
+        if isinstance(wait, bool) or not isinstance(wait, (int, float)) or not 0 <= wait <= MAX_BATCH_WAIT_MS:
+            raise ConfigError(f"batch_wait_ms must be a number of ms from 0 to {MAX_BATCH_WAIT_MS}, got {wait!r}")
         for name in ("cuda_graphs", "batching"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be true or false, got {getattr(self, name)!r}")

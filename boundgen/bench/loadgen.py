@@ -63,7 +63,8 @@ class LevelStats:
     p50_ms: float | None
     p99_ms: float | None
     max_ms: float | None
-    breakdown_ms: dict | None  # mean "pre", "model", "post", "queue" over requests that report timings
+    breakdown_ms: dict | None  # mean "pre", "model", "post", "queue" (and "requests_per_call") over requests
+    #                            that report timings
     effective_mfu: float | None
     within_budget: bool
 
@@ -106,6 +107,9 @@ def summarize(records: Sequence[Record], window: tuple[float, float], *, mode: s
         parts = {k: float(np.mean([r.timings.get(k, 0.0) for r in timed]) * 1e3) for k in ("pre", "model", "post")}
         e2e = float(np.mean([r.end - r.start for r in timed]) * 1e3)
         breakdown = {**parts, "queue": e2e - sum(parts.values())}
+        calls = [r.timings["batch_requests"] for r in timed if "batch_requests" in r.timings]
+        if calls:  # requests in the call a request rode in (request-weighted: what a request sees)
+            breakdown["requests_per_call"] = float(np.mean(calls))
     within = bool(lat) and stats["mean_ms"] < budget.mean_ms and stats["p99_ms"] < budget.p99_ms
     return LevelStats(
         mode=mode, concurrency=concurrency, rate=rate, window_s=span, completed=len(ok), errors=errors,

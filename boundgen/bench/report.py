@@ -95,7 +95,7 @@ def _f(value, fmt="{:.1f}", missing="-"):
 
 
 LEVEL_HEADER = ("| system | load | QPS | samples/s | mean ms | P50 ms | P99 ms | pre | model | post | queue "
-                "| eff. MFU | errors |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+                "| per call | eff. MFU | errors |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 
 
 def level_row(system: str, lv: dict) -> str:
@@ -106,7 +106,7 @@ def level_row(system: str, lv: dict) -> str:
     return (f"| {system} | {load} | {_f(lv['qps'])} | {_f(lv['samples_per_s'], '{:.0f}')} | {_f(lv.get('mean_ms'))} "
             f"| {_f(lv.get('p50_ms'))} | {_f(lv.get('p99_ms'))} | {_f(b.get('pre'), '{:.2f}')} "
             f"| {_f(b.get('model'), '{:.2f}')} | {_f(b.get('post'), '{:.2f}')} | {_f(b.get('queue'), '{:.2f}')} "
-            f"| {_f(None if mfu is None else 100 * mfu, '{:.1f}%')} | {errors or ''} |")
+            f"| {_f(b.get('requests_per_call'), '{:.2f}')} | {_f(None if mfu is None else 100 * mfu, '{:.1f}%')} | {errors or ''} |")
 
 
 def _capacity_and_peak(system: dict) -> tuple[float, float]:
@@ -169,7 +169,7 @@ def markdown_workload(result: dict) -> str:
             out.append(level_row(name, system["open_loop"]))
     out.append("")
     out.append("Breakdown columns are mean ms per request from the engine's timings; queue = end-to-end "
-               "minus pre + model + post.")
+               "minus pre + model + post; per call = requests in the model call a request rode in, on average.")
     diag = result.get("diagnostic")
     if diag:
         out += ["", f"Diagnostic ({diag.get('tokens')} tokens, {diag.get('samples')} samples, sequential): "

@@ -71,6 +71,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batching", action=argparse.BooleanOptionalAction, default=None,
                    help="concurrent requests share model calls within the artifact's bounds (eager beam: up to 8); "
                         "default: the artifact's setting, off for the eager engine")
+    p.add_argument("--batch-wait-ms", type=float, default=None, metavar="MS",
+                   help="artifact only: ms after a call that a free context may wait for as many requests as that "
+                        "call held (default: the artifact's)")
     p.add_argument("--token-bucket", type=int, default=None, metavar="N",
                    help="artifact only: pad calls to multiples of N tokens for CUDA graphs (default: the artifact's)")
     p.add_argument("--tokenizer", choices=["fast", "fast-joined", "tokenizers"], default=None,
@@ -110,7 +113,7 @@ def _engine(args, specs):
     from boundgen.cli.common import is_artifact
 
     overrides = {k: getattr(args, k) for k in ("contexts", "executors", "cuda_graphs", "batching",
-                                                       "token_bucket")
+                                                       "token_bucket", "batch_wait_ms")
                  if getattr(args, k) is not None}
     if args.tokenizer is not None:
         overrides["fast_tokenizer"] = args.tokenizer != "tokenizers"

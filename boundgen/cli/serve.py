@@ -77,6 +77,9 @@ def register(sub):
                          help="replay CUDA graphs per shape bucket (GPU artifacts)")
     runtime.add_argument("--token-bucket", type=_positive_int, default=None, metavar="N",
                          help="token bucket that CUDA-graph shapes are padded to")
+    runtime.add_argument("--batch-wait-ms", type=float, default=None, metavar="MS",
+                         help="with batching: ms after a call that a free context may wait for as many requests "
+                              "as that call held (0: never waits)")
     group = p.add_mutually_exclusive_group()
     group.add_argument("--replicas", type=int, default=None, metavar="N",
                        help="serve through N worker processes (CPU) behind this front end; each request goes to "
@@ -104,7 +107,7 @@ def register(sub):
 
 LOCAL_RAY = ""  # `--ray` without an address: start a local Ray instance
 RAY_ONLY_FLAGS = ("gpus_per_replica", "min_replicas", "max_replicas", "target_ongoing_requests")
-RUNTIME_FLAGS = ("contexts", "batching", "cuda_graphs", "token_bucket")  # RuntimeConfig fields
+RUNTIME_FLAGS = ("contexts", "batching", "cuda_graphs", "token_bucket", "batch_wait_ms")  # RuntimeConfig fields
 
 
 def _positive_int(text: str) -> int:

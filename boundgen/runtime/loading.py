@@ -31,9 +31,10 @@ from boundgen.version import __version__
 def load_artifact_engine(path, contexts: int | None = None, executors: int | None = None,
                          cuda_graphs: bool | None = None, verify_files: bool = True, batching: bool | None = None,
                          token_bucket: int | None = None, libstdcxx_check: str = "auto",
-                         fast_tokenizer: bool = True, joined_tokenizing: bool = False) -> LocalEngine:
+                         fast_tokenizer: bool = True, joined_tokenizing: bool = False,
+                         batch_wait_ms: float | None = None) -> LocalEngine:
     """The engine for an artifact directory. contexts / executors / cuda_graphs / batching /
-    token_bucket override the manifest's runtime settings (None: as built); libstdcxx_check is
+    token_bucket / batch_wait_ms override the manifest's runtime settings (None: as built); libstdcxx_check is
     "auto" (refuse where the load would crash), "require" (refuse unless preloaded, on any
     Linux) or "skip"; fast_tokenizer=False encodes with `tokenizers` even where tiktoken could,
     joined_tokenizing=True a request's texts in one tiktoken call (text/fast_bpe.py; the same ids
@@ -46,7 +47,7 @@ def load_artifact_engine(path, contexts: int | None = None, executors: int | Non
     check_versions(manifest, {"torch": torch.__version__, "cuda": torch.version.cuda})
     _check_libstdcxx(libstdcxx_check)
     runtime = manifest.runtime.replace(contexts=contexts, executors=executors, cuda_graphs=cuda_graphs,
-                                       batching=batching, token_bucket=token_bucket)
+                                       batching=batching, token_bucket=token_bucket, batch_wait_ms=batch_wait_ms)
     compiled, spec = manifest.compile, manifest.program
     tokenizer = Tokenizer.from_dir(root, fast=fast_tokenizer, joined=joined_tokenizing)
     try:

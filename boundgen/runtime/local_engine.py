@@ -40,12 +40,13 @@ SCORE_REQUESTS_PER_CALL = 8  # admission's room per context when score requests 
 
 class LocalEngine(Engine):
     def __init__(self, spec: EngineSpec, packer: RequestPacker, runner, encoder, contexts: list[RequestContext],
-                 executors: int = 1, batching: bool = False):
+                 executors: int = 1, batching: bool = False, batch_wait_ms: float = 0.0):
         self.spec, self.packer, self.runner, self.encoder = spec, packer, runner, encoder
         self.contexts = contexts  # owned by the batcher's workers, one each
         self.batching = batching
         self._slots = threading.Semaphore(max(1, executors))  # program calls running at once
-        self._batcher = Batcher(contexts, self._run_batch, self._fits if batching else _alone, name=spec.name)
+        self._batcher = Batcher(contexts, self._run_batch, self._fits if batching else _alone, name=spec.name,
+                                linger_s=batch_wait_ms / 1e3 if batching else 0.0)
 
     # -- the calls ---------------------------------------------------------------------------
 
@@ -168,8 +169,8 @@ def make_engine(name: str, spec, tokenizer, runner, device: str, dtype: str, run
     dev = torch.device(device)
     contexts = [RequestContext(spec.call_max_tokens, spec.call_max_samples, dev) for _ in range(runtime.contexts)]
     extra = {**(extra or {}), "contexts": runtime.contexts, "executors": runtime.executors, "cuda_graphs": use_graphs,
-             "batching": batching,
+             "batching": batching, "batch_wait_ms": runtime.batch_wait_ms if batching else 0.0,
              # Requests the server should let in at once: one per context, more when they share calls.
              "concurrency": runtime.contexts * (per_call if batching else 1)}
     return LocalEngine(EngineSpec(name, spec, device, dtype, extra), packer, runner, encoder, contexts,
-                       runtime.executors, batching)
+                       runtime.executors, batching, runtime.batch_wait_ms)

@@ -118,3 +118,76 @@ def test_a_worker_drops_cancelled_requests_before_taking_a_batch(monkeypatch):
     finally:
         gate.set()
         batcher.close()
+
+
+def _closed_loop(linger_s: float, clients: int = 3, rounds: int = 6) -> list[int]:
+    """Call sizes when `clients` each send a request, wait for its result, think 20 ms and send the
+    next (a call takes 50 ms)."""
+    sizes = []
+
+    def run_batch(ctx, items):
+        time.sleep(0.05)
+        sizes.append(len(items))
+        return items
+
+    batcher = Batcher(["ctx"], run_batch, fits=lambda batch, item: len(batch) < clients, linger_s=linger_s)
+
+    def client(k):
+        for r in range(rounds):
+            assert batcher.submit((k, r)) == (k, r)
+            time.sleep(0.02)
+
+    threads = [threading.Thread(target=client, args=(k,)) for k in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    batcher.close()
+    return sizes
+
+
+def test_lingering_after_a_call_lets_returning_clients_share_the_next_one():
+    sizes = _closed_loop(linger_s=1.0)
+    assert sum(sizes) == 18
+    # the first call may split the clients (who arrives first runs at once), and a client a round
+    # behind ends alone; in between every call holds all three (no lingering: 1, 2, 1, 2, ...)
+    assert sizes.count(3) >= 4 and len(sizes) <= 8, f"returning clients did not share calls: {sizes}"
+
+
+def test_a_worker_lingers_at_most_its_limit_and_never_on_an_idle_engine():
+    batcher = Batcher(["ctx"], lambda ctx, items: items, fits=lambda batch, item: True, linger_s=0.3)
+
+    def timed(item):
+        start = time.monotonic()
+        assert batcher.submit(item) == item
+        return time.monotonic() - start
+
+    first = timed(7)  # no call before it
+    batcher._last_call = (time.monotonic(), 3)  # as if a call of 3 had just ended
+    lingered = timed(8)
+    after_one = timed(9)  # the last call held 1 and nobody waited then: one request is company enough
+    time.sleep(0.35)
+    batcher._last_call = (batcher._last_call[0], 3)
+    idle = timed(10)  # the last call ended longer than 0.3 s ago
+    batcher.close()
+    assert 0.25 <= lingered < 5, lingered
+    assert max(first, after_one, idle) < 0.25, (first, after_one, idle)
+
+
+def test_a_worker_stops_lingering_once_the_waiting_requests_fill_a_call():
+    batcher = Batcher(["ctx"], lambda ctx, items: items, fits=lambda batch, item: len(batch) < 2, linger_s=30.0)
+    batcher._last_call = (time.monotonic(), 5)  # five expected, but a call holds two
+    results = {}
+    threads = [threading.Thread(target=lambda i=i: results.__setitem__(i, batcher.submit(i))) for i in range(3)]
+    start = time.monotonic()
+    for t in threads:
+        t.start()
+    wait_until(lambda: len(results) >= 2, "a call of the first two")
+    took = time.monotonic() - start
+    batcher._last_call = (float("-inf"), 0)  # let the third go
+    with batcher._cond:
+        batcher._cond.notify_all()
+    threads[2].join(10)
+    batcher.close()
+    assert results == {0: 0, 1: 1, 2: 2}
+    assert took < 10, "a full call kept waiting for company"
