@@ -69,11 +69,12 @@ def prefix_work(width: int, prefix_len: int, suffix_len: int, num_q_heads: int,
 
 
 def _measure(case: str, impls: dict[str, Callable[[], torch.Tensor | tuple[torch.Tensor, ...]]],
-             work: tuple[float, float], calls: int, replays: int) -> list[KernelTiming]:
+             work: tuple[float, float], calls: int, replays: int, compared=None) -> list[KernelTiming]:
     """Each implementation's GPU time and its largest error against "torch reference" over all its
-    outputs (a tensor or a tuple of them)."""
+    outputs (a tensor or a tuple of them; `compared(output)`, untimed, where they are not compared
+    as they come, e.g. E4M3 values and their scales)."""
     def outputs(fn):
-        out = fn()
+        out = fn() if compared is None else compared(fn())
         return [t.float() for t in (out if isinstance(out, tuple) else (out,))]
     expected = outputs(impls["torch reference"])
     rows = []
@@ -295,20 +296,18 @@ def bench_silu_quant(num_tokens: int, inter: int = 3072, device: str = "cuda", c
                      dtype: torch.dtype = torch.bfloat16, configs=((1, 8), (1, 4), (2, 8), (4, 8))) -> list[KernelTiming]:
     """An FP8 MLP's SwiGLU + E4M3 rowwise quantization (W1: Qwen3-0.6B, I 3,072): Inductor's compile
     of the reference against the Triton kernel with IEEE divisions and with the fast ones, at each
-    (BLOCK_T, num_warps) of `configs`. The error column compares dequantized values."""
+    (BLOCK_T, num_warps) of `configs`. The error column compares dequantized values (not timed:
+    until 2026-12-01 the dequantization was inside the timed call)."""
     x = torch.randn(num_tokens, 2 * inter, device=device, dtype=dtype)
     compiled = torch.compile(silu_quant.reference, dynamic=False)
-
-    def dequantized(fn):
-        return lambda: (lambda q, s: q.float() * s)(*fn())
-    impls = {"torch reference": dequantized(lambda: silu_quant.reference(x)),
-             "inductor (reference compiled)": dequantized(lambda: compiled(x)),
-             "triton, IEEE divisions": dequantized(lambda: silu_quant.launch(x, ieee_div=True))}
+    impls = {"torch reference": lambda: silu_quant.reference(x), "inductor (reference compiled)": lambda: compiled(x),
+             "triton, IEEE divisions": lambda: silu_quant.launch(x, ieee_div=True)}
     for block_t, warps in configs:
-        impls[f"triton, fast divisions, BLOCK_T={block_t} w{warps}"] = dequantized(
-            functools.partial(silu_quant.launch, x, block_t, warps, False))
+        impls[f"triton, fast divisions, BLOCK_T={block_t} w{warps}"] = functools.partial(
+            silu_quant.launch, x, block_t, warps, False)
     work = (5.0 * num_tokens * inter, float(num_tokens * inter * (2 * dtype.itemsize + 1)))
-    return _measure(f"silu_quant T={num_tokens} I={inter}", impls, work, calls, replays)
+    return _measure(f"silu_quant T={num_tokens} I={inter}", impls, work, calls, replays,
+                    compared=lambda out: out[0].float() * out[1])  # dequantized values
 
 
 def bench_elementwise(device: str = "cuda", calls: int = 20, replays: int = 10,
