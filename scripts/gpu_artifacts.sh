@@ -6,11 +6,12 @@ W1_ARGS=(--task score --labels " yes" " no" --max-samples 60 --max-tokens-per-sa
 # (token bucket 128: 188.0 against 176.5 QPS within the budget for 512, 2026-12-01: less padding a call)
 # Triton norms and RoPE +8%; then fused q/k-norm + RoPE and residual add + norm: 191.0 against 186.0 QPS,
 # 294 against 450 kernels a request (2026-12-01, docs/benchmarks.md).
-# The MLP in FP8 (--fp8 mlp, gated against the FP32 program at build): 215.0 against 201.5 QPS within the
-# budget in one run (2026-12-01, f85138a); with its fused quantizing ops (silu_quant, add_rmsnorm_quant) 212.0
-# against 201.5 (09f7e71: silu_quant, with IEEE divisions then, was slower than Inductor's kernel), so they stay off.
+# The MLP in FP8 (--fp8 mlp, gated against the FP32 program at build) with its quantizations fused into the
+# SwiGLU and norm kernels (silu_quant, add_rmsnorm_quant): 228.0 against 216.0 (FP8, Inductor's quantizations)
+# and 201.0 (bf16) QPS within the budget in one run with the peers (2026-12-01, 0e668eb, docs/benchmarks.md).
 W1_DEFAULT="${W1_DEFAULT:---lowering packed_attention=triton --lowering rmsnorm=triton --lowering rope=triton \
---lowering qk_norm_rope=triton --lowering add_rmsnorm=triton --fp8 mlp}"  # W1_DEFAULT set: a run's own
+--lowering qk_norm_rope=triton --lowering add_rmsnorm=triton --fp8 mlp --lowering silu_quant=triton \
+--lowering add_rmsnorm_quant=triton}"  # W1_DEFAULT set: a run's own
 # One beam artifact serves W2 and W3: W=100, N_gen=5, prompts up to 400 tokens, up to 8 a call; candidate
 # selection by chunks; RoPE and the K/V write in one kernel a decode layer: 235.0 against 213.5 W2 and 159.5
 # against 136.5 W3 QPS within the budget; cos / sin once a step (cos_sin=triton): 240.5 against 232.5 W2, 172.0

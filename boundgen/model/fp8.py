@@ -19,7 +19,8 @@ Bf16 models only: rowwise `_scaled_mm` writes bf16. Measured on the H200 (docs/b
 / 110 us at 2,250 / 4,500 / 9,000 tokens against 42 / 81 / 156 in bf16, down 20 / 31 / 51 against
 21 / 39 / 75; with the activation's quantization as separate torch ops in the timed call FP8 is
 2-5x slower. In a W1 build Inductor's quantizing kernels take 14.5% of the GPU time, and the build
-still serves 6.7% more than bf16.
+still serves 6.7% more than bf16; with both quantizations fused into the producing kernels, 13.4%
+more (228.0 against 201.0 QPS within the budget, one run, 0e668eb).
 """
 
 from __future__ import annotations
