@@ -15,9 +15,11 @@ W1_DEFAULT="${W1_DEFAULT:---lowering packed_attention=triton --lowering rmsnorm=
 # One beam artifact serves W2 and W3: W=100, N_gen=5, prompts up to 400 tokens, up to 8 a call; candidate
 # selection by chunks; RoPE and the K/V write in one kernel a decode layer: 235.0 against 213.5 W2 and 159.5
 # against 136.5 W3 QPS within the budget; cos / sin once a step (cos_sin=triton): 240.5 against 232.5 W2, 172.0
-# against 159.5 W3, 246 against 250 launches a step (all measured 2026-12-01: docs/benchmarks.md).
+# against 159.5 W3, 246 against 250 launches a step (all measured 2026-12-01: docs/benchmarks.md). One context
+# whose calls wait up to 5 ms for their clients (--contexts 1 --batch-wait-ms 5): 386.0 against 240.0 W2 and
+# 250.0 against 147.5 W3 in one run with the peers (2026-12-01, 8adefbe); two contexts with the wait 292.0 / 203.0.
 BEAM_ARGS=(--task beam --width 100 --steps 5 --min-new-tokens 5 --max-prompt-tokens 400 --device cuda
            --dtype bfloat16 --name beam)
 BEAM_DEFAULT="--lowering packed_attention=triton --lowering prefix_attention=triton --lowering vocab_topk=chunks \
 --lowering rope_kv_write=triton --lowering cos_sin=triton --max-requests 8 --cuda-graphs \
---batching --contexts 2 --token-bucket 128"
+--batching --contexts 1 --batch-wait-ms 5 --token-bucket 128"
