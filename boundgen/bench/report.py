@@ -106,7 +106,8 @@ def level_row(system: str, lv: dict) -> str:
     return (f"| {system} | {load} | {_f(lv['qps'])} | {_f(lv['samples_per_s'], '{:.0f}')} | {_f(lv.get('mean_ms'))} "
             f"| {_f(lv.get('p50_ms'))} | {_f(lv.get('p99_ms'))} | {_f(b.get('pre'), '{:.2f}')} "
             f"| {_f(b.get('model'), '{:.2f}')} | {_f(b.get('post'), '{:.2f}')} | {_f(b.get('queue'), '{:.2f}')} "
-            f"| {_f(b.get('requests_per_call'), '{:.2f}')} | {_f(None if mfu is None else 100 * mfu, '{:.1f}%')} | {errors or ''} |")
+            f"| {_f(b.get('requests_per_call'), '{:.2f}')} "
+            f"| {_f(None if mfu is None else 100 * mfu, '{:.1f}%')} | {errors or ''} |")
 
 
 def _capacity_and_peak(system: dict) -> tuple[float, float]:

@@ -34,7 +34,8 @@ def test_the_table_decodes_as_tokenizers_does(qwen_tokenizer):
 def test_decode_and_decode_batch_go_through_the_table_with_the_same_result(qwen_tokenizer, tiny_qwen3_dir):
     plain = Tokenizer.from_dir(tiny_qwen3_dir, fast=False)
     assert plain.decoder is None
-    ids = qwen_tokenizer.encode_one("多语言 テキスト 👨‍👩‍👧‍👦 <|im_end|> done", 64).tokens.tolist()
+    text = "多语言 テキスト 👨‍👩‍👧‍👦 <|im_end|> done"
+    ids = qwen_tokenizer.encode_one(text, 64).tokens.tolist()
     assert qwen_tokenizer.decode(ids) == plain.decode(ids)
     assert qwen_tokenizer.decode(ids, skip_special_tokens=False) == plain.decode(ids, skip_special_tokens=False)
     assert qwen_tokenizer.decode_batch([ids[:3], ids[3:]]) == plain.decode_batch([ids[:3], ids[3:]])
