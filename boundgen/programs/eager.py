@@ -32,11 +32,11 @@ class EagerRunner:
 
 def eager_engine(model_dir, spec: ScoreSpec | BeamSpec, dtype: str = "float32", device: str = "cpu",
                  name: str | None = None, lowering: OpLowering | None = None, contexts: int = 1,
-                 cuda_graphs: bool = False, batching: bool = False) -> LocalEngine:
+                 cuda_graphs: bool = False, batching: bool = False, batch_wait_ms: float = 0.0) -> LocalEngine:
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise ConfigError("--device cuda was asked for, but no CUDA device is available")
     tokenizer = Tokenizer.from_dir(model_dir)
     model = load_model(model_dir, parse_dtype(dtype), device, (lowering or OpLowering()).resolve())
     program = make_program(model, spec)
-    runtime = RuntimeConfig(contexts=contexts, cuda_graphs=cuda_graphs, batching=batching)
+    runtime = RuntimeConfig(contexts=contexts, cuda_graphs=cuda_graphs, batching=batching, batch_wait_ms=batch_wait_ms)
     return make_engine(name or Path(model_dir).name, spec, tokenizer, EagerRunner(program), device, dtype, runtime)

@@ -34,6 +34,10 @@ def test_beam_defaults(tiny_qwen2_dir, tmp_path):
     cfg = config.resolve(tiny_qwen2_dir, tmp_path / "beam", {"task": "beam", "width": 100, "steps": 5,
                                                              "max_prompt_tokens": 512})
     assert cfg.name == "beam" and cfg.spec.stop_token_ids == (151643,)
+    assert cfg.runtime.batch_wait_ms == 0.0  # never waits for company unless asked
+    waiting = config.resolve(tiny_qwen2_dir, tmp_path / "beam", {"task": "beam", "width": 4, "steps": 2,
+                                                                 "batch_wait_ms": 5})
+    assert waiting.runtime.batch_wait_ms == 5
     assert dim_bounds(cfg.spec) == {"L": (1, 512), "R": (1, 1)}
 
 
@@ -57,6 +61,8 @@ def test_beam_defaults(tiny_qwen2_dir, tmp_path):
     ({"task": "score", "labels": [" yes"], "lowering": {"silu_quant": "triton"}}, "silu_quant=triton .* needs --fp8"),
     ({"task": "score", "labels": [" yes"], "lowering": {"add_rmsnorm_quant": "triton"}},
      "add_rmsnorm_quant=triton .* needs --fp8 mlp"),
+    ({"task": "beam", "width": 4, "steps": 2, "batch_wait_ms": 25}, "batch_wait_ms must be a number of ms from 0"),
+    ({"task": "beam", "width": 4, "steps": 2, "batch_wait_ms": -1}, "batch_wait_ms must be a number"),
 ])
 def test_bad_options_are_clear_errors(tiny_qwen3_dir, tmp_path, options, message):
     with pytest.raises(ConfigError, match=message):

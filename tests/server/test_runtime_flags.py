@@ -1,4 +1,4 @@
-"""`boundgen serve --contexts / --batching / --cuda-graphs / --token-bucket`: the manifest's
+"""`boundgen serve --contexts / --batching / --cuda-graphs / --token-bucket / --batch-wait-ms`: the manifest's
 RuntimeConfig overridden without a rebuild, in the server and in every --replicas worker.
 The fake engine logs the overrides its factory got, as `boundgen.load` gets them."""
 
@@ -23,9 +23,10 @@ def _score_once(server) -> tuple[int, ...]:
 def test_flags_reach_the_engine_factory(launch, tmp_path):
     log = tmp_path / "calls.jsonl"
     server = launch([write_fake_artifact(tmp_path / "fscore", SCORE_SPEC, log=log)],
-                    args=["--contexts", "3", "--no-batching", "--cuda-graphs", "--token-bucket", "64"])
+                    args=["--contexts", "3", "--no-batching", "--cuda-graphs", "--token-bucket", "64",
+                          "--batch-wait-ms", "2.5"])
     assert [e["runtime"] for e in read_events(log, "loaded")] == [
-        {"contexts": 3, "batching": False, "cuda_graphs": True, "token_bucket": 64}]
+        {"contexts": 3, "batching": False, "cuda_graphs": True, "token_bucket": 64, "batch_wait_ms": 2.5}]
     config = tgrpc.InferenceServerClient(server.grpc_url).get_model_config("fscore").config
     assert [g.count for g in config.instance_group] == [3]  # the engine's contexts
     assert "max in flight 3" in "".join(server.output)  # admission follows the engine's new concurrency
@@ -43,9 +44,11 @@ def test_no_flags_load_as_built(launch, tmp_path):
 def test_replica_workers_get_the_same_flags(launch, tmp_path):
     log = tmp_path / "calls.jsonl"
     server = launch([write_fake_artifact(tmp_path / "fscore", SCORE_SPEC, log=log)],
-                    args=["--replicas", "2", "--contexts", "2", "--batching", "--no-cuda-graphs"])
+                    args=["--replicas", "2", "--contexts", "2", "--batching", "--no-cuda-graphs",
+                          "--batch-wait-ms", "5"])
     loaded = read_events(log, "loaded")  # the front end loads no engine of its own: one per worker
-    assert [e["runtime"] for e in loaded] == [{"contexts": 2, "batching": True, "cuda_graphs": False}] * 2
+    assert [e["runtime"] for e in loaded] == [
+        {"contexts": 2, "batching": True, "cuda_graphs": False, "batch_wait_ms": 5.0}] * 2
     assert _score_once(server) == (1, 2)
     assert server.stop() == 0
 
@@ -56,3 +59,8 @@ def test_bad_values_are_refused_before_serving(tmp_path):
         proc = subprocess.run([*FAKE_SERVE, str(artifact), flag, value, "--http-port", "0", "--grpc-port", "0"],
                               capture_output=True, text=True, timeout=60, cwd=REPO)
         assert proc.returncode == 2 and f"{flag}: expected an integer >= 1" in proc.stderr, proc.stderr
+    for value in ("-1", "21", "nan", "soon"):
+        proc = subprocess.run([*FAKE_SERVE, str(artifact), "--batch-wait-ms", value, "--http-port", "0",
+                               "--grpc-port", "0"], capture_output=True, text=True, timeout=60, cwd=REPO)
+        assert proc.returncode == 2 and "--batch-wait-ms: expected a number of ms from 0 to 20" in proc.stderr, (
+            proc.stderr)
