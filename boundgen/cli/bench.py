@@ -78,8 +78,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--token-bucket", type=int, default=None, metavar="N",
                    help="artifact only: pad calls to multiples of N tokens for CUDA graphs (default: the artifact's)")
     p.add_argument("--tokenizer", choices=["fast", "fast-joined", "tokenizers"], default=None,
-                   help="artifact only: encode with tiktoken where the vocabulary allows (fast, the default; "
-                        "fast-joined: a request's texts in one call) or with `tokenizers` (same ids; for an A/B)")
+                   help="artifact only: encode with tiktoken and decode from a byte table where the vocabulary "
+                        "allows (fast, the default; fast-joined: a request's texts in one call) or with `tokenizers` "
+                        "(same ids and texts; for an A/B)")
     p.add_argument("--lowering", action="append", default=[], metavar="OP=IMPL",
                    help="eager engine only: op lowering, repeatable (default on cuda: Triton attention)")
     p.add_argument("--device", default=None, help="device for the peer and an eager engine (default: cuda if present)")

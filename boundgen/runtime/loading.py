@@ -34,11 +34,11 @@ def load_artifact_engine(path, contexts: int | None = None, executors: int | Non
                          fast_tokenizer: bool = True, joined_tokenizing: bool = False,
                          batch_wait_ms: float | None = None) -> LocalEngine:
     """The engine for an artifact directory. contexts / executors / cuda_graphs / batching /
-    token_bucket / batch_wait_ms override the manifest's runtime settings (None: as built); libstdcxx_check is
-    "auto" (refuse where the load would crash), "require" (refuse unless preloaded, on any
-    Linux) or "skip"; fast_tokenizer=False encodes with `tokenizers` even where tiktoken could,
-    joined_tokenizing=True a request's texts in one tiktoken call (text/fast_bpe.py; the same ids
-    every way)."""
+    token_bucket / batch_wait_ms override the manifest's runtime settings (None: as built);
+    libstdcxx_check is "auto" (refuse where the load would crash), "require" (refuse unless
+    preloaded, on any Linux) or "skip"; fast_tokenizer=False encodes and decodes with `tokenizers` even where
+    tiktoken and the byte table could, joined_tokenizing=True a request's texts in one tiktoken
+    call (text/fast_bpe.py, text/byte_decoder.py; the same ids and texts every way)."""
     root = Path(path)
     manifest = read_manifest(root)
     if verify_files:

@@ -73,21 +73,23 @@ class PackedBuffers:
         return int(self.cu_seqlens.shape[0]) - 1
 
 
-# (tokenizer.json path, mtime, size) -> its FastEncoder, or None where it has none.
-_FAST_ENCODERS: dict[tuple, tuple[FastEncoder | None, ByteDecoder | None]] = {}
+# (tokenizer.json path, mtime, size) -> its FastEncoder and ByteDecoder, each None where it has none.
+_FAST_PATHS: dict[tuple, tuple[FastEncoder | None, ByteDecoder | None]] = {}
 
 
 class Tokenizer:
-    """HF `tokenizers` pipeline loaded from a tokenizer.json (encoding through `fast` where it has one)."""
+    """HF `tokenizers` pipeline loaded from a tokenizer.json (encoding through `fast` and decoding through
+    `decoder` where it has them)."""
 
     def __init__(self, backend: HFTokenizer, fast: FastEncoder | None = None, decoder: ByteDecoder | None = None):
         self.backend, self.fast, self.decoder = backend, fast, decoder
 
     @classmethod
     def from_dir(cls, path: str | Path, fast: bool = True, joined: bool = False) -> "Tokenizer":
-        """Load `tokenizer.json` from a model or artifact directory; `fast`: encode with tiktoken
-        where the file allows it (text/fast_bpe.py); `joined`: a request's texts in one tiktoken
-        call (same ids; off until measured on a loaded server)."""
+        """Load `tokenizer.json` from a model or artifact directory; `fast`: encode with tiktoken and
+        decode from a byte table where the file allows it (text/fast_bpe.py, text/byte_decoder.py);
+        `joined`: a request's texts in one tiktoken call (same ids; off until measured on a loaded
+        server)."""
         file = Path(path) / "tokenizer.json"
         if not file.is_file():
             raise ConfigError(f"{path} has no tokenizer.json")
@@ -98,12 +100,12 @@ class Tokenizer:
             raise ConfigError(f"{file} is not a valid tokenizers file: {exc}") from None
         if not fast:
             return cls(backend)
-        stat = file.stat()  # one version of one file gets its encoder built once per process (~1-2 s)
+        stat = file.stat()  # one version of one file gets its encoder and decoder built once per process (~1-2 s)
         key = (str(file.resolve()), stat.st_mtime_ns, stat.st_size)
-        if key not in _FAST_ENCODERS:
+        if key not in _FAST_PATHS:
             spec = json.loads(text)
-            _FAST_ENCODERS[key] = fast_encoder(spec, backend), byte_decoder(spec, backend)
-        encoder, decoder = _FAST_ENCODERS[key]
+            _FAST_PATHS[key] = fast_encoder(spec, backend), byte_decoder(spec, backend)
+        encoder, decoder = _FAST_PATHS[key]
         return cls(backend, encoder if joined or encoder is None else encoder.text_by_text(), decoder)
 
     @property
