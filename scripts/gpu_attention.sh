@@ -6,17 +6,9 @@
 #   bash scripts/gpu_attention.sh            (OUT=/dir to keep the logs; system python3)
 # About 2 minutes on an H200, most of it the AOTInductor compile of the package test.
 set -uo pipefail
-root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-cd "$root"
-OUT="${OUT:-$root/out/gpu_attention}"
-mkdir -p "$OUT"
-source "$root/scripts/gpu_install.sh"  # boundgen as an installed package (no PYTHONPATH)
-export TRITON_INTERPRET=0 PYTHONUNBUFFERED=1
-start=$SECONDS; log() { echo "[attention +$(( SECONDS - start ))s] $*"; }
-timeout 200 python3 -m pytest -q -m gpu tests/ops/test_packed_attention.py tests/ops/test_attention_aoti.py \
-  -p no:cacheprovider > "$OUT/gpu_tests.log" 2>&1
-rc=$?; log "gpu tests: exit $rc -- $(tail -n 1 "$OUT/gpu_tests.log")"
-(( rc == 0 )) || grep -E "^(FAILED|ERROR)|Error|assert" "$OUT/gpu_tests.log" | head -n 20
+source "$(dirname "${BASH_SOURCE[0]}")/gpu_kernel_steps.sh" attention  # root, OUT, install, log, gpu_tests
+gpu_tests 200 tests/ops/test_packed_attention.py tests/ops/test_attention_aoti.py
+rc=$?
 timeout 100 python3 -c "
 from boundgen.bench.kernels import bench_packed, w1_lengths
 from boundgen.bench.kernel_timing import markdown_table

@@ -6,17 +6,9 @@
 #   bash scripts/gpu_decode_mlp.sh           (OUT=/dir to keep the logs; system python3)
 # About 2 minutes on an H200.
 set -uo pipefail
-root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-cd "$root"
-OUT="${OUT:-$root/out/gpu_decode_mlp}"
-mkdir -p "$OUT"
-source "$root/scripts/gpu_install.sh"  # boundgen as an installed package (no PYTHONPATH)
-export TRITON_INTERPRET=0 PYTHONUNBUFFERED=1
-start=$SECONDS; log() { echo "[decode_mlp +$(( SECONDS - start ))s] $*"; }
-timeout 200 python3 -m pytest -q -m gpu tests/ops/test_swiglu_down.py tests/ops/test_add_rmsnorm.py \
-  -p no:cacheprovider > "$OUT/gpu_tests.log" 2>&1
-rc=$?; log "gpu tests: exit $rc -- $(tail -n 1 "$OUT/gpu_tests.log")"
-(( rc == 0 )) || grep -E "^(FAILED|ERROR)|Error|assert" "$OUT/gpu_tests.log" | head -n 20
+source "$(dirname "${BASH_SOURCE[0]}")/gpu_kernel_steps.sh" decode_mlp  # root, OUT, install, log, gpu_tests
+gpu_tests 200 tests/ops/test_swiglu_down.py tests/ops/test_add_rmsnorm.py
+rc=$?
 timeout 300 python3 -m boundgen.bench.decode_mlp --rows "${ROWS:-100,200,400,800}" > "$OUT/decode_mlp.md" \
   2> "$OUT/decode_mlp.log"
 rc2=$?; log "decode MLP benchmark: exit $rc2"

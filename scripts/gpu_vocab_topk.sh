@@ -7,17 +7,10 @@
 #                                              SELECTION_TESTS=files: only those tests)
 # About 2-3 minutes on an H200, most of it Triton compiles.
 set -uo pipefail
-root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-cd "$root"
-OUT="${OUT:-$root/out/gpu_vocab_topk}"
-mkdir -p "$OUT"
-source "$root/scripts/gpu_install.sh"  # boundgen as an installed package (no PYTHONPATH)
-export TRITON_INTERPRET=0 PYTHONUNBUFFERED=1
-start=$SECONDS; log() { echo "[vocab_topk +$(( SECONDS - start ))s] $*"; }
+source "$(dirname "${BASH_SOURCE[0]}")/gpu_kernel_steps.sh" vocab_topk  # root, OUT, install, log, gpu_tests
 # shellcheck disable=SC2086
-timeout 170 python3 -m pytest -q -m gpu ${SELECTION_TESTS:-tests/ops/test_vocab_topk.py tests/ops/test_chunk_max.py tests/ops/test_chunk_select.py} -p no:cacheprovider > "$OUT/gpu_tests.log" 2>&1
-rc=$?; log "gpu tests: exit $rc -- $(tail -n 1 "$OUT/gpu_tests.log")"
-(( rc == 0 )) || grep -E "^(FAILED|ERROR)|Error|assert" "$OUT/gpu_tests.log" | head -n 20
+gpu_tests 170 ${SELECTION_TESTS:-tests/ops/test_vocab_topk.py tests/ops/test_chunk_max.py tests/ops/test_chunk_select.py}
+rc=$?
 timeout 150 python3 -c "
 from boundgen.bench.selection import bench_vocab_topk, selection_table
 rows = []
