@@ -70,3 +70,8 @@ def one_kernel_trace_script(trace: str, grid_checks: str = "") -> str:
         'assert isinstance(grid[0], torch.fx.Node), "grid size must stay symbolic in T"',
         'print("ok")',
         ""])
+
+
+def call_targets(exported) -> list:
+    """The ops an exported program calls, in graph order: what the export tests count."""
+    return [n.target for n in exported.graph.nodes if n.op == "call_function"]

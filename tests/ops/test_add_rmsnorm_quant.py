@@ -12,7 +12,7 @@ from boundgen.ops import add_rmsnorm_quant as op
 from boundgen.ops import silu_quant
 from boundgen.ops.e4m3 import E4M3
 from tests.ops.decode_testing import assert_fp8_prefill_unchanged
-from tests.ops.kernel_testing import KERNEL_DEVICE, needs_compiled_kernel, needs_kernel
+from tests.ops.kernel_testing import KERNEL_DEVICE, call_targets, needs_compiled_kernel, needs_kernel
 from tests.ops.test_add_rmsnorm import make_inputs
 from tests.ops.test_rmsnorm import EPS
 
@@ -60,7 +60,7 @@ def test_registered_op_runs_the_reference_on_cpu_and_exports_as_one_node():
         assert torch.equal(got.float(), expected.float())
     tokens = torch.export.Dim("T", min=2, max=4096)
     exported = torch.export.export(AddNormQuant(), (x, delta, weight), dynamic_shapes=({0: tokens}, {0: tokens}, None))
-    calls = [n.target for n in exported.graph.nodes if n.op == "call_function"]
+    calls = call_targets(exported)
     assert calls.count(torch.ops.boundgen.add_rmsnorm_quant.default) == 1, calls
     assert op.IMPLEMENTATIONS["triton"] is op.add_rmsnorm_quant and op.IMPLEMENTATIONS["separate"] is None
 

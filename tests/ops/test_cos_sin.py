@@ -14,7 +14,7 @@ import torch
 from boundgen.ops import cos_sin as op
 from boundgen.ops import rope
 from tests.ops.decode_testing import assert_decode_unchanged
-from tests.ops.kernel_testing import KERNEL_DEVICE, needs_compiled_kernel, needs_kernel
+from tests.ops.kernel_testing import KERNEL_DEVICE, call_targets, needs_compiled_kernel, needs_kernel
 from tests.ops.ulp import ulp_distance
 
 
@@ -76,7 +76,7 @@ def test_op_exports_as_one_node_and_runs_the_reference_on_cpu():
     positions, inv_freq = make_positions(12), rope.inv_freq(64, 1e6)
     rows = torch.export.Dim("T", min=1, max=4096)
     exported = torch.export.export(Tables(), (positions, inv_freq), dynamic_shapes=({0: rows}, None))
-    calls = [n.target for n in exported.graph.nodes if n.op == "call_function"]
+    calls = call_targets(exported)
     assert calls.count(torch.ops.boundgen.cos_sin.default) == 1, calls
     other = make_positions(33, seed=1)
     for got, expected in zip(exported.module()(other, inv_freq), op.reference(other, inv_freq, torch.bfloat16)):

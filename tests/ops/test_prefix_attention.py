@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from boundgen.ops import prefix_attention as op
-from tests.ops.kernel_testing import (KERNEL_DEVICE, assert_script_prints_ok, needs_compiled_kernel,
+from tests.ops.kernel_testing import (KERNEL_DEVICE, assert_script_prints_ok, call_targets, needs_compiled_kernel,
                                      needs_kernel)
 
 TOLERANCE = {torch.float32: 2e-5, torch.float16: 3e-3, torch.bfloat16: 2e-2}
@@ -219,7 +219,7 @@ def test_op_exports_once_for_every_suffix_len(lowering):
     exported = torch.export.export(_Step(lowering),
                                    (q, kp, vp, kb.contiguous(), vb.contiguous(), n, cu),
                                    dynamic_shapes=shapes)
-    calls = [node.target for node in exported.graph.nodes if node.op == "call_function"]
+    calls = call_targets(exported)
     assert torch.ops.aten._local_scalar_dense.default not in calls  # no .item(): n stays a tensor
     if lowering == "triton":
         assert calls == [torch.ops.boundgen.prefix_attention.default]

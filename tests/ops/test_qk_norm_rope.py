@@ -13,7 +13,7 @@ from boundgen.model.qwen import QwenModel
 from boundgen.ops import qk_norm_rope as op
 from boundgen.ops import rope
 from boundgen.ops.lowering import OpLowering
-from tests.ops.kernel_testing import KERNEL_DEVICE, needs_compiled_kernel, needs_kernel
+from tests.ops.kernel_testing import KERNEL_DEVICE, call_targets, needs_compiled_kernel, needs_kernel
 from tests.ops.ulp import ulp_distance
 
 EPS = 1e-6
@@ -87,7 +87,7 @@ def test_registered_op_runs_the_reference_on_cpu_and_exports_as_one_node():
     tokens = torch.export.Dim("T", min=2, max=4096)
     exported = torch.export.export(Fused(), tuple(inputs),
                                    dynamic_shapes=({0: tokens}, None, None, {0: tokens}, {0: tokens}))
-    calls = [n.target for n in exported.graph.nodes if n.op == "call_function"]
+    calls = call_targets(exported)
     assert calls.count(torch.ops.boundgen.qk_norm_rope.default) == 1
     assert op.IMPLEMENTATIONS["separate"] is None
 

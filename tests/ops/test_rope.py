@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from boundgen.ops import rope as op
-from tests.ops.kernel_testing import (KERNEL_DEVICE, assert_script_prints_ok, needs_compiled_kernel,
+from tests.ops.kernel_testing import (KERNEL_DEVICE, assert_script_prints_ok, call_targets, needs_compiled_kernel,
                                      needs_kernel, one_kernel_trace_script)
 from tests.ops.ulp import ulp_distance
 
@@ -100,7 +100,7 @@ def test_op_survives_export_as_one_node_with_dynamic_tokens():
     tokens = torch.export.Dim("T", min=2, max=4096)
     exported = torch.export.export(_Rotate(), (qkv, cos, sin),
                                    dynamic_shapes=({0: tokens}, {0: tokens}, {0: tokens}))
-    calls = [n.target for n in exported.graph.nodes if n.op == "call_function"]
+    calls = call_targets(exported)
     assert calls.count(torch.ops.boundgen.rope.default) == 1
     assert all(target in (torch.ops.aten.slice.Tensor, torch.ops.aten.view.default,
                           torch.ops.aten.reshape.default, torch.ops.boundgen.rope.default)

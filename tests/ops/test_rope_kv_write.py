@@ -9,7 +9,7 @@ import torch
 
 from boundgen.ops import rope_kv_write as op
 from tests.ops.decode_testing import assert_decode_unchanged
-from tests.ops.kernel_testing import KERNEL_DEVICE, needs_compiled_kernel, needs_kernel
+from tests.ops.kernel_testing import KERNEL_DEVICE, call_targets, needs_compiled_kernel, needs_kernel
 
 
 def make_inputs(rows, heads, head_dim, slots, dtype, device="cpu", seed=0, layers=3):
@@ -103,7 +103,7 @@ def test_the_writes_survive_export_and_an_aoti_package(tmp_path):
     rows = torch.export.Dim("B", min=2, max=4096)
     shapes = ({0: rows}, {0: rows}, {0: rows}, {1: rows}, {1: rows}, None)
     exported = torch.export.export(_Write(), (qkv, cos, sin, suffix_k, suffix_v, step), dynamic_shapes=shapes)
-    calls = [n.target for n in exported.graph.nodes if n.op == "call_function"]
+    calls = call_targets(exported)
     assert any("rope_kv_write" in str(t) for t in calls), calls
     with torch._functorch.config.patch(decompose_custom_triton_ops=False):
         package = torch._inductor.aoti_load_package(torch._inductor.aoti_compile_and_package(

@@ -11,7 +11,7 @@ import torch
 from boundgen.ops import silu_quant as op
 from boundgen.ops.e4m3 import E4M3, E4M3_MAX
 from tests.ops.decode_testing import assert_fp8_prefill_unchanged
-from tests.ops.kernel_testing import KERNEL_DEVICE, needs_compiled_kernel, needs_kernel
+from tests.ops.kernel_testing import KERNEL_DEVICE, call_targets, needs_compiled_kernel, needs_kernel
 
 
 def make_x(num_rows, inter, dtype, device="cpu", seed=0):
@@ -91,7 +91,7 @@ def test_registered_op_runs_the_reference_on_cpu_and_exports_as_one_node():
         assert torch.equal(got.float(), expected.float())
     rows = torch.export.Dim("T", min=2, max=4096)
     exported = torch.export.export(Quant(), (x,), dynamic_shapes=({0: rows},))
-    calls = [n.target for n in exported.graph.nodes if n.op == "call_function"]
+    calls = call_targets(exported)
     assert calls.count(torch.ops.boundgen.silu_quant.default) == 1, calls
     assert op.IMPLEMENTATIONS["triton"] is op.silu_quant and op.IMPLEMENTATIONS["separate"] is None
 

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from boundgen.ops import add_rmsnorm, silu_mul
 from boundgen.ops import swiglu_down as op
 from tests.ops.decode_testing import assert_decode_unchanged
-from tests.ops.kernel_testing import KERNEL_DEVICE, needs_compiled_kernel, needs_kernel
+from tests.ops.kernel_testing import KERNEL_DEVICE, call_targets, needs_compiled_kernel, needs_kernel
 from tests.ops.test_rmsnorm import EPS, assert_matches_reference
 
 SMALL = (16, 16, 16, 4, 2)  # BLOCK_M, BLOCK_N, BLOCK_K, warps, stages: many programs on tiny inputs
@@ -105,7 +105,7 @@ def test_registered_op_runs_the_reference_on_cpu_and_exports_as_one_node():
     assert torch.equal(torch.ops.boundgen.swiglu_down(x, weight), op.reference(x, weight))
     rows = torch.export.Dim("T", min=2, max=4096)
     exported = torch.export.export(Tail(), (x, weight), dynamic_shapes=({0: rows}, None))
-    calls = [n.target for n in exported.graph.nodes if n.op == "call_function"]
+    calls = call_targets(exported)
     assert calls.count(torch.ops.boundgen.swiglu_down.default) == 1, calls
     x2, _ = make_inputs(13, 16, 600, torch.float32, seed=2)
     got = exported.module()(x2, weight)

@@ -13,7 +13,8 @@ import torch
 
 from boundgen.bench import selection
 from boundgen.ops import vocab_topk as op
-from tests.ops.kernel_testing import KERNEL_DEVICE, assert_script_prints_ok, needs_compiled_kernel, needs_kernel
+from tests.ops.kernel_testing import (KERNEL_DEVICE, assert_script_prints_ok, call_targets, needs_compiled_kernel,
+                                     needs_kernel)
 
 
 def stable_reference(logits, bias, k):
@@ -169,7 +170,7 @@ def test_op_survives_export_as_one_node_with_dynamic_rows():
     rows = torch.export.Dim("M", min=2, max=4096)
     logits, bias = make_input(9, 64, torch.float32)
     exported = torch.export.export(_Expand(), (logits, bias), dynamic_shapes=({0: rows}, None))
-    calls = [n.target for n in exported.graph.nodes if n.op == "call_function"]
+    calls = call_targets(exported)
     assert torch.ops.boundgen.vocab_topk.default in calls
     logits2, _ = make_input(37, 64, torch.float32, seed=3)
     got, want = exported.module()(logits2, bias), op.reference(logits2, bias, 5)
@@ -231,7 +232,7 @@ def assert_lowering_exports(lowering, ops):
     logits, bias = make_input(9, 640, torch.float32, barred=(3,))
     exported = torch.export.export(Select(), (logits, bias),
                                    dynamic_shapes=({0: torch.export.Dim("M", min=2, max=4096)}, None))
-    calls = [n.target for n in exported.graph.nodes if n.op == "call_function"]
+    calls = call_targets(exported)
     assert all(calls.count(o) == 1 for o in ops), calls
     logits2, _ = make_input(37, 640, torch.float32, seed=3)
     got, want = exported.module()(logits2, bias), stable_reference(logits2, bias, 5)
