@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from boundgen.bench.gemms import cold_copies
-from boundgen.bench.kernel_timing import KernelTiming, gpu_time_us, markdown_table
+from boundgen.bench.kernel_timing import KernelTiming, markdown_table, measure
 from boundgen.ops import add_rmsnorm, rmsnorm, silu_mul, swiglu_down
 
 EPS = 1e-6
@@ -66,19 +66,11 @@ def bench_decode_mlp(rows: int, hidden: int = 896, inter: int = 4864, sweep=SWEE
     for *config, k_split in sweep:
         impls[f"triton, config {tuple(config)} k_split {k_split}"] = (
             lambda c=tuple(config), k=k_split: triton_tail(x, weight(), h, norm_weight, k, c))
-    expected = [t.float() for t in reference_tail(x, w, h, norm_weight)]
     flops = 2.0 * rows * hidden * inter
     nbytes = float((hidden * inter + 2 * rows * inter + 3 * rows * hidden) * dtype.itemsize)
     case = f"decode MLP tail rows={rows} H={hidden} I={inter}" + (", weights from HBM" if cold else "")
-    timings = []
-    for impl, fn in impls.items():
-        try:
-            err = max((got.float() - want).abs().max().item() for got, want in zip(fn(), expected))
-            timings.append(KernelTiming(case, impl, gpu_time_us(fn, max(calls, len(copies)), replays), flops,
-                                        nbytes, err))
-        except Exception as exc:  # a config that does not fit (shared memory) must not hide the rest
-            print(f"{case}: {impl} failed: {type(exc).__name__}: {str(exc)[:200]}", file=sys.stderr)
-    return timings
+    return measure(case, impls, (flops, nbytes), max(calls, len(copies)), replays,
+                   reference=lambda: reference_tail(x, w, h, norm_weight))
 
 
 def main(argv=None) -> int:

@@ -1,5 +1,5 @@
-"""What the kernel benchmarks share (bench/kernels.py, bench/selection.py): a timing row, the GPU
-time of a call, the markdown table.
+"""What the kernel benchmarks share (bench/kernels.py, bench/selection.py, bench/decode_mlp.py): a
+timing row, the GPU time of a call, timing implementations against a reference, the markdown table.
 
 Timing: GPU time per call, a CUDA graph of `calls` back-to-back calls replayed `replays` times
 (median), so host launch overhead is out and L2 is warm. Ceilings from ../shared/GPU.md.
@@ -8,6 +8,7 @@ Timing: GPU time per call, a CUDA graph of `calls` back-to-back calls replayed `
 from __future__ import annotations
 
 import statistics
+import sys
 from dataclasses import dataclass
 from typing import Callable
 
@@ -58,6 +59,26 @@ def gpu_time_us(fn: Callable[[], object], calls: int = 20, replays: int = 10) ->
         end.synchronize()
         times.append(start.elapsed_time(end) * 1e3 / calls)
     return statistics.median(times)
+
+
+def measure(case: str, impls: dict[str, Callable[[], object]], work: tuple[float, float], calls: int, replays: int,
+            compared: Callable | None = None, reference: Callable | None = None) -> list[KernelTiming]:
+    """Each implementation's GPU time and its largest error against the reference over all its
+    outputs (a tensor or a tuple of them): `reference()`, untimed, or else the "torch reference"
+    entry of `impls`; `compared(output)`, untimed, where outputs are not compared as they come,
+    e.g. E4M3 values and their scales. `work`: (FLOPs, bytes) of a call."""
+    def outputs(fn):
+        out = fn() if compared is None else compared(fn())
+        return [t.float() for t in (out if isinstance(out, tuple) else (out,))]
+    expected = outputs(reference or impls["torch reference"])
+    rows = []
+    for impl, fn in impls.items():
+        try:
+            err = max((got - want).abs().max().item() for got, want in zip(outputs(fn), expected))
+            rows.append(KernelTiming(case, impl, gpu_time_us(fn, calls, replays), *work, err))
+        except Exception as exc:  # a launch config that does not fit (shared memory) must not hide the rest
+            print(f"{case}: {impl} failed: {type(exc).__name__}: {str(exc)[:200]}", file=sys.stderr)
+    return rows
 
 
 def markdown_table(rows: list[KernelTiming]) -> str:

@@ -34,12 +34,11 @@ from __future__ import annotations
 
 import functools
 import sys
-from typing import Callable
 
 import torch
 import torch.nn.functional as F
 
-from boundgen.bench.kernel_timing import KernelTiming, gpu_time_us, markdown_table
+from boundgen.bench.kernel_timing import KernelTiming, markdown_table, measure
 from boundgen.bench.selection import run_selection_benchmarks
 from boundgen.ops import (packed_attention, prefix_attention, qk_norm_rope, rmsnorm, rope, rope_kv_write, silu_mul,
                           silu_quant)
@@ -66,25 +65,6 @@ def prefix_work(width: int, prefix_len: int, suffix_len: int, num_q_heads: int,
     flops = 4.0 * head_dim * num_q_heads * width * (prefix_len + suffix_len)
     elems = 2 * width * num_q_heads + 2 * (prefix_len + width * suffix_len) * num_kv_heads
     return flops, float(elems * head_dim * elem_bytes)
-
-
-def _measure(case: str, impls: dict[str, Callable[[], torch.Tensor | tuple[torch.Tensor, ...]]],
-             work: tuple[float, float], calls: int, replays: int, compared=None) -> list[KernelTiming]:
-    """Each implementation's GPU time and its largest error against "torch reference" over all its
-    outputs (a tensor or a tuple of them; `compared(output)`, untimed, where they are not compared
-    as they come, e.g. E4M3 values and their scales)."""
-    def outputs(fn):
-        out = fn() if compared is None else compared(fn())
-        return [t.float() for t in (out if isinstance(out, tuple) else (out,))]
-    expected = outputs(impls["torch reference"])
-    rows = []
-    for impl, fn in impls.items():
-        try:
-            err = max((got - want).abs().max().item() for got, want in zip(outputs(fn), expected))
-            rows.append(KernelTiming(case, impl, gpu_time_us(fn, calls, replays), *work, err))
-        except Exception as exc:  # a launch config that does not fit (shared memory) must not hide the rest
-            print(f"{case}: {impl} failed: {type(exc).__name__}: {str(exc)[:200]}", file=sys.stderr)
-    return rows
 
 
 def w1_lengths(seed: int = 0, count: int = 15, low: int = 48, high: int = 256) -> list[int]:
@@ -134,7 +114,7 @@ def bench_packed(lengths: list[int], heads=(16, 8), head_dim: int = 128, device:
                 lambda c=config: packed_attention.launch(q, k, v, cu_seqlens, scale, *c))
     case = (f"packed B={len(lengths)} T={tokens} L={min(lengths)}-{max(lengths)} "
             f"heads {num_q_heads}/{num_kv_heads} D={head_dim}")
-    return _measure(case, impls, packed_work(lengths, num_q_heads, num_kv_heads, head_dim,
+    return measure(case, impls, packed_work(lengths, num_q_heads, num_kv_heads, head_dim,
                                              dtype.itemsize), calls, replays)
 
 
@@ -181,7 +161,7 @@ def bench_prefix(width: int, prefix_len: int, suffix_len: int, heads=(14, 2), he
             f"{num_q_heads}/{num_kv_heads} D={head_dim}")
     flops, nbytes = prefix_work(width, prefix_len, suffix_len, num_q_heads, num_kv_heads, head_dim,
                                 dtype.itemsize)
-    return _measure(case, impls, (requests * flops, requests * nbytes), calls, replays)
+    return measure(case, impls, (requests * flops, requests * nbytes), calls, replays)
 
 
 def _qkv_view(num_tokens: int, num_heads: int, head_dim: int, device: str, dtype: torch.dtype):
@@ -204,7 +184,7 @@ def bench_rmsnorm(num_tokens: int, hidden: int, num_heads: int | None = None, de
     impls = {"triton": lambda: rmsnorm.launch(x, weight, 1e-6),
              "torch reference": lambda: rmsnorm.reference(x, weight, 1e-6)}
     work = (4.0 * x.numel(), float((2 * x.numel() + hidden) * dtype.itemsize))
-    return _measure(case, impls, work, calls, replays)
+    return measure(case, impls, work, calls, replays)
 
 
 def bench_rope(num_tokens: int, num_heads: int, head_dim: int, strided: bool, device: str = "cuda",
@@ -219,7 +199,7 @@ def bench_rope(num_tokens: int, num_heads: int, head_dim: int, strided: bool, de
              "torch reference": lambda: rope.reference(x, cos, sin)}
     work = (3.0 * x.numel(), float((2 * x.numel() + 2 * cos.numel()) * dtype.itemsize))
     case = f"rope T={num_tokens} N={num_heads} D={head_dim}{' qkv view' if strided else ''}"
-    return _measure(case, impls, work, calls, replays)
+    return measure(case, impls, work, calls, replays)
 
 
 # qk_norm_rope launch configs (BLOCK_T, num_warps) timed beside the default.
@@ -253,7 +233,7 @@ def bench_qk_norm_rope(num_tokens: int, heads=(16, 8), head_dim: int = 128, devi
                 lambda b=block_t, w=warps: qk_norm_rope.launch(*args, block_t=b, num_warps=w))
     elements = num_tokens * (num_q + num_kv) * head_dim
     work = (8.0 * elements, float((2 * elements + 2 * cos.numel()) * dtype.itemsize))
-    return _measure(f"qk_norm_rope T={num_tokens} heads={num_q}/{num_kv} D={head_dim}", impls, work, calls, replays)
+    return measure(f"qk_norm_rope T={num_tokens} heads={num_q}/{num_kv} D={head_dim}", impls, work, calls, replays)
 
 
 def bench_rope_kv_write(rows: int, heads=(14, 2), head_dim: int = 64, slots: int = 4, layers: int = 24,
@@ -280,7 +260,7 @@ def bench_rope_kv_write(rows: int, heads=(14, 2), head_dim: int = 64, slots: int
         impls[f"fused triton, BLOCK_T={block_t}"] = run(functools.partial(rope_kv_write.launch, block_t=block_t))
     elements = rows * (num_q + 2 * num_kv) * head_dim
     work = (6.0 * rows * (num_q + num_kv) * head_dim, float((2 * elements + 2 * cos.numel()) * dtype.itemsize))
-    return _measure(f"rope_kv_write B={rows} heads={num_q}/{num_kv} D={head_dim}", impls, work, calls, replays)
+    return measure(f"rope_kv_write B={rows} heads={num_q}/{num_kv} D={head_dim}", impls, work, calls, replays)
 
 
 def bench_silu_mul(num_tokens: int, inter: int, device: str = "cuda", calls: int = 20,
@@ -289,7 +269,7 @@ def bench_silu_mul(num_tokens: int, inter: int, device: str = "cuda", calls: int
     impls = {"triton": lambda: silu_mul.launch(x),
              "torch reference": lambda: silu_mul.reference(x)}
     work = (5.0 * num_tokens * inter, float(3 * num_tokens * inter * dtype.itemsize))
-    return _measure(f"silu_mul T={num_tokens} I={inter}", impls, work, calls, replays)
+    return measure(f"silu_mul T={num_tokens} I={inter}", impls, work, calls, replays)
 
 
 def bench_silu_quant(num_tokens: int, inter: int = 3072, device: str = "cuda", calls: int = 20, replays: int = 10,
@@ -306,7 +286,7 @@ def bench_silu_quant(num_tokens: int, inter: int = 3072, device: str = "cuda", c
         impls[f"triton, fast divisions, BLOCK_T={block_t} w{warps}"] = functools.partial(
             silu_quant.launch, x, block_t, warps, False)
     work = (5.0 * num_tokens * inter, float(num_tokens * inter * (2 * dtype.itemsize + 1)))
-    return _measure(f"silu_quant T={num_tokens} I={inter}", impls, work, calls, replays,
+    return measure(f"silu_quant T={num_tokens} I={inter}", impls, work, calls, replays,
                     compared=lambda out: out[0].float() * out[1])  # dequantized values
 
 

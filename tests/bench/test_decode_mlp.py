@@ -5,12 +5,12 @@ import os
 
 import pytest
 
-from boundgen.bench import decode_mlp
+from boundgen.bench import decode_mlp, kernel_timing
 
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="needs TRITON_INTERPRET=1")
 def test_every_implementation_agrees_with_the_reference_on_cpu(monkeypatch):
-    monkeypatch.setattr(decode_mlp, "gpu_time_us", lambda fn, calls, replays: 1.0)
+    monkeypatch.setattr(kernel_timing, "gpu_time_us", lambda fn, calls, replays: 1.0)
     sweep = [(16, 16, 16, 4, 2, 32), (32, 32, 32, 4, 2, 64)]
     rows = decode_mlp.bench_decode_mlp(5, hidden=32, inter=96, sweep=sweep, device="cpu", cold=False)
     assert [r.impl for r in rows] == (["inductor + cublas", "triton swiglu_down + add_rmsnorm"]

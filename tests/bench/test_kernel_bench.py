@@ -5,7 +5,7 @@ import os
 import pytest
 import torch
 
-from boundgen.bench import kernels, selection
+from boundgen.bench import kernel_timing, kernels, selection
 from boundgen.ops import vocab_topk
 
 
@@ -52,7 +52,7 @@ def test_gpu_kernel_benchmark_runs_small():
 def test_every_implementation_agrees_with_the_reference_on_cpu(monkeypatch):
     """The benchmark's SDPA wrappers (padding, concatenation) and kernel variants compute the same
     attention; timing replaced, kernels interpreted, tiny fp32 shapes."""
-    monkeypatch.setattr(kernels, "gpu_time_us", lambda fn, calls, replays: 1.0)
+    monkeypatch.setattr(kernel_timing, "gpu_time_us", lambda fn, calls, replays: 1.0)
     rows = kernels.bench_packed([5, 1, 9], heads=(4, 2), head_dim=16, device="cpu", dtype=torch.float32)
     rows += kernels.bench_prefix(3, 7, 2, heads=(4, 2), head_dim=16, device="cpu", dtype=torch.float32)
     rows += kernels.bench_prefix(3, 7, 2, heads=(4, 2), head_dim=16, device="cpu", dtype=torch.float32,
@@ -66,7 +66,7 @@ def test_every_implementation_agrees_with_the_reference_on_cpu(monkeypatch):
 def test_elementwise_benchmarks_agree_with_the_reference_on_cpu(monkeypatch):
     """The elementwise cases build the inputs the kernels expect (views included); timing
     replaced, kernels interpreted, tiny fp32 shapes."""
-    monkeypatch.setattr(kernels, "gpu_time_us", lambda fn, calls, replays: 1.0)
+    monkeypatch.setattr(kernel_timing, "gpu_time_us", lambda fn, calls, replays: 1.0)
     kw = dict(device="cpu", dtype=torch.float32)
     rows = (kernels.bench_rmsnorm(5, 48, **kw) + kernels.bench_rmsnorm(5, 16, num_heads=3, **kw)
             + kernels.bench_rope(5, 3, 16, strided=True, **kw)
@@ -100,7 +100,7 @@ def test_selection_benchmark_agrees_with_the_reference_on_cpu(monkeypatch):
 def test_qk_norm_rope_benchmark_agrees_with_the_reference_on_cpu(monkeypatch):
     """Every form of q/k norm + RoPE (compiled reference, separate Triton ops, the fused kernel and
     its sweep) gives the reference's q and k: within one bf16 ulp of values up to ~4."""
-    monkeypatch.setattr(kernels, "gpu_time_us", lambda fn, calls, replays: 1.0)
+    monkeypatch.setattr(kernel_timing, "gpu_time_us", lambda fn, calls, replays: 1.0)
     rows = kernels.bench_qk_norm_rope(5, heads=(4, 2), head_dim=16, device="cpu")
     assert [r.impl for r in rows] == (["torch reference", "inductor (reference compiled)",
                                        "triton rmsnorm + rope (4 launches)", "fused triton"]
@@ -112,7 +112,7 @@ def test_qk_norm_rope_benchmark_agrees_with_the_reference_on_cpu(monkeypatch):
 def test_rope_kv_write_benchmark_agrees_with_the_reference_on_cpu(monkeypatch):
     """The fused kernel gives the reference's q and slot exactly; Inductor's compile of the reference
     within a bf16 ulp (it keeps RoPE's intermediate products in FP32, ops/rope.py)."""
-    monkeypatch.setattr(kernels, "gpu_time_us", lambda fn, calls, replays: 1.0)
+    monkeypatch.setattr(kernel_timing, "gpu_time_us", lambda fn, calls, replays: 1.0)
     rows = kernels.bench_rope_kv_write(6, heads=(4, 2), head_dim=16, slots=3, layers=2, device="cpu", block_ts=(1, 4))
     assert [r.impl for r in rows] == ["torch reference", "inductor (reference compiled)", "fused triton",
                                       "fused triton, BLOCK_T=1", "fused triton, BLOCK_T=4"]
@@ -124,7 +124,7 @@ def test_rope_kv_write_benchmark_agrees_with_the_reference_on_cpu(monkeypatch):
 def test_silu_quant_benchmark_agrees_with_the_reference_on_cpu(monkeypatch):
     """Every form of SwiGLU + E4M3 quantization dequantizes to the reference's values within an
     E4M3 ulp of the row's largest (a 1/8 of its scale x 448, at most)."""
-    monkeypatch.setattr(kernels, "gpu_time_us", lambda fn, calls, replays: 1.0)
+    monkeypatch.setattr(kernel_timing, "gpu_time_us", lambda fn, calls, replays: 1.0)
     rows = kernels.bench_silu_quant(4, inter=64, device="cpu", configs=((1, 4), (2, 4)))
     assert [r.impl for r in rows] == ["torch reference", "inductor (reference compiled)", "triton, IEEE divisions",
                                       "triton, fast divisions, BLOCK_T=1 w4", "triton, fast divisions, BLOCK_T=2 w4"]
