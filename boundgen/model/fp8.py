@@ -73,19 +73,19 @@ def emulated_scaled_mm(x_q, x_scale, w_q, w_scale, out_dtype) -> torch.Tensor:
     return ((x_q.float() * x_scale) @ (w_q.float() * w_scale).t()).to(out_dtype)
 
 
-def check_mode(mode: str, dtype: str) -> None:
+def check_mode(mode: str, dtype: str | None = None) -> None:
+    """A known mode, and (with `dtype`) one that the model dtype allows."""
     if mode not in MODES:
         raise ConfigError(f"fp8 must be one of {', '.join(MODES)}; got {mode!r}")
-    if mode != "none" and dtype != "bfloat16":
+    if dtype is not None and mode != "none" and dtype != "bfloat16":
         raise ConfigError(f"--fp8 {mode} needs --dtype bfloat16 (rowwise FP8 GEMMs write bf16); got {dtype}")
 
 
 def quantize(model: nn.Module, mode: str) -> nn.Module:
     """Put the projections `mode` names in FP8, in place ("none": leave the model as it is)."""
+    check_mode(mode)
     if mode == "none":
         return model
-    if mode != "mlp":
-        raise ConfigError(f"fp8 must be one of {', '.join(MODES)}; got {mode!r}")
     for layer in model.layers:
         mlp = layer.mlp
         mlp.gate_up_proj = FP8Linear(mlp.gate_up_proj)
