@@ -69,6 +69,11 @@ def register(sub):
     p.add_argument("--allow-client-shm", action="store_true",
                    help="let clients on this host register system shared memory regions and pass tensors through "
                         "them (Triton's flag; off: the server never maps a client's memory; docs/serving.md)")
+    p.add_argument("--frontends", type=_positive_int, default=None, metavar="N",
+                   help="front-end processes that handle the protocols, tokenizing and result encoding around "
+                        "one engine process (sharing the ports); 1: everything in this process (default: one per "
+                        "four usable cores, 1 to 8, and 1 below four cores or with --model-repository, "
+                        "--allow-client-shm, --replicas, --gpus or --ray)")
     runtime = p.add_argument_group("runtime (override the artifact's manifest without a rebuild; default: as built)")
     runtime.add_argument("--contexts", type=_positive_int, default=None, metavar="N",
                          help="request contexts preallocated at load (model calls in flight at once)")
@@ -199,6 +204,11 @@ def run(args, engine_factory=None, worker_command=None):
 
     exit_with_parent()  # a --replicas / --gpus worker: exit with its front end
     if args.replicas is None and args.gpus is None:
+        frontends = _frontends(args, engine_factory is None)
+        if frontends > 1:
+            from boundgen.server.deploy.frontends import serve_frontends
+
+            return serve_frontends(args.artifacts, config, frontends, factory)
         return serve(args.artifacts, config, factory)
     if args.gpus is not None:
         gpus = parse_gpus(args.gpus, _cuda_device_count)
@@ -209,6 +219,25 @@ def run(args, engine_factory=None, worker_command=None):
     # The front end admits (workers' in-flight limit) x (workers) per model, from the workers' own.
     config = dataclasses.replace(config, max_inflight=None)
     return serve_replicas(args.artifacts, config, gpus, worker_args(args), worker_command)
+
+
+SINGLE_PROCESS_FLAGS = ("model_repository", "allow_client_shm", "replicas", "gpus", "ray")
+
+
+def _frontends(args, default_factory: bool) -> int:
+    """Front-end processes: --frontends, else one per four cores (frontends.default_frontends), else 1
+    where a feature needs everything in one process (a repository load, client shared memory)."""
+    single = [name for name in SINGLE_PROCESS_FLAGS if getattr(args, name) not in (None, False)]
+    if args.frontends is None:
+        if single or not default_factory:
+            return 1
+        from boundgen.server.deploy.frontends import default_frontends
+
+        return default_frontends()
+    if args.frontends > 1 and single:
+        raise ConfigError(f"--frontends {args.frontends} cannot be combined with --{single[0].replace('_', '-')} "
+                          "(it needs one process that loads, maps and serves everything); use --frontends 1")
+    return args.frontends
 
 
 def _serve_on_ray(args, config, factory):

@@ -46,7 +46,9 @@ from boundgen.runtime.waiting import refusal, wait_slice
 
 
 @dataclass(eq=False)  # compared by identity: the queue removes this very entry
-class _Entry:
+class Ticket:
+    """A queued request: what the batcher's caller holds to learn its result or withdraw it."""
+
     item: object
     deadline: float | None
     submitted: float
@@ -67,7 +69,7 @@ class Batcher:
         self._run_batch, self._fits, self._name, self._clock = run_batch, fits, name, clock
         self._linger = max(0.0, float(linger_s))
         self._last_call = (float("-inf"), 0)  # (when the last call ended, requests expected after it)
-        self._waiting: collections.deque[_Entry] = collections.deque()
+        self._waiting: collections.deque[Ticket] = collections.deque()
         self._cond = threading.Condition()
         self._closed = False
         self.batches = 0  # calls made
@@ -79,11 +81,16 @@ class Batcher:
         for t in self._threads:
             t.start()
 
-    def submit(self, item, deadline: float | None = None, cancelled: threading.Event | None = None):
-        """Run `item` in some batch; block until its result is ready and return it (or raise).
-        Raises DeadlineExceeded, without running `item`, if `deadline` passes before a worker takes
-        it, and Cancelled if `cancelled` is set before then."""
-        entry = _Entry(item, deadline, self._clock(), cancelled)
+    @property
+    def queued(self) -> int:
+        """Requests waiting for a call now (the one queue's length: admission's bound)."""
+        return len(self._waiting)
+
+    def enqueue(self, item, deadline: float | None = None, cancelled: threading.Event | None = None) -> "Ticket":
+        """Queue `item` for some call without waiting: its ticket's `future` gets the result (or the
+        error). Raises DeadlineExceeded or Cancelled, without queueing it, if it is already gone;
+        `withdraw(ticket)` takes it back out while it still waits."""
+        entry = Ticket(item, deadline, self._clock(), cancelled)
         gone = entry.gone(entry.submitted)
         if gone == "cancelled":
             raise Cancelled(f"the request was cancelled before it reached model {self._name}; it was not run")
@@ -95,27 +102,40 @@ class Batcher:
                 raise RuntimeError("the engine is closed")
             self._waiting.append(entry)
             self._cond.notify()
-        while not self._wait(entry):
-            now = self._clock()
-            gone = entry.gone(now)
-            if gone is None:
-                continue  # a cancellation poll: still wanted, still waiting
-            with self._cond:
-                queued = entry in self._waiting
-                if queued:
-                    self._waiting.remove(entry)
-                    self._count(gone)
+        return entry
+
+    def withdraw(self, entry: "Ticket") -> bool:
+        """Take a waiting request back out of the queue and fail its future (DeadlineExceeded if its
+        deadline has passed, else Cancelled); False if a worker already took it (it runs to the end)."""
+        now = self._clock()
+        gone = entry.gone(now) or "cancelled"
+        with self._cond:
+            queued = entry in self._waiting
             if queued:
-                raise self._error(entry, gone, now)
-            break  # taken just in time (it runs), or failed by the worker's own check: wait for it
+                self._waiting.remove(entry)
+                self._count(gone)
+        if queued and not entry.future.done():
+            entry.future.set_exception(self._error(entry, gone, now))
+        return queued
+
+    def submit(self, item, deadline: float | None = None, cancelled: threading.Event | None = None):
+        """Run `item` in some batch; block until its result is ready and return it (or raise).
+        Raises DeadlineExceeded, without running `item`, if `deadline` passes before a worker takes
+        it, and Cancelled if `cancelled` is set before then."""
+        entry = self.enqueue(item, deadline, cancelled)
+        while not self._wait(entry):
+            if entry.gone(self._clock()) is None:
+                continue  # a cancellation poll: still wanted, still waiting
+            self.withdraw(entry)  # taken just in time, it runs; else it fails here with why
+            break
         return entry.future.result()
 
-    def _wait(self, entry: _Entry) -> bool:
+    def _wait(self, entry: Ticket) -> bool:
         """Wait for the entry's result until its deadline or the next look at its cancelled event;
         True if the result is ready."""
         return bool(wait([entry.future], wait_slice(self._clock(), entry.deadline, entry.cancelled)).done)
 
-    def _take(self) -> tuple[list[_Entry], list[tuple[_Entry, str]], float] | None:
+    def _take(self) -> tuple[list[Ticket], list[tuple[Ticket, str]], float] | None:
         """The next batch, the waiting requests dropped (cancelled or expired) with why, and when
         they were dropped; None once closed and drained."""
         with self._cond:
@@ -190,7 +210,7 @@ class Batcher:
         else:
             self.expired += 1
 
-    def _error(self, entry: _Entry, gone: str, now: float) -> Exception:
+    def _error(self, entry: Ticket, gone: str, now: float) -> Exception:
         waited = f"{(now - entry.submitted) * 1e3:.1f} ms waiting for model {self._name} (its calls were busy)"
         if gone == "cancelled":
             return Cancelled(f"the request was cancelled after {waited}; it was not run")

@@ -21,13 +21,14 @@ from __future__ import annotations
 
 import threading
 import time
+from dataclasses import dataclass
 from typing import Sequence
 
 import torch
 
 from boundgen.artifact.manifest import RuntimeConfig
 from boundgen.errors import InvalidInput
-from boundgen.runtime.batcher import Batcher
+from boundgen.runtime.batcher import Batcher, Ticket
 from boundgen.runtime.context import RequestContext
 from boundgen.runtime.engine import Engine, EngineSpec
 from boundgen.runtime.graphs import GraphRunner
@@ -36,6 +37,28 @@ from boundgen.runtime.results import BeamResult, ScoreResult
 from boundgen.text.tokenizer import PackedBatch
 
 SCORE_REQUESTS_PER_CALL = 8  # admission's room per context when score requests share calls
+
+
+@dataclass(frozen=True)
+class Queued:
+    """A tokenized request waiting in the batcher's queue (caller thread -> batch worker)."""
+
+    packed: PackedBatch
+    submitted: float  # time.perf_counter() when it was queued
+
+
+@dataclass(frozen=True)
+class CallShare:
+    """A request's part of a call's host outputs (batch worker -> caller): the rows its encoder
+    turns into a result, and what the call cost it."""
+
+    rows: list  # [np.ndarray]: the program's outputs, this request's rows
+    queue_s: float  # queued until its call started
+    model_s: float  # the call, staging to rows on the host
+    requests_in_call: int
+
+    def timings(self) -> dict:
+        return {"queue": self.queue_s, "model": self.model_s, "batch_requests": self.requests_in_call}
 
 
 class LocalEngine(Engine):
@@ -69,33 +92,50 @@ class LocalEngine(Engine):
         t0 = time.perf_counter()
         packed = self.packer.encode(texts)
         t1 = time.perf_counter()
-        rows, queued, model_s, batch_size = self._batcher.submit((packed, t1), deadline, cancelled)
+        share: CallShare = self._batcher.submit(Queued(packed, t1), deadline, cancelled)
         t2 = time.perf_counter()
-        result = self.encoder.encode(*rows)
+        result = self.encoder.encode(*share.rows)
         end = time.perf_counter()
-        result.timings = {"pre": t1 - t0, "queue": queued, "model": model_s, "post": end - t2,
-                          "batch_requests": batch_size, "total": end - t0}
+        result.timings = {"pre": t1 - t0, **share.timings(), "post": end - t2, "total": end - t0}
         return result
+
+    # -- packed requests from another process (server/frontend/) ------------------------------
+
+    def enqueue(self, packed: PackedBatch, deadline: float | None = None,
+                cancelled: threading.Event | None = None) -> Ticket:
+        """Queue a request tokenized elsewhere (a front-end process) without waiting; the ticket's
+        future gets its `CallShare`. Raises DeadlineExceeded or Cancelled if it is already gone."""
+        return self._batcher.enqueue(Queued(packed, time.perf_counter()), deadline, cancelled)
+
+    def withdraw(self, ticket: Ticket) -> bool:
+        """Take a queued request back out (its client went away, or its deadline passed);
+        False if it is already in a call."""
+        return self._batcher.withdraw(ticket)
+
+    @property
+    def queued(self) -> int:
+        """Requests waiting for a call now."""
+        return self._batcher.queued
 
     # -- the batch worker's side -----------------------------------------------------------
 
     def _fits(self, batch: list, item) -> bool:
         """Whether waiting request `item` may join the call that holds `batch` (the batcher's rule)."""
-        return fits_one_call(self.spec.program, [packed for packed, _ in batch] + [item[0]])
+        return fits_one_call(self.spec.program, [queued.packed for queued in batch] + [item.packed])
 
     def _call(self, ctx: RequestContext, tokens, positions, cu_seqlens) -> list[torch.Tensor]:
         """The program on staged inputs, on the context's stream; its outputs stay on the device."""
         with self._slots, ctx.stream_scope():
             return self.runner(tokens, positions, cu_seqlens)
 
-    def _run_batch(self, ctx: RequestContext, items: list) -> list:
+    def _run_batch(self, ctx: RequestContext, items: list[Queued]) -> list[CallShare]:
         start = time.perf_counter()
-        batches = [packed for packed, _ in items]
+        batches = [queued.packed for queued in items]
         out = self._call(ctx, *self.packer.stage(ctx, concat_packed(batches)))
         host = to_host(ctx, out[:self.encoder.outputs])
         seconds = time.perf_counter() - start
-        return [(share, start - submitted, seconds, len(items))
-                for share, (_, submitted) in zip(self.encoder.split(host, batches), items)]
+        return [CallShare(rows, start - queued.submitted, seconds, len(items))
+                for rows, queued in zip(self.encoder.split(host, batches), items)]
 
     # -- lifecycle ---------------------------------------------------------------------------
 

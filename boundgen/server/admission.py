@@ -179,3 +179,52 @@ class Admission:
     def _check_idle(self) -> None:
         if self._idle is not None and self._inflight == 0 and not self._waiters:
             self._idle.set()
+
+
+class Passage:
+    """Admission for an engine whose queue is elsewhere (a front-end process: the engine process
+    admits, with one queue per model for every front end, server/deploy/engine_host.py). Here it
+    only refuses new requests once closed (503) and counts what is in flight, for drain and metrics."""
+
+    def __init__(self, model: str, max_queue: int):
+        self.model, self.max_queue = model, max_queue
+        self.max_inflight = 0  # bounded by the engine process, not here
+        self._inflight = 0
+        self._closed = False
+        self._idle: asyncio.Event | None = None
+
+    @property
+    def inflight(self) -> int:
+        return self._inflight
+
+    @property
+    def queued(self) -> int:
+        return 0
+
+    async def run_async(self, make, deadline: float):
+        """Await `make()` (a coroutine) once admitted: Unavailable once closed, DeadlineExceeded
+        if the deadline has already passed."""
+        if self._closed:
+            raise Unavailable(f"model {self.model} is shutting down and admits no new requests")
+        if time.monotonic() >= deadline:
+            raise DeadlineExceeded("the request's deadline had already passed when it arrived")
+        self._inflight += 1
+        try:
+            return await make()
+        finally:
+            self._inflight -= 1
+            if self._idle is not None and self._inflight == 0:
+                self._idle.set()
+
+    def close(self) -> None:
+        self._closed = True
+
+    async def wait_idle(self) -> None:
+        if self._inflight == 0:
+            return
+        self._idle = self._idle or asyncio.Event()
+        self._idle.clear()
+        await self._idle.wait()
+
+    def shutdown(self) -> None:
+        pass

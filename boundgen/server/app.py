@@ -56,6 +56,8 @@ def default_engine_factory(artifact_dir: Path, **runtime) -> Engine:
 
 
 class Server:
+    reuse_port = False  # a front-end process shares its ports with the others (server/deploy/frontend.py)
+
     def __init__(self, artifact_dirs: Sequence[str | Path], config: ServerConfig,
                  engine_factory: EngineFactory = default_engine_factory, out=sys.stdout):
         if not artifact_dirs:
@@ -92,7 +94,7 @@ class Server:
         await self._runner.setup()
         try:
             self._http = await connections.listen(self._runner, cfg.host, cfg.http_port, cfg.max_connections,
-                                                  handler_kwargs)
+                                                  handler_kwargs, reuse_port=self.reuse_port)
         except OSError as exc:
             raise BoundgenError(f"cannot listen for HTTP on {cfg.host}:{cfg.http_port}: {exc.strerror or exc}") from None
         self.http_port = self._http.sockets[0].getsockname()[1]

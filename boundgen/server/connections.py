@@ -66,13 +66,15 @@ class LimitedRequestHandler(web_protocol.RequestHandler):
 
 
 async def listen(runner: web.AppRunner, host: str, port: int, max_connections: int,
-                 handler_kwargs: dict) -> asyncio.AbstractServer:
+                 handler_kwargs: dict, reuse_port: bool = False) -> asyncio.AbstractServer:
     """Listen on host:port with `runner`'s application, each connection a LimitedRequestHandler.
-    Close the returned server before `runner.cleanup()` (which closes the connections)."""
+    Close the returned server before `runner.cleanup()` (which closes the connections).
+    `reuse_port`: share the port with the other front-end processes (the kernel spreads
+    connections over them; server/deploy/frontends.py)."""
     loop = asyncio.get_running_loop()
     manager = runner.server
 
     def factory() -> LimitedRequestHandler:
         return LimitedRequestHandler(manager, loop=loop, max_connections=max_connections, **handler_kwargs)
 
-    return await loop.create_server(factory, host, port, reuse_address=True)
+    return await loop.create_server(factory, host, port, reuse_address=True, reuse_port=reuse_port or None)

@@ -7,7 +7,7 @@ from functools import partial
 from typing import Sequence
 
 from boundgen.runtime.engine import Engine
-from boundgen.server.admission import Admission
+from boundgen.server.admission import Admission, Passage
 from boundgen.server.metrics import ServerMetrics
 from boundgen.server.signature import Signature
 from boundgen.server.tensors import Tensor
@@ -39,8 +39,11 @@ class ServedModel:
         self.name = engine.spec.name
         self.signature = Signature(engine.spec)
         self.metrics = metrics
-        self.admission = Admission(self.name, max_inflight or engine_concurrency(engine), max_queue,
-                                   metrics.queue_observer(self.name), metrics.compute_observer(self.name))
+        if getattr(engine, "runs_async", False):  # a front-end process: the engine process admits
+            self.admission = Passage(self.name, max_queue)
+        else:
+            self.admission = Admission(self.name, max_inflight or engine_concurrency(engine), max_queue,
+                                       metrics.queue_observer(self.name), metrics.compute_observer(self.name))
         metrics.track_model(self.name, lambda: self.admission.inflight, lambda: self.admission.queued)
 
     def metadata(self) -> dict:
@@ -59,6 +62,10 @@ class ServedModel:
         # client goes away) too: a request still waiting inside it (for a context, or in the
         # batcher's queue) when either comes is not run (DeadlineExceeded: 504; Cancelled: the
         # client is gone, nothing is sent).
+        if isinstance(self.admission, Passage):
+            result = await self.admission.run_async(partial(self.engine.run, call, deadline), deadline)
+            self.metrics.observe_stages(self.name, result.timings)
+            return self.signature.encode(result, names)
         cancelled = threading.Event()
         engine_call = partial(call, self.engine, deadline=deadline, cancelled=cancelled)
         result = await self.admission.run(engine_call, deadline, cancelled)

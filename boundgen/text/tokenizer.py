@@ -83,6 +83,8 @@ class Tokenizer:
 
     def __init__(self, backend: HFTokenizer, fast: FastEncoder | None = None, decoder: ByteDecoder | None = None):
         self.backend, self.fast, self.decoder = backend, fast, decoder
+        self.source: Path | None = None  # the directory its tokenizer.json came from (from_dir)
+        self.options: dict = {}  # from_dir's keywords: another process loads the same tokenizer with them
 
     @classmethod
     def from_dir(cls, path: str | Path, fast: bool = True, joined: bool = False) -> "Tokenizer":
@@ -99,14 +101,21 @@ class Tokenizer:
         except Exception as exc:
             raise ConfigError(f"{file} is not a valid tokenizers file: {exc}") from None
         if not fast:
-            return cls(backend)
+            return cls._from(path, {"fast": False, "joined": joined}, backend)
         stat = file.stat()  # one version of one file gets its encoder and decoder built once per process (~1-2 s)
         key = (str(file.resolve()), stat.st_mtime_ns, stat.st_size)
         if key not in _FAST_PATHS:
             spec = json.loads(text)
             _FAST_PATHS[key] = fast_encoder(spec, backend), byte_decoder(spec, backend)
         encoder, decoder = _FAST_PATHS[key]
-        return cls(backend, encoder if joined or encoder is None else encoder.text_by_text(), decoder)
+        return cls._from(path, {"fast": True, "joined": joined}, backend,
+                         encoder if joined or encoder is None else encoder.text_by_text(), decoder)
+
+    @classmethod
+    def _from(cls, path, options: dict, *parts) -> "Tokenizer":
+        tokenizer = cls(*parts)
+        tokenizer.source, tokenizer.options = Path(path).resolve(), options
+        return tokenizer
 
     @property
     def encoder_name(self) -> str:

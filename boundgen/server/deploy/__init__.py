@@ -1,0 +1,1 @@
+"""Deployment topologies of `boundgen serve`: front-end processes around one engine process."""

@@ -1,0 +1,233 @@
+"""The engine process's side of the link: one queue per model, fed by every front end.
+
+    front-end connection (a reader thread each)
+        SUBMIT -> admission: draining? 503; queue full? 429; else the model's batcher queue
+                  (LocalEngine.enqueue: the one queue; a batch worker takes it into a call)
+        CANCEL -> withdraw it from the queue at once (a request already in a call runs to the end)
+    batch worker: the call's rows -> RESULT frame, written on the front end's connection
+    connection closed (front end died): everything it had queued is withdrawn
+
+Nothing here tokenizes or builds texts: requests arrive as token ids and leave as result rows
+(link.py). The deadline a request brings is checked by the batcher when it takes a call, so a
+request never runs after it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+import torch
+
+from boundgen.artifact.program import spec_to_dict
+from boundgen.errors import BoundgenError, Cancelled, DeadlineExceeded, InvalidInput
+from boundgen.runtime.local_engine import CallShare, LocalEngine
+from boundgen.server.deploy import link
+from boundgen.text.tokenizer import PackedBatch
+
+log = logging.getLogger("boundgen.server")
+
+
+@dataclass
+class HostedModel:
+    name: str
+    engine: LocalEngine
+    source: str  # the artifact directory
+
+
+@dataclass
+class _Connection:
+    sock: socket.socket
+    index: int
+    send_lock: threading.Lock = field(default_factory=threading.Lock)
+    tickets: dict = field(default_factory=dict)  # request id -> (model, Ticket), while queued or running
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def send(self, message: dict) -> None:
+        data = link.frame(message)
+        with self.send_lock:
+            try:
+                self.sock.sendall(data)
+            except OSError:
+                pass  # the front end is gone; its reader thread cleans up
+
+
+class EngineHost:
+    def __init__(self, path: str, max_queue: int, say: Callable[[str], None] = lambda s: None):
+        """`path`: the Unix socket to listen on; `max_queue`: requests waiting per model beyond
+        which new ones get 429 (serve's --max-queue)."""
+        self.path, self.max_queue, self.say = path, max_queue, say
+        self.models: dict[str, HostedModel] = {}
+        self.state = "loading"
+        self.frontend_states: dict[int, str] = {}
+        self._connections: list[_Connection] = []
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
+        self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._listener.bind(path)
+        os.chmod(path, 0o600)  # only this user's processes may submit
+        self._listener.listen(64)
+        self._closed = False
+        threading.Thread(target=self._accept, name="boundgen-link-accept", daemon=True).start()
+
+    # ---- the engine process's side ------------------------------------------------------------
+
+    def add(self, name: str, engine: LocalEngine, source: str) -> None:
+        with self._lock:
+            self.models[name] = HostedModel(name, engine, source)
+
+    def set_state(self, state: str) -> None:
+        """loading -> ready -> draining, told to every front end."""
+        with self._lock:
+            self.state = state
+            connections = list(self._connections)
+        for conn in connections:
+            conn.send(self._models_message())
+
+    def wait_frontends(self, count: int, state: str, timeout_s: float) -> bool:
+        """Wait until `count` front ends say `state` (listening, ready); False on timeout."""
+        with self._changed:
+            return self._changed.wait_for(
+                lambda: sum(s == state for s in self.frontend_states.values()) >= count, timeout_s)
+
+    def close(self) -> None:
+        self._closed = True
+        try:
+            self._listener.close()
+        finally:
+            try:
+                os.unlink(self.path)
+            except OSError:
+                pass
+
+    # ---- connections --------------------------------------------------------------------------
+
+    def _models_message(self) -> dict:
+        return {"op": link.MODELS, "state": self.state, "models": [_describe(m) for m in self.models.values()]}
+
+    def _accept(self) -> None:
+        index = 0
+        while not self._closed:
+            try:
+                sock, _ = self._listener.accept()
+            except OSError:
+                return
+            conn = _Connection(sock, index)
+            index += 1
+            with self._lock:
+                self._connections.append(conn)
+                hello = self._models_message()
+            conn.send(hello)
+            threading.Thread(target=self._serve, args=(conn,), name=f"boundgen-link-{conn.index}",
+                             daemon=True).start()
+
+    def _serve(self, conn: _Connection) -> None:
+        try:
+            while True:
+                message = link.read_frame(conn.sock)
+                if message is None:
+                    break
+                op = message.get("op")
+                if op == link.SUBMIT:
+                    self._submit(conn, message)
+                elif op == link.CANCEL:
+                    self._cancel(conn, message["id"])
+                elif op == link.STATE:
+                    with self._changed:
+                        self.frontend_states[message["frontend"]] = message["state"]
+                        self._changed.notify_all()
+        except (OSError, ConnectionError, ValueError) as exc:
+            log.warning("front-end link %d broken: %s", conn.index, exc)
+        finally:
+            with self._lock:
+                if conn in self._connections:
+                    self._connections.remove(conn)
+            with conn.lock:
+                queued = list(conn.tickets.values())
+                conn.tickets.clear()
+            for model, ticket in queued:  # its clients are gone with it
+                ticket.cancelled.set()
+                model.engine.withdraw(ticket)
+            conn.sock.close()
+
+    def _submit(self, conn: _Connection, message: dict) -> None:
+        rid = message["id"]
+        model = self.models.get(message["model"])
+        if model is None:
+            return conn.send(_error(rid, "unavailable", f"model {message['model']} is not loaded in the engine"))
+        if self.state != "ready":
+            return conn.send(_error(rid, "unavailable", "the server is shutting down and admits no new requests"
+                                    if self.state == "draining" else "the server is still loading its models"))
+        if model.engine.queued >= self.max_queue:
+            return conn.send(_error(rid, "overloaded", f"model {model.name} is at capacity ({model.engine.queued} "
+                                    f"requests queued; limit {self.max_queue}); retry later"))
+        tokens = link.unpack_array(message["tokens"])
+        cu = link.unpack_array(message["cu_seqlens"])
+        packed = PackedBatch(tokens=torch.from_numpy(tokens.astype(np.int64)),
+                             positions=torch.from_numpy(link.unpack_array(message["positions"]).astype(np.int64)),
+                             cu_seqlens=torch.from_numpy(cu.astype(np.int32)), lengths=list(message["lengths"]))
+        cancelled = threading.Event()
+        try:
+            ticket = model.engine.enqueue(packed, message.get("deadline"), cancelled)
+        except BoundgenError as exc:
+            return conn.send(_error(rid, _kind(exc), str(exc)))
+        except RuntimeError as exc:  # the engine is closed
+            return conn.send(_error(rid, "unavailable", str(exc)))
+        with conn.lock:
+            conn.tickets[rid] = (model, ticket)
+        ticket.future.add_done_callback(lambda f: self._done(conn, rid, f))
+
+    def _cancel(self, conn: _Connection, rid: int) -> None:
+        with conn.lock:
+            held = conn.tickets.get(rid)
+        if held is not None:
+            model, ticket = held
+            ticket.cancelled.set()
+            model.engine.withdraw(ticket)
+
+    def _done(self, conn: _Connection, rid: int, future) -> None:
+        with conn.lock:
+            conn.tickets.pop(rid, None)
+        error = future.exception()
+        if error is not None:
+            if not isinstance(error, BoundgenError):
+                log.error("model call failed", exc_info=error)
+            return conn.send(_error(rid, _kind(error), str(error) or type(error).__name__))
+        share: CallShare = future.result()
+        conn.send({"op": link.RESULT, "id": rid, "rows": [link.pack_array(np.asarray(r)) for r in share.rows],
+                   "queue_s": share.queue_s, "model_s": share.model_s, "requests_in_call": share.requests_in_call})
+
+
+def _kind(exc: BaseException) -> str:
+    if isinstance(exc, InvalidInput):
+        return "invalid"
+    if isinstance(exc, DeadlineExceeded):
+        return "deadline"
+    if isinstance(exc, Cancelled):
+        return "cancelled"
+    return "internal"
+
+
+def _error(rid: int, kind: str, message: str) -> dict:
+    return {"op": link.ERROR, "id": rid, "kind": kind, "message": message}
+
+
+def _describe(model: HostedModel) -> dict:
+    """What a front end needs to serve a model: its program, where its tokenizer is, load-time facts."""
+    spec, tokenizer = model.engine.spec, model.engine.packer.tokenizer
+    if tokenizer.source is None:
+        raise BoundgenError(f"model {model.name}: its tokenizer was not loaded from a directory, so the "
+                            "front-end processes cannot load it; serve it with --frontends 1")
+    return {"name": model.name, "source": model.source, "program": spec_to_dict(spec.program), "device": spec.device,
+            "dtype": spec.dtype, "tokenizer_dir": str(tokenizer.source), "tokenizer_options": tokenizer.options,
+            "extra": _plain(spec.extra)}
+
+
+def _plain(extra: dict) -> dict:
+    """The JSON-able part of an engine's load-time facts (what the front ends' model config shows)."""
+    return {k: v for k, v in extra.items() if isinstance(v, (str, int, float, bool, list, type(None)))}

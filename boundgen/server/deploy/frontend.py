@@ -1,0 +1,92 @@
+"""One front-end process of `boundgen serve --frontends N` (started by frontends.py, never by hand).
+
+    python -m boundgen.server.deploy.frontend --link SOCKET --index K --config JSON ARTIFACT_DIR...
+
+It serves every protocol (KServe v2 HTTP and gRPC, the JSON routes, metrics) on the ports the
+engine process chose, shared with the other front ends (SO_REUSEPORT: the kernel spreads
+connections over them). Its models are LinkedEngines (linked_engine.py): it tokenizes and
+encodes results itself and sends token ids to the engine process. It becomes ready once the
+engine process says its models are loaded and warmed up; SIGTERM drains it like any server;
+it exits when the engine process closes the link or dies (the lifeline, replicas.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+
+from boundgen.server import logs
+from boundgen.server.app import Server, serve_until_signal
+from boundgen.server.config import ServerConfig
+from boundgen.server.deploy.linked_engine import EngineGone, EngineLink, LinkedEngine
+from boundgen.server.replicas import exit_with_parent
+
+ENGINE_GONE_EXIT = 3  # the engine process closed the link
+
+
+class FrontendServer(Server):
+    reuse_port = True
+
+    def __init__(self, artifact_dirs, config: ServerConfig, engine_link: EngineLink, index: int):
+        super().__init__(artifact_dirs, config, engine_factory=self._no_loading, out=sys.stderr)
+        self.link, self.index = engine_link, index
+
+    def say(self, message: str) -> None:
+        super().say(f"[front end {self.index}] {message}")
+
+    @staticmethod
+    def _no_loading(path):
+        raise RuntimeError("a front-end process loads no artifact: the engine process does")
+
+    async def start(self) -> None:
+        await super().start()
+        self.link.tell("listening")
+
+    async def load(self) -> None:
+        """Ready once the engine process is: its models, with this process's tokenizers."""
+        state = await self.link.wait_state("ready", "draining")
+        if state != "ready":
+            return
+        for hosted in self.link.models.values():
+            self.models.add(LinkedEngine(self.link, hosted), hosted["source"])
+        self.models.set_ready()
+        self.link.tell("ready")
+
+    async def serve(self, stop: asyncio.Event) -> int:
+        async def engine_gone():
+            await self.link.closed.wait()
+            self.say("the engine process closed the link; stopping")
+            stop.set()
+
+        await self.link.connect()
+        watcher = asyncio.ensure_future(engine_gone())
+        try:
+            code = await super().serve(stop)
+        finally:
+            watcher.cancel()
+        if self.link.closed.is_set() and self.link.state != "draining":
+            return ENGINE_GONE_EXIT
+        return code
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="boundgen-frontend", description=__doc__.splitlines()[0])
+    p.add_argument("artifacts", nargs="+")
+    p.add_argument("--link", required=True, help="the engine process's Unix socket")
+    p.add_argument("--index", type=int, required=True)
+    p.add_argument("--config", required=True, help="ServerConfig as JSON")
+    args = p.parse_args(argv)
+    exit_with_parent()
+    config = ServerConfig(**json.loads(args.config))
+    engine_link = EngineLink(args.link, args.index)
+    try:
+        return serve_until_signal(lambda: (FrontendServer(args.artifacts, config, engine_link, args.index), None),
+                                  config.log_format, config.log_level)
+    except EngineGone:
+        return ENGINE_GONE_EXIT
+
+
+if __name__ == "__main__":
+    sys.exit(main())

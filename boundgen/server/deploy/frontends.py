@@ -1,0 +1,177 @@
+"""`boundgen serve --frontends N`: N front-end processes around one engine process.
+
+    clients -> HTTP / gRPC ports, shared by N front-end processes (SO_REUSEPORT)
+                 front end (frontend.py): protocol, tokenizing, result encoding, in its own GIL
+                   -> link (link.py: a Unix socket, token ids and result rows as raw arrays)
+    this process: EngineHost (engine_host.py): one queue per model, the batcher, program calls
+
+This process binds both ports first (so that port 0 picks one number for everyone), starts the
+front ends, says "listening" once each listens, loads and warms up the artifacts, then tells the
+front ends to become ready. A front end that exits is restarted (its own in-flight requests
+fail with it; the engine withdraws what it had queued). SIGTERM / SIGINT: the engine admits no
+new request (503), every front end drains and exits, then the engines close. If this process
+dies, the front ends see the link close (and their lifeline pipe) and exit: no half-alive server.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Callable, Sequence
+
+from boundgen.errors import BoundgenError
+from boundgen.server import logs
+from boundgen.server.app import LISTENING
+from boundgen.server.config import ServerConfig
+from boundgen.server.deploy.engine_host import EngineHost
+from boundgen.server.replicas import LIFELINE_ENV
+
+START_TIMEOUT_S = 120.0  # a front end must listen (and later be ready) within this long
+RESTART_BACKOFF_S = 0.5
+
+
+def default_frontends(cores: int | None = None) -> int:
+    """Front-end processes when --frontends is not given: one per four usable cores, 1 to 8;
+    1 (everything in one process) below four cores."""
+    cores = cores if cores is not None else len(os.sched_getaffinity(0))
+    return 1 if cores < 4 else max(2, min(8, cores // 4))
+
+
+class _Frontend:
+    def __init__(self, index: int, argv: list[str], env: dict, lifeline: int):
+        self.index, self.argv, self.env, self.lifeline = index, argv, env, lifeline
+        self.process: subprocess.Popen | None = None
+        self.restarts = 0
+
+    def start(self) -> None:
+        self.process = subprocess.Popen(self.argv + ["--index", str(self.index)], env=self.env,
+                                        stdout=sys.stderr, pass_fds=(self.lifeline,))
+
+
+def serve_frontends(artifact_dirs: Sequence[str | Path], config: ServerConfig, count: int,
+                    engine_factory: Callable, out=sys.stdout) -> int:
+    """Run the engine process and `count` front ends until SIGTERM / SIGINT; the exit code."""
+    logs.configure(config.log_format, config.log_level)
+    say_lock = threading.Lock()
+
+    def say(message: str) -> None:
+        with say_lock:
+            out.write(logs.status_line(message, config.log_format) + "\n")
+            out.flush()
+
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    workdir = tempfile.mkdtemp(prefix="boundgen-serve-")
+    host = EngineHost(os.path.join(workdir, "engine.sock"), config.max_queue, say)
+    http_hold, http_port = _reserve(config.host, config.http_port, "HTTP")
+    grpc_hold, grpc_port = _reserve(config.host, config.grpc_port, "gRPC")
+    child = dataclasses.replace(config, http_port=http_port, grpc_port=grpc_port)
+    lifeline = os.pipe()
+    env = dict(os.environ, **{LIFELINE_ENV: str(lifeline[0])})
+    argv = [sys.executable, "-m", "boundgen.server.deploy.frontend", *map(str, artifact_dirs),
+            "--link", host.path, "--config", json.dumps(dataclasses.asdict(child))]
+    frontends = [_Frontend(i, argv, env, lifeline[0]) for i in range(count)]
+    engines = []
+    try:
+        for fe in frontends:
+            fe.start()
+        if not _wait(host, count, "listening", frontends, stop):
+            raise BoundgenError(f"the front-end processes did not all listen within {START_TIMEOUT_S:.0f} s")
+        http_hold.close()
+        grpc_hold.close()
+        say(f"{LISTENING} http={config.host}:{http_port} grpc={config.host}:{grpc_port} frontends={count}")
+        for path in artifact_dirs:
+            if stop.is_set():
+                return 0
+            say(f"boundgen serve: loading {path}")
+            engine = engine_factory(Path(path))
+            engines.append(engine)
+            engine.warmup()
+            host.add(engine.spec.name, engine, str(path))
+            say(f"boundgen serve: model {engine.spec.name} ({engine.spec.task}) loaded and warmed up, "
+                f"queue {config.max_queue}")
+        host.set_state("ready")
+        if not _wait(host, count, "ready", frontends, stop):
+            raise BoundgenError(f"the front-end processes were not all ready within {START_TIMEOUT_S:.0f} s")
+        say(f"boundgen serve: ready, models: {', '.join(host.models)}, {count} front-end processes")
+        _supervise(frontends, stop, say)
+        say("boundgen serve: draining (new requests get 503 / UNAVAILABLE)")
+        host.set_state("draining")
+        _stop_frontends(frontends, config.drain_timeout_s + 5.0)
+        return 0
+    finally:
+        _stop_frontends(frontends, 0.0)
+        for engine in engines:
+            engine.close()
+        host.close()
+        os.close(lifeline[1])
+        http_hold.close()
+        grpc_hold.close()
+        shutil.rmtree(workdir, ignore_errors=True)
+        say("boundgen serve: stopped")
+
+
+def _reserve(host: str, port: int, what: str) -> tuple[socket.socket, int]:
+    """Bind host:port with SO_REUSEPORT (port 0: the kernel picks one) and hold it until the
+    front ends listen on the same number."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    try:
+        sock.bind((host.strip("[]"), port))
+    except OSError as exc:
+        sock.close()
+        raise BoundgenError(f"cannot listen for {what} on {host}:{port}: {exc.strerror or exc}") from None
+    return sock, sock.getsockname()[1]
+
+
+def _wait(host: EngineHost, count: int, state: str, frontends: list[_Frontend], stop: threading.Event) -> bool:
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline and not stop.is_set():
+        if host.wait_frontends(count, state, 0.2):
+            return True
+        dead = [fe for fe in frontends if fe.process.poll() is not None]
+        if dead:
+            raise BoundgenError(f"front-end process {dead[0].index} exited with code {dead[0].process.returncode} "
+                                f"while starting (its error is above)")
+    return stop.is_set()
+
+
+def _supervise(frontends: list[_Frontend], stop: threading.Event, say) -> None:
+    """Until `stop`: restart a front end that exits (after a short backoff)."""
+    while not stop.wait(0.2):
+        for fe in frontends:
+            code = fe.process.poll()
+            if code is None:
+                continue
+            fe.restarts += 1
+            say(f"boundgen serve: front-end process {fe.index} exited with code {code}; restarting it "
+                f"(restart {fe.restarts})")
+            time.sleep(min(RESTART_BACKOFF_S * fe.restarts, 5.0))
+            fe.start()
+
+
+def _stop_frontends(frontends: list[_Frontend], timeout_s: float) -> None:
+    """SIGTERM every front end (they drain), wait up to `timeout_s`, then SIGKILL what is left."""
+    live = [fe.process for fe in frontends if fe.process is not None and fe.process.poll() is None]
+    for proc in live:
+        proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    for proc in live:
+        try:
+            proc.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

@@ -1,0 +1,156 @@
+"""A front-end process's engines: tokenize here, call the engine process over the link, encode here.
+
+    ServedModel.infer (event loop)
+      -> LinkedEngine.run: RequestPacker.encode (bounds, template, token ids)        "pre"
+      -> EngineLink.call: SUBMIT on the link; await RESULT or ERROR                  "queue" + "model"
+           deadline passes first, or the client goes away: CANCEL (the engine withdraws it,
+           unrun, if it still waits), 504 / nothing
+      -> ScoreEncoder / BeamEncoder: rows -> result (candidate texts decoded here)   "post"
+
+The engine process does only batching, staging, program calls and copying rows back
+(engine_host.py); everything that grows with text, and every protocol, runs in the N front-end
+processes, each with its own GIL. Admission is the engine's: one queue per model (429 when full).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+
+from boundgen.artifact.program import spec_from_dict
+from boundgen.errors import Cancelled, DeadlineExceeded, InvalidInput
+from boundgen.runtime.engine import Engine, EngineSpec
+from boundgen.runtime.requests import BeamEncoder, RequestPacker, ScoreEncoder
+from boundgen.server.deploy import link
+from boundgen.server.signature import EngineCall
+from boundgen.server.status import Overloaded, Unavailable
+from boundgen.text.tokenizer import Tokenizer
+
+log = logging.getLogger("boundgen.server")
+_ERRORS = {"invalid": InvalidInput, "overloaded": Overloaded, "deadline": DeadlineExceeded,
+           "cancelled": Cancelled, "unavailable": Unavailable}
+
+
+class EngineGone(Exception):
+    """The engine process closed the link: this front end cannot serve any more."""
+
+
+class EngineLink:
+    """One front end's connection to the engine process (asyncio, on the front end's event loop)."""
+
+    def __init__(self, path: str, frontend: int):
+        self.path, self.frontend = path, frontend
+        self.state = "connecting"
+        self.models: dict[str, dict] = {}  # name -> {"source", "extra"} from the engine's MODELS
+        self._pending: dict[int, asyncio.Future] = {}
+        self._ids = itertools.count()
+        self._writer = None
+        self._changed: asyncio.Event | None = None
+        self.closed: asyncio.Event | None = None
+
+    async def connect(self) -> None:
+        reader, self._writer = await asyncio.open_unix_connection(self.path, limit=link.MAX_FRAME)
+        self._changed, self.closed = asyncio.Event(), asyncio.Event()
+        asyncio.ensure_future(self._read(reader))
+
+    def tell(self, state: str) -> None:
+        """Say this front end's state (listening, ready) to the engine process."""
+        self._send({"op": link.STATE, "frontend": self.frontend, "state": state})
+
+    async def wait_state(self, *states: str) -> str:
+        while self.state not in states:
+            if self.closed.is_set():
+                raise EngineGone("the engine process closed the link")
+            self._changed.clear()
+            await self._changed.wait()
+        return self.state
+
+    async def call(self, model: str, packed, deadline: float) -> dict:
+        """Queue one tokenized request in the engine and await its RESULT; raises the engine's
+        error, DeadlineExceeded when `deadline` passes first (it is withdrawn there, unrun, if it
+        still waits), and sends CANCEL if the caller is cancelled."""
+        if self.closed.is_set():
+            raise Unavailable("the engine process has stopped; this server is shutting down")
+        rid = next(self._ids)
+        future = asyncio.get_running_loop().create_future()
+        self._pending[rid] = future
+        self._send({"op": link.SUBMIT, "id": rid, "model": model, "deadline": deadline,
+                    "tokens": link.pack_array(packed.tokens.numpy().astype("<i4")),
+                    "positions": link.pack_array(packed.positions.numpy().astype("<i4")),
+                    "cu_seqlens": link.pack_array(packed.cu_seqlens.numpy().astype("<i4")),
+                    "lengths": list(packed.lengths)})
+        try:
+            return await asyncio.wait_for(asyncio.shield(future), max(0.0, deadline - time.monotonic()))
+        except asyncio.TimeoutError:
+            self._send({"op": link.CANCEL, "id": rid})
+            raise DeadlineExceeded("the deadline passed while the request waited for model "
+                                   f"{model}; it was not run, or its answer came too late and was dropped") from None
+        except asyncio.CancelledError:
+            self._send({"op": link.CANCEL, "id": rid})
+            raise
+        finally:
+            self._pending.pop(rid, None)
+
+    def _send(self, message: dict) -> None:
+        if self._writer is not None and not self._writer.is_closing():
+            self._writer.write(link.frame(message))
+
+    async def _read(self, reader) -> None:
+        try:
+            while True:
+                message = await link.read_frame_async(reader)
+                if message is None:
+                    break
+                op = message.get("op")
+                if op == link.MODELS:
+                    self.state = message["state"]
+                    self.models = {m["name"]: m for m in message["models"]}
+                    self._changed.set()
+                    continue
+                future = self._pending.get(message.get("id"))
+                if future is None or future.done():
+                    continue  # its caller gave up (deadline, client gone)
+                if op == link.RESULT:
+                    future.set_result(message)
+                else:
+                    error = _ERRORS.get(message.get("kind"), RuntimeError)
+                    future.set_exception(error(message.get("message", "the engine failed the request")))
+        except (ConnectionError, ValueError, OSError) as exc:
+            log.error("the link to the engine process broke: %s", exc)
+        finally:
+            self.closed.set()
+            self._changed.set()
+            for future in self._pending.values():
+                if not future.done():
+                    future.set_exception(Unavailable("the engine process stopped while the request was in it"))
+
+
+class LinkedEngine(Engine):
+    """An artifact served from this front end: its tokenizer and encoders here, its program in the
+    engine process. `run` is a coroutine (ServedModel awaits it on the event loop: no thread hop)."""
+
+    runs_async = True
+
+    def __init__(self, engine_link: EngineLink, hosted: dict):
+        """`hosted`: the engine process's description of the model (engine_host._describe)."""
+        program = spec_from_dict(hosted["program"])
+        self.link = engine_link
+        self.spec = EngineSpec(hosted["name"], program, hosted["device"], hosted["dtype"], dict(hosted["extra"]))
+        tokenizer = Tokenizer.from_dir(hosted["tokenizer_dir"], **hosted["tokenizer_options"])
+        self.packer = RequestPacker(tokenizer, program)  # tokens only: the engine pads and stages
+        self.encoder = (ScoreEncoder(program.label_token_ids, program.topk) if program.task == "score"
+                        else BeamEncoder(tokenizer, program.stop_token_ids, program.width))
+
+    async def run(self, call: EngineCall, deadline: float):
+        t0 = time.perf_counter()
+        packed = self.packer.encode(list(call.texts))
+        t1 = time.perf_counter()
+        answer = await self.link.call(self.spec.name, packed, deadline)
+        t2 = time.perf_counter()
+        result = self.encoder.encode(*[link.unpack_array(r) for r in answer["rows"]])
+        end = time.perf_counter()
+        result.timings = {"pre": t1 - t0, "queue": answer["queue_s"], "model": answer["model_s"],
+                          "batch_requests": answer["requests_in_call"], "post": end - t2, "total": end - t0}
+        return result
