@@ -191,3 +191,37 @@ def test_a_worker_stops_lingering_once_the_waiting_requests_fill_a_call():
     batcher.close()
     assert results == {0: 0, 1: 1, 2: 2}
     assert took < 10, "a full call kept waiting for company"
+
+
+def test_enqueue_without_waiting_and_withdraw_while_queued():
+    """A request tokenized in another process is queued without a waiting thread; withdrawn while
+    it still waits, it never runs and its future says why; one already taken runs to the end."""
+    from boundgen.errors import DeadlineExceeded
+
+    gate, ran = threading.Event(), []
+
+    def run_batch(ctx, items):
+        gate.wait(5)
+        ran.extend(items)
+        return list(items)
+
+    batcher = Batcher(["ctx"], run_batch, fits=lambda batch, item: False)
+    first = batcher.enqueue("first")
+    wait_until(lambda: batcher.queued == 0, "the worker taking the first request")  # it waits on the gate
+    second = batcher.enqueue("second", cancelled=threading.Event())
+    expired = batcher.enqueue("expired", deadline=time.monotonic() + 0.05)
+    assert batcher.queued == 2
+    second.cancelled.set()
+    assert batcher.withdraw(second)
+    time.sleep(0.06)
+    assert batcher.withdraw(expired)
+    assert not batcher.withdraw(first), "a request in a call cannot be withdrawn"
+    gate.set()
+    assert first.future.result(5) == "first"
+    with pytest.raises(Cancelled):
+        second.future.result(1)
+    with pytest.raises(DeadlineExceeded):
+        expired.future.result(1)
+    batcher.close()
+    assert ran == ["first"]
+    assert (batcher.cancelled, batcher.expired) == (1, 1)

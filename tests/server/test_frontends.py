@@ -1,0 +1,137 @@
+"""`boundgen serve --frontends N`: front-end processes around one engine process
+(server/deploy/). Outputs equal the in-process engine's over both protocols; errors keep their
+codes across the link; a front end that dies is restarted; the engine process dying takes the
+front ends with it; SIGTERM drains to exit 0."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+
+import numpy as np
+import pytest
+import tritonclient.grpc as tgrpc
+import tritonclient.http as thttp
+from tritonclient.utils import InferenceServerException
+
+from tests.server.real import eager_engine_from_config
+from tests.server.test_real_engine import PROMPT, TEXTS, eager_models, infer  # noqa: F401 (a fixture)
+
+pytestmark = pytest.mark.slow
+
+
+def children(pid: int) -> list[int]:
+    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True).stdout
+    return [int(p) for p in out.split()]
+
+
+def wait_for(predicate, timeout_s: float, what: str):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"{what} did not happen within {timeout_s} s")
+
+
+@pytest.fixture(scope="module")
+def frontends_server(launch, eager_models):
+    server = launch([eager_models["score"], eager_models["beam"]], args=["--frontends", "2"])
+    yield server
+    if server.proc.poll() is None:
+        assert server.stop() == 0
+
+
+@pytest.fixture(scope="module")
+def engines(eager_models):
+    return {task: eager_engine_from_config(json.loads((d / "eager.json").read_text()))
+            for task, d in eager_models.items()}
+
+
+def test_two_front_end_processes_serve(frontends_server):
+    assert "frontends=2" in "".join(frontends_server.output)
+    assert len(children(frontends_server.proc.pid)) == 2
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_outputs_equal_in_process_engine(frontends_server, engines, protocol):
+    for _ in range(4):  # new connections land on either front end
+        got = infer(protocol, frontends_server, "escore", TEXTS).as_numpy("SCORES")
+        np.testing.assert_allclose(got, engines["score"].score(TEXTS).scores, rtol=1e-5, atol=1e-7)
+    expected = engines["beam"].beam(PROMPT)
+    answer = infer(protocol, frontends_server, "ebeam", [PROMPT])
+    np.testing.assert_array_equal(answer.as_numpy("TOKEN_IDS"), expected.token_ids)
+    np.testing.assert_allclose(answer.as_numpy("SCORES"), expected.scores, rtol=1e-5, atol=1e-6)
+    assert [t.decode() for t in answer.as_numpy("TEXT_OUT")] == expected.texts
+
+
+def test_errors_keep_their_codes(frontends_server):
+    client = thttp.InferenceServerClient(frontends_server.http_url)
+    t = thttp.InferInput("TEXT", [1], "BYTES")
+    t.set_data_from_numpy(np.array([("word " * 200).encode()], dtype=object))
+    with pytest.raises(InferenceServerException, match="32") as err:  # over max_tokens_per_sample (32)
+        client.infer("escore", [t])
+    assert "400" in str(err.value.status()) or err.value.status() is None
+    g = tgrpc.InferenceServerClient(frontends_server.grpc_url)
+    t = tgrpc.InferInput("TEXT", [1], "BYTES")
+    t.set_data_from_numpy(np.array([b"hello"], dtype=object))
+    with pytest.raises(InferenceServerException) as err:  # 1 us: past before anything runs
+        g.infer("escore", [t], timeout=1)
+    assert err.value.status() == "StatusCode.DEADLINE_EXCEEDED", err.value
+
+
+def test_a_dead_front_end_is_restarted(frontends_server, engines):
+    victim = children(frontends_server.proc.pid)[0]
+    os.kill(victim, signal.SIGKILL)
+    wait_for(lambda: "restarting" in "".join(frontends_server.output), 10, "a restart line")
+    wait_for(lambda: len([p for p in children(frontends_server.proc.pid) if p != victim]) == 2, 20,
+             "two live front ends")
+    # The new one becomes ready within seconds; meanwhile the other serves.
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            got = [infer("http", frontends_server, "escore", TEXTS).as_numpy("SCORES") for _ in range(6)]
+            break
+        except InferenceServerException:
+            time.sleep(0.2)
+    for scores in got:
+        np.testing.assert_allclose(scores, engines["score"].score(TEXTS).scores, rtol=1e-5, atol=1e-7)
+
+
+def test_sigterm_drains_every_process(launch, eager_models):
+    server = launch([eager_models["score"]], args=["--frontends", "2"])
+    front = children(server.proc.pid)
+    assert server.stop() == 0
+    for pid in front:
+        wait_for(lambda pid=pid: not os.path.exists(f"/proc/{pid}") or _zombie(pid), 10, f"front end {pid} exit")
+
+
+def test_engine_process_death_stops_the_front_ends(launch, eager_models):
+    server = launch([eager_models["score"]], args=["--frontends", "2"])
+    front = children(server.proc.pid)
+    server.proc.kill()
+    server.proc.wait()
+    for pid in front:
+        wait_for(lambda pid=pid: not os.path.exists(f"/proc/{pid}") or _zombie(pid), 10, f"front end {pid} exit")
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split()[2] == "Z"
+    except OSError:
+        return True
+
+
+def test_single_process_features_refuse_several_front_ends(eager_models, tmp_path):
+    from tests.server.conftest import FAKE_SERVE, REPO
+
+    done = subprocess.run([*FAKE_SERVE, str(eager_models["score"]), "--frontends", "2", "--allow-client-shm",
+                           "--http-port", "0", "--grpc-port", "0"], cwd=REPO, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 2
+    assert "--frontends 2 cannot be combined with --allow-client-shm" in done.stderr
