@@ -59,3 +59,58 @@ def wait_ms(text: str) -> float:
     if not 0 <= value <= MAX_BATCH_WAIT_MS:
         raise argparse.ArgumentTypeError(f"expected a number of ms from 0 to {MAX_BATCH_WAIT_MS:g}, got {text!r}")
     return value
+
+
+def add_runtime_flags(parser, title: str) -> None:
+    """One override flag per RuntimeConfig field (artifact/manifest.py), default None (as built):
+    `serve` and `bench` take the same knobs `build` records, generated from the same dataclass."""
+    from boundgen.artifact.manifest import RuntimeConfig
+    from boundgen.artifact.program import options
+
+    group = parser.add_argument_group(title)
+    for opt in options(RuntimeConfig):
+        flag = "--" + opt.key.replace("_", "-")
+        if opt.kind is bool:
+            group.add_argument(flag, dest=opt.field, action=argparse.BooleanOptionalAction, default=None,
+                               help=opt.help)
+        else:
+            group.add_argument(flag, dest=opt.field, type=_runtime_value(opt), default=None,
+                               metavar="MS" if opt.kind is float else "N", help=opt.help)
+
+
+def runtime_overrides(args) -> dict:
+    """The RuntimeConfig fields given on the command line (add_runtime_flags), as `boundgen.load` keywords."""
+    from boundgen.artifact.manifest import RuntimeConfig
+    from boundgen.artifact.program import options
+
+    return {o.field: getattr(args, o.field) for o in options(RuntimeConfig) if getattr(args, o.field, None) is not None}
+
+
+def _runtime_value(opt):
+    """An argparse type that reads a RuntimeConfig field and checks it with RuntimeConfig's own rules."""
+    from boundgen.artifact.manifest import RuntimeConfig
+
+    def parse(text: str):
+        try:
+            value = opt.kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {'a number' if opt.kind is float else 'an integer'}, "
+                                             f"got {text!r}") from None
+        try:
+            RuntimeConfig().replace(**{opt.field: value})
+        except ConfigError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+        return value
+
+    parse.__name__ = opt.key
+    return parse
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
+    return value

@@ -6,7 +6,7 @@ import argparse
 import functools
 import os
 
-from boundgen.cli.common import wait_ms
+from boundgen.cli.common import add_runtime_flags, positive_int, runtime_overrides
 from boundgen.errors import ConfigError
 
 DESCRIPTION = """\
@@ -69,23 +69,12 @@ def register(sub):
     p.add_argument("--allow-client-shm", action="store_true",
                    help="let clients on this host register system shared memory regions and pass tensors through "
                         "them (Triton's flag; off: the server never maps a client's memory; docs/serving.md)")
-    p.add_argument("--frontends", type=_positive_int, default=None, metavar="N",
+    p.add_argument("--frontends", type=positive_int, default=None, metavar="N",
                    help="front-end processes that handle the protocols, tokenizing and result encoding around "
                         "one engine process (sharing the ports); 1: everything in this process (default: one per "
                         "four usable cores, 1 to 8, and 1 below four cores or with --model-repository, "
                         "--allow-client-shm, --replicas, --gpus or --ray)")
-    runtime = p.add_argument_group("runtime (override the artifact's manifest without a rebuild; default: as built)")
-    runtime.add_argument("--contexts", type=_positive_int, default=None, metavar="N",
-                         help="request contexts preallocated at load (model calls in flight at once)")
-    runtime.add_argument("--batching", action=argparse.BooleanOptionalAction, default=None,
-                         help="concurrent requests share model calls (--no-batching: one request per call)")
-    runtime.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=None,
-                         help="replay CUDA graphs per shape bucket (GPU artifacts)")
-    runtime.add_argument("--token-bucket", type=_positive_int, default=None, metavar="N",
-                         help="token bucket that CUDA-graph shapes are padded to")
-    runtime.add_argument("--batch-wait-ms", type=wait_ms, default=None, metavar="MS",
-                         help="with batching: ms after a call that a free context may wait for as many requests "
-                              "as that call held plus those then waiting (0: never waits)")
+    add_runtime_flags(p, "runtime (override the artifact's manifest without a rebuild; default: as built)")
     group = p.add_mutually_exclusive_group()
     group.add_argument("--replicas", type=int, default=None, metavar="N",
                        help="serve through N worker processes (CPU) behind this front end; each request goes to "
@@ -113,22 +102,6 @@ def register(sub):
 
 LOCAL_RAY = ""  # `--ray` without an address: start a local Ray instance
 RAY_ONLY_FLAGS = ("gpus_per_replica", "min_replicas", "max_replicas", "target_ongoing_requests")
-RUNTIME_FLAGS = ("contexts", "batching", "cuda_graphs", "token_bucket", "batch_wait_ms")  # RuntimeConfig fields
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
-    return value
-
-
-def runtime_overrides(args) -> dict:
-    """The RuntimeConfig fields given on the command line, as `boundgen.load` keywords."""
-    return {name: getattr(args, name) for name in RUNTIME_FLAGS if getattr(args, name) is not None}
 
 
 def config_from_args(args):

@@ -55,12 +55,16 @@ def test_replica_workers_get_the_same_flags(launch, tmp_path):
 
 def test_bad_values_are_refused_before_serving(tmp_path):
     artifact = write_fake_artifact(tmp_path / "fscore", SCORE_SPEC)
-    for flag, value in (("--contexts", "0"), ("--token-bucket", "many")):
+    # The flags are generated from RuntimeConfig and checked by its own rules (the same words as a
+    # deploy file's or a manifest's bad value).
+    for flag, value, says in (("--contexts", "0", "contexts must be an integer >= 1, got 0"),
+                              ("--token-bucket", "many", "expected an integer, got 'many'"),
+                              ("--executors", "-2", "executors must be an integer >= 1, got -2")):
         proc = subprocess.run([*FAKE_SERVE, str(artifact), flag, value, "--http-port", "0", "--grpc-port", "0"],
                               capture_output=True, text=True, timeout=60, cwd=REPO)
-        assert proc.returncode == 2 and f"{flag}: expected an integer >= 1" in proc.stderr, proc.stderr
+        assert proc.returncode == 2 and f"{flag}: {says}" in proc.stderr, proc.stderr
     for value in ("-1", "21", "nan", "soon"):
         proc = subprocess.run([*FAKE_SERVE, str(artifact), "--batch-wait-ms", value, "--http-port", "0",
                                "--grpc-port", "0"], capture_output=True, text=True, timeout=60, cwd=REPO)
-        assert proc.returncode == 2 and "--batch-wait-ms: expected a number of ms from 0 to 20" in proc.stderr, (
-            proc.stderr)
+        says = "expected a number, got 'soon'" if value == "soon" else "batch_wait_ms must be a number of ms from 0 to 20"
+        assert proc.returncode == 2 and f"--batch-wait-ms: {says}" in proc.stderr, proc.stderr

