@@ -3,7 +3,7 @@
 The target is any callable `request -> result` (an in-process engine, a gRPC client, the HF peer).
 A result may carry `timings` {"pre", "model", "post"} in seconds; queue time is the rest of the
 end-to-end latency. An exception from the callable counts as an error under its name (a gRPC
-error under its status code).
+error under its status code, an HTTP one under its status).
 
 Measurement: closed loop keeps `concurrency` requests in flight (a worker sends the next request
 as soon as its previous one returns). Requests completing during the warmup are dropped; the
@@ -133,6 +133,9 @@ class LevelRun:
 
 
 def error_name(exc: BaseException) -> str:
+    status = getattr(exc, "http_status", None)
+    if status is not None:  # bench.http_client.HttpError
+        return f"http.{status}"
     code = getattr(exc, "code", None)
     if callable(code):  # grpc.RpcError
         try:
