@@ -6,6 +6,7 @@ connection after answering."""
 from __future__ import annotations
 
 import json
+import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -69,6 +70,7 @@ class FakeServer(ThreadingHTTPServer):
 
     def get_request(self):
         sock, addr = super().get_request()
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # headers and body go in two writes
         self.connections += 1
         return sock, addr
 
