@@ -1,14 +1,19 @@
-"""The bench's KServe v2 HTTP client against a fake server on loopback (tests/bench/fake_kserve_http.py)."""
+"""The bench's KServe v2 HTTP client against a fake server on loopback (tests/bench/fake_kserve_http.py)
+and against `boundgen serve` with fake engines, beside the gRPC client."""
 
 from dataclasses import dataclass
 
 import numpy as np
 import pytest
 
+from boundgen.bench.grpc_client import GrpcTarget
 from boundgen.bench.http_client import HttpError, HttpTarget, parse_outputs, split_address
-from boundgen.bench.loadgen import closed_loop
+from boundgen.bench.loadgen import closed_loop, error_name
+from boundgen.server.launch import ServerProcess
 
 from tests.bench.fake_kserve_http import FakeServer
+from tests.server.conftest import BEAM_SPEC, FAKE_SERVE, REPO, SCORE_SPEC
+from tests.server.fake_engine import write_fake_artifact
 
 
 @dataclass
@@ -63,3 +68,27 @@ def test_closed_loop_over_http_one_connection_per_slot():
             target.close()
         assert stats.completed > 0 and set(stats.errors) == {"http.429"}
         assert server.connections == 3
+
+
+def test_http_and_grpc_targets_agree_on_a_real_server(tmp_path):
+    """`boundgen serve` (fake engines) answers the HTTP target as it answers the gRPC one."""
+    dirs = [write_fake_artifact(tmp_path / "fscore", SCORE_SPEC), write_fake_artifact(tmp_path / "fbeam", BEAM_SPEC)]
+    server = ServerProcess(dirs, args=[], command=FAKE_SERVE, cwd=REPO, ready_timeout_s=60.0).start()
+    try:
+        answers = []
+        for kind, address in ((HttpTarget, server.http_url), (GrpcTarget, server.grpc_url)):
+            score, beam = kind(address, "fscore", "score"), kind(address, "fbeam", "beam")
+            assert score.ready()
+            with pytest.raises(Exception) as err:
+                score(Req(("x",) * 9))  # over the model's 4 samples
+            answers.append((score(Req(("a b", "c"))), beam(Req(("hello",))), error_name(err.value)))
+            score.close()
+            beam.close()
+        (s_http, b_http, e_http), (s_grpc, b_grpc, e_grpc) = answers
+        np.testing.assert_array_equal(s_http.scores, s_grpc.scores)
+        np.testing.assert_array_equal(b_http.token_ids, b_grpc.token_ids)
+        np.testing.assert_array_equal(b_http.scores, b_grpc.scores)
+        assert b_http.texts == b_grpc.texts and len(b_http.texts) == 3
+        assert (e_http, e_grpc) == ("http.400", "grpc.INVALID_ARGUMENT")
+    finally:
+        server.kill()
