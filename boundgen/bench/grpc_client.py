@@ -16,6 +16,7 @@ import numpy as np
 from boundgen.runtime.results import BeamResult, ScoreResult
 
 _LEN = struct.Struct("<I")
+NUMPY_DTYPES = {"FP32": "<f4", "INT32": "<i4", "INT64": "<i8"}  # the output datatypes the models send
 
 
 def _pb():
@@ -35,6 +36,15 @@ def decode_bytes(raw: bytes, count: int) -> list[bytes]:
         out.append(bytes(raw[pos + 4: pos + 4 + n]))
         pos += 4 + n
     return out
+
+
+def to_result(task: str, outs: dict):
+    """Output tensors by name (BYTES as lists of bytes, the rest as arrays) -> ScoreResult | BeamResult."""
+    if task == "score":
+        return ScoreResult(scores=outs["SCORES"], label_token_ids=[])
+    ids = outs["TOKEN_IDS"].astype(np.int32)
+    return BeamResult(token_ids=ids, scores=outs["SCORES"], finished=(ids < 0).any(axis=1),
+                      texts=[b.decode("utf-8", errors="replace") for b in outs.get("TEXT_OUT", [])])
 
 
 class GrpcTarget:
@@ -77,18 +87,14 @@ class GrpcTarget:
                 data = decode_bytes(raw, count) if raw is not None else list(out.contents.bytes_contents)
                 outs[out.name] = data
             else:
-                dtype = {"FP32": "<f4", "INT32": "<i4", "INT64": "<i8"}[out.datatype]
+                dtype = NUMPY_DTYPES[out.datatype]
                 if raw is not None:
                     arr = np.frombuffer(raw, dtype=dtype)
                 else:
                     field = {"FP32": "fp32_contents", "INT32": "int_contents", "INT64": "int64_contents"}[out.datatype]
                     arr = np.asarray(getattr(out.contents, field), dtype=dtype)
                 outs[out.name] = arr.reshape(shape)
-        if self.task == "score":
-            return ScoreResult(scores=outs["SCORES"], label_token_ids=[])
-        ids = outs["TOKEN_IDS"].astype(np.int32)
-        return BeamResult(token_ids=ids, scores=outs["SCORES"], finished=(ids < 0).any(axis=1),
-                          texts=[b.decode("utf-8", errors="replace") for b in outs.get("TEXT_OUT", [])])
+        return to_result(self.task, outs)
 
     def close(self):
         self.channel.close()

@@ -3,7 +3,7 @@
 The target is any callable `request -> result` (an in-process engine, a gRPC client, the HF peer).
 A result may carry `timings` {"pre", "model", "post"} in seconds; queue time is the rest of the
 end-to-end latency. An exception from the callable counts as an error under its name (a gRPC
-error under its status code).
+error under its status code, an HTTP one under its status).
 
 Measurement: closed loop keeps `concurrency` requests in flight (a worker sends the next request
 as soon as its previous one returns). Requests completing during the warmup are dropped; the
@@ -15,6 +15,11 @@ request's latency runs from its scheduled arrival (client-side waiting included)
 runs from the first arrival until the last completion, at most `drain_s` after the last arrival.
 Percentiles are nearest-rank. Every level is bounded in time and count; a callable that hangs
 is abandoned (its worker thread is a daemon) and counted as unfinished.
+
+`run_closed` and `run_open` return a level's raw records and window (`LevelRun`); `closed_loop`
+and `open_loop` summarize them. Several client processes (bench/clients.py) each run one and the
+parent summarizes the merged records: `Clock` reads time.perf_counter, which is the system-wide
+CLOCK_MONOTONIC on Linux, so times from different processes compare.
 """
 
 from __future__ import annotations
@@ -118,7 +123,19 @@ def summarize(records: Sequence[Record], window: tuple[float, float], *, mode: s
         within_budget=within)
 
 
+@dataclass
+class LevelRun:
+    """One level's raw outcome, before statistics: every record kept, the measurement window
+    (clock seconds) and the requests still in flight when the level gave up on them."""
+    records: list  # [Record]
+    window: tuple[float, float]
+    unfinished: int
+
+
 def error_name(exc: BaseException) -> str:
+    status = getattr(exc, "http_status", None)
+    if status is not None:  # bench.http_client.HttpError
+        return f"http.{status}"
     code = getattr(exc, "code", None)
     if callable(code):  # grpc.RpcError
         try:
@@ -163,6 +180,19 @@ def closed_loop(call: Callable, requests: Sequence, concurrency: int, *, duratio
                 progress: Callable | None = stderr_progress, progress_every_s: float = 2.0,
                 hang_grace_s: float = 30.0) -> LevelStats:
     """One closed-loop level: `concurrency` workers, each sending requests back to back."""
+    run = run_closed(call, requests, concurrency, duration_s=duration_s, warmup_s=warmup_s,
+                     max_requests=max_requests, min_requests=min_requests, clock=clock, work_of=work_of,
+                     progress=progress, progress_every_s=progress_every_s, hang_grace_s=hang_grace_s)
+    return summarize(run.records, run.window, mode="closed", concurrency=concurrency, unfinished=run.unfinished,
+                     budget=budget, with_mfu=work_of is not None)
+
+
+def run_closed(call: Callable, requests: Sequence, concurrency: int, *, duration_s: float = 5.0,
+               warmup_s: float = 1.0, max_requests: int = 100_000, min_requests: int = 5,
+               clock: Clock | None = None, work_of: Callable | None = None,
+               progress: Callable | None = stderr_progress, progress_every_s: float = 2.0,
+               hang_grace_s: float = 30.0) -> LevelRun:
+    """closed_loop's records and window, unsummarized."""
     if concurrency <= 0 or not requests:
         raise ValueError("closed loop needs concurrency >= 1 and a non-empty request pool")
     clock = clock or Clock()
@@ -218,8 +248,7 @@ def closed_loop(call: Callable, requests: Sequence, concurrency: int, *, duratio
     with lock:
         window_end = state["window_end"] if state["window_end"] is not None else clock.now()
         recs = list(records)
-    return summarize(recs, (window_start, window_end), mode="closed", concurrency=concurrency,
-                     unfinished=unfinished, budget=budget, with_mfu=work_of is not None)
+    return LevelRun(recs, (window_start, window_end), unfinished)
 
 
 def poisson_arrivals(rate: float, duration_s: float, seed: int = 0) -> np.ndarray:
@@ -240,6 +269,16 @@ def open_loop(call: Callable, requests: Sequence, rate: float, *, duration_s: fl
               progress: Callable | None = stderr_progress) -> LevelStats:
     """One open-loop level: Poisson arrivals at `rate`; at most `max_in_flight` requests being sent
     at once (beyond that, arrivals wait in the client and that wait counts in their latency)."""
+    run = run_open(call, requests, rate, duration_s=duration_s, seed=seed, max_in_flight=max_in_flight,
+                   drain_s=drain_s, clock=clock, work_of=work_of, progress=progress)
+    return summarize(run.records, run.window, mode="open", rate=rate, unfinished=run.unfinished, budget=budget,
+                     with_mfu=work_of is not None)
+
+
+def run_open(call: Callable, requests: Sequence, rate: float, *, duration_s: float = 5.0, seed: int = 0,
+             max_in_flight: int = 256, drain_s: float = 10.0, clock: Clock | None = None,
+             work_of: Callable | None = None, progress: Callable | None = stderr_progress) -> LevelRun:
+    """open_loop's records and window, unsummarized."""
     clock = clock or Clock()
     arrivals = poisson_arrivals(rate, duration_s, seed)
     todo: queue.Queue = queue.Queue()
@@ -277,8 +316,7 @@ def open_loop(call: Callable, requests: Sequence, rate: float, *, duration_s: fl
         recs = list(records)
     unfinished = len(arrivals) - len(recs)
     end = max([r.end for r in recs], default=clock.now())
-    return summarize(recs, (begin, end), mode="open", rate=rate, unfinished=unfinished, budget=budget,
-                     with_mfu=work_of is not None)
+    return LevelRun(recs, (begin, end), unfinished)
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """Bench results on disk: JSON, the latency-vs-QPS plot, markdown tables for docs/benchmarks.md.
 
-A result is one workload's dict as `bench.runner.run_workload` returns it:
-    {"workload": {...}, "date", "env", "command",
+A result is one workload's dict as `boundgen bench` writes it:
+    {"workload": {...}, "date", "env", "host": {...} (bench/host.py), "command",
      "systems": {"boundgen": {"target", "sweep": {"levels", "stop_reason", "capacity"},
                               "open_loop", "error"}, "peer_eager": {...}, "peer_compiled": {...}},
      "diagnostic": {...} | None, "profiles": {system: markdown file name}}
@@ -134,8 +134,20 @@ def comparison(result: dict) -> str | None:
             f"{b_peak:.1f} vs {p_peak:.1f} QPS ({b_peak / p_peak:.1f}x).")
 
 
+def host_line(host: dict | None) -> str | None:
+    """The host of a result in one sentence (bench/host.py's record); None for results without one."""
+    if not host:
+        return None
+    procs = host.get("client_procs", 1)
+    clients = f"{procs} client processes" if procs != 1 else "1 client process"
+    server = f"; server cores {host['server_cores']}" if host.get("server_cores") else ""
+    return (f"Host: {host.get('cpu_model', '?')}, {host.get('logical_cores', '?')} logical cores; bench on "
+            f"{host.get('bench_core_count', '?')} cores ({host.get('bench_cores', '?')}), {clients}{server}.")
+
+
 def markdown_workload(result: dict) -> str:
-    """A section for one workload: setup, capacity points, every level, diagnostic, profiles."""
+    """A section for one workload: setup, host, capacity points, every level, client check,
+    diagnostic, profiles."""
     wl = result.get("workload", {})
     out = [f"### {wl.get('name')}: {wl.get('task')}", ""]
     shape = (f"{wl.get('samples')} samples x {wl.get('min_tokens')}-{wl.get('max_tokens')} tokens, labels "
@@ -143,6 +155,9 @@ def markdown_workload(result: dict) -> str:
              f"prompt {wl.get('min_tokens')} tokens, W={wl.get('width')}, N_gen={wl.get('steps')}")
     out.append(f"{shape}; pool of {wl.get('pool')} requests, seed {wl.get('seed')}; "
                f"{_f(wl.get('gflops_per_request'), '{:.1f}')} logical GFLOP per request.")
+    host = host_line(result.get("host"))
+    if host:
+        out.append(host)
     out.append("")
     out.append("| system | target | capacity point (mean < 20 ms, P99 < 80 ms) | peak QPS | eff. MFU at capacity | sweep stop |")
     out.append("|---|---|---|---|---|---|")
@@ -171,6 +186,10 @@ def markdown_workload(result: dict) -> str:
     out.append("")
     out.append("Breakdown columns are mean ms per request from the engine's timings; queue = end-to-end "
                "minus pre + model + post; per call = requests in the model call a request rode in, on average.")
+    for name, system in result.get("systems", {}).items():
+        check = client_check_line(system.get("client_check"))
+        if check:
+            out += ["", f"{name}: {check}"]
     diag = result.get("diagnostic")
     if diag:
         out += ["", f"Diagnostic ({diag.get('tokens')} tokens, {diag.get('samples')} samples, sequential): "
@@ -180,6 +199,19 @@ def markdown_workload(result: dict) -> str:
     for name, file in (result.get("profiles") or {}).items():
         out.append(f"\nProfile of {name}: `{file}`.")
     return "\n".join(out) + "\n"
+
+
+def client_check_line(check: dict | None) -> str | None:
+    """bench/clients.py's check of the load generator, in one sentence; None when it did not run."""
+    if not check:
+        return None
+    if check.get("skipped"):
+        return f"client check skipped: {check['skipped']}."
+    verdict = ("the load generator is not the bottleneck" if check.get("ok") else
+               "WARNING: the load generator may be the bottleneck")
+    return (f"client check at c={check.get('concurrency')}: {check['procs']} client processes "
+            f"{check['qps']:.1f} QPS, {check['procs_2x']} processes {check['qps_2x']:.1f} QPS "
+            f"({check['change']:+.1f}%): {verdict}.")
 
 
 def markdown_summary(results: Sequence[dict]) -> str:

@@ -2,6 +2,8 @@
 
 Glue between workloads, loadgen and mfu; the CLI decides what to run and where results go.
 A system that fails is recorded with its error and the bench carries on with the next one.
+Levels run on threads of this process, or, given a `clients.ClientSetup` (a server over gRPC or
+HTTP), from that many client processes (bench/clients.py), which then also check themselves.
 """
 
 from __future__ import annotations
@@ -14,7 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
-from boundgen.bench import loadgen, mfu
+from boundgen.bench import clients, loadgen, mfu
+from boundgen.bench.grpc_client import GrpcTarget
+from boundgen.bench.http_client import HttpTarget
 from boundgen.bench.workloads import Request, WorkloadSpec
 
 
@@ -63,21 +67,29 @@ def work_function(spec: WorkloadSpec, shape: mfu.ModelShape, fp8_groups: Sequenc
 
 def run_system(call: Callable, requests: Sequence[Request], cfg: BenchConfig, *, target: str,
                work_of: Callable | None = None, progress: Callable | None = loadgen.stderr_progress,
-               on_update: Callable[[dict], None] | None = None) -> dict:
-    """Warm up, sweep concurrency, then the open-loop run if asked. Never raises for the target's
-    failures: they end up in "error". `on_update(partial)` is called after every level, so that
-    an interrupted run (Ctrl-C, a time limit) still leaves its finished levels on disk."""
-    out = {"target": target, "sweep": None, "open_loop": None, "error": None}
+               on_update: Callable[[dict], None] | None = None,
+               client_setup: clients.ClientSetup | None = None) -> dict:
+    """Warm up, sweep concurrency, [check the client processes at the capacity point], then the
+    open-loop run if asked. `call` serves the warm-up (and every level without `client_setup`).
+    Never raises for the target's failures: they end up in "error". `on_update(partial)` is
+    called after every level, so that an interrupted run (Ctrl-C, a time limit) still leaves its
+    finished levels on disk."""
+    out = {"target": target, "client_procs": client_setup.procs if client_setup else 1, "sweep": None,
+           "open_loop": None, "error": None}
     levels: list = []
+    pool = None
+    level_kwargs = dict(duration_s=cfg.duration_s, warmup_s=cfg.warmup_s, max_requests=cfg.max_requests,
+                        budget=cfg.budget)
 
     def update():
         if on_update:
             on_update(out)
 
     def level(c: int) -> loadgen.LevelStats:
-        stats = loadgen.closed_loop(call, requests, c, duration_s=cfg.duration_s, warmup_s=cfg.warmup_s,
-                                    max_requests=cfg.max_requests, work_of=work_of, budget=cfg.budget,
-                                    progress=progress)
+        if pool:
+            stats = pool.closed_loop(c, **level_kwargs)
+        else:
+            stats = loadgen.closed_loop(call, requests, c, work_of=work_of, progress=progress, **level_kwargs)
         levels.append(stats)
         out["sweep"] = loadgen.Sweep(list(levels), "interrupted").to_dict()
         update()
@@ -86,15 +98,28 @@ def run_system(call: Callable, requests: Sequence[Request], cfg: BenchConfig, *,
     try:
         for request in requests[: min(3, len(requests))]:
             call(request)  # first calls pay lazy costs; an engine that cannot serve fails here, readably
+        if client_setup:
+            if progress:
+                progress(f"starting {client_setup.procs} client processes")
+            pool = clients.ClientPool(client_setup.target, requests, client_setup.procs, work_of=work_of,
+                                      progress=progress)
         sweep = loadgen.sweep(level, cfg.concurrencies, progress=progress)
         out["sweep"] = sweep.to_dict()
         update()
+        if client_setup and client_setup.check:
+            capacity = loadgen.capacity_point(sweep.levels)
+            out["client_check"] = (_check_clients(client_setup, requests, capacity, work_of, progress, level_kwargs)
+                                   if capacity else {"skipped": "no level within the latency budget"})
+            update()
         rate = open_loop_rate(cfg.open_loop_rate, sweep)
         if rate:
             if progress:
                 progress(f"open loop at {rate:.1f} requests/s for {cfg.duration_s:g} s")
-            stats = loadgen.open_loop(call, requests, rate, duration_s=cfg.duration_s, seed=cfg.seed,
-                                      work_of=work_of, budget=cfg.budget, progress=progress)
+            if pool:
+                stats = pool.open_loop(rate, duration_s=cfg.duration_s, seed=cfg.seed, budget=cfg.budget)
+            else:
+                stats = loadgen.open_loop(call, requests, rate, duration_s=cfg.duration_s, seed=cfg.seed,
+                                          work_of=work_of, budget=cfg.budget, progress=progress)
             if progress:
                 progress("  " + stats.line())
             out["open_loop"] = stats.to_dict()
@@ -107,8 +132,42 @@ def run_system(call: Callable, requests: Sequence[Request], cfg: BenchConfig, *,
         out["traceback"] = traceback.format_exc(limit=8)
         if progress:
             progress(f"FAILED: {out['error']}")
+    finally:
+        if pool:
+            pool.close()
     update()
     return out
+
+
+def _check_clients(setup: clients.ClientSetup, requests, capacity: loadgen.LevelStats, work_of, progress,
+                   level_kwargs: dict) -> dict:
+    """clients.check_clients at the capacity point, said on the progress line (a warning if it fails)."""
+    if progress:
+        progress(f"client check: c={capacity.concurrency} again with twice the client processes")
+    check = clients.check_clients(setup.target, requests, capacity, setup.procs, work_of=work_of,
+                                  progress=progress, **level_kwargs)
+    if progress:
+        if check.get("skipped"):
+            progress(f"  client_check: skipped, {check['skipped']}")
+        else:
+            progress(f"  client_check: {{procs: {check['procs']}, qps: {check['qps']:.1f}, "
+                     f"procs_2x: {check['procs_2x']}, qps_2x: {check['qps_2x']:.1f}, "
+                     f"change: {check['change']:+.1f}%, ok: {str(check['ok']).lower()}}}")
+            if not check["ok"]:
+                progress(f"  WARNING: QPS at c={check['concurrency']} changed by {check['change']:+.1f}% with "
+                         f"{check['procs_2x']} client processes instead of {check['procs']}: the load "
+                         "generator may be the bottleneck (raise --client-procs, or give the bench more cores)")
+    return check
+
+
+def remote_target(task: str, *, grpc: str | None = None, http: str | None = None, model: str) -> tuple[
+        clients.TargetSpec, str]:
+    """(how a client process builds its target, a description) for a running server's model."""
+    if bool(grpc) == bool(http):
+        raise ValueError("a remote target is one of grpc or http")
+    factory, address, kind = (GrpcTarget, grpc, "grpc") if grpc else (HttpTarget, http, "http")
+    return (clients.TargetSpec(factory, {"address": address, "model": model, "task": task}),
+            f"{kind} {address} model {model}")
 
 
 def open_loop_rate(setting, sweep: loadgen.Sweep) -> float | None:

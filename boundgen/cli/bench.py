@@ -1,12 +1,14 @@
-"""`boundgen bench`: capacity sweep of a workload against boundgen (in process or over gRPC) and the
-HF transformers peers in the same run; JSON, PNG and markdown into --out.
+"""`boundgen bench`: capacity sweep of a workload against boundgen (in process, over gRPC or HTTP) and
+the HF transformers peers in the same run; JSON, PNG and markdown into --out.
 
 Runs standalone too (no other subcommand needs to import): `python3 -m boundgen.cli.bench ...`.
 Order: boundgen on every workload given (profile, diagnostic), engine closed, then each peer mode
 (`--peer-mode eager,compiled`) in its own process on the same workloads (bench/peer_process.py:
 every shape warmed, its best padding and requests per call), so boundgen and a peer never share
-the device or the process. With `--peer` and neither `--artifact` nor `--grpc`, only the peers
+the device or the process. With `--peer` and none of `--artifact`, `--grpc`, `--http`, only the peers
 run. Results are written after every level, so an interrupted run keeps what finished.
+A server (--grpc, --http) is driven from --client-procs processes (bench/clients.py), which then
+check themselves at the capacity point; every result records its host (bench/host.py).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ EPILOG = """examples:
   boundgen bench --workload W1 --artifact art/w1 --peer models/qwen3-0.6b --profile --diagnostic
   boundgen bench --workload W2,W3 --artifact art/beam --peer models/qwen2.5-0.5b --open-loop-rate auto
   boundgen bench --workload W1 --grpc localhost:8001 --model w1 --model-dir models/qwen3-0.6b
+  boundgen bench --workload W2 --http localhost:8000 --model beam --model-dir models/qwen2.5-0.5b --client-procs 4
   boundgen bench --workload W2,W3 --peer models/qwen2.5-0.5b --peer-mode eager,compiled   (peers only)
 --artifact also takes an HF model directory: the eager (uncompiled) engine is then measured."""
 
@@ -40,7 +43,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     target = p.add_mutually_exclusive_group()
     target.add_argument("--artifact", metavar="DIR", help="built artifact (or HF model dir: eager engine) in process")
     target.add_argument("--grpc", metavar="HOST:PORT", help="a running `boundgen serve`, over KServe v2 gRPC")
-    p.add_argument("--model", metavar="NAME", help="model name on the server (with --grpc)")
+    target.add_argument("--http", metavar="HOST:PORT", help="a running `boundgen serve`, over KServe v2 HTTP")
+    p.add_argument("--model", metavar="NAME", help="model name on the server (with --grpc or --http)")
+    p.add_argument("--client-procs", type=int, default=None, metavar="N",
+                   help="--grpc/--http: load-generating processes (default: half the cores this bench may use, "
+                        "1 to 8)")
+    p.add_argument("--check-clients", action=argparse.BooleanOptionalAction, default=None,
+                   help="--grpc/--http: rerun the capacity level with twice the client processes and warn if QPS "
+                        "moves by 3%% or more (default: on)")
+    p.add_argument("--server-cores", metavar="LIST", help="the cores the server runs on (e.g. 0-15), recorded "
+                   "with the host")
     p.add_argument("--model-dir", metavar="DIR", help="HF checkpoint for the tokenizer and the model shape "
                    "(default: --peer, else the artifact dir)")
     p.add_argument("--peer", metavar="MODEL_DIR", help="also measure HF transformers on this checkpoint")
@@ -176,6 +188,8 @@ def _check_engine_matches(engine, spec) -> None:
 
 def run(args) -> int:
     from boundgen.bench import report, runner
+    from boundgen.bench.clients import default_client_procs
+    from boundgen.bench.host import host_record
     from boundgen.bench.workloads import get_workload, load_tokenizer, make_requests
 
     names = [w.strip() for w in args.workload.split(",") if w.strip()]
@@ -185,15 +199,21 @@ def run(args) -> int:
         raise ConfigError(str(exc)) from None
     if len({s.task for s in specs}) != 1:
         raise ConfigError("workloads given together must share a task (one target serves them all)")
-    if not (args.artifact or args.grpc or args.peer):
-        raise ConfigError("nothing to measure: give --artifact or --grpc (boundgen), --peer, or both")
+    remote = args.grpc or args.http
+    if not (args.artifact or remote or args.peer):
+        raise ConfigError("nothing to measure: give --artifact, --grpc or --http (boundgen), --peer, or both")
     modes = [m.strip() for m in args.peer_mode.split(",") if m.strip()]
     if not modes or any(m not in ("eager", "compiled") for m in modes):
         raise ConfigError(f"--peer-mode takes eager, compiled or both (eager,compiled), got {args.peer_mode!r}")
-    if args.grpc and not args.model:
-        raise ConfigError("--grpc needs --model NAME (the model's name on the server)")
-    if (args.profile or args.diagnostic) and args.grpc:
+    if remote and not args.model:
+        raise ConfigError(f"--{'grpc' if args.grpc else 'http'} needs --model NAME (the model's name on the server)")
+    if (args.profile or args.diagnostic) and remote:
         raise ConfigError("--profile and --diagnostic measure the in-process engine: use --artifact")
+    if not remote and (args.client_procs is not None or args.check_clients):
+        raise ConfigError("--client-procs and --check-clients drive a server: use them with --grpc or --http")
+    if args.client_procs is not None and args.client_procs < 1:
+        raise ConfigError(f"--client-procs must be at least 1, got {args.client_procs}")
+    procs = (args.client_procs or default_client_procs()) if remote else 1
     cfg = runner.BenchConfig(concurrencies=parse_levels(args.concurrency), duration_s=args.duration,
                              warmup_s=args.warmup, max_requests=args.max_requests,
                              open_loop_rate=args.open_loop_rate, seed=args.seed)
@@ -201,7 +221,8 @@ def run(args) -> int:
     out.mkdir(parents=True, exist_ok=True)
     tok_dir = args.model_dir or args.peer or args.artifact
     if not tok_dir:
-        raise ConfigError("with --grpc, pass --model-dir (or --peer) for the tokenizer that sizes the workloads")
+        raise ConfigError("with --grpc or --http, pass --model-dir (or --peer) for the tokenizer that sizes the "
+                          "workloads")
     tokenizer = load_tokenizer(tok_dir)
     command = "boundgen bench " + shlex.join(sys.argv[2:] if sys.argv[1:2] == ["bench"] else sys.argv[1:])
     results = {}
@@ -211,7 +232,8 @@ def run(args) -> int:
         shape, source = runner.model_shape(spec, [args.model_dir, args.peer, args.artifact])
         results[spec.name] = {
             "workload": runner.workload_header(spec, requests, shape, args.seed, source), "date": runner.now_utc(),
-            "env": runner.environment(), "command": command, "systems": {}, "diagnostic": None, "profiles": {},
+            "env": runner.environment(), "host": host_record(procs, args.server_cores).to_dict(),
+            "command": command, "systems": {}, "diagnostic": None, "profiles": {},
             "_requests": requests, "_shape": shape}
 
     def save(name, plot=False):
@@ -224,8 +246,8 @@ def run(args) -> int:
     for spec in specs:
         save(spec.name)
     try:
-        if args.artifact or args.grpc:
-            _run_boundgen(args, specs, cfg, results, out, save, tokenizer)
+        if args.artifact or remote:
+            _run_boundgen(args, specs, cfg, results, out, save, tokenizer, procs)
         for mode in modes if args.peer else ():
             _run_peer(args, mode, tok_dir, specs, results, out, save)
     except KeyboardInterrupt:
@@ -243,15 +265,17 @@ def run(args) -> int:
     return 0
 
 
-def _run_boundgen(args, specs, cfg, results, out, save, tokenizer) -> None:
+def _run_boundgen(args, specs, cfg, results, out, save, tokenizer, procs: int) -> None:
     from boundgen.bench import runner
+    from boundgen.bench.clients import ClientSetup
 
-    engine, target, fp8 = None, f"grpc {args.grpc} model {args.model}", ()
+    remote = args.grpc or args.http
+    engine, target, fp8, clients = None, None, (), None
     try:
-        if args.grpc:
-            from boundgen.bench.grpc_client import GrpcTarget
-
-            engine = GrpcTarget(args.grpc, args.model, specs[0].task)
+        if remote:
+            target_spec, target = runner.remote_target(specs[0].task, grpc=args.grpc, http=args.http, model=args.model)
+            clients = ClientSetup(target_spec, procs, check=args.check_clients is not False)
+            engine = target_spec.build()  # this process's own, for the warm-up calls
         else:
             _progress(f"loading {args.artifact}")
             engine, target = _engine(args, specs)
@@ -260,7 +284,7 @@ def _run_boundgen(args, specs, cfg, results, out, save, tokenizer) -> None:
             fp8 = tuple((engine.spec.extra or {}).get("fp8_groups", ()))
     except Exception as exc:
         for spec in specs:
-            results[spec.name]["systems"]["boundgen"] = {"target": target if args.grpc else args.artifact,
+            results[spec.name]["systems"]["boundgen"] = {"target": target if remote else args.artifact,
                                                          "error": f"{type(exc).__name__}: {exc}"}
             save(spec.name)
         _progress(f"boundgen could not start: {type(exc).__name__}: {exc}")
@@ -269,11 +293,12 @@ def _run_boundgen(args, specs, cfg, results, out, save, tokenizer) -> None:
         fp8 = tuple(g for g in args.fp8_groups.split(",") if g)
     for spec in specs:
         res = results[spec.name]
-        call = engine if args.grpc else runner.engine_call(engine, spec)
+        call = engine if remote else runner.engine_call(engine, spec)
         work = runner.work_function(spec, res["_shape"], fp8)
         _progress(f"{spec.name}: boundgen ({target})")
         system = runner.run_system(call, res["_requests"], cfg, target=target, work_of=work, progress=_progress,
-                                   on_update=_saver(res, "boundgen", save, spec.name, fp8_groups=list(fp8)))
+                                   on_update=_saver(res, "boundgen", save, spec.name, fp8_groups=list(fp8)),
+                                   client_setup=clients)
         if args.profile and not system.get("error"):
             _profile(spec, res, call, system, out, save, args.profile_requests)
         if args.diagnostic and spec.task == "score":

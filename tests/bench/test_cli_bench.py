@@ -12,6 +12,8 @@ from boundgen.errors import ConfigError
 from boundgen.runtime.engine import Engine, EngineSpec
 from boundgen.runtime.results import ScoreResult
 
+from tests.bench.fake_kserve_http import FakeServer
+
 
 class FakeScoreEngine(Engine):
     def __init__(self):
@@ -70,6 +72,45 @@ def test_argument_checks(tmp_path):
     assert main(["bench", "--workload", "W1,W2", "--grpc", "h:1", "--model", "m", "--model-dir", "x",
                  "--out", str(tmp_path)]) == 2  # W1 and W2 are different tasks
     assert main(["bench", "--workload", "W1", "--grpc", "h:1", "--out", str(tmp_path)]) == 2  # no --model
+    assert main(["bench", "--workload", "W1", "--http", "h:1", "--out", str(tmp_path)]) == 2  # no --model
+    assert main(["bench", "--workload", "W1", "--artifact", "a", "--client-procs", "2",
+                 "--out", str(tmp_path)]) == 2  # client processes drive a server
+    assert main(["bench", "--workload", "W1", "--http", "h:1", "--model", "m", "--model-dir", "x",
+                 "--client-procs", "0", "--out", str(tmp_path)]) == 2
+
+
+def test_bench_over_http_from_client_processes(tmp_path, monkeypatch):
+    """--http: the levels come from --client-procs processes, the capacity level is rerun with twice
+    as many, and the result records its host. (Requests made up, no torch versions asked for, no
+    plot: loading a tokenizer, importing torch and matplotlib take longer than the bench.)"""
+    from boundgen.bench import report, runner, workloads
+
+    monkeypatch.setattr(runner, "environment", lambda: {"python": "3"})
+    monkeypatch.setattr(report, "plot_latency", lambda results, path: path)
+    monkeypatch.setattr(workloads, "load_tokenizer", lambda path: None)
+    monkeypatch.setattr(workloads, "make_requests", lambda spec, tok, count, seed: [
+        workloads.Request(i, tuple(f"text {i} {j}" for j in range(15)), (48,) * 15) for i in range(count)])
+    out = tmp_path / "out"
+    with FakeServer() as server:
+        code = main(["bench", "--workload", "W1", "--http", server.address, "--model", "m",
+                     "--model-dir", str(tmp_path), "--concurrency", "1,4", "--duration", "0.3",
+                     "--warmup", "0.05", "--pool", "3", "--client-procs", "2", "--server-cores", "0-3",
+                     "--out", str(out)])
+    assert code == 0
+    result = json.loads((out / "bench_W1.json").read_text())
+    assert result["host"]["client_procs"] == 2 and result["host"]["server_cores"] == "0-3"
+    system = result["systems"]["boundgen"]
+    assert system["error"] is None and system["target"] == f"http {server.address} model m"
+    assert system["client_procs"] == 2
+    assert all(lv["completed"] > 0 and not lv["errors"] for lv in system["sweep"]["levels"])
+    check = system["client_check"]
+    if system["sweep"]["capacity"]["concurrency"] == 4:
+        assert (check["procs"], check["procs_2x"]) == (2, 4) and check["qps_2x"] > 0
+    else:  # c=1 leaves no room for a second process
+        assert "skipped" in check
+    summary = (out / "summary_W1.md").read_text()
+    assert "Host: " in summary and "2 client processes; server cores 0-3." in summary
+    assert "client check" in summary
 
 
 def test_bench_peer_only_in_its_own_process(tmp_path, tiny_qwen3_dir):
