@@ -18,7 +18,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from boundgen.cli.common import wait_ms
+from boundgen.cli.common import add_runtime_flags, runtime_overrides
 from boundgen.errors import BoundgenError, ConfigError
 
 EPILOG = """examples:
@@ -77,18 +77,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--profile-requests", type=int, default=30, help="requests under the profiler (default %(default)s)")
     p.add_argument("--diagnostic", action="store_true", help="W1: 1,024-token request, engine vs model node alone")
     p.add_argument("--fp8-groups", default=None, help="linear groups in FP8 for MFU (default: the engine's spec)")
-    p.add_argument("--contexts", type=int, default=None, help="engine request contexts (default: the artifact's)")
-    p.add_argument("--executors", type=int, default=None, help="engine model calls at once (default: the artifact's)")
-    p.add_argument("--cuda-graphs", action="store_true", default=None, help="engine replays CUDA graphs "
-                   "(default: the artifact's setting)")
-    p.add_argument("--batching", action=argparse.BooleanOptionalAction, default=None,
-                   help="concurrent requests share model calls within the artifact's bounds (eager beam: up to 8); "
-                        "default: the artifact's setting, off for the eager engine")
-    p.add_argument("--batch-wait-ms", type=wait_ms, default=None, metavar="MS",
-                   help="artifact only: ms after a call that a free context may wait for as many requests as that "
-                        "call held plus those then waiting (default: the artifact's)")
-    p.add_argument("--token-bucket", type=int, default=None, metavar="N",
-                   help="artifact only: pad calls to multiples of N tokens for CUDA graphs (default: the artifact's)")
+    add_runtime_flags(p, "engine (in process: override the artifact's runtime settings; default: as built; the "
+                         "eager engine: 4 contexts, no batching, no graphs)")
     p.add_argument("--tokenizer", choices=["fast", "fast-joined", "tokenizers"], default=None,
                    help="artifact only: encode with tiktoken and decode from a byte table where the vocabulary "
                         "allows (fast, the default; fast-joined: a request's texts in one call) or with `tokenizers` "
@@ -126,9 +116,7 @@ def _engine(args, specs):
     every workload in `specs`."""
     from boundgen.cli.common import is_artifact
 
-    overrides = {k: getattr(args, k) for k in ("contexts", "executors", "cuda_graphs", "batching",
-                                                       "token_bucket", "batch_wait_ms")
-                 if getattr(args, k) is not None}
+    overrides = runtime_overrides(args)
     if args.tokenizer is not None:
         overrides["fast_tokenizer"] = args.tokenizer != "tokenizers"
         if args.tokenizer == "fast-joined":
