@@ -18,6 +18,8 @@
     POST /v2/systemsharedmemory[/region/{r}]/unregister   none, register refused
          /v2/cudasharedmemory/...                         likewise
     POST /v1/score, /v1/beam                  JSON routes for score and beam models (score_api.py, beam_api.py)
+    POST /v1/rerank, /rerank, /score          the routes reranking clients call, on score models, and
+    GET  /v1/models                           OpenAI's model list (rerank_api.py)
     GET  /metrics                             Prometheus text format
 
 Request and response bodies (the JSON body, the binary tensor extension, shared memory
@@ -36,7 +38,7 @@ from aiohttp import web
 
 from boundgen.version import __version__
 from boundgen.errors import InvalidInput
-from boundgen.server import beam_api, score_api
+from boundgen.server import beam_api, rerank_api, score_api
 from boundgen.server import shared_memory as shm
 from boundgen.server.auth import check_api_key
 from boundgen.server.config import ServerConfig
@@ -97,6 +99,7 @@ class HttpFrontend:
         app.router.add_post("/v2/repository/index", self.repository_index)
         app.router.add_post(score_api.ROUTE, self.score)
         app.router.add_post(beam_api.ROUTE, self.beam)
+        rerank_api.add_routes(app, self.models, self.config)
         for action in ("load", "unload"):
             app.router.add_post(f"/v2/repository/models/{{model}}/{action}", self.repository_control)
         for path in ("/v2/trace/setting", "/v2/models/{model}/trace/setting"):
