@@ -25,7 +25,8 @@
 Request and response bodies (the JSON body, the binary tensor extension, shared memory
 references, errors as `{"error": "..."}` with the status of status.py): http_bodies.py. aiohttp's
 own answers (404 unknown route, 405 wrong method, 413) are JSON errors too; protocol-level
-errors as well (connections.py).
+errors as well (connections.py). Every error is typed exactly `application/json`, which KServe's
+Python SDK needs to show its message (`_plain_json_type`).
 """
 
 from __future__ import annotations
@@ -74,6 +75,16 @@ def _answering_errors(handler):
     return answer
 
 
+@web.middleware
+async def _plain_json_type(request: web.Request, handler):
+    """Error bodies typed `application/json`, without aiohttp's `; charset=utf-8`: KServe's Python
+    SDK shows an error's message only when the Content-Type is exactly that (JSON is UTF-8 anyway)."""
+    response = await handler(request)
+    if response.status >= 400 and response.content_type == "application/json":
+        response.charset = None
+    return response
+
+
 class HttpFrontend:
     def __init__(self, models: ModelSet, config: ServerConfig, repository: Repository | None = None,
                  shared_memory: SharedMemory | None = None, log_settings: LogSettings | None = None):
@@ -84,7 +95,8 @@ class HttpFrontend:
         self.shared_memory, self.logs = shared_memory or SharedMemory(), log_settings
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=self.config.max_body_bytes, middlewares=[self._json_errors, self._auth])
+        app = web.Application(client_max_size=self.config.max_body_bytes,
+                              middlewares=[_plain_json_type, self._json_errors, self._auth])
         app.router.add_get("/v2/health/live", self.live)
         app.router.add_get("/v2/health/ready", self.ready)
         app.router.add_get("/v2", self.server_metadata)
