@@ -94,11 +94,11 @@ build_limit=$(( $(left) - ${BENCH_RESERVE_S:-250} ))
 (( build_limit > $(left) - 40 )) && build_limit=$(( $(left) - 40 ))
 # shellcheck disable=SC2086
 [[ "$W1_BUILD" == skip ]] && { log "W1 skipped (W1_BUILD=skip)"; true; } || \
-step "$build_limit" build_w1 "$PY" -m boundgen build "$Q3" "${W1_ARGS[@]}" --out "$WORK/art/w1" $W1_BUILD &
+step "$build_limit" build_w1 "$PY" -m boundgen build "$Q3" "${W1_ARGS[@]}" --out "$WORK/art/w1" --force $W1_BUILD &
 p1=$!
 # shellcheck disable=SC2086
 [[ "$BEAM_BUILD" == skip ]] && { log "beam build skipped (BEAM_BUILD=skip)"; true; } || \
-step "$build_limit" build_beam "$PY" -m boundgen build "$Q2" "${BEAM_ARGS[@]}" --out "$WORK/art/beam" $BEAM_BUILD &
+step "$build_limit" build_beam "$PY" -m boundgen build "$Q2" "${BEAM_ARGS[@]}" --out "$WORK/art/beam" --force $BEAM_BUILD &
 p2=$!
 wait $p1; wait $p2
 target_w1="$WORK/art/w1"; [[ -f "$target_w1/manifest.json" ]] || { target_w1="$Q3"; log "W1: no artifact, benching the eager engine"; }

@@ -64,15 +64,15 @@ wait
 W1=(--task score --labels " yes" " no" --max-samples 15 --max-tokens-per-sample 256 --max-total-tokens 3840
     --device "$DEVICE" --dtype "$DTYPE")
 # shellcheck disable=SC2086
-step build_w1 "$PY" -m boundgen build "$Q3" "${W1[@]}" --name w1 --out "$WORK/art/w1" $W1_BUILD &
+step build_w1 "$PY" -m boundgen build "$Q3" "${W1[@]}" --name w1 --out "$WORK/art/w1" --force $W1_BUILD &
 # shellcheck disable=SC2086
 step build_beam "$PY" -m boundgen build "$Q2" --task beam --width 100 --steps 5 --max-prompt-tokens 512 \
-  --device "$DEVICE" --dtype "$DTYPE" --name beam --out "$WORK/art/beam" $BEAM_BUILD &
+  --device "$DEVICE" --dtype "$DTYPE" --name beam --out "$WORK/art/beam" --force $BEAM_BUILD &
 wait
 if [[ "${PACKAGED:-0}" == 1 ]]; then
   # shellcheck disable=SC2086
   step build_w1_packaged "$PY" -m boundgen build "$Q3" "${W1[@]}" --name w1-packaged --weights packaged \
-    --out "$WORK/art/w1-packaged" $W1_BUILD
+    --out "$WORK/art/w1-packaged" --force $W1_BUILD
 fi
 
 built=()

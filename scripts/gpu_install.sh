@@ -6,7 +6,7 @@
 # is this tree, so processes started from any folder, replica workers included, import this code).
 # PIP_BREAK_SYSTEM_PACKAGES: a python marked externally managed (PEP 668) still takes it; with
 # --no-deps nothing but boundgen itself is written. Skipped when that python already imports
-# boundgen from this tree. Where pip cannot install it (no setuptools >= 61, say) it says why on
+# boundgen from this tree. Where pip cannot install it (no setuptools >= 77, say) it says why on
 # stderr and falls back to PYTHONPATH, so that the measurements still run.
 _boundgen_py="${PY:-python3}"
 if ! (cd / && "$_boundgen_py" -c 'import importlib.util as u, os, sys

@@ -18,7 +18,7 @@ build() {  # name model args...
   local name=$1 model=$2; shift 2
   local t0=$SECONDS
   timeout 280 python3 -m boundgen build "$W/models/$model" --device cuda --dtype bfloat16 --name "$name" \
-    --out "$W/art/$name" "$@" > "$W/build_$name.log" 2>&1
+    --out "$W/art/$name" --force "$@" > "$W/build_$name.log" 2>&1
   log "build $name: exit $? in $(( SECONDS - t0 ))s; $(du -sh "$W/art/$name" 2>/dev/null | cut -f1)"
   { echo "=== build $name"; tail -n 40 "$W/build_$name.log"; } >> "$OUT/builds.log"
 }

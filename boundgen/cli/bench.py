@@ -32,7 +32,7 @@ EPILOG = """examples:
 
 def register(sub) -> None:
     p = sub.add_parser("bench", help="load generator: capacity sweep vs the HF transformers peer",
-                       description=__doc__.splitlines()[0], epilog=EPILOG,
+                       description=__doc__.split("\n\n")[0], epilog=EPILOG,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(p)
     p.set_defaults(run=run)

@@ -25,7 +25,11 @@ def register(sub):
                                    "AOTInductor, validate it against the eager reference and write ARTIFACT_DIR "
                                    "(manifest.json, compiled package, weights, tokenizer).")
     p.add_argument("model", metavar="MODEL_DIR", help="HF model directory (config.json, model.safetensors, tokenizer.json)")
-    p.add_argument("--out", required=True, metavar="ARTIFACT_DIR", help="artifact directory to write")
+    p.add_argument("--out", required=True, metavar="ARTIFACT_DIR",
+                   help="artifact directory to write: a new or empty one (the artifact is assembled beside it and "
+                        "renamed into place once validated)")
+    p.add_argument("--force", action="store_true",
+                   help="replace an artifact already in ARTIFACT_DIR (only once the new one is complete)")
     p.add_argument("--config", default=None, metavar="DEPLOY_FILE", help="deploy file (JSON); flags override it")
     p.add_argument("--task", choices=["score", "beam"], default=None, help="program to build")
     p.add_argument("--name", default=None, help="model name served (default: the ARTIFACT_DIR name)")
@@ -93,7 +97,7 @@ def run(args):
         flags["lowering"] = {**options_.get("lowering", {}), **config.parse_lowering_flags(args.lowering)}
     options_.update({k: v for k, v in flags.items() if v is not None})
     cfg = config.resolve(args.model, args.out, options_, base_dir)
-    written = build(cfg)
+    written = build(cfg, force=args.force)
     if sign_key is not None:
         signing.sign(cfg.out, sign_key)
     size = sum(p.stat().st_size for p in cfg.out.rglob("*") if p.is_file())

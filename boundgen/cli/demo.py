@@ -12,10 +12,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-import numpy as np
-
 from boundgen.errors import BoundgenError
-from boundgen.server.launch import free_port
 
 SCORE_TEXTS = ["query: running shoes | item: lightweight trail running shoe", "query: running shoes | item: desk lamp",
                "query: 咖啡 | item: 拿铁咖啡"]
@@ -57,6 +54,8 @@ def _wait_ready(proc, http_port, timeout_s=300):
 
 
 def run(args):
+    from boundgen.server.launch import free_port  # lazy: `boundgen --help` must not import the server
+
     out = Path(args.out)
     model, score_art, beam_art = out / "tiny-qwen3", out / "score-art", out / "beam-art"
     if not (model / "config.json").is_file():
@@ -89,6 +88,7 @@ def run(args):
 
 
 def _query(http_port, grpc_port, n):
+    import numpy as np
     import tritonclient.grpc as grpcclient
     import tritonclient.http as httpclient
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from boundgen.model.demo import PRESETS, write_demo_checkpoint
+from boundgen.model.presets import PRESETS
 
 
 def register(sub) -> None:
@@ -24,6 +24,8 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
+    from boundgen.model.demo import write_demo_checkpoint  # lazy: `boundgen --help` must not import torch
+
     # Progress lines come only for checkpoints large enough to take a while (the 0.5B/0.6B presets).
     write_demo_checkpoint(args.out_dir, args.preset, seed=args.seed, progress=_stderr)
     print(f"wrote {args.preset} demo checkpoint (seed {args.seed}) to {args.out_dir}")

@@ -10,7 +10,9 @@ Stages, each reported on stderr as `[build   12.3s] stage: ...` and timed in the
   write     tokenizer files, MLP head, manifest with hashes (artifact/manifest.py); not timed
 
 The artifact is assembled in a temporary sibling directory and moved into place only when
-everything passed, so an interrupted or failed build never leaves a half-written artifact.
+everything passed, so an interrupted or failed build never leaves a half-written artifact. An
+existing non-empty --out is refused unless `force` (then only an earlier artifact is replaced:
+it is renamed aside, the new one renamed into place, then the old one removed).
 """
 
 from __future__ import annotations
@@ -74,11 +76,12 @@ class Progress:
         return self.seconds
 
 
-def build(cfg: BuildConfig, progress: Progress | None = None) -> Manifest:
-    """Build the artifact cfg describes into cfg.out; returns the manifest written."""
+def build(cfg: BuildConfig, progress: Progress | None = None, force: bool = False) -> Manifest:
+    """Build the artifact cfg describes into cfg.out; returns the manifest written. force: replace
+    an artifact already in cfg.out (without it, a non-empty cfg.out is refused before any work)."""
     progress = progress or Progress()
     device = _check_device(cfg.device)
-    _check_out(cfg.out)
+    _check_out(cfg.out, force)
     memory.check_fits(cfg)  # before anything is loaded or compiled (compile/memory.py)
     progress(f"building {cfg.summary()} -> {cfg.out}")
     tmp = cfg.out.parent / f".{cfg.out.name}.building-{os.getpid()}"
@@ -141,9 +144,7 @@ def build(cfg: BuildConfig, progress: Progress | None = None) -> Manifest:
             shutil.copy2(spec.head_path, tmp / HEAD_FILE)
         written = write_manifest(tmp, _manifest(cfg, asdict(read_config(cfg.model_dir)), num_classes, packages,
                                                 weights, custom_ops, report, seconds))
-        if cfg.out.exists():
-            shutil.rmtree(cfg.out)
-        os.replace(tmp, cfg.out)
+        put_in_place(tmp, cfg.out, force)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -203,10 +204,36 @@ def _check_device(device: str) -> torch.device:
     return dev
 
 
-def _check_out(out: Path) -> None:
-    if out.exists():
-        if not out.is_dir():
-            raise ConfigError(f"--out {out} exists and is not a directory")
-        if any(out.iterdir()) and not (out / MANIFEST_FILE).is_file():
-            raise ConfigError(f"--out {out} is a non-empty directory that is not a boundgen artifact; "
-                              "refusing to overwrite it (give a new or empty directory)")
+def _check_out(out: Path, force: bool) -> None:
+    """A new or empty --out, or (with force) an earlier artifact; else ConfigError saying what to do."""
+    if not out.exists():
+        return
+    if not out.is_dir():
+        raise ConfigError(f"--out {out} exists and is not a directory")
+    if not any(out.iterdir()):
+        return
+    if not (out / MANIFEST_FILE).is_file():
+        raise ConfigError(f"--out {out} is a non-empty directory that is not a boundgen artifact; "
+                          "refusing to overwrite it (give a new or empty directory)")
+    if not force:
+        raise ConfigError(f"--out {out} holds an artifact already; give --force to replace it "
+                          "(or a new or empty directory)")
+
+
+def put_in_place(new: Path, out: Path, force: bool) -> None:
+    """Rename the finished artifact `new` (a sibling of `out`) to `out`. An earlier artifact there
+    (force) is renamed aside first and removed once the new one is in place, so `out` is at every
+    moment the old artifact, the new one, or (between two renames) absent: never half of one."""
+    _check_out(out, force)  # again: the build took a while, and something may have appeared there
+    if not out.exists() or not any(out.iterdir()):
+        os.replace(new, out)  # onto an empty directory too
+        return
+    old = out.parent / f".{out.name}.replaced-{os.getpid()}"
+    shutil.rmtree(old, ignore_errors=True)
+    os.replace(out, old)
+    try:
+        os.replace(new, out)
+    except BaseException:
+        os.replace(old, out)  # the earlier artifact back where it was
+        raise
+    shutil.rmtree(old, ignore_errors=True)

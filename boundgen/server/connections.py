@@ -29,7 +29,9 @@ log = logging.getLogger("boundgen.server")
 
 
 def _json_error(status: int, message: str) -> web.Response:
+    """`{"error": message}` typed exactly `application/json`, as the application's errors (kserve_http.py)."""
     response = web.json_response({"error": message}, status=status)
+    response.charset = None
     response.force_close()
     return response
 

@@ -18,12 +18,15 @@
     POST /v2/systemsharedmemory[/region/{r}]/unregister   none, register refused
          /v2/cudasharedmemory/...                         likewise
     POST /v1/score, /v1/beam                  JSON routes for score and beam models (score_api.py, beam_api.py)
+    POST /v1/rerank, /rerank, /score          the routes reranking clients call, on score models, and
+    GET  /v1/models                           OpenAI's model list (rerank_api.py)
     GET  /metrics                             Prometheus text format
 
 Request and response bodies (the JSON body, the binary tensor extension, shared memory
 references, errors as `{"error": "..."}` with the status of status.py): http_bodies.py. aiohttp's
 own answers (404 unknown route, 405 wrong method, 413) are JSON errors too; protocol-level
-errors as well (connections.py).
+errors as well (connections.py). Every error is typed exactly `application/json`, which KServe's
+Python SDK needs to show its message (`_plain_json_type`).
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ from aiohttp import web
 
 from boundgen.version import __version__
 from boundgen.errors import InvalidInput
-from boundgen.server import beam_api, score_api
+from boundgen.server import beam_api, rerank_api, score_api
 from boundgen.server import shared_memory as shm
 from boundgen.server.auth import check_api_key
 from boundgen.server.config import ServerConfig
@@ -72,6 +75,16 @@ def _answering_errors(handler):
     return answer
 
 
+@web.middleware
+async def _plain_json_type(request: web.Request, handler):
+    """Error bodies typed `application/json`, without aiohttp's `; charset=utf-8`: KServe's Python
+    SDK shows an error's message only when the Content-Type is exactly that (JSON is UTF-8 anyway)."""
+    response = await handler(request)
+    if response.status >= 400 and response.content_type == "application/json":
+        response.charset = None
+    return response
+
+
 class HttpFrontend:
     def __init__(self, models: ModelSet, config: ServerConfig, repository: Repository | None = None,
                  shared_memory: SharedMemory | None = None, log_settings: LogSettings | None = None):
@@ -82,7 +95,8 @@ class HttpFrontend:
         self.shared_memory, self.logs = shared_memory or SharedMemory(), log_settings
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=self.config.max_body_bytes, middlewares=[self._json_errors, self._auth])
+        app = web.Application(client_max_size=self.config.max_body_bytes,
+                              middlewares=[_plain_json_type, self._json_errors, self._auth])
         app.router.add_get("/v2/health/live", self.live)
         app.router.add_get("/v2/health/ready", self.ready)
         app.router.add_get("/v2", self.server_metadata)
@@ -97,6 +111,7 @@ class HttpFrontend:
         app.router.add_post("/v2/repository/index", self.repository_index)
         app.router.add_post(score_api.ROUTE, self.score)
         app.router.add_post(beam_api.ROUTE, self.beam)
+        rerank_api.add_routes(app, self.models, self.config)
         for action in ("load", "unload"):
             app.router.add_post(f"/v2/repository/models/{{model}}/{action}", self.repository_control)
         for path in ("/v2/trace/setting", "/v2/models/{model}/trace/setting"):

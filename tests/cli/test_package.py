@@ -60,3 +60,15 @@ def test_dependency_ranges_hold_the_pins():
     names = {r.name.lower() for r in declared}
     assert set(pins) <= names, f"pinned but not declared in pyproject.toml: {sorted(set(pins) - names)}"
     assert Requirement(next(r for r in project["dependencies"] if r.startswith("torch"))).specifier.contains("2.11.0")
+
+
+def test_license_is_apache_2_as_an_spdx_expression():
+    """pyproject's `license` is the SPDX string (PEP 639, which setuptools reads from 77 on, hence
+    the build requirement) and LICENSE holds the license's full text."""
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())
+    assert project["project"]["license"] == "Apache-2.0" and project["project"]["license-files"] == ["LICENSE"]
+    (backend,) = [Requirement(r) for r in project["build-system"]["requires"]]
+    assert backend.name == "setuptools" and backend.specifier.contains("77") and not backend.specifier.contains("76")
+    text = (REPO / "LICENSE").read_text()
+    assert "Apache License\n                           Version 2.0, January 2004" in text
+    assert "END OF TERMS AND CONDITIONS" in text

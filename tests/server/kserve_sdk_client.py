@@ -1,8 +1,8 @@
 """Test-only entry: `python -m tests.server.kserve_sdk_client HTTP_URL GRPC_URL TEXTS_JSON PROMPT` calls a
 server with
 KServe's own Python SDK (`kserve.InferenceRESTClient`, `kserve.InferenceGRPCClient`, asyncio),
-unmodified: health, model fscore scoring TEXTS, model fbeam on PROMPT; it prints what it got as
-one JSON object {"rest": {...}, "grpc": {...}}.
+unmodified: health, model fscore scoring TEXTS, model fbeam on PROMPT, and (REST) the error a
+request to an unknown model gets; it prints what it got as one JSON object {"rest": {...}, "grpc": {...}}.
 
 A process of its own: kserve's generated gRPC messages and tritonclient's register the same
 protobuf names (`inference.ServerLiveRequest`, ...) in protobuf's default pool, so the two SDKs
@@ -29,6 +29,15 @@ def outputs(response) -> dict:
     return out
 
 
+async def error_message(call) -> str:
+    """What the SDK says when `call` fails (the server's message, if the SDK shows it)."""
+    try:
+        await call
+    except Exception as exc:  # the REST client raises httpx.HTTPStatusError
+        return str(exc)
+    return "no error"
+
+
 async def rest(http_url: str, texts: list[str], prompt: str) -> dict:
     client = kserve.InferenceRESTClient(kserve.RESTConfig(protocol="v2", timeout=30, retries=0))
     base = f"http://{http_url}"
@@ -36,7 +45,8 @@ async def rest(http_url: str, texts: list[str], prompt: str) -> dict:
         return {"health": [await client.is_server_live(base), await client.is_server_ready(base),
                            await client.is_model_ready(base, "fscore")],
                 "score": outputs(await client.infer(base, request("fscore", texts), model_name="fscore")),
-                "beam": outputs(await client.infer(base, request("fbeam", [prompt]), model_name="fbeam"))}
+                "beam": outputs(await client.infer(base, request("fbeam", [prompt]), model_name="fbeam")),
+                "error": await error_message(client.infer(base, request("nope", texts), model_name="nope"))}
     finally:
         await client.close()
 

@@ -48,3 +48,9 @@ def test_kserve_sdk_clients(fake_server, sdk_answers, protocol):
     np.testing.assert_array_equal(np.array(got["beam"]["TOKEN_IDS"]), ids)
     np.testing.assert_array_equal(np.array(got["beam"]["SCORES"], dtype=np.float32), scores)
     assert got["beam"]["TEXT_OUT"] == [t.decode() for t in texts]
+
+
+def test_kserve_sdk_shows_the_servers_error_message(sdk_answers):
+    """The REST client puts the body's "error" in its exception only for `Content-Type:
+    application/json` exactly (no charset), which is how the server types its errors."""
+    assert "unknown model 'nope'" in sdk_answers["rest"]["error"], sdk_answers["rest"]["error"]
