@@ -396,3 +396,23 @@ def test_grpc_sends_no_success_after_the_deadline():
     context = type("Context", (), {"invocation_metadata": lambda self: (), "time_remaining": lambda self: None})()
     with pytest.raises(DeadlineExceeded, match="after the request's deadline"):
         asyncio.run(GrpcFrontend(models, models.config)._infer(request, context, time.monotonic()))
+
+
+# ---- 6. replicas ----------------------------------------------------------------------------
+
+def test_the_router_skips_a_worker_whose_channel_failed():
+    """A worker whose gRPC channel failed (its process gone or going) gets no new call, even while
+    its supervisor has not yet seen the exit; with none left, 503."""
+    from prometheus_client import CollectorRegistry
+
+    from boundgen.server.replicas import WorkerPool
+    from boundgen.server.status import Unavailable
+
+    pool = WorkerPool([], [None, None], [], None, CollectorRegistry(), lambda line: None)
+    for w in pool.workers:
+        w.up = True
+    pool.workers[0].channel_failed = True  # idle tie: worker 0 would be first
+    assert [pool.acquire().index for _ in range(3)] == [1, 1, 1]
+    pool.workers[1].channel_failed = True
+    with pytest.raises(Unavailable):
+        pool.acquire()
