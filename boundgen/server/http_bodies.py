@@ -28,7 +28,7 @@ from boundgen.server.tensors import Tensor, check_header, from_json, from_raw, t
 
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
-UNREAD = "boundgen.unread_body"  # response key: part of the request body was left unread (see `error_response`)
+UNREAD = web.ResponseKey("unread_body", bool)  # part of the request body was left unread (see `error_response`)
 
 
 class BodyTooLarge(InvalidInput):

@@ -56,7 +56,7 @@ from boundgen.server.triton_extensions import (log_settings, model_config, model
                                                trace_settings, update_log_settings)
 
 PUBLIC_PATHS = frozenset({"/v2/health/live", "/v2/health/ready"})
-ARRIVED = "boundgen.arrived"  # request key: time.monotonic() when the request's head was handed to the app
+ARRIVED = web.RequestKey("arrived", float)  # time.monotonic() when the request's head was handed to the app
 EXTENSIONS = ("binary_tensor_data",)
 
 

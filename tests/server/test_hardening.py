@@ -143,6 +143,7 @@ def test_an_input_in_shared_memory_is_held_to_the_body_limit(server):
 
 
 def test_unregistering_every_region_needs_the_key(keyed):
+    """A guard: every route but the health checks already needed the key."""
     key, fd = shm_object(64)
     auth = {"Authorization": f"Bearer {KEY}"}
     try:
@@ -213,7 +214,9 @@ def gzip_bomb(mib: int) -> bytes:
 # ---- 3. deadlines from arrival --------------------------------------------------------------
 
 def test_a_slow_body_counts_against_the_timeout(server):
-    """The `timeout` parameter counts from the head: a body that took longer arrives expired."""
+    """The `timeout` parameter counts from the head: a body that took longer arrives expired.
+    (A guard: the handler already started before its body was read; an arrival middleware now
+    notes the time.)"""
     body = json_body(["a"], {"timeout": 200_000})  # 200 ms
     sock = socket.create_connection(("127.0.0.1", server.http_port), timeout=10)
     sock.sendall(b"POST /v2/models/fscore/infer HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
@@ -416,3 +419,12 @@ def test_the_router_skips_a_worker_whose_channel_failed():
     pool.workers[1].channel_failed = True
     with pytest.raises(Unavailable):
         pool.acquire()
+
+
+def test_the_shm_prefix_is_checked():
+    from boundgen.server.config import ServerConfig
+
+    assert ServerConfig(shm_prefix="/").shm_prefix == "/"
+    for bad in ("boundgen", "/a/b", ""):
+        with pytest.raises(ValueError, match="shm_prefix"):
+            ServerConfig(shm_prefix=bad)
