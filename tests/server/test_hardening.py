@@ -85,10 +85,11 @@ def test_a_client_truncating_its_object_under_a_read_fails_only_its_request(laun
             os.ftruncate(fd, 0)
             os.ftruncate(fd, size)
 
-    assert post(server, f"/v2/systemsharedmemory/region/{name}/register", {"key": key, "offset": 0, "byte_size": size})[0] == 200
     flipper = threading.Thread(target=truncate, daemon=True)
-    flipper.start()
     try:
+        assert post(server, f"/v2/systemsharedmemory/region/{name}/register",
+                    {"key": key, "offset": 0, "byte_size": size})[0] == 200
+        flipper.start()
         codes = set()
         for _ in range(60):
             code, answer = post(server, "/v2/models/fscore/infer", shm_infer_body(name, size))
@@ -96,7 +97,8 @@ def test_a_client_truncating_its_object_under_a_read_fails_only_its_request(laun
             assert code == 400 and name in answer["error"], answer
     finally:
         stop.set()
-        flipper.join()
+        if flipper.is_alive():
+            flipper.join()
         os.close(fd)
         os.unlink(f"/dev/shm{key}")
         post(server, "/v2/systemsharedmemory/unregister", b"")
