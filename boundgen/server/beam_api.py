@@ -14,6 +14,13 @@ of one request are admitted as separate requests, side by side, under one deadli
 server's default); the first prompt to fail fails the whole request with its
 status (a bad prompt 400, naming its index; a full queue 429; ...) and the others are cancelled.
 `model` may be left out when the server holds one beam model.
+
+Bounds come before work: more prompts than the model can hold at once (its max in flight plus
+its queue: more would be refused 429 anyway, after the first ones had run) are refused by their
+count, 400 naming the limit, before any prompt is encoded or admitted; a prompt that is not valid
+Unicode (a lone surrogate from a JSON escape) is 400 naming it. Every prompt's task has its
+outcome retrieved, so that a request failed early (or cancelled) leaves no "Task exception was
+never retrieved" behind.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ import numpy as np
 
 from boundgen.errors import InvalidInput
 from boundgen.server.models import LOADING, ModelSet
+from boundgen.server.score_api import utf8
 from boundgen.server.status import Unavailable
 from boundgen.server.tensors import Tensor
 
@@ -69,28 +77,46 @@ def candidates(outputs: list[Tensor]) -> list[dict]:
             for row, text, score in zip(ids, texts, scores)]
 
 
+def check_count(models: ModelSet, name: str, prompts: list[str]) -> None:
+    """Refuse more prompts than model `name` can admit at once (module docstring)."""
+    admission = models.get(name).admission
+    limit = admission.max_inflight + admission.max_queue
+    if len(prompts) > limit:
+        raise InvalidInput(f"prompts has {len(prompts)} texts, over the limit of {limit} per request for model "
+                           f"{name} (its {admission.max_inflight} in flight plus {admission.max_queue} queued)")
+
+
 async def run(models: ModelSet, name: str, prompts: list[str], deadline: float) -> list[list[dict]]:
     """Each prompt as one KServe request, side by side; the candidates per prompt, in order."""
-    async def one(i: int, prompt: str) -> list[dict]:
-        tensor = Tensor("TEXT", "BYTES", (1,), [prompt.encode("utf-8")])
+    check_count(models, name, prompts)
+    encoded = [utf8(p, f"prompts[{i}]" if len(prompts) > 1 else "prompt") for i, p in enumerate(prompts)]
+
+    async def one(i: int, prompt: bytes) -> list[dict]:
+        tensor = Tensor("TEXT", "BYTES", (1,), [prompt])
         try:
             return candidates(await models.infer(name, "", [tensor], OUTPUTS, deadline))
         except InvalidInput as exc:
             raise InvalidInput(f"prompts[{i}]: {exc}" if len(prompts) > 1 else str(exc)) from None
 
-    tasks = [asyncio.ensure_future(one(i, p)) for i, p in enumerate(prompts)]
+    tasks = [asyncio.ensure_future(one(i, p)) for i, p in enumerate(encoded)]
+    for task in tasks:  # whatever happens below, each task's outcome is retrieved when it ends
+        task.add_done_callback(_retrieve)
     try:
         await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
         for task in tasks:  # the first failure in prompt order, once it is known
-            if task.done() and task.exception() is not None:
+            if task.done() and not task.cancelled() and task.exception() is not None:
                 raise task.exception()
         return [task.result() for task in tasks]
     finally:
         for task in tasks:
             if not task.done():
                 task.cancel()
-            elif not task.cancelled():
-                task.exception()  # retrieved, so that asyncio does not log a second failure as unhandled
+
+
+def _retrieve(task: asyncio.Future) -> None:
+    """Mark a finished task's exception as retrieved (asyncio logs those never looked at)."""
+    if not task.cancelled():
+        task.exception()
 
 
 def response(model: str, results: list[list[dict]], single: bool) -> dict:

@@ -8,6 +8,7 @@ from boundgen.server.logs import FORMATS, LEVELS
 
 API_KEY_ENV = "BOUNDGEN_API_KEY"
 API_KEY_HEADER = "Authorization"  # "Authorization: Bearer KEY" (HTTP header; gRPC metadata key "authorization")
+SHM_PREFIX = "/boundgen"  # the shared memory objects clients may register by default (shared_memory.py)
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,7 @@ class ServerConfig:
     access_log: bool = False  # one log line per inference request (model, protocol, outcome, ms)
     model_repository: str | None = None  # load may replace a model from DIR/name (server/repository.py)
     allow_client_shm: bool = False  # clients may register system shared memory regions (server/shared_memory.py)
+    shm_prefix: str = SHM_PREFIX  # ... only of objects whose key starts with this ("/": any object)
 
     def __post_init__(self):
         for name in ("http_port", "grpc_port"):
@@ -47,6 +49,8 @@ class ServerConfig:
             raise ValueError(f"max_body_bytes must be >= 1024, got {self.max_body_bytes}")
         if self.api_key is not None and not self.api_key:
             raise ValueError("api_key must not be empty (leave it unset to serve without a key)")
+        if self.api_key is not None and not (self.api_key.isascii() and self.api_key.isprintable()):
+            raise ValueError("api_key must be printable ASCII: it travels in an HTTP header")
         if self.drain_timeout_s < 0:
             raise ValueError(f"drain_timeout_s must be >= 0, got {self.drain_timeout_s}")
         for name in ("idle_timeout_s", "read_timeout_s"):
@@ -54,6 +58,9 @@ class ServerConfig:
                 raise ValueError(f"{name} must be a number of seconds > 0, got {getattr(self, name)}")
         if self.max_connections < 1:
             raise ValueError(f"max_connections must be >= 1, got {self.max_connections}")
+        if not self.shm_prefix.startswith("/") or "/" in self.shm_prefix[1:] or "\0" in self.shm_prefix:
+            raise ValueError(f"shm_prefix must be '/' or the start of a shared memory object's name like "
+                             f"'/boundgen' (one leading '/', no other), got {self.shm_prefix!r}")
         if self.log_level not in LEVELS:
             raise ValueError(f"log_level must be one of {', '.join(LEVELS)}, got {self.log_level!r}")
         if self.log_format not in FORMATS:

@@ -28,13 +28,20 @@ from boundgen.server.tensors import Tensor, check_header, from_json, from_raw, t
 
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
+UNREAD = web.ResponseKey("unread_body", bool)  # part of the request body was left unread (see `error_response`)
+
+
+class BodyTooLarge(InvalidInput):
+    """The body (inflated, for a compressed one) passed --max-body-bytes: reading stopped there."""
 
 
 async def read_body(request: web.Request, config: ServerConfig) -> bytes:
-    """The whole body, within --max-body-bytes (else InvalidInput) and --read-timeout-s (else ReadTimeout)."""
+    """The whole body, within --max-body-bytes (else BodyTooLarge, a 400) and --read-timeout-s (else
+    ReadTimeout). A compressed body (Content-Encoding gzip, deflate) counts inflated: aiohttp inflates
+    it a bounded chunk at a time as it is read, and reading stops at the limit."""
     limit = config.max_body_bytes
     if request.content_length is not None and request.content_length > limit:
-        raise InvalidInput(f"the request body is {request.content_length} bytes, over the server's limit "
+        raise BodyTooLarge(f"the request body is {request.content_length} bytes, over the server's limit "
                            f"of {limit} (--max-body-bytes)")
     try:  # the whole body within --read-timeout-s: a stalled or endless one must not hold the connection
         return await asyncio.wait_for(request.read(), config.read_timeout_s)
@@ -42,7 +49,7 @@ async def read_body(request: web.Request, config: ServerConfig) -> bytes:
         raise ReadTimeout(f"the request body did not arrive in full within {config.read_timeout_s:g} s "
                           "(--read-timeout-s)") from None
     except web.HTTPRequestEntityTooLarge:
-        raise InvalidInput(f"the request body is over the server's limit of {limit} bytes "
+        raise BodyTooLarge(f"the request body is over the server's limit of {limit} bytes "
                            "(--max-body-bytes)") from None
 
 
@@ -87,9 +94,11 @@ def _params(obj: dict, where: str) -> dict:
     return params
 
 
-def parse_infer_body(body: bytes, header_length: str | None, shared_memory: SharedMemory | None = None) -> HttpInferRequest:
+def parse_infer_body(body: bytes, header_length: str | None, shared_memory: SharedMemory | None = None,
+                     limit: int | None = None) -> HttpInferRequest:
     """An inference request from an HTTP body (JSON, or JSON + binary tensor data), its tensors
-    in shared memory read from `shared_memory`'s regions."""
+    in shared memory read from `shared_memory`'s regions. `limit` (--max-body-bytes) bounds each
+    shape before anything is allocated for it, and each input read from shared memory."""
     shared_memory = shared_memory or SharedMemory()
     binary = memoryview(b"")
     if header_length is not None:
@@ -110,14 +119,14 @@ def parse_infer_body(body: bytes, header_length: str | None, shared_memory: Shar
     for i, inp in enumerate(inputs):
         if not isinstance(inp, dict):
             raise InvalidInput(f"inputs[{i}] must be a JSON object")
-        name, datatype, shape = check_header(inp.get("name"), inp.get("datatype"), inp.get("shape"))
+        name, datatype, shape = check_header(inp.get("name"), inp.get("datatype"), inp.get("shape"), limit)
         params = _params(inp, f"input {name}")
         size, ref = params.get("binary_data_size"), tensor_ref(name, params)
         if ref is not None:
             if size is not None or "data" in inp:
                 raise InvalidInput(f"input {name} has shared_memory_region and also "
                                    f"{'data' if 'data' in inp else 'binary_data_size'}; send one")
-            tensors.append(shared_memory.slice(name, ref).read_tensor(name, datatype, shape))
+            tensors.append(shared_memory.slice(name, ref).read_tensor(name, datatype, shape, limit))
         elif size is not None:
             if not isinstance(size, int) or isinstance(size, bool) or size < 0:
                 raise InvalidInput(f"input {name}: binary_data_size must be a non-negative integer, got {size!r}")
@@ -186,10 +195,14 @@ def encode_infer_response(model: str, request: HttpInferRequest, outputs: list[T
 
 
 def error_response(exc: BaseException) -> web.Response:
-    """`{"error": ...}` with the status of `exc` (status.py); internal errors are logged."""
+    """`{"error": ...}` with the status of `exc` (status.py); internal errors are logged. After a body
+    too large or too slow, part of it is unread: the connection cannot carry another request, and
+    the response is marked UNREAD so that the application closes the connection once it is sent
+    (else aiohttp would read, and inflate, the rest of the body for up to 10 s to keep it alive)."""
     status = answer_status(exc)
     headers = {"WWW-Authenticate": "Bearer"} if status.http == 401 else None
     response = web.json_response({"error": status.message}, status=status.http, headers=headers)
-    if status.outcome == "read_timeout":  # part of the body is unread: the connection cannot carry another request
+    if status.outcome == "read_timeout" or isinstance(exc, BodyTooLarge):
         response.force_close()
+        response[UNREAD] = True
     return response

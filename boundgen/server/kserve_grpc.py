@@ -17,11 +17,19 @@ deadline, errors), as soon as it arrives, so that several are in flight at once;
 back in request order. A request that fails is answered with `error_message` (and its id in
 `infer_response.id`) and the stream goes on. The stream's gRPC deadline bounds every request
 of it; cancelling the stream cancels its requests still waiting.
+
+Every method decodes its own message: one that is not a valid message of its type is answered
+INVALID_ARGUMENT (UNAUTHENTICATED first when a key is required and missing), never INTERNAL.
+Every ModelInfer call is counted in the request metrics, also one whose deadline passes (or that
+is cancelled) after gRPC looked up its method but before its handler ran, which gRPC then never
+calls: those count as deadline_exceeded. (A call gRPC drops before it looks the method up is never
+seen here.) A success is checked against its deadline once more after its response is built.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import time
 
@@ -39,7 +47,7 @@ from boundgen.server.models import LOADING, ModelSet
 from boundgen.server.repository import Repository, control
 from boundgen.server.served import VERSION
 from boundgen.server.shared_memory import SharedMemory, Slice, tensor_ref
-from boundgen.server.status import answer_status
+from boundgen.server.status import answer_status, check_deadline
 from boundgen.server.tensors import Tensor, check_header, from_grpc_contents, from_raw, to_raw
 from boundgen.server.triton_extensions import (log_settings, model_config, model_statistics, repository_index,
                                                to_message, trace_settings, update_log_settings)
@@ -56,9 +64,11 @@ class _Undecodable:
         self.model_name = ""
 
 
-def parse_infer_request(request, shared_memory: SharedMemory | None = None) -> tuple[list[Tensor], dict[str, Slice]]:
+def parse_infer_request(request, shared_memory: SharedMemory | None = None,
+                        limit: int | None = None) -> tuple[list[Tensor], dict[str, Slice]]:
     """The request's input tensors (those in shared memory read from `shared_memory`'s regions),
-    and the shared memory places of the outputs that ask for one."""
+    and the shared memory places of the outputs that ask for one. `limit` (--max-body-bytes)
+    bounds each shape before anything is allocated for it, and each input read from shared memory."""
     shared_memory = shared_memory or SharedMemory()
     refs = [tensor_ref(inp.name, _params(inp.parameters)) for inp in request.inputs]
     raw, inline = request.raw_input_contents, sum(ref is None for ref in refs)
@@ -67,11 +77,11 @@ def parse_infer_request(request, shared_memory: SharedMemory | None = None) -> t
                            "send one per such input, in order")
     tensors, next_raw = [], 0
     for inp, ref in zip(request.inputs, refs):
-        name, datatype, shape = check_header(inp.name, inp.datatype, list(inp.shape))
+        name, datatype, shape = check_header(inp.name, inp.datatype, list(inp.shape), limit)
         if ref is not None:
             if inp.HasField("contents"):
                 raise InvalidInput(f"input {name} has contents and shared_memory_region; send one")
-            tensors.append(shared_memory.slice(name, ref).read_tensor(name, datatype, shape))
+            tensors.append(shared_memory.slice(name, ref).read_tensor(name, datatype, shape, limit))
         elif raw:
             if inp.HasField("contents"):
                 raise InvalidInput(f"input {name} has contents and raw_input_contents; send one")
@@ -85,6 +95,14 @@ def parse_infer_request(request, shared_memory: SharedMemory | None = None) -> t
         if ref is not None:
             slices[out.name] = shared_memory.slice(out.name, ref)
     return tensors, slices
+
+
+def _current_task() -> asyncio.Task | None:
+    """The task running now; None outside one (or outside an event loop)."""
+    try:
+        return asyncio.current_task()
+    except RuntimeError:
+        return None
 
 
 def _expired(context) -> bool:
@@ -143,19 +161,40 @@ def _serialize(message) -> bytes:
     return message.SerializeToString()
 
 
-def method_handlers(servicer, decode_infer=None, streaming: bool = False) -> grpc.GenericRpcHandler:
-    """The service's handlers, calling `servicer`'s methods named in METHODS, and with `streaming`
-    its `model_stream_infer` for ModelStreamInfer; `decode_infer` replaces
-    ModelInferRequest.FromString (GrpcFrontend's, which refuses oversized messages)."""
-    decode_infer = decode_infer or pb.ModelInferRequest.FromString
-    handlers = {method: grpc.unary_unary_rpc_method_handler(
-                    getattr(servicer, attr), request_deserializer=decode_infer if method == "ModelInfer"
-                    else request_cls.FromString, response_serializer=_serialize)
+def method_handlers(servicer) -> grpc.GenericRpcHandler:
+    """The unary methods of METHODS, calling `servicer`'s methods of those names (Ray Serve's
+    proxy learns the service's methods and messages from it)."""
+    handlers = {method: grpc.unary_unary_rpc_method_handler(getattr(servicer, attr),
+                                                            request_deserializer=request_cls.FromString,
+                                                            response_serializer=_serialize)
                 for method, (attr, request_cls) in METHODS.items()}
-    if streaming:
-        handlers["ModelStreamInfer"] = grpc.stream_stream_rpc_method_handler(
-            servicer.model_stream_infer, request_deserializer=decode_infer, response_serializer=_serialize)
     return grpc.method_handlers_generic_handler(pb.SERVICE, handlers)
+
+
+def _decoder(request_cls):
+    """`request_cls.FromString`, handing the handler an `_Undecodable` instead of raising (which gRPC
+    would answer INTERNAL)."""
+    def decode(data: bytes):
+        try:
+            return request_cls.FromString(data)
+        except Exception as exc:  # protobuf's DecodeError
+            return _Undecodable(f"the request is not a valid {request_cls.DESCRIPTOR.name}: {exc}")
+
+    return decode
+
+
+class _Arrivals(grpc.GenericRpcHandler):
+    """The service's handlers; notes each ModelInfer call as gRPC looks up its method, on the
+    call's own task, so that a call ended before its handler ran is still counted (GrpcFrontend)."""
+
+    def __init__(self, frontend: "GrpcFrontend", handlers: grpc.GenericRpcHandler):
+        self.frontend, self.handlers = frontend, handlers
+
+    def service(self, handler_call_details):
+        handler = self.handlers.service(handler_call_details)
+        if handler is not None and handler_call_details.method == f"/{pb.SERVICE}/ModelInfer":
+            self.frontend.arriving()
+        return handler
 
 
 def add_GRPCInferenceServiceServicer_to_server(servicer, server) -> None:
@@ -173,9 +212,53 @@ class GrpcFrontend:
         shared_memory, log_settings: as HttpFrontend's (the same objects, in one server)."""
         self.models, self.config, self.repository = models, config, repository
         self.shared_memory, self.logs = shared_memory or SharedMemory(), log_settings
+        self._unseen: dict[asyncio.Task, str] = {}  # ModelInfer calls whose handler has not run: model name
 
     def handler(self) -> grpc.GenericRpcHandler:
-        return method_handlers(self, self._decode_infer, streaming=True)
+        """Every method: ModelInfer and ModelStreamInfer decoded within the body limit, the others
+        through `_decoder` and `_refusing_undecodable`."""
+        handlers = {}
+        for method, (attr, request_cls) in METHODS.items():
+            behaviour, decode = getattr(self, attr), _decoder(request_cls)
+            if method == "ModelInfer":
+                decode = self._decode_infer
+            else:
+                behaviour = self._refusing_undecodable(method, behaviour)
+            handlers[method] = grpc.unary_unary_rpc_method_handler(behaviour, request_deserializer=decode,
+                                                                   response_serializer=_serialize)
+        handlers["ModelStreamInfer"] = grpc.stream_stream_rpc_method_handler(
+            self.model_stream_infer, request_deserializer=self._decode_infer, response_serializer=_serialize)
+        return _Arrivals(self, grpc.method_handlers_generic_handler(pb.SERVICE, handlers))
+
+    def _refusing_undecodable(self, method: str, behaviour):
+        """`behaviour`, except that an undecodable message is answered INVALID_ARGUMENT (after the
+        API key check, on every method that needs the key)."""
+        @functools.wraps(behaviour)
+        async def call(request, context):
+            if isinstance(request, _Undecodable):
+                try:
+                    if method not in PUBLIC_METHODS:
+                        self._check_key(context)
+                    raise InvalidInput(f"{method}: {request.reason}")
+                except Exception as exc:
+                    await self._abort(context, exc)
+            return await behaviour(request, context)
+
+        return call
+
+    def arriving(self) -> None:
+        """A ModelInfer call was looked up, on its own task: count it when that task ends unless
+        its handler ran (which counts it itself)."""
+        task = _current_task()
+        if task is not None:
+            self._unseen[task] = ""
+            task.add_done_callback(self._count_unseen)
+
+    def _count_unseen(self, task: asyncio.Task) -> None:
+        name = self._unseen.pop(task, None)
+        if name is not None:
+            label = name if name in self.models.models else ""
+            self.models.metrics.observe_request(label, "grpc", "deadline_exceeded", 0.0)
 
     def options(self) -> list[tuple[str, int]]:
         """Channel options: let messages somewhat over the limit through, so that ModelInfer can
@@ -187,6 +270,13 @@ class GrpcFrontend:
                 ("grpc.max_connection_idle_ms", int(self.config.idle_timeout_s * 1000))]
 
     def _decode_infer(self, data: bytes):
+        request = self._decode_infer_message(data)
+        task = _current_task()
+        if task in self._unseen:  # decoded on the call's task, before its handler: note the model
+            self._unseen[task] = request.model_name
+        return request
+
+    def _decode_infer_message(self, data: bytes):
         if len(data) > self.config.max_body_bytes:
             return _Undecodable(f"the request is {len(data)} bytes, over the server's limit of "
                                 f"{self.config.max_body_bytes} (--max-body-bytes)")
@@ -205,6 +295,8 @@ class GrpcFrontend:
 
     async def _abort(self, context, exc: BaseException):
         status = answer_status(exc)
+        if _expired(context):  # the client's deadline has ended the call: gRPC could send nothing (and would log it)
+            raise asyncio.CancelledError(status.message)
         await context.abort(status.grpc, status.message)
 
     def _check_key(self, context) -> None:
@@ -279,7 +371,7 @@ class GrpcFrontend:
 
     async def system_shared_memory_register(self, request, context):
         await self._call(context, lambda: self.shared_memory.register(request.name, request.key, request.offset,
-                                                                      request.byte_size))
+                                                                      request.byte_size, self.config.shm_prefix))
         return pb.SystemSharedMemoryRegisterResponse()
 
     async def system_shared_memory_unregister(self, request, context):
@@ -324,6 +416,7 @@ class GrpcFrontend:
 
     async def model_infer(self, request, context):
         arrived = time.monotonic()
+        self._unseen.pop(_current_task(), None)  # counted by observe() below
         try:
             with self.models.observe("grpc", request.model_name, lambda: _expired(context)):
                 return await self._infer(request, context, arrived)
@@ -371,7 +464,7 @@ class GrpcFrontend:
         self._check_key(context)
         if isinstance(request, _Undecodable):
             raise InvalidInput(request.reason)
-        tensors, slices = parse_infer_request(request, self.shared_memory)
+        tensors, slices = parse_infer_request(request, self.shared_memory, self.config.max_body_bytes)
         timeout = request.parameters["timeout"] if "timeout" in request.parameters else None
         deadline = self.models.deadline(arrived, None if timeout is None else _param_value(timeout),
                                         context.time_remaining())
@@ -386,4 +479,5 @@ class GrpcFrontend:
                 response.raw_output_contents.append(b"")
             else:
                 response.raw_output_contents.append(to_raw(t))
+        check_deadline(deadline, request.model_name)
         return response

@@ -22,6 +22,10 @@
     GET  /v1/models                           OpenAI's model list (rerank_api.py)
     GET  /metrics                             Prometheus text format
 
+Deadlines count from a request's arrival: the outermost middleware notes the time its head was
+handed over (`ARRIVED`), before anything of its body is read, and a success encoded after the
+model returned is checked against the deadline once more before it is sent (504 if late).
+
 Request and response bodies (the JSON body, the binary tensor extension, shared memory
 references, errors as `{"error": "..."}` with the status of status.py): http_bodies.py. aiohttp's
 own answers (404 unknown route, 405 wrong method, 413) are JSON errors too; protocol-level
@@ -43,18 +47,19 @@ from boundgen.server import beam_api, rerank_api, score_api
 from boundgen.server import shared_memory as shm
 from boundgen.server.auth import check_api_key
 from boundgen.server.config import ServerConfig
-from boundgen.server.http_bodies import (HEADER_LENGTH, encode_infer_response, error_response, parse_infer_body,
-                                         read_body, read_json, read_options)
+from boundgen.server.http_bodies import (HEADER_LENGTH, UNREAD, encode_infer_response, error_response,
+                                         parse_infer_body, read_body, read_json, read_options)
 from boundgen.server.logs import LogSettings
 from boundgen.server.metrics import CONTENT_TYPE
 from boundgen.server.models import ModelSet
 from boundgen.server.shared_memory import SharedMemory
-from boundgen.server.status import status_of
+from boundgen.server.status import check_deadline, status_of
 from boundgen.server.repository import Repository, control
 from boundgen.server.triton_extensions import (log_settings, model_config, model_statistics, repository_index,
                                                trace_settings, update_log_settings)
 
 PUBLIC_PATHS = frozenset({"/v2/health/live", "/v2/health/ready"})
+ARRIVED = web.RequestKey("arrived", float)  # time.monotonic() when the request's head was handed to the app
 EXTENSIONS = ("binary_tensor_data",)
 
 
@@ -96,7 +101,7 @@ class HttpFrontend:
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=self.config.max_body_bytes,
-                              middlewares=[_plain_json_type, self._json_errors, self._auth])
+                              middlewares=[self._arrival, _plain_json_type, self._json_errors, self._auth])
         app.router.add_get("/v2/health/live", self.live)
         app.router.add_get("/v2/health/ready", self.ready)
         app.router.add_get("/v2", self.server_metadata)
@@ -132,6 +137,23 @@ class HttpFrontend:
         `app` must be frozen (app.freeze()), as the server does before its first request.
         aiohttp's server calls the same method; it has no public name."""
         return await app._handle(request)
+
+    @web.middleware
+    async def _arrival(self, request: web.Request, handler):
+        """Note when the request arrived (its head read, its body not yet), where deadlines count from;
+        close the connection after an answer that left part of the body unread (http_bodies.UNREAD)."""
+        request[ARRIVED] = time.monotonic()
+        response = await handler(request)
+        protocol = getattr(request, "protocol", None)
+        if response.get(UNREAD) and hasattr(protocol, "force_close"):
+            await response.prepare(request)
+            await response.write_eof()  # the answer is in the transport's buffer, which closing flushes
+            protocol.force_close()  # no lingering read of the rest: aiohttp would inflate it all
+        return response
+
+    @staticmethod
+    def arrived(request: web.Request) -> float:
+        return request.get(ARRIVED) or time.monotonic()
 
     @web.middleware
     async def _json_errors(self, request: web.Request, handler):
@@ -239,7 +261,8 @@ class HttpFrontend:
         if action == "register":
             options = await read_options(request, self.config, "the register request",
                                          '{"key": "/input0", "offset": 0, "byte_size": 64}')
-            self.shared_memory.register(region, options.get("key"), options.get("offset"), options.get("byte_size"))
+            self.shared_memory.register(region, options.get("key"), options.get("offset"), options.get("byte_size"),
+                                        self.config.shm_prefix)
         else:
             self.shared_memory.unregister(region)
         return web.Response(status=200)
@@ -260,43 +283,51 @@ class HttpFrontend:
         return web.Response(status=200 if self.models.ready else 503)
 
     async def infer(self, request: web.Request) -> web.Response:
-        arrived = time.monotonic()
+        arrived = self.arrived(request)
         name, version = request.match_info["model"], request.match_info.get("version", "")
         try:
             with self.models.observe("http", name):
                 body = await read_body(request, self.config)
-                parsed = parse_infer_body(body, request.headers.get(HEADER_LENGTH), self.shared_memory)
+                parsed = parse_infer_body(body, request.headers.get(HEADER_LENGTH), self.shared_memory,
+                                          self.config.max_body_bytes)
                 deadline = self.models.deadline(arrived, parsed.parameters.get("timeout"))
                 outputs = await self.models.infer(name, version, parsed.tensors, parsed.outputs, deadline)
-                return encode_infer_response(name, parsed, outputs)
+                response = encode_infer_response(name, parsed, outputs)
+                check_deadline(deadline, name)
+                return response
         except Exception as exc:
             return error_response(exc)
 
     async def score(self, request: web.Request) -> web.Response:
         """SGLang's score request on a score model (server/score_api.py), through the same admission."""
-        arrived = time.monotonic()
+        arrived = self.arrived(request)
         try:
             parsed = score_api.parse(await read_json(request, self.config))
             name = score_api.pick_model(self.models, parsed["model"])
             with self.models.observe("http", name):
                 deadline = self.models.deadline(arrived, None)
                 model = self.models.get(name, "")  # the one infer runs on: no await between (repository.py)
-                (probs,) = await self.models.infer(name, "", [score_api.text_tensor(parsed["texts"])], ["SCORES"],
-                                                   deadline)
+                text = score_api.text_tensor(parsed, name, model.signature.max_samples)
+                (probs,) = await self.models.infer(name, "", [text], ["SCORES"], deadline)
                 values = score_api.scores(np.asarray(probs.data, dtype=np.float32).reshape(probs.shape),
                                           list(model.engine.spec.program.label_token_ids), parsed["label_token_ids"])
-                return web.json_response(score_api.response(name, values))
+                response = web.json_response(score_api.response(name, values))
+                check_deadline(deadline, name)
+                return response
         except Exception as exc:
             return error_response(exc)
 
     async def beam(self, request: web.Request) -> web.Response:
         """A JSON beam request on a beam model (server/beam_api.py), each prompt a KServe request."""
-        arrived = time.monotonic()
+        arrived = self.arrived(request)
         try:
             parsed = beam_api.parse(await read_json(request, self.config))
             name = beam_api.pick_model(self.models, parsed["model"])
             with self.models.observe("http", name):
-                results = await beam_api.run(self.models, name, parsed["prompts"], self.models.deadline(arrived, None))
-                return web.json_response(beam_api.response(name, results, parsed["single"]))
+                deadline = self.models.deadline(arrived, None)
+                results = await beam_api.run(self.models, name, parsed["prompts"], deadline)
+                response = web.json_response(beam_api.response(name, results, parsed["single"]))
+                check_deadline(deadline, name)
+                return response
         except Exception as exc:
             return error_response(exc)

@@ -8,16 +8,20 @@
 Each worker is an ordinary `boundgen serve` of the same artifacts on private loopback ports,
 started with `launch.ServerProcess` (its own artifact load, contexts and streams; with --gpus,
 `CUDA_VISIBLE_DEVICES` set to its GPU). The front end is ready once every worker is ready.
-A supervisor thread per worker waits on its process: when it exits, it is marked down (log
-line, `boundgen_worker_up` 0, `boundgen_worker_restarts_total` + 1), calls in flight on it fail
-503 / UNAVAILABLE, new calls go to the live workers, and it is restarted after a backoff
-(0.5 s doubling to 10 s while restarts fail). Shutdown (front end drained) SIGTERMs every worker.
+A supervisor thread per worker waits on its process: when it exits, it is marked down first
+thing (then log line, `boundgen_worker_up` 0, `boundgen_worker_restarts_total` + 1), calls in
+flight on it fail 503 / UNAVAILABLE, new calls go to the live workers, and it is restarted at
+once; while restarts fail, after a backoff (0.5 s doubling to 10 s). The router also watches each
+worker's gRPC channel: one that has failed (TRANSIENT_FAILURE, SHUTDOWN: its process is gone or
+going) gets no new calls, even before the supervisor has seen the exit. Shutdown (front end drained) SIGTERMs every worker.
 A front-end request whose client goes away cancels its gRPC call to the worker, which cancels
 the request there like any client's (a request waiting in the worker is not run).
 
 A worker that is alive but does not answer (stopped, wedged) is found by a health thread: every
-HEALTH_INTERVAL_S it calls each up worker's gRPC ServerLive with a HEALTH_TIMEOUT_S deadline;
-after HEALTH_FAILURES misses in a row the worker is marked down (no new requests), killed
+HEALTH_INTERVAL_S it calls each up worker's gRPC ServerLive with a HEALTH_TIMEOUT_S deadline; a
+worker that missed one is asked again at once (not an interval later), so after HEALTH_FAILURES
+misses in a row, about HEALTH_INTERVAL_S + HEALTH_FAILURES x HEALTH_TIMEOUT_S after it stopped
+answering, the worker is marked down (no new requests), killed
 (SIGKILL works on a stopped process too) and so restarted by its supervisor like any exit.
 Calls already on it end at their own deadline (replica_engine.py), never later.
 
@@ -53,7 +57,8 @@ from boundgen.server.status import Unavailable
 
 BACKOFF_S, BACKOFF_MAX_S = 0.5, 10.0
 WORKER_READY_TIMEOUT_S = 600.0
-HEALTH_INTERVAL_S, HEALTH_TIMEOUT_S, HEALTH_FAILURES = 1.0, 1.0, 3  # a wedged worker is down within ~6 s
+HEALTH_INTERVAL_S, HEALTH_TIMEOUT_S, HEALTH_FAILURES = 1.0, 1.0, 3  # a wedged worker is down within ~4 s
+FAILED_CHANNEL = (grpc.ChannelConnectivity.TRANSIENT_FAILURE, grpc.ChannelConnectivity.SHUTDOWN)
 LIFELINE_ENV = "BOUNDGEN_LIFELINE_FD"
 _NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
@@ -83,18 +88,36 @@ class Worker:
         self.channel: grpc.Channel | None = None
         self._infer = None
         self.up = False
+        self.channel_failed = False  # its channel's last state was TRANSIENT_FAILURE or SHUTDOWN
         self.inflight = 0
         self.routed = 0
 
+    @property
+    def routable(self) -> bool:
+        return self.up and not self.channel_failed
+
     def connect(self) -> None:
+        self.channel_failed = False
         self.channel = grpc.insecure_channel(self.server.grpc_url, options=[("grpc.max_send_message_length", -1),
                                                                             ("grpc.max_receive_message_length", -1)])
+        channel = self.channel
+        channel.subscribe(lambda state: self._channel_state(channel, state), try_to_connect=True)
         self._infer = self.channel.unary_unary(f"/{pb.SERVICE}/ModelInfer",
                                                request_serializer=lambda m: m.SerializeToString(),
                                                response_deserializer=pb.ModelInferResponse.FromString)
         self._live = self.channel.unary_unary(f"/{pb.SERVICE}/ServerLive",
                                               request_serializer=lambda m: m.SerializeToString(),
                                               response_deserializer=pb.ServerLiveResponse.FromString)
+
+    def _channel_state(self, channel: grpc.Channel, state: grpc.ChannelConnectivity) -> None:
+        """gRPC's connectivity callback: a failed channel is not routed to until it is READY again."""
+        if channel is not self.channel:  # a closed channel of an earlier process
+            return
+        self.channel_failed = state in FAILED_CHANNEL
+        if state == grpc.ChannelConnectivity.IDLE:
+            # Its connection closed: the worker exited, or closed an idle connection. Reconnect now,
+            # so that an exited worker's channel fails (connection refused) within milliseconds.
+            self._reconnecting = grpc.channel_ready_future(channel)
 
     def answers(self, timeout_s: float) -> bool:
         """Whether the worker answers ServerLive within `timeout_s`."""
@@ -187,7 +210,7 @@ class WorkerPool:
     def acquire(self) -> Worker:
         """The live worker with the fewest requests in flight (ties: the one sent fewest so far)."""
         with self._lock:
-            live = [w for w in self.workers if w.up]
+            live = [w for w in self.workers if w.routable]
             if not live:
                 raise Unavailable("no worker is up (all are restarting); retry later")
             worker = min(live, key=lambda w: (w.inflight, w.routed, w.index))
@@ -231,7 +254,7 @@ class WorkerPool:
             self.restarts.labels(str(w.index)).inc()
             w.channel.close()  # calls in flight on it fail with UNAVAILABLE / CANCELLED
             while not self._closing.is_set():
-                delay = min(BACKOFF_S * 2 ** failures, BACKOFF_MAX_S)
+                delay = 0.0 if failures == 0 else min(BACKOFF_S * 2 ** (failures - 1), BACKOFF_MAX_S)
                 self.say(f"boundgen serve: worker {w.index} (pid {w.server.proc.pid}) exited with code {code}; "
                          f"restarting in {delay:g} s\n{w.server.tail(10)}")
                 if self._closing.wait(delay):
@@ -247,7 +270,7 @@ class WorkerPool:
     def _check_health(self) -> None:
         """Mark down and kill a worker that is up but has not answered ServerLive HEALTH_FAILURES times in a row."""
         misses = {w.index: 0 for w in self.workers}
-        while not self._closing.wait(HEALTH_INTERVAL_S):
+        while not self._closing.wait(0 if any(misses.values()) else HEALTH_INTERVAL_S):  # a miss: ask again now
             for w in self.workers:
                 server = w.server
                 if not w.up or server is None:

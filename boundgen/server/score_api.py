@@ -14,6 +14,10 @@ labels renormalised over them, which is exactly the softmax over their logits
 (`apply_softmax: true`). `apply_softmax: false` (probabilities over the whole vocabulary) and
 pre-tokenized query or items are refused with 400, saying so. `model` may be left out when the
 server holds one score model.
+
+Bounds come before work: more items than the model's max_samples are refused by their count
+(400 naming the limit) before any text is built or encoded, and a text that is not valid
+Unicode (a lone surrogate, which JSON's \\ud800 escapes can carry) is 400 naming the item.
 """
 
 from __future__ import annotations
@@ -50,8 +54,7 @@ def parse(obj) -> dict:
     model = obj.get("model")
     if model is not None and not isinstance(model, str):
         raise InvalidInput("model must be a model name")
-    texts = [item + query if item_first else query + item for item in items]
-    return {"texts": texts, "label_token_ids": ids, "model": model}
+    return {"query": query, "items": items, "item_first": item_first, "label_token_ids": ids, "model": model}
 
 
 def pick_model(models, requested: str | None) -> str:
@@ -62,8 +65,26 @@ def pick_model(models, requested: str | None) -> str:
     return models.pick(requested, "score", ROUTE)
 
 
-def text_tensor(texts: list[str]) -> Tensor:
-    return Tensor("TEXT", "BYTES", (len(texts),), [t.encode("utf-8") for t in texts])
+def text_tensor(parsed: dict, model: str, max_samples: int) -> Tensor:
+    """TEXT [N] of a parsed request: its items (at most `max_samples`, model `model`'s bound,
+    checked before any text is built), each joined with the query, as UTF-8."""
+    items, query = parsed["items"], parsed["query"]
+    if len(items) > max_samples:
+        raise InvalidInput(f"items has {len(items)} texts, over the limit of {max_samples} per request "
+                           f"(max_samples of model {model})")
+    query_bytes = utf8(query, "query")
+    parts = [utf8(item, f"items[{i}]") for i, item in enumerate(items)]
+    texts = [part + query_bytes if parsed["item_first"] else query_bytes + part for part in parts]
+    return Tensor("TEXT", "BYTES", (len(texts),), texts)
+
+
+def utf8(text: str, where: str) -> bytes:
+    """`text` as UTF-8; 400 naming `where` for one that cannot be (a lone surrogate from a JSON escape)."""
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidInput(f"{where} is not valid UTF-8 text: it holds a lone surrogate "
+                           f"({text[exc.start]!r} at character {exc.start})") from None
 
 
 def scores(probs: np.ndarray, artifact_ids: list[int], wanted: list[int]) -> list[list[float]]:

@@ -20,16 +20,22 @@ fill the slice exactly; an output is written there (it must fit) and its respons
 these parameters (shared_memory_byte_size: the bytes written) instead of data.
 
 Client shared memory is off unless the server runs with --allow-client-shm (Triton's flag of the
-same name): a client that registers a region makes the server map, read and write that object
-with the server's own permissions. Objects are opened without following symbolic links, and
-each access re-checks the object's size, so that a client shrinking it cannot fault the server.
-Every call happens on the event loop's thread. Unregistering a region that requests still use
-lets them finish: each holds its Region, whose mapping closes when the last one lets go.
+same name): a client that registers a region makes the server read and write that object with
+the server's own permissions, so only objects whose key starts with the server's prefix
+(`ServerConfig.shm_prefix`, "/boundgen" by default) may be registered, and an input read from a
+region is held to the body limit (--max-body-bytes) as one in the request would be. Objects are
+opened without following symbolic links and are never mapped: each access checks the object's
+size now (os.fstat) and copies with os.pread / os.pwrite on the open descriptor. A mapping would
+let a client that truncates its object while the server copies from it kill the server with
+SIGBUS; a short read instead fails that one request (400 naming the region). Every call happens
+on the event loop's thread. Unregistering a region that requests still use lets them finish:
+each holds its Region, whose descriptor closes when the last one lets go.
 
 CUDA shared memory is not supported (CUDA says why): its status lists no region, register is refused.
 
 Errors: 400 / INVALID_ARGUMENT (an unknown region, a slice outside its region, a size that does
-not match the tensor, a key that is not a shared memory object), with the region in the message;
+not match the tensor, a key that is not a shared memory object or is outside the prefix, an
+object shrunk under the region, an input over the body limit), with the region in the message;
 501 / UNIMPLEMENTED for register and unregister while client shared memory is off (status then
 lists no region), and for a CUDA register; all as Triton answers them. Unregistering a region
 that is not registered succeeds, as Triton's does.
@@ -37,13 +43,13 @@ that is not registered succeeds, as Triton's does.
 
 from __future__ import annotations
 
-import mmap
 import os
 import stat
 from dataclasses import dataclass
 from typing import Any, Mapping
 
 from boundgen.errors import InvalidInput
+from boundgen.server.config import SHM_PREFIX
 from boundgen.server.status import Unsupported
 from boundgen.server.tensors import Tensor, from_raw, to_raw
 
@@ -86,38 +92,42 @@ def tensor_ref(tensor: str, parameters: Mapping[str, Any]) -> TensorRef | None:
                      _count(parameters.get("shared_memory_offset", 0), f"tensor {tensor}: shared_memory_offset"))
 
 
-def _path(key: str) -> str:
-    """/dev/shm/NAME for a key as shm_open takes it: leading slashes, then one name without '/'."""
+def _path(key: str, prefix: str = "/") -> str:
+    """/dev/shm/NAME for a key as shm_open takes it (leading slashes, then one name without '/'),
+    if "/NAME" starts with `prefix`."""
     name = key.lstrip("/")
     if not name or "/" in name or name in (".", "..") or "\0" in name:
         raise InvalidInput(f"shared memory key {key!r} is not a shared memory object's name (like '/input0')")
+    if not f"/{name}".startswith(prefix):
+        raise InvalidInput(f"shared memory key {key!r} is outside what this server may open: keys must start "
+                           f"with {prefix!r} (--shm-prefix)")
     return os.path.join(SHM_DIR, name)
 
 
 class Region:
-    """A registered region: its part of the object, mapped read-write."""
+    """A registered region: its part of the object, read and written through the object's open
+    descriptor (never mapped: see the module docstring)."""
 
-    def __init__(self, name: str, key: str, offset: int, byte_size: int):
+    def __init__(self, name: str, key: str, offset: int, byte_size: int, prefix: str = "/"):
         self.name, self.key, self.offset, self.byte_size = name, key, offset, byte_size
-        path = _path(key)
+        path = _path(key, prefix)
         if byte_size == 0:
             raise InvalidInput(f"shared memory region {name!r}: byte_size must be > 0")
         try:
-            fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+            self._fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
         except OSError as exc:
             raise InvalidInput(f"cannot open shared memory object {key!r} for region {name!r}: {exc.strerror}") from None
         try:
-            info = os.fstat(fd)
-            if not stat.S_ISREG(info.st_mode):
+            if not stat.S_ISREG(os.fstat(self._fd).st_mode):
                 raise InvalidInput(f"{key!r} is not a shared memory object (region {name!r})")
-            self._check_size(info.st_size)
-            start = offset - offset % mmap.ALLOCATIONGRANULARITY
-            self._map = mmap.mmap(fd, offset + byte_size - start, offset=start)  # keeps its own descriptor
-        finally:
-            os.close(fd)
-        self._base = offset - start  # where the region starts within the mapping
+            self._check_size()
+        except BaseException:
+            self.close()
+            raise
 
-    def _check_size(self, size: int) -> None:
+    def _check_size(self) -> None:
+        """The object must still hold the whole region (a client may have shrunk it since)."""
+        size = os.fstat(self._fd).st_size
         if self.offset + self.byte_size > size:
             raise InvalidInput(f"shared memory region {self.name!r}: offset {self.offset} + byte_size {self.byte_size} "
                                f"runs past the end of object {self.key!r} ({size} bytes)")
@@ -126,12 +136,27 @@ class Region:
         return {"name": self.name, "key": self.key, "offset": self.offset, "byte_size": self.byte_size}
 
     def read(self, offset: int, size: int) -> bytes:
-        self._check_size(self._map.size())  # the object's size now: reading past its end would fault
-        return self._map[self._base + offset:self._base + offset + size]
+        self._check_size()
+        data = os.pread(self._fd, size, self.offset + offset)
+        if len(data) != size:  # shrunk between the check and the copy
+            raise InvalidInput(f"shared memory region {self.name!r}: object {self.key!r} shrank while it was read "
+                               f"({len(data)} of {size} bytes)")
+        return data
 
     def write(self, offset: int, data: bytes) -> None:
-        self._check_size(self._map.size())
-        self._map[self._base + offset:self._base + offset + len(data)] = data
+        self._check_size()
+        view, at = memoryview(data), self.offset + offset
+        while view:
+            written = os.pwrite(self._fd, view, at)
+            view, at = view[written:], at + written
+
+    def close(self) -> None:
+        fd, self._fd = getattr(self, "_fd", -1), -1
+        if fd >= 0:
+            os.close(fd)
+
+    def __del__(self):
+        self.close()
 
 
 @dataclass(frozen=True)
@@ -145,7 +170,11 @@ class Slice:
         return (f"shared memory region {self.region.name!r} (offset {self.offset}, "
                 f"shared_memory_byte_size {self.byte_size})")
 
-    def read_tensor(self, name: str, datatype: str, shape: tuple[int, ...]) -> Tensor:
+    def read_tensor(self, name: str, datatype: str, shape: tuple[int, ...], max_bytes: int | None = None) -> Tensor:
+        """Input `name` from here; at most `max_bytes` (the body limit) are read."""
+        if max_bytes is not None and self.byte_size > max_bytes:
+            raise InvalidInput(f"input {name}: {self.where()} is over the server's limit of {max_bytes} bytes "
+                               "(--max-body-bytes)")
         try:
             return from_raw(name, datatype, shape, self.region.read(self.offset, self.byte_size))
         except InvalidInput as exc:
@@ -172,7 +201,8 @@ class SharedMemory:
         if not self.allowed:
             raise error(DISABLED)
 
-    def register(self, name: str, key: str, offset: int, byte_size: int) -> None:
+    def register(self, name: str, key: str, offset: int, byte_size: int, prefix: str = SHM_PREFIX) -> None:
+        """Region `name`: `byte_size` bytes from `offset` of object `key`, which must start with `prefix`."""
         self._require()
         if not name:
             raise InvalidInput("a shared memory region needs a name")
@@ -182,7 +212,7 @@ class SharedMemory:
         if name in self.regions:
             raise InvalidInput(f"shared memory region {name!r} is already registered ({self.regions[name].status()}); "
                                "unregister it first")
-        self.regions[name] = Region(name, key, _count(offset, "offset"), _count(byte_size, "byte_size"))
+        self.regions[name] = Region(name, key, _count(offset, "offset"), _count(byte_size, "byte_size"), prefix)
 
     def unregister(self, name: str = "") -> None:
         """Forget region `name`, or every region when `name` is empty."""

@@ -14,6 +14,7 @@ request") without a log line. Everything else a request can hit is a `ServeError
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 
 import grpc
@@ -40,6 +41,15 @@ class DeadlineExceeded(ServeError, errors.DeadlineExceeded):
     """The request's deadline passed before it could be answered."""
 
     outcome = "deadline_exceeded"
+
+
+def check_deadline(deadline: float, model: str) -> None:
+    """Raise DeadlineExceeded if `deadline` (monotonic seconds) has passed: a front end's last look
+    before it sends a success it encoded after the model returned, so none is sent late."""
+    late = time.monotonic() - deadline
+    if late > 0:
+        raise DeadlineExceeded(f"the answer of model {model} was ready {late * 1e3:.1f} ms after the request's "
+                               "deadline; it was dropped")
 
 
 class Unavailable(ServeError):

@@ -49,16 +49,38 @@ class Tensor:
         return len(self.data)
 
 
-def check_header(name: Any, datatype: Any, shape: Any) -> tuple[str, str, tuple[int, ...]]:
-    """Validate a tensor's name, datatype and shape as sent by a client."""
+MAX_DIM = (1 << 63) - 1  # a shape dimension is an int64 in gRPC; JSON's unbounded integers are held to it too
+
+
+def _shown(shape) -> str:
+    """A client's shape for a message, cut short: a dimension may have thousands of digits."""
+    dims = [str(d) if not isinstance(d, int) or d.bit_length() <= 64 else f"<{len(str(d))}-digit number>"
+            for d in list(shape)[:8]]
+    return "[" + ", ".join(dims) + (", ...]" if len(shape) > 8 else "]")
+
+
+def check_header(name: Any, datatype: Any, shape: Any, max_elements: int | None = None) -> tuple[str, str, tuple[int, ...]]:
+    """Validate a tensor's name, datatype and shape as sent by a client, before anything is
+    allocated for it: with `max_elements` (the body limit: every element takes at least a byte of
+    the request), a shape with more elements is refused."""
     if not isinstance(name, str) or not name:
-        raise InvalidInput(f"every tensor needs a non-empty string 'name', got {name!r}")
+        raise InvalidInput(f"every tensor needs a non-empty string 'name', got {repr(name)[:80]}")
     if datatype not in DATATYPES:
         raise InvalidInput(f"tensor {name}: unknown datatype {datatype!r}; expected one of {', '.join(DATATYPES)}")
     if not isinstance(shape, (list, tuple)) or not all(isinstance(d, int) and not isinstance(d, bool) for d in shape):
-        raise InvalidInput(f"tensor {name}: 'shape' must be a list of integers, got {shape!r}")
+        shown = _shown(shape) if isinstance(shape, (list, tuple)) else repr(shape)[:80]
+        raise InvalidInput(f"tensor {name}: 'shape' must be a list of integers, got {shown}")
     if any(d < 0 for d in shape):
-        raise InvalidInput(f"tensor {name}: shape {list(shape)} has a negative dimension")
+        raise InvalidInput(f"tensor {name}: shape {_shown(shape)} has a negative dimension")
+    if any(d > MAX_DIM for d in shape):
+        raise InvalidInput(f"tensor {name}: shape dimension too large in {_shown(shape)} (at most {MAX_DIM})")
+    if max_elements is not None and 0 not in shape:
+        count = 1
+        for d in shape:  # stops at the first dimension past the bound: never a huge product
+            count *= d
+            if count > max_elements:
+                raise InvalidInput(f"tensor {name}: shape {_shown(shape)} has more elements than a request within "
+                                   f"the server's limit of {max_elements} bytes (--max-body-bytes) can hold")
     return name, datatype, tuple(int(d) for d in shape)
 
 
@@ -100,12 +122,12 @@ def from_raw(name: str, datatype: str, shape: tuple[int, ...], raw: bytes | memo
     count = element_count(shape)
     if datatype == "BYTES":
         if count * 4 > len(raw):
-            raise InvalidInput(f"tensor {name}: shape {list(shape)} needs at least {count * 4} bytes "
+            raise InvalidInput(f"tensor {name}: shape {_shown(shape)} needs at least {count * 4} bytes "
                                f"of BYTES length prefixes, got {len(raw)} bytes")
         return Tensor(name, datatype, shape, deserialize_bytes(name, raw, count))
     dtype = NUMPY_DTYPES[datatype]
     if len(raw) != count * dtype.itemsize:
-        raise InvalidInput(f"tensor {name}: shape {list(shape)} of {datatype} needs {count * dtype.itemsize} "
+        raise InvalidInput(f"tensor {name}: shape {_shown(shape)} of {datatype} needs {count * dtype.itemsize} "
                            f"bytes, got {len(raw)}")
     return Tensor(name, datatype, shape, np.frombuffer(raw, dtype=dtype).copy())
 
@@ -138,7 +160,7 @@ def from_json(name: str, datatype: str, shape: tuple[int, ...], data: Any) -> Te
     flat = _flatten(data)
     count = element_count(shape)
     if len(flat) != count:
-        raise InvalidInput(f"tensor {name}: shape {list(shape)} has {count} elements, 'data' has {len(flat)}")
+        raise InvalidInput(f"tensor {name}: shape {_shown(shape)} has {count} elements, 'data' has {len(flat)}")
     if datatype == "BYTES":
         items = []
         for i, item in enumerate(flat):
@@ -177,7 +199,7 @@ def from_grpc_contents(name: str, datatype: str, shape: tuple[int, ...], content
     values = getattr(contents, field)
     count = element_count(shape)
     if len(values) != count:
-        raise InvalidInput(f"tensor {name}: shape {list(shape)} has {count} elements, "
+        raise InvalidInput(f"tensor {name}: shape {_shown(shape)} has {count} elements, "
                            f"contents.{field} has {len(values)}")
     if datatype == "BYTES":
         return Tensor(name, datatype, shape, list(values))

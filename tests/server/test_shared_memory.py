@@ -44,9 +44,10 @@ def regions():
 
     def make(size):
         name = f"r{uuid.uuid4().hex[:12]}"
-        handle = shm.create_shared_memory_region(name, f"/{name}", size, create_only=True)
+        key = f"/boundgen-{name}"  # under the server's default --shm-prefix
+        handle = shm.create_shared_memory_region(name, key, size, create_only=True)
         made.append(handle)
-        return name, f"/{name}", handle
+        return name, key, handle
 
     yield make
     for handle in made:
@@ -151,7 +152,7 @@ def test_a_symbolic_link_is_not_followed(shm_server, tmp_path):
     """A link in /dev/shm to another file: registering it must not map that file."""
     target = tmp_path / "not-shared"
     target.write_bytes(b"\0" * 64)
-    link = Path("/dev/shm") / f"link-{uuid.uuid4().hex[:12]}"
+    link = Path("/dev/shm") / f"boundgen-link-{uuid.uuid4().hex[:12]}"
     link.symlink_to(target)
     try:
         err = _error(lambda: thttp.InferenceServerClient(shm_server.http_url).register_system_shared_memory(
@@ -195,8 +196,8 @@ def test_errors_name_the_region_and_the_problem(shm_server, regions, protocol):
 
         for message, call in {
             "already registered": lambda: c.register_system_shared_memory(name, key, size),
-            "cannot open shared memory object '/no-such-object'":
-                lambda: c.register_system_shared_memory("other", "/no-such-object", 16),
+            "cannot open shared memory object '/boundgen-no-such-object'":
+                lambda: c.register_system_shared_memory("other", "/boundgen-no-such-object", 16),
             "runs past the end of object": lambda: c.register_system_shared_memory("other", key, size + 1),
             "not a shared memory object's name": lambda: c.register_system_shared_memory("other", "/../etc", 16),
             "unknown shared memory region 'nope'": lambda: status(c, protocol, "nope"),

@@ -1,0 +1,432 @@
+"""Reliability issue, second round: what a hostile or careless client could do to a real server
+(a fake-engine `boundgen serve` process). Shared memory truncated under the server's read, keys
+outside the prefix, inputs in shared memory over the body limit; absurd shapes; request counts
+refused before any work; lone surrogates; a non-ASCII Authorization header; undecodable gRPC
+messages to every method; gRPC requests that expire before their handler runs, counted; /v1/beam
+overload that leaves no unretrieved task exception; a slow body's deadline counted from its head."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+import time
+import uuid
+import zlib
+
+import grpc
+import numpy as np
+import pytest
+
+from boundgen.server import kserve_pb as pb
+from boundgen.server.tensors import serialize_bytes
+from tests.server.conftest import BEAM_SPEC, SCORE_SPEC
+from tests.server.fake_engine import write_fake_artifact
+from tests.server.test_reliability import http, json_body, read_until_closed
+
+KEY = "sesame"
+
+
+@pytest.fixture(scope="module")
+def artifacts(tmp_path_factory):
+    root = tmp_path_factory.mktemp("hardening")
+    return [write_fake_artifact(root / "fscore", SCORE_SPEC), write_fake_artifact(root / "fbeam", BEAM_SPEC)]
+
+
+@pytest.fixture(scope="module")
+def server(launch, artifacts):
+    """Client shared memory on, one request in flight and four queued per model, no API key."""
+    server = launch(artifacts, args=["--allow-client-shm", "--max-inflight", "1", "--max-queue", "4"])
+    yield server
+    assert server.stop() == 0
+
+
+@pytest.fixture(scope="module")
+def keyed(launch, artifacts):
+    server = launch(artifacts, args=["--allow-client-shm"], env={**os.environ, "BOUNDGEN_API_KEY": KEY})
+    yield server
+    assert server.stop() == 0
+
+
+def post(server, path, body, headers=None):
+    """(status, JSON answer) of a POST."""
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    code, _, answer = http(server, "POST", path, data, {"Content-Type": "application/json", **(headers or {})})
+    return code, json.loads(answer) if answer else None
+
+
+def shm_object(size: int) -> tuple[str, int]:
+    """A fresh POSIX shared memory object under the server's default prefix: (key, fd)."""
+    key = f"/boundgen-test-{uuid.uuid4().hex[:12]}"
+    fd = os.open(f"/dev/shm{key}", os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+    os.ftruncate(fd, size)
+    return key, fd
+
+
+def shm_infer_body(region: str, byte_size: int) -> dict:
+    return {"inputs": [{"name": "TEXT", "datatype": "BYTES", "shape": [1], "parameters": {
+        "shared_memory_region": region, "shared_memory_byte_size": byte_size}}]}
+
+
+# ---- 1. shared memory -----------------------------------------------------------------------
+
+def test_a_client_truncating_its_object_under_a_read_fails_only_its_request(launch, artifacts):
+    """The object shrinks to 0 and grows back, over and over, while the server reads 3 MB from
+    it: a mapping would fault (SIGBUS kills the server); each read must fail or succeed alone."""
+    server = launch(artifacts, args=["--allow-client-shm"])  # its own: the old code died here
+    size = 3 << 20
+    key, fd = shm_object(size)
+    name = f"trunc-{uuid.uuid4().hex[:8]}"
+    stop = threading.Event()
+
+    def truncate():
+        while not stop.is_set():
+            os.ftruncate(fd, 0)
+            os.ftruncate(fd, size)
+
+    flipper = threading.Thread(target=truncate, daemon=True)
+    try:
+        assert post(server, f"/v2/systemsharedmemory/region/{name}/register",
+                    {"key": key, "offset": 0, "byte_size": size})[0] == 200
+        flipper.start()
+        codes = set()
+        for _ in range(60):
+            code, answer = post(server, "/v2/models/fscore/infer", shm_infer_body(name, size))
+            codes.add(code)
+            assert code == 400 and name in answer["error"], answer
+    finally:
+        stop.set()
+        if flipper.is_alive():
+            flipper.join()
+        os.close(fd)
+        os.unlink(f"/dev/shm{key}")
+        post(server, "/v2/systemsharedmemory/unregister", b"")
+    assert server.proc.poll() is None, server.tail()
+    assert http(server, "GET", "/v2/health/live")[0] == 200
+    assert server.stop() == 0
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_a_key_outside_the_prefix_is_refused(server, protocol):
+    key = f"/other-{uuid.uuid4().hex[:12]}"
+    fd = os.open(f"/dev/shm{key}", os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+    os.ftruncate(fd, 64)
+    try:
+        if protocol == "http":
+            code, answer = post(server, "/v2/systemsharedmemory/region/outside/register", {"key": key, "offset": 0, "byte_size": 64})
+            assert code == 400, answer
+            message = answer["error"]
+        else:
+            call = grpc_call(server, "SystemSharedMemoryRegister", pb.SystemSharedMemoryRegisterResponse)
+            with pytest.raises(grpc.RpcError) as err:
+                call(pb.SystemSharedMemoryRegisterRequest(name="outside", key=key, byte_size=64).SerializeToString(),
+                     timeout=10)
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            message = err.value.details()
+        assert "must start with '/boundgen'" in message and "--shm-prefix" in message, message
+    finally:
+        os.close(fd)
+        os.unlink(f"/dev/shm{key}")
+
+
+def test_an_input_in_shared_memory_is_held_to_the_body_limit(server):
+    size = (4 << 20) + 1024  # over the default --max-body-bytes of 4 MiB
+    key, fd = shm_object(size)
+    name = f"big-{uuid.uuid4().hex[:8]}"
+    try:
+        assert post(server, f"/v2/systemsharedmemory/region/{name}/register", {"key": key, "offset": 0, "byte_size": size})[0] == 200
+        code, answer = post(server, "/v2/models/fscore/infer", shm_infer_body(name, size))
+        assert code == 400 and name in answer["error"] and "--max-body-bytes" in answer["error"], answer
+    finally:
+        post(server, f"/v2/systemsharedmemory/region/{name}/unregister", b"")
+        os.close(fd)
+        os.unlink(f"/dev/shm{key}")
+
+
+def test_unregistering_every_region_needs_the_key(keyed):
+    """A guard: every route but the health checks already needed the key."""
+    key, fd = shm_object(64)
+    auth = {"Authorization": f"Bearer {KEY}"}
+    try:
+        assert post(keyed, "/v2/systemsharedmemory/region/kept/register", {"key": key, "offset": 0, "byte_size": 64}, auth)[0] == 200
+        assert post(keyed, "/v2/systemsharedmemory/unregister", b"")[0] == 401
+        code, _, listed = http(keyed, "GET", "/v2/systemsharedmemory/status", headers=auth)
+        assert code == 200 and [r["name"] for r in json.loads(listed)] == ["kept"]
+        assert post(keyed, "/v2/systemsharedmemory/unregister", b"", auth)[0] == 200
+    finally:
+        os.close(fd)
+        os.unlink(f"/dev/shm{key}")
+
+
+# ---- 2. bounds before work ------------------------------------------------------------------
+
+@pytest.mark.parametrize("shape,message", [
+    ("[1" + "0" * 4000 + "]", "shape dimension too large"),
+    ("[1" + "0" * 4000 + ", 1" + "0" * 4000 + "]", "shape dimension too large"),
+    (str([1 << 40]), "more elements than a request within the server's limit"),
+])
+def test_absurd_shapes_are_400_before_any_allocation(server, shape, message):
+    body = ('{"inputs": [{"name": "TEXT", "datatype": "FP32", "shape": ' + shape + ', "data": [1.0]}]}').encode()
+    code, answer = post(server, "/v2/models/fscore/infer", body)
+    assert code == 400 and message in answer["error"], answer
+    assert len(answer["error"]) < 300  # the number itself is not echoed back
+
+
+def test_grpc_shape_past_the_body_limit_is_400(server):
+    request = pb.ModelInferRequest(model_name="fscore")
+    request.inputs.add(name="TEXT", datatype="BYTES", shape=[1 << 62, 1 << 62])
+    request.raw_input_contents.append(b"")
+    with pytest.raises(grpc.RpcError) as err:
+        grpc_call(server, "ModelInfer", pb.ModelInferResponse)(request.SerializeToString(), timeout=10)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "more elements than a request within the server's limit" in err.value.details()
+
+
+def test_score_items_are_counted_before_they_are_built(server):
+    code, answer = post(server, "/v1/score", {"query": "q ", "items": ["a"] * 50_000, "label_token_ids": [9693],
+                                              "apply_softmax": True})
+    assert code == 400 and "items has 50000 texts, over the limit of 4" in answer["error"], answer
+
+
+def test_beam_prompts_are_counted_before_they_are_admitted(server):
+    code, answer = post(server, "/v1/beam", {"prompts": ["a"] * 20_000})
+    assert code == 400, answer  # used to be 429, after the first prompts had run
+    assert "prompts has 20000 texts, over the limit of 5" in answer["error"], answer
+
+
+def test_a_compressed_body_is_held_to_the_limit_as_it_inflates(server):
+    """Inflating stops at the limit: the answer closes the connection, so the rest of the body
+    is not read (aiohttp would otherwise inflate all of it, for up to 10 s, to keep it alive)."""
+    code, headers, answer = http(server, "POST", "/v2/models/fscore/infer", gzip_bomb(256),
+                                 {"Content-Type": "application/json", "Content-Encoding": "gzip"})
+    assert code == 400 and "--max-body-bytes" in json.loads(answer)["error"], answer
+    assert headers["Connection"] == "close"
+    start = time.monotonic()  # inflating the remaining 252 MiB kept the event loop busy for seconds
+    assert http(server, "GET", "/v2/health/live")[0] == 200
+    assert time.monotonic() - start < 0.8
+
+
+def gzip_bomb(mib: int) -> bytes:
+    """`mib` MiB of spaces, gzipped (about 1 KB per MiB)."""
+    packer, chunk = zlib.compressobj(9, zlib.DEFLATED, 31), b" " * (1 << 20)
+    return b"".join([*(packer.compress(chunk) for _ in range(mib)), packer.flush()])
+
+
+# ---- 3. deadlines from arrival --------------------------------------------------------------
+
+def test_a_slow_body_counts_against_the_timeout(server):
+    """The `timeout` parameter counts from the head: a body that took longer arrives expired.
+    (A guard: the handler already started before its body was read; an arrival middleware now
+    notes the time.)"""
+    body = json_body(["a"], {"timeout": 200_000})  # 200 ms
+    sock = socket.create_connection(("127.0.0.1", server.http_port), timeout=10)
+    sock.sendall(b"POST /v2/models/fscore/infer HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                 + f"Content-Length: {len(body)}\r\n\r\n".encode() + body[:10])
+    time.sleep(0.5)
+    sock.sendall(body[10:])
+    answer = read_until_closed(sock)
+    assert answer.startswith(b"HTTP/1.1 504"), answer
+
+
+# ---- 4. errors in the contract's codes ------------------------------------------------------
+
+@pytest.mark.parametrize("route,body,where", [
+    ("/v1/score", b'{"query": "q", "items": ["ok", "\\ud800"], "label_token_ids": [9693], "apply_softmax": true}',
+     "items[1]"),
+    ("/v1/score", b'{"query": "\\udfff", "items": ["ok"], "label_token_ids": [9693], "apply_softmax": true}', "query"),
+    ("/v1/beam", b'{"prompt": "\\ud800"}', "prompt"),
+    ("/v1/beam", b'{"prompts": ["ok", "x\\ud800"]}', "prompts[1]"),
+])
+def test_lone_surrogates_are_400(server, route, body, where):
+    code, answer = post(server, route, body)
+    assert code == 400 and answer["error"].startswith(f"{where} is not valid UTF-8"), answer
+
+
+@pytest.mark.parametrize("method,path", [
+    ("GET", "/v2"), ("GET", "/metrics"), ("POST", "/v2/models/fscore/infer"), ("POST", "/v1/score"),
+    ("POST", "/v1/beam"), ("GET", "/v2/systemsharedmemory/status"), ("POST", "/v2/systemsharedmemory/unregister"),
+])
+def test_a_non_ascii_authorization_header_is_401(keyed, method, path):
+    for value in (b"Bearer \xff\xfe", "Bearer sésame".encode()):
+        sock = socket.create_connection(("127.0.0.1", keyed.http_port), timeout=10)
+        sock.sendall(f"{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: 2\r\n".encode()
+                     + b"Authorization: " + value + b"\r\n\r\n{}")
+        answer = read_until_closed(sock)
+        assert answer.startswith(b"HTTP/1.1 401"), answer
+
+
+def grpc_call(server, method, response_cls):
+    """A raw unary call of the service: it takes request bytes, so a test can send any."""
+    channel = grpc.insecure_channel(server.grpc_url)
+    return channel.unary_unary(f"/{pb.SERVICE}/{method}", request_serializer=lambda b: b,
+                               response_deserializer=response_cls.FromString)
+
+
+UNDECODABLE = b"\xff\xff\xff\xff"
+
+
+@pytest.mark.parametrize("method", ["ServerMetadata", "ModelMetadata", "ModelReady", "ModelConfig",
+                                    "RepositoryIndex", "SystemSharedMemoryRegister", "LogSettings", "ServerLive"])
+def test_undecodable_grpc_messages_are_invalid_argument(server, keyed, method):
+    with pytest.raises(grpc.RpcError) as err:
+        grpc_call(server, method, pb.ServerLiveResponse)(UNDECODABLE, timeout=10)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, err.value
+    assert "not a valid" in err.value.details()
+    if method != "ServerLive":  # the health checks need no key; the others ask for it first
+        with pytest.raises(grpc.RpcError) as err:
+            grpc_call(keyed, method, pb.ServerLiveResponse)(UNDECODABLE, timeout=10)
+        assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED, err.value
+
+
+# ---- 5. metrics -----------------------------------------------------------------------------
+
+def grpc_total(server) -> float:
+    """gRPC inference requests counted, whatever their model label and outcome."""
+    _, _, text = http(server, "GET", "/metrics")
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.decode().splitlines()
+               if line.startswith("boundgen_requests_total{") and 'protocol="grpc"' in line)
+
+
+def test_grpc_requests_that_expire_before_their_handler_are_counted(server):
+    request = pb.ModelInferRequest(model_name="fscore")
+    request.inputs.add(name="TEXT", datatype="BYTES", shape=[1])
+    request.raw_input_contents.append(serialize_bytes([b"hello"]))
+    data = request.SerializeToString()
+    call = grpc_call(server, "ModelInfer", pb.ModelInferResponse)
+    call(data, timeout=10)
+    before = grpc_total(server)
+    calls = [call.future(data, timeout=0.002) for _ in range(200)]
+    for c in calls:
+        try:
+            c.result()
+        except grpc.RpcError:
+            pass
+    end = time.monotonic() + 5
+    while grpc_total(server) - before < 180 and time.monotonic() < end:
+        time.sleep(0.05)
+    # gRPC itself drops a few calls before it looks their method up: those never reach the server's code.
+    assert grpc_total(server) - before >= 180, grpc_total(server) - before
+
+
+def test_beam_overload_leaves_no_unretrieved_task_exception():
+    """One prompt is refused (429) while another waits; cancelled, the waiting one still ends with
+    an error (as asyncio.wait_for does when its timeout and a cancellation meet, Python 3.11): that
+    error must be retrieved, not logged as "Task exception was never retrieved"."""
+    import asyncio
+    import gc
+    from types import SimpleNamespace
+
+    from boundgen.server import beam_api
+    from boundgen.server.status import DeadlineExceeded, Overloaded
+
+    class Models:
+        def get(self, name):
+            return SimpleNamespace(admission=SimpleNamespace(max_inflight=1, max_queue=4))
+
+        async def infer(self, name, version, tensors, outputs, deadline):
+            if tensors[0].data == [b"refused"]:
+                raise Overloaded("model fbeam is at capacity")
+            try:
+                await asyncio.sleep(10)
+            except asyncio.CancelledError:
+                raise DeadlineExceeded("the deadline passed as the request was cancelled") from None
+
+    unretrieved = []
+
+    async def main():
+        asyncio.get_running_loop().set_exception_handler(lambda loop, context: unretrieved.append(context))
+        with pytest.raises(Overloaded):
+            await beam_api.run(Models(), "fbeam", ["waits", "refused"], time.monotonic() + 10)
+        await asyncio.sleep(0.05)  # the cancelled task ends with its error
+        gc.collect()
+
+    asyncio.run(main())
+    gc.collect()
+    assert not unretrieved, unretrieved
+
+
+# ---- 3. no success after its deadline -------------------------------------------------------
+
+def late_models():
+    """A ModelSet whose model answers 100 ms after it was asked, whatever the deadline (as when the
+    answer is encoded after the engine returned): the front end must not send it as a success."""
+    import asyncio
+
+    from boundgen.server.config import ServerConfig
+    from boundgen.server.metrics import ServerMetrics
+    from boundgen.server.models import ModelSet
+    from boundgen.server.tensors import Tensor
+
+    models = ModelSet(ServerConfig(http_port=0, grpc_port=0), ServerMetrics())
+    models.set_ready()
+
+    async def infer(name, version, tensors, requested, deadline):
+        await asyncio.sleep(0.1)
+        return [Tensor("SCORES", "FP32", (1, 2), np.zeros(2, dtype=np.float32))]
+
+    models.infer = infer
+    return models
+
+
+def test_http_sends_no_success_after_the_deadline():
+    import asyncio
+
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from boundgen.server.kserve_http import HttpFrontend
+
+    models = late_models()
+
+    async def main():
+        async with TestClient(TestServer(HttpFrontend(models, models.config).app())) as client:
+            answer = await client.post("/v2/models/fscore/infer", data=json_body(["a"], {"timeout": 50_000}))
+            return answer.status, await answer.json()
+
+    status, answer = asyncio.run(main())
+    assert status == 504 and "after the request's deadline" in answer["error"], answer
+
+
+def test_grpc_sends_no_success_after_the_deadline():
+    import asyncio
+
+    from boundgen.server.kserve_grpc import GrpcFrontend
+    from boundgen.server.status import DeadlineExceeded
+
+    models = late_models()
+    request = pb.ModelInferRequest(model_name="fscore")
+    request.inputs.add(name="TEXT", datatype="BYTES", shape=[1])
+    request.raw_input_contents.append(serialize_bytes([b"a"]))
+    request.parameters["timeout"].int64_param = 50_000
+    context = type("Context", (), {"invocation_metadata": lambda self: (), "time_remaining": lambda self: None})()
+    with pytest.raises(DeadlineExceeded, match="after the request's deadline"):
+        asyncio.run(GrpcFrontend(models, models.config)._infer(request, context, time.monotonic()))
+
+
+# ---- 6. replicas ----------------------------------------------------------------------------
+
+def test_the_router_skips_a_worker_whose_channel_failed():
+    """A worker whose gRPC channel failed (its process gone or going) gets no new call, even while
+    its supervisor has not yet seen the exit; with none left, 503."""
+    from prometheus_client import CollectorRegistry
+
+    from boundgen.server.replicas import WorkerPool
+    from boundgen.server.status import Unavailable
+
+    pool = WorkerPool([], [None, None], [], None, CollectorRegistry(), lambda line: None)
+    for w in pool.workers:
+        w.up = True
+    pool.workers[0].channel_failed = True  # idle tie: worker 0 would be first
+    assert [pool.acquire().index for _ in range(3)] == [1, 1, 1]
+    pool.workers[1].channel_failed = True
+    with pytest.raises(Unavailable):
+        pool.acquire()
+
+
+def test_the_shm_prefix_is_checked():
+    from boundgen.server.config import ServerConfig
+
+    assert ServerConfig(shm_prefix="/").shm_prefix == "/"
+    for bad in ("boundgen", "/a/b", ""):
+        with pytest.raises(ValueError, match="shm_prefix"):
+            ServerConfig(shm_prefix=bad)
