@@ -22,6 +22,13 @@ ops and the fused kernel (`bench_qk_norm_rope`); a beam decode step's RoPE + K/V
 reference compiled against the fused kernel (`bench_rope_kv_write`).
 Their FLOPs are elementwise operation counts (rough); bytes are what matters.
 
+The memory-bound kernels of a W1 layer (`--memory-bound`, `bench_memory_bound`): rmsnorm,
+add_rmsnorm, add_rmsnorm_quant, qk_norm_rope and silu_quant at 2,250 / 4,500 / 9,000 tokens, bytes
+counted exactly, optionally beside 28a37ab's kernels (`--variant new,old`), their launch configs
+(`--sweep`) and with inputs read from HBM (`--cold`). The command line prints a roofline table
+(kernel_timing.roofline_table: GB/s and % of `--hbm-peak`, FLOPs and % of the tensor peak for
+attention), also written to `--markdown FILE`.
+
 Candidate selection: bench/selection.py. Timing (bench/kernel_timing.py): GPU time per call, a
 CUDA graph of `calls` back-to-back calls replayed `replays` times (median), so host launch
 overhead is out and L2 is warm (as in the model, where the preceding projection has just written
@@ -33,15 +40,18 @@ written once (the prefix once, not once per beam). Ceilings from ../shared/GPU.m
 from __future__ import annotations
 
 import functools
+import itertools
 import sys
 
 import torch
 import torch.nn.functional as F
 
-from boundgen.bench.kernel_timing import KernelTiming, markdown_table, measure
+from boundgen.bench import previous_kernels
+from boundgen.bench.kernel_timing import (HBM_PEAK_BYTES_PER_S, PEAK_BF16_FLOPS, KernelTiming, markdown_table, measure,
+                                          roofline_table)
 from boundgen.bench.selection import run_selection_benchmarks
-from boundgen.ops import (packed_attention, prefix_attention, qk_norm_rope, rmsnorm, rope, rope_kv_write, silu_mul,
-                          silu_quant)
+from boundgen.ops import (add_rmsnorm, add_rmsnorm_quant, packed_attention, prefix_attention, qk_norm_rope, rmsnorm,
+                          rope, rope_kv_write, silu_mul, silu_quant)
 
 # Packed-kernel launch configs (BLOCK_M, BLOCK_N, num_warps, num_stages) timed beside the default.
 PACKED_SWEEP = [(64, 64, 4, 2), (64, 32, 4, 2), (64, 64, 8, 2), (128, 64, 8, 3)]
@@ -115,7 +125,7 @@ def bench_packed(lengths: list[int], heads=(16, 8), head_dim: int = 128, device:
     case = (f"packed B={len(lengths)} T={tokens} L={min(lengths)}-{max(lengths)} "
             f"heads {num_q_heads}/{num_kv_heads} D={head_dim}")
     return measure(case, impls, packed_work(lengths, num_q_heads, num_kv_heads, head_dim,
-                                             dtype.itemsize), calls, replays)
+                                             dtype.itemsize), calls, replays, tensor_peak=PEAK_BF16_FLOPS)
 
 
 def bench_prefix(width: int, prefix_len: int, suffix_len: int, heads=(14, 2), head_dim: int = 64,
@@ -161,7 +171,7 @@ def bench_prefix(width: int, prefix_len: int, suffix_len: int, heads=(14, 2), he
             f"{num_q_heads}/{num_kv_heads} D={head_dim}")
     flops, nbytes = prefix_work(width, prefix_len, suffix_len, num_q_heads, num_kv_heads, head_dim,
                                 dtype.itemsize)
-    return measure(case, impls, (requests * flops, requests * nbytes), calls, replays)
+    return measure(case, impls, (requests * flops, requests * nbytes), calls, replays, tensor_peak=PEAK_BF16_FLOPS)
 
 
 def _qkv_view(num_tokens: int, num_heads: int, head_dim: int, device: str, dtype: torch.dtype):
@@ -203,7 +213,7 @@ def bench_rope(num_tokens: int, num_heads: int, head_dim: int, strided: bool, de
 
 
 # qk_norm_rope launch configs (BLOCK_T, num_warps) timed beside the default.
-QK_NORM_ROPE_SWEEP = [(1, 8), (2, 4), (2, 8), (4, 8)]
+QK_NORM_ROPE_SWEEP = [(1, 4), (2, 8), (4, 4), (4, 8)]
 
 
 def bench_qk_norm_rope(num_tokens: int, heads=(16, 8), head_dim: int = 128, device: str = "cuda",
@@ -232,7 +242,7 @@ def bench_qk_norm_rope(num_tokens: int, heads=(16, 8), head_dim: int = 128, devi
             impls[f"fused block_t {block_t} w{warps}"] = (
                 lambda b=block_t, w=warps: qk_norm_rope.launch(*args, block_t=b, num_warps=w))
     elements = num_tokens * (num_q + num_kv) * head_dim
-    work = (8.0 * elements, float((2 * elements + 2 * cos.numel()) * dtype.itemsize))
+    work = (8.0 * elements, float((2 * elements + 2 * cos.numel() + 2 * head_dim) * dtype.itemsize))
     return measure(f"qk_norm_rope T={num_tokens} heads={num_q}/{num_kv} D={head_dim}", impls, work, calls, replays)
 
 
@@ -273,7 +283,7 @@ def bench_silu_mul(num_tokens: int, inter: int, device: str = "cuda", calls: int
 
 
 def bench_silu_quant(num_tokens: int, inter: int = 3072, device: str = "cuda", calls: int = 20, replays: int = 10,
-                     dtype: torch.dtype = torch.bfloat16, configs=((1, 8), (1, 4), (2, 8), (4, 8))) -> list[KernelTiming]:
+                     dtype: torch.dtype = torch.bfloat16, configs=((1, 4), (1, 8), (2, 4), (2, 8))) -> list[KernelTiming]:
     """An FP8 MLP's SwiGLU + E4M3 rowwise quantization (W1: Qwen3-0.6B, I 3,072): Inductor's compile
     of the reference against the Triton kernel with IEEE divisions and with the fast ones, at each
     (BLOCK_T, num_warps) of `configs`. The error column compares dequantized values (not timed:
@@ -285,7 +295,7 @@ def bench_silu_quant(num_tokens: int, inter: int = 3072, device: str = "cuda", c
     for block_t, warps in configs:
         impls[f"triton, fast divisions, BLOCK_T={block_t} w{warps}"] = functools.partial(
             silu_quant.launch, x, block_t, warps, False)
-    work = (5.0 * num_tokens * inter, float(num_tokens * inter * (2 * dtype.itemsize + 1)))
+    work = (5.0 * num_tokens * inter, float(num_tokens * (inter * (2 * dtype.itemsize + 1) + 4)))
     return measure(f"silu_quant T={num_tokens} I={inter}", impls, work, calls, replays,
                     compared=lambda out: out[0].float() * out[1])  # dequantized values
 
@@ -299,6 +309,118 @@ def bench_elementwise(device: str = "cuda", calls: int = 20, replays: int = 10,
             + bench_rope(2400, 8, 128, strided=False, **kw) + bench_silu_mul(2400, 3072, **kw)
             + bench_rmsnorm(100, 896, **kw) + bench_rope(100, 14, 64, strided=True, **kw)
             + bench_rope(100, 2, 64, strided=True, **kw) + bench_silu_mul(100, 4864, **kw))
+
+
+# The memory-bound kernels of a W1 layer (`--memory-bound`): W1 rows (one, two, four requests a
+# call), the launch configs (BLOCK rows or tokens, num_warps) timed with `sweep`, the kernels of
+# 28a37ab (bench/previous_kernels.py) with the "old" variant.
+W1_ROWS = (2250, 4500, 9000)
+MEMORY_BOUND_SWEEP = {"rmsnorm": ((1, 2), (1, 4), (2, 2), (4, 4), (4, 8)),
+                      "qk_norm_rope": QK_NORM_ROPE_SWEEP, "silu_quant": ((1, 8), (2, 4), (2, 8))}
+VARIANTS = ("new", "old")
+COLD_BYTES = 128 << 20  # > 2.5 x the H200's L2: inputs rotated over this many bytes are read from HBM
+
+
+def _rotating(make, nbytes: int, cold: bool) -> list:
+    """Input sets for a benchmark: one, or (cold) enough copies of `nbytes` each that a call's
+    inputs have left L2 when their turn comes again (as in the model, where they are cold)."""
+    return [make() for _ in range(max(2, -(-COLD_BYTES // nbytes)) if cold else 1)]
+
+
+def _turns(fn, sets):
+    """fn over the input sets in turn, the first call on set 0 (the one the error is checked on)."""
+    turn = itertools.count()
+    return lambda: fn(*sets[next(turn) % len(sets)])
+
+
+def bench_memory_bound(num_tokens: int, variants=("new",), sweep: bool = False, cold: bool = False,
+                       device: str = "cuda", calls: int = 20, replays: int = 10, dtype: torch.dtype = torch.bfloat16,
+                       hidden: int = 1024, heads=(16, 8), head_dim: int = 128, inter: int = 3072,
+                       eps: float = 1e-6) -> list[KernelTiming]:
+    """rmsnorm, add_rmsnorm, add_rmsnorm_quant (x [T, H]), qk_norm_rope (qkv [T, (Nq + 2 Nkv) D])
+    and silu_quant (x [T, 2I]) at W1 shapes (Qwen3-0.6B), each variant ("new": the ops' kernels;
+    "old": 28a37ab's) against the op's torch reference (untimed; E4M3 outputs compared
+    dequantized). Bytes: exactly what a call reads and writes (weights, cos / sin and scales
+    included); FLOPs are not counted (none of these is GEMM-like). `cold`: inputs rotated over
+    COLD_BYTES, so that they come from HBM."""
+    if any(v not in VARIANTS for v in variants):
+        raise ValueError(f"variants are {VARIANTS}; got {variants}")
+    gen = torch.Generator(device=device).manual_seed(num_tokens)
+    e, t = dtype.itemsize, num_tokens
+
+    def randn(*shape, scale=1.0):
+        return (torch.randn(*shape, device=device, generator=gen) * scale).to(dtype)
+
+    where = " cold" if cold else ""
+    rows = []
+    weight = (1 + 0.1 * torch.randn(hidden, device=device, generator=gen)).to(dtype)
+    sets = _rotating(lambda: (randn(t, hidden, scale=3.0), randn(t, hidden)), 2 * t * hidden * e, cold)
+    n_calls = max(calls, len(sets))
+    x0, d0 = sets[0]
+    norms = {"rmsnorm": (False, False, lambda: rmsnorm.reference(x0, weight, eps), (2 * t * hidden + hidden) * e),
+             "add_rmsnorm": (True, False, lambda: add_rmsnorm.reference(x0, d0, weight, eps),
+                             (4 * t * hidden + hidden) * e),
+             "add_rmsnorm_quant": (True, True, lambda: add_rmsnorm_quant.reference(x0, d0, weight, eps),
+                                   (3 * t * hidden + hidden) * e + t * hidden + 4 * t)}
+    for name, (add, quant, reference, nbytes) in norms.items():
+        def new(x, d, block=None, warps=None, add=add, quant=quant):
+            return rmsnorm.launch(x, weight, eps, block, warps, delta=d if add else None, quantize=quant)
+
+        def old(x, d, add=add, quant=quant):
+            return previous_kernels.rmsnorm_launch(x, weight, eps, d if add else None, quant)
+        impls = {}
+        if "new" in variants:
+            impls["triton"] = _turns(new, sets)
+            for block, warps in MEMORY_BOUND_SWEEP["rmsnorm"] if sweep else ():
+                impls[f"triton rows {block} w{warps}"] = _turns(functools.partial(new, block=block, warps=warps), sets)
+        if "old" in variants:
+            impls["triton, 28a37ab kernel"] = _turns(old, sets)
+        compared = (lambda out: (out[0], out[1].float() * out[2])) if quant else None
+        rows += measure(f"{name} T={t} H={hidden}{where}", impls, (0.0, float(nbytes)), n_calls, replays,
+                        compared=compared, reference=reference)
+
+    num_q, num_kv = heads
+    wq, wk = (1 + 0.1 * torch.randn(2, head_dim, device=device, generator=gen)).to(dtype)
+
+    def qkv_set():
+        cos, sin = rope.cos_sin(torch.randint(0, 4096, (t,), device=device, generator=gen),
+                                rope.inv_freq(head_dim, 1e6).to(device), dtype)
+        return randn(t, (num_q + 2 * num_kv) * head_dim, scale=3.0), cos, sin
+    sets = _rotating(qkv_set, t * (num_q + 2 * num_kv + 2) * head_dim * e, cold)
+    n_calls = max(calls, len(sets))
+    qkv0, cos0, sin0 = sets[0]
+    impls = {}
+    if "new" in variants:
+        impls["triton"] = _turns(lambda qkv, cos, sin: qk_norm_rope.launch(qkv, wq, wk, cos, sin, eps, num_q, num_kv),
+                                 sets)
+        for block, warps in MEMORY_BOUND_SWEEP["qk_norm_rope"] if sweep else ():
+            impls[f"triton tokens {block} w{warps}"] = _turns(
+                lambda qkv, cos, sin, b=block, w=warps: qk_norm_rope.launch(qkv, wq, wk, cos, sin, eps, num_q, num_kv,
+                                                                            block_t=b, num_warps=w), sets)
+    if "old" in variants:
+        impls["triton, 28a37ab kernel"] = _turns(
+            lambda qkv, cos, sin: previous_kernels.qk_norm_rope_launch(qkv, wq, wk, cos, sin, eps, num_q, num_kv), sets)
+    elements = t * (num_q + num_kv) * head_dim
+    nbytes = (2 * elements + 2 * t * head_dim + 2 * head_dim) * e  # q, k heads in and out, cos / sin, weights
+    rows += measure(f"qk_norm_rope T={t} heads={num_q}/{num_kv} D={head_dim}{where}", impls, (0.0, float(nbytes)),
+                    n_calls, replays, reference=lambda: qk_norm_rope.reference(qkv0, wq, wk, cos0, sin0, eps, num_q,
+                                                                                num_kv))
+
+    sets = _rotating(lambda: (randn(t, 2 * inter),), 2 * t * inter * e, cold)
+    n_calls = max(calls, len(sets))
+    impls = {}
+    if "new" in variants:
+        impls["triton"] = _turns(silu_quant.launch, sets)
+        for block, warps in MEMORY_BOUND_SWEEP["silu_quant"] if sweep else ():
+            impls[f"triton rows {block} w{warps}"] = _turns(
+                functools.partial(silu_quant.launch, block_t=block, num_warps=warps), sets)
+    if "old" in variants:
+        impls["triton, 28a37ab kernel"] = _turns(previous_kernels.silu_quant_launch, sets)
+    nbytes = t * (inter * (2 * e + 1) + 4)  # gate and up in, E4M3 out, a scale a row
+    x0 = sets[0][0]
+    rows += measure(f"silu_quant T={t} I={inter}{where}", impls, (0.0, float(nbytes)), n_calls, replays,
+                    compared=lambda out: out[0].float() * out[1], reference=lambda: silu_quant.reference(x0))
+    return rows
 
 
 def run_kernel_benchmarks(device: str = "cuda", seed: int = 0, calls: int = 20,
@@ -321,30 +443,63 @@ def run_kernel_benchmarks(device: str = "cuda", seed: int = 0, calls: int = 20,
     return rows + run_selection_benchmarks(device, ks=(200,), calls=calls, replays=replays, sweep=False)
 
 
+def _token_list(text: str | None, flag: str, parser) -> list[int]:
+    try:
+        tokens = [int(t) for t in text.split(",")] if text else []
+    except ValueError:
+        tokens = [0]
+    if any(t <= 0 for t in tokens):
+        parser.error(f"{flag} takes a comma list of positive token counts, got {text!r}")
+    return tokens
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Kernel A/Bs one at a time (the full set is `run_kernel_benchmarks`, run by `boundgen bench`)."""
+    """Kernel A/Bs one at a time (the full set is `run_kernel_benchmarks`, run by `boundgen bench`,
+    or `--all`), printed as a roofline table: time, bytes moved, GB/s and % of the HBM peak, and
+    for GEMM-like kernels FLOPs and % of the tensor peak."""
     import argparse
     parser = argparse.ArgumentParser(prog="python -m boundgen.bench.kernels", description=main.__doc__)
     parser.add_argument("--packed-sweep", action="store_true",
                         help="every PACKED_GRID launch config of the packed attention kernel at W1 shapes")
     parser.add_argument("--silu-quant", metavar="TOKENS", default=None,
                         help="SwiGLU + E4M3 quantization at these token counts (comma list, e.g. 2250,4500,9000)")
+    parser.add_argument("--memory-bound", metavar="TOKENS", nargs="?", const=",".join(map(str, W1_ROWS)),
+                        default=None, help="rmsnorm, add_rmsnorm, add_rmsnorm_quant, qk_norm_rope and silu_quant at "
+                                           "W1 shapes at these token counts (default 2250,4500,9000)")
+    parser.add_argument("--variant", default="new",
+                        help="--memory-bound kernels: new (the ops'), old (28a37ab's), or both: new,old")
+    parser.add_argument("--sweep", action="store_true", help="--memory-bound: time MEMORY_BOUND_SWEEP's launch "
+                                                             "configs beside the defaults")
+    parser.add_argument("--cold", action="store_true",
+                        help="--memory-bound: inputs rotated over 128 MB, read from HBM (default: warm in L2)")
+    parser.add_argument("--all", action="store_true", help="every case of run_kernel_benchmarks (attention, "
+                                                          "elementwise, selection)")
+    parser.add_argument("--hbm-peak", type=float, default=HBM_PEAK_BYTES_PER_S,
+                        help="HBM bandwidth the table's %% is of, in B/s (default 4.8e12, the H200's)")
+    parser.add_argument("--markdown", metavar="FILE", help="also write the table to FILE")
     args = parser.parse_args(argv)
-    if not (args.packed_sweep or args.silu_quant):
-        parser.error("name at least one benchmark: --packed-sweep, --silu-quant TOKENS")
-    try:
-        tokens = [int(t) for t in args.silu_quant.split(",")] if args.silu_quant else []
-    except ValueError:
-        tokens = [0]
-    if any(t <= 0 for t in tokens):
-        parser.error(f"--silu-quant takes a comma list of positive token counts, got {args.silu_quant!r}")
+    if not (args.packed_sweep or args.silu_quant or args.memory_bound or args.all):
+        parser.error("name at least one benchmark: --packed-sweep, --silu-quant TOKENS, --memory-bound [TOKENS], "
+                     "--all")
+    tokens = _token_list(args.silu_quant, "--silu-quant", parser)
+    memory_tokens = _token_list(args.memory_bound, "--memory-bound", parser)
+    variants = tuple(args.variant.split(","))
+    if any(v not in VARIANTS for v in variants):
+        parser.error(f"--variant takes a comma list of {', '.join(VARIANTS)}, got {args.variant!r}")
     if not torch.cuda.is_available():
         print("error: kernel benchmarks need a CUDA device", file=sys.stderr)
         return 2
-    rows = bench_packed(w1_lengths(), configs=PACKED_GRID) if args.packed_sweep else []
+    rows = run_kernel_benchmarks() if args.all else []
+    rows += bench_packed(w1_lengths(), configs=PACKED_GRID) if args.packed_sweep else []
     for t in tokens:
         rows += bench_silu_quant(t)
-    print(markdown_table(rows))
+    for t in memory_tokens:
+        rows += bench_memory_bound(t, variants, sweep=args.sweep, cold=args.cold)
+    table = roofline_table(rows, args.hbm_peak)
+    print(table)
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write(table + "\n")
     return 0
 
 

@@ -1,6 +1,7 @@
 """FP8 E4M3 rowwise quantization: the torch reference (`quantize_rows`: model/fp8.py, the ops'
 references, bench/gemms.py) and its Triton form for kernels that hold whole rows (`quantize_block`:
-ops/silu_quant.py, the QUANT path of ops/rmsnorm.py).
+the QUANT path of ops/rmsnorm.py; `row_scale` and `quantize_values` for a row held in parts:
+ops/silu_quant.py).
 
     x [M, K] -> (q [M, K] float8_e4m3fn, scale [M, 1] FP32) with x ~= q * scale:
     scale = max(amax(|row|), 1e-12) / 448 (FP32), q = clamp(x / scale, -448, 448) rounded to E4M3
@@ -34,9 +35,9 @@ def to_e4m3_grid(v):
     return ((v / ulp + 12582912.0) - 12582912.0) * ulp
 
 
-# Written out in `quantize_block`: a build compiles Inductor's copy of a kernel, which takes its
+# Written out in `row_scale` and `quantize_values`: a build compiles Inductor's copy of a kernel, which takes its
 # helper functions along but not this module's globals (tests/ops/test_sm90_compile.py).
-assert (E4M3_MAX, MIN_AMAX) == (448.0, 1e-12), "quantize_block writes them out"
+assert (E4M3_MAX, MIN_AMAX) == (448.0, 1e-12), "row_scale and quantize_values write them out"
 
 
 @triton.jit
@@ -45,13 +46,26 @@ def quantize_block(v, SOFT_BF16: tl.constexpr, IEEE_DIV: tl.constexpr):
     matters, for the caller's cast; scale [R] FP32), as `quantize_rows`. IEEE_DIV: q = v / scale
     as torch divides; else v times the row's reciprocal scale (one division a row, an E4M3 ulp
     apart at times). SOFT_BF16 (the interpreter): q rounded onto the E4M3 grid before the cast."""
-    amax = tl.maximum(tl.max(tl.abs(v), axis=1), 1e-12)
-    scale = tl.div_rn(amax, tl.full(amax.shape, 448.0, tl.float32))
+    scale = row_scale(tl.max(tl.abs(v), axis=1))
+    return quantize_values(v, scale, SOFT_BF16, IEEE_DIV), scale
+
+
+@triton.jit
+def row_scale(amax):
+    """A row's amax [R] (FP32) -> its scale [R], as `quantize_rows`: max(amax, 1e-12) / 448."""
+    amax = tl.maximum(amax, 1e-12)
+    return tl.div_rn(amax, tl.full(amax.shape, 448.0, tl.float32))
+
+
+@triton.jit
+def quantize_values(v, scale, SOFT_BF16: tl.constexpr, IEEE_DIV: tl.constexpr):
+    """v [R, C] FP32, part or all of rows whose scale [R] is known -> q [R, C] FP32 for the
+    caller's cast to E4M3, as `quantize_block` (which is this with the whole row's scale)."""
     if IEEE_DIV:
         q = tl.div_rn(v, scale[:, None])
     else:
-        q = v * tl.div_rn(tl.full(amax.shape, 1.0, tl.float32), scale)[:, None]
+        q = v * tl.div_rn(tl.full(scale.shape, 1.0, tl.float32), scale)[:, None]
     q = tl.minimum(tl.maximum(q, -448.0), 448.0)
     if SOFT_BF16:
         q = to_e4m3_grid(q)
-    return q, scale
+    return q

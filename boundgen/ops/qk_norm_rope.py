@@ -14,17 +14,28 @@ read once from qkv and written once, normalised and rotated in registers.
 Lowerings: "separate" (the default: no fused op, the model applies `rmsnorm` then `rope` as they
 are lowered) and "triton" (this kernel; the registered op runs `reference` on CPU).
 
-Triton kernel: one program per block of BLOCK_T tokens, the token's q heads, then its k heads,
-each group in a block of its own (a row is a (token, head) pair), each row in its two halves.
-Rounding is the references' step by step, on the bits (ops/rounding.py `rounded`, SOFT_BF16 on
-the GPU too, so that no cast round trip is folded away; intermediates kept in FP32, since the
-kernel was bound by its roundings' conversions: 19.3 against 14.6 us at T 2,250 on the H200):
-FP32 sum of squares (the two halves' sums added: the order differs from the reference's, which
-can move the FP32 rstd by an ulp and a bf16 value by one), rstd = 1 / sqrt_rn(mean + eps),
-normed rounded to the dtype, times the weight rounded to the dtype, then RoPE's two products
-each rounded and their sum rounded. Bytes: q and k read once, written once; cos / sin once per
-token and head group (from L1 the second time); the weights once per program and group.
+Triton kernel: one program per BLOCK_T tokens; their q heads, then their k heads, in blocks of
+GROUP heads (the largest power of two dividing both counts: Qwen3-0.6B's 16 / 8 make three blocks
+of 8), each block [BLOCK_T, GROUP, D/2] per half row. Every block has one shape and layout, so the
+tokens' cos / sin and both weights are loaded once a program for all of them, no head is padded,
+and no layout is converted. Per row of D:
+    rstd = 1 / sqrt_rn(sum(x^2) * (1 / D) + eps)    (1 / D exact: D a power of two)
+    n = rnd(w * rnd(x * rstd)),   y1 = rnd(n1 cos1) - rnd(n2 sin1),   y2 = rnd(n2 cos2) + rnd(n1 sin2)
+stored rounded to the dtype, rnd being the dtype's rounding kept in FP32: the references' roundings
+step by step (ops/rmsnorm.py, ops/rope.py), only the FP32 sum of squares in another order (which
+can move rstd by an FP32 ulp and a bf16 value by one). rnd is Veltkamp's split (ops/rounding.py
+`rounded_fp`: three FP32 operations, which no compiler fold can remove): the kernel had been bound
+by its roundings' instruction issue, 20 integer operations an element at half the FP32 rate
+(sm_90 SASS with the launch's alignment hints: 1,168 instructions a one-token program at 28a37ab,
+888 now; 29.5 an element at two tokens).
+Bytes moved: q and k heads read once from qkv and written once (T (Nq + Nkv) D each), cos / sin
+once a token (2 T D), the weights once a program (from L2): 2 x 6 KB + 512 B a W1 token in bf16.
+Block sizes (default_config): 2 tokens a program for Qwen3-0.6B, 1,024 elements a half-row block,
+8 a thread at 4 warps (one 16-byte load a half row), 94 registers; fixed from the shapes, timed
+against the others by `bench.kernels --memory-bound --sweep`.
 """
+
+import math
 
 import torch
 import triton
@@ -32,8 +43,7 @@ import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
 from boundgen.ops import rmsnorm, rope
-from boundgen.ops.rope import rotate_halves  # by name: Inductor copies a kernel's helpers by name
-from boundgen.ops.rounding import rounded
+from boundgen.ops.rounding import round_to, rounded_fp  # by name: Inductor copies a kernel's helpers by name
 
 
 def split_heads(qkv: torch.Tensor, num_q_heads: int, num_kv_heads: int, head_dim: int):
@@ -54,51 +64,51 @@ def reference(qkv: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor,
 # Triton kernel
 
 @triton.jit
-def _norm_rope_heads(qkv_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr, eps, tokens, t_ok, stride_qkv, stride_cos,
-                     stride_sin, FIRST: tl.constexpr, NUM: tl.constexpr, BLOCK: tl.constexpr, HALF: tl.constexpr,
-                     SOFT_BF16: tl.constexpr):
-    """Heads FIRST .. FIRST + NUM of the tokens' qkv rows (BLOCK: NUM padded to a power of two):
-    RMSNorm of each head with weight w, then RoPE, written to out [T, NUM, 2 HALF]."""
-    dtype = qkv_ptr.dtype.element_ty
-    heads = tl.arange(0, BLOCK)
-    offs = tl.arange(0, HALF)
-    mask = t_ok[:, None, None] & (heads < NUM)[None, :, None]  # [T, N, 1]
-    x_at = (qkv_ptr + tokens[:, None, None] * stride_qkv + (FIRST + heads[None, :, None]) * (2 * HALF)
-            + offs[None, None, :])
-    x1 = tl.load(x_at, mask=mask, other=0.0).to(tl.float32)  # [T, N, D/2]
-    x2 = tl.load(x_at + HALF, mask=mask, other=0.0).to(tl.float32)
-
-    # RMSNorm over each row (both halves), as ops/rmsnorm.py rounds.
-    sum_sq = tl.sum(x1 * x1, axis=2) + tl.sum(x2 * x2, axis=2)  # [T, N]
-    mean_sq = tl.div_rn(sum_sq, tl.full(sum_sq.shape, 2 * HALF, tl.float32))
-    var = mean_sq + tl.full(sum_sq.shape, eps, tl.float32)
-    rstd = tl.div_rn(tl.full(sum_sq.shape, 1.0, tl.float32), tl.sqrt_rn(var))[:, :, None]
-    w1 = tl.load(w_ptr + offs).to(tl.float32)[None, None, :]
-    w2 = tl.load(w_ptr + HALF + offs).to(tl.float32)[None, None, :]
-    n1 = rounded(w1 * rounded(x1 * rstd, dtype, SOFT_BF16), dtype, SOFT_BF16)
-    n2 = rounded(w2 * rounded(x2 * rstd, dtype, SOFT_BF16), dtype, SOFT_BF16)
-
-    # RoPE (rotate-half), as ops/rope.py rounds.
-    y1, y2 = rotate_halves(n1, n2, cos_ptr, sin_ptr, tokens, stride_cos, stride_sin, t_ok, HALF, HALF, dtype,
-                           SOFT_BF16)
-    out_at = out_ptr + (tokens[:, None, None] * NUM + heads[None, :, None]) * (2 * HALF) + offs[None, None, :]
-    tl.store(out_at, y1, mask=mask)
-    tl.store(out_at + HALF, y2, mask=mask)
-
-
-@triton.jit
 def _qk_norm_rope_kernel(qkv_ptr, wq_ptr, wk_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, eps, num_tokens,
                          stride_qkv, stride_cos, stride_sin, NUM_Q: tl.constexpr, NUM_KV: tl.constexpr,
-                         HALF: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_KV: tl.constexpr,
+                         HALF: tl.constexpr, BLOCK_T: tl.constexpr, GROUP: tl.constexpr,
                          SOFT_BF16: tl.constexpr):
-    # q heads and k heads each in a block of their own: no padded head is computed where the
-    # counts are powers of two (Qwen3-0.6B: 16 and 8, where one block of 24 was padded to 32).
+    # BLOCK_T tokens; their q then k heads in blocks of GROUP heads ([BLOCK_T, GROUP, HALF] per half
+    # row), GROUP dividing both head counts: every block has one shape and layout, no padded head,
+    # and the tokens' cos / sin and both weights are loaded once for all of them.
+    dtype = qkv_ptr.dtype.element_ty
     tokens = (tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)).to(tl.int64)
-    t_ok = tokens < num_tokens
-    _norm_rope_heads(qkv_ptr, wq_ptr, cos_ptr, sin_ptr, q_ptr, eps, tokens, t_ok, stride_qkv, stride_cos, stride_sin,
-                     0, NUM_Q, BLOCK_Q, HALF, SOFT_BF16)
-    _norm_rope_heads(qkv_ptr, wk_ptr, cos_ptr, sin_ptr, k_ptr, eps, tokens, t_ok, stride_qkv, stride_cos, stride_sin,
-                     NUM_Q, NUM_KV, BLOCK_KV, HALF, SOFT_BF16)
+    t_ok = (tokens < num_tokens)[:, None, None]  # [T, 1, 1]
+    heads = tl.arange(0, GROUP)[None, :, None]
+    offs = tl.arange(0, HALF)[None, None, :]
+    # cos / sin in the blocks' own shape (each head's copy from L1): no layout conversion.
+    cos_at = cos_ptr + tokens[:, None, None] * stride_cos + heads * 0 + offs
+    sin_at = sin_ptr + tokens[:, None, None] * stride_sin + heads * 0 + offs
+    cos1 = tl.load(cos_at, mask=t_ok, other=0.0).to(tl.float32)  # [T, GROUP, D/2]
+    cos2 = tl.load(cos_at + HALF, mask=t_ok, other=0.0).to(tl.float32)
+    sin1 = tl.load(sin_at, mask=t_ok, other=0.0).to(tl.float32)
+    sin2 = tl.load(sin_at + HALF, mask=t_ok, other=0.0).to(tl.float32)
+    wq1 = tl.load(wq_ptr + offs).to(tl.float32)  # [1, 1, D/2]
+    wq2 = tl.load(wq_ptr + HALF + offs).to(tl.float32)
+    wk1 = tl.load(wk_ptr + offs).to(tl.float32)
+    wk2 = tl.load(wk_ptr + HALF + offs).to(tl.float32)
+    x_row = qkv_ptr + tokens[:, None, None] * stride_qkv + offs
+    for g in tl.static_range((NUM_Q + NUM_KV) // GROUP):
+        if g * GROUP < NUM_Q:  # a block of q heads
+            w1, w2 = wq1, wq2
+            out_at = q_ptr + (tokens[:, None, None] * NUM_Q + g * GROUP + heads) * (2 * HALF) + offs
+        else:
+            w1, w2 = wk1, wk2
+            out_at = k_ptr + (tokens[:, None, None] * NUM_KV + g * GROUP - NUM_Q + heads) * (2 * HALF) + offs
+        x_at = x_row + (g * GROUP + heads) * (2 * HALF)
+        x1 = tl.load(x_at, mask=t_ok, other=0.0).to(tl.float32)  # [T, GROUP, D/2]
+        x2 = tl.load(x_at + HALF, mask=t_ok, other=0.0).to(tl.float32)
+        # RMSNorm of each row, as ops/rmsnorm.py rounds (1 / D: a power of two, exact).
+        mean_sq = tl.sum(x1 * x1 + x2 * x2, axis=2) * (1.0 / (2 * HALF))  # [T, GROUP]
+        var = mean_sq + tl.full(mean_sq.shape, eps, tl.float32)  # eps made FP32 first (an fp64 in AOTI builds)
+        rstd = tl.div_rn(tl.full(mean_sq.shape, 1.0, tl.float32), tl.sqrt_rn(var))[:, :, None]
+        n1 = rounded_fp(w1 * rounded_fp(x1 * rstd, dtype), dtype)
+        n2 = rounded_fp(w2 * rounded_fp(x2 * rstd, dtype), dtype)
+        # RoPE (rotate-half), as ops/rope.py rounds: each product, then their sum (the store's cast).
+        y1 = rounded_fp(n1 * cos1, dtype) - rounded_fp(n2 * sin1, dtype)
+        y2 = rounded_fp(n2 * cos2, dtype) + rounded_fp(n1 * sin2, dtype)
+        tl.store(out_at, round_to(y1, dtype, SOFT_BF16), mask=t_ok)  # SOFT_BF16: the interpreter's cast truncates
+        tl.store(out_at + HALF, round_to(y2, dtype, SOFT_BF16), mask=t_ok)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -126,13 +136,18 @@ def _check(qkv, q_weight, k_weight, cos, sin, num_q_heads, num_kv_heads) -> None
         raise ValueError("qk_norm_rope: every tensor's last dim must be contiguous, all on one device")
 
 
-def default_config(num_heads: int, head_dim: int) -> tuple[int, int]:
-    """(BLOCK_T, num_warps): tokens up to ~2K half-row elements a program, the heads counted as
-    their power of two (Qwen3-0.6B: 24 counted as 32, x 64 = 2,048: one token; on the H200 one
-    token a program took 14.6 us at T 2,250, two 14.2 but more at T 100 and 9,000, 96fb5df).
+def head_group(num_q_heads: int, num_kv_heads: int) -> int:
+    """Heads a block: the largest power of two dividing both counts (Qwen3-0.6B's 16 / 8: 8)."""
+    both = math.gcd(num_q_heads, num_kv_heads)
+    return both & -both
+
+
+def default_config(num_q_heads: int, num_kv_heads: int, head_dim: int) -> tuple[int, int]:
+    """(BLOCK_T, num_warps): tokens for ~1K elements a half-row block (Qwen3-0.6B: 2 tokens of
+    8 heads x 64, 8 a thread at 4 warps: one 16-byte load a half row), at most 256 tokens.
     Fixed, not autotuned: deterministic builds."""
-    per_token = triton.next_power_of_2(num_heads) * (head_dim // 2)
-    return max(1, 2048 // per_token), 4
+    per_token = head_group(num_q_heads, num_kv_heads) * (head_dim // 2)
+    return max(1, min(256, 1024 // per_token)), 4
 
 
 def launch(qkv, q_weight, k_weight, cos, sin, eps: float, num_q_heads: int, num_kv_heads: int,
@@ -141,15 +156,14 @@ def launch(qkv, q_weight, k_weight, cos, sin, eps: float, num_q_heads: int, num_
     aside). The launch config is overridable for tests and benchmarks."""
     _check(qkv, q_weight, k_weight, cos, sin, num_q_heads, num_kv_heads)
     num_tokens, head_dim = qkv.shape[0], q_weight.shape[0]
-    default_t, default_warps = default_config(num_q_heads + num_kv_heads, head_dim)
+    default_t, default_warps = default_config(num_q_heads, num_kv_heads, head_dim)
     block_t, num_warps = block_t or default_t, num_warps or default_warps
     q = torch.empty((num_tokens, num_q_heads, head_dim), dtype=qkv.dtype, device=qkv.device)
     k = torch.empty((num_tokens, num_kv_heads, head_dim), dtype=qkv.dtype, device=qkv.device)
     wrap_triton(_qk_norm_rope_kernel)[(triton.cdiv(num_tokens, block_t),)](
         qkv, q_weight, k_weight, cos, sin, q, k, eps, num_tokens, qkv.stride(0), cos.stride(0), sin.stride(0),
         NUM_Q=num_q_heads, NUM_KV=num_kv_heads, HALF=head_dim // 2, BLOCK_T=block_t,
-        BLOCK_Q=triton.next_power_of_2(num_q_heads), BLOCK_KV=triton.next_power_of_2(num_kv_heads), SOFT_BF16=True,
-        num_warps=num_warps)
+        GROUP=head_group(num_q_heads, num_kv_heads), SOFT_BF16=qkv.device.type == "cpu", num_warps=num_warps)
     return q, k
 
 

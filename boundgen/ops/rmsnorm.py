@@ -13,6 +13,15 @@ Triton kernel: one program per block of rows (a row is one token, or one (token,
   IEEE-rounded sqrt and division (as torch's CPU rsqrt), normalised value rounded to x's dtype,
   then w * that in FP32, rounded to x's dtype. Only the order of the FP32 sum differs, so bf16
   results equal the reference's or differ by one ulp where the FP32 rstd differs in its last bit.
+  mean = sum * (1 / H) where H is a power of two (the same correctly rounded value as the division).
+- The weight is loaded first, a copy a row in the rows' layout (from L1): loaded after the row's
+  reduction as an [H] vector it cost a memory round trip and a layout conversion after a barrier.
+Bytes moved: x read, y written (T H each), the weight once a program (from L2); ADD: delta read
+and the sum written too (4 T H: 8 KB a W1 token of H 1,024 in bf16); QUANT: y in E4M3 (T H bytes)
+and a 4-byte scale a row. Block sizes (default_config): ~2K elements a program, 2 rows of H 1,024
+at 4 warps, 16 a thread (two 16-byte loads a row): among the best of a sweep on the H200 (b58b127,
+docs/benchmarks.md: 3.6-5.1 TB/s warm for add_rmsnorm at 2,250-9,000 tokens), enough programs
+(1,125 at 2,250 tokens) to fill 132 SMs several times over.
 """
 
 import torch
@@ -53,6 +62,10 @@ def _rmsnorm_kernel(x_ptr, w_ptr, out_ptr, eps, num_rows, stride_xt, stride_xn, 
     token = (rows // NUM_HEADS).to(tl.int64)
     head = rows % NUM_HEADS
     rows = rows.to(tl.int64)
+    # The weight first, a copy a row (from L1) in the rows' own layout: loaded after the reduction
+    # it was one more memory round trip after a barrier, and as [H] a layout conversion, i.e.
+    # another barrier, on every program's critical path.
+    w = tl.load(w_ptr + (rows * 0)[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)  # [R, H]
     x = tl.load(x_ptr + (token * stride_xt + head * stride_xn)[:, None] + cols[None, :],
                 mask=mask, other=0.0)  # [R, H]
     if ADD:  # rounded on the bits on every device, so that the norm reads the stored sum
@@ -67,13 +80,15 @@ def _rmsnorm_kernel(x_ptr, w_ptr, out_ptr, eps, num_rows, stride_xt, stride_xn, 
         x = round_to(x.to(tl.float32) + d.to(tl.float32), x.dtype, True)
         tl.store(sum_ptr + rows[:, None] * HIDDEN + cols[None, :], x, mask=mask)
     xf = x.to(tl.float32)
-    mean_sq = tl.div_rn(tl.sum(xf * xf, axis=1), tl.full([BLOCK_ROWS], HIDDEN, tl.float32))
+    if (HIDDEN & (HIDDEN - 1)) == 0:  # 1 / H exact: the product is the correctly rounded quotient
+        mean_sq = tl.sum(xf * xf, axis=1) * (1.0 / HIDDEN)
+    else:
+        mean_sq = tl.div_rn(tl.sum(xf * xf, axis=1), tl.full([BLOCK_ROWS], HIDDEN, tl.float32))
     # eps made FP32 first: Inductor passes a Python float argument as fp64 in AOTI builds.
     var = mean_sq + tl.full([BLOCK_ROWS], eps, tl.float32)
     rstd = tl.div_rn(tl.full([BLOCK_ROWS], 1.0, tl.float32), tl.sqrt_rn(var))  # [R]
     normed = round_to(xf * rstd[:, None], x.dtype, SOFT_BF16)
-    w = tl.load(w_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)  # [H]
-    y = w[None, :] * normed.to(tl.float32)
+    y = w * normed.to(tl.float32)
     if QUANT:
         y = rounded(y, x.dtype, True)  # on x's grid on every device (a cast round trip may be folded)
         q, scale = quantize_block(y, SOFT_BF16, True)

@@ -29,6 +29,15 @@ def test_markdown_table_reports_time_throughput_and_bandwidth():
     assert len(table) == 3 and table[2].startswith("| case | triton | 10.0 | 100.0 | 10.1 | 4000 | 97.6 |")
 
 
+def test_roofline_table_reports_bytes_bandwidth_and_the_tensor_peak_of_gemm_like_rows():
+    gemm = kernel_timing.KernelTiming("attn", "triton", 10.0, 1e9, 4e7, 0.01, kernel_timing.PEAK_BF16_FLOPS)
+    norm = kernel_timing.KernelTiming("norm", "triton", 10.0, 0.0, 2.4e7, 0.0)
+    table = kernel_timing.roofline_table([gemm, norm], hbm_peak=4.0e12).splitlines()
+    assert "% HBM peak (4.0 TB/s)" in table[0] and len(table) == 4
+    assert table[2] == "| attn | triton | 10.0 | 40.00 | 4000 | 100.0 | 1.00 | 10.1 | 1.00e-02 |"
+    assert table[3] == "| norm | triton | 10.0 | 24.00 | 2400 | 60.0 |  |  | 0.00e+00 |"
+
+
 def test_w1_lengths_are_seeded_and_in_range():
     lengths = kernels.w1_lengths(seed=3)
     assert lengths == kernels.w1_lengths(seed=3) and len(lengths) == 15
@@ -131,6 +140,25 @@ def test_silu_quant_benchmark_agrees_with_the_reference_on_cpu(monkeypatch):
     assert rows[0].max_abs_err == 0 and all(r.max_abs_err < 1.0 for r in rows), kernels.markdown_table(rows)
 
 
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="needs TRITON_INTERPRET=1")
+def test_memory_bound_benchmark_agrees_with_the_references_on_cpu(monkeypatch):
+    """Every variant and launch config of the memory-bound mode gives its op's reference (E4M3
+    dequantized), with inputs rotated as `--cold` rotates them; bytes as counted from the shapes."""
+    monkeypatch.setattr(kernel_timing, "gpu_time_us", lambda fn, calls, replays: 1.0)
+    monkeypatch.setattr(kernels, "COLD_BYTES", 2000)
+    rows = kernels.bench_memory_bound(5, ("new", "old"), sweep=True, cold=True, device="cpu", dtype=torch.float32,
+                                      hidden=48, heads=(4, 2), head_dim=16, inter=40)
+    names = {r.case.split(" ")[0] for r in rows}
+    assert names == {"rmsnorm", "add_rmsnorm", "add_rmsnorm_quant", "qk_norm_rope", "silu_quant"}
+    per_norm = 2 + len(kernels.MEMORY_BOUND_SWEEP["rmsnorm"])
+    assert len(rows) == 3 * per_norm + 2 + len(kernels.QK_NORM_ROPE_SWEEP) + 2 + len(kernels.MEMORY_BOUND_SWEEP["silu_quant"])
+    bytes_of = {r.case.split(" ")[0]: r.bytes for r in rows}
+    assert bytes_of["add_rmsnorm"] == (4 * 5 * 48 + 48) * 4 and bytes_of["silu_quant"] == 5 * (40 * 9 + 4)
+    assert bytes_of["qk_norm_rope"] == (2 * 5 * 6 * 16 + 2 * 5 * 16 + 2 * 16) * 4
+    assert all(r.max_abs_err < 1e-4 or (r.case.startswith(("add_rmsnorm_quant", "silu_quant")) and r.max_abs_err < 1.0)
+               for r in rows), kernels.roofline_table(rows)
+
+
 def test_command_line_asks_for_a_benchmark_and_checks_its_token_counts(capsys):
     with pytest.raises(SystemExit) as exc:
         kernels.main([])
@@ -138,6 +166,9 @@ def test_command_line_asks_for_a_benchmark_and_checks_its_token_counts(capsys):
     with pytest.raises(SystemExit):
         kernels.main(["--silu-quant", "2250,x"])
     assert "positive token counts" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        kernels.main(["--memory-bound", "--variant", "new,newer"])
+    assert "--variant takes" in capsys.readouterr().err
     if not torch.cuda.is_available():
         assert kernels.main(["--silu-quant", "2250"]) == 2
         assert "need a CUDA device" in capsys.readouterr().err

@@ -6,7 +6,7 @@ import torch
 import triton
 import triton.language as tl
 
-from boundgen.ops.rounding import round_to, rounded
+from boundgen.ops.rounding import round_to, rounded, rounded_fp
 from tests.ops.kernel_testing import KERNEL_DEVICE, needs_kernel
 
 
@@ -56,3 +56,23 @@ def test_round_to_matches_torch_cast(dtype):
     expected = x.to(dtype)
     same = (out == expected) | (out.isnan() & expected.isnan())
     assert bool(same.all()), (x[~same][:5], out[~same][:5], expected[~same][:5])
+
+
+@triton.jit
+def _rounded_fp_kernel(x_ptr, out_ptr, N: tl.constexpr):
+    offs = tl.arange(0, N)
+    tl.store(out_ptr + offs, rounded_fp(tl.load(x_ptr + offs), tl.bfloat16))
+
+
+@needs_kernel
+def test_rounded_fp_is_the_bf16_value_in_fp32():
+    """Veltkamp's split gives torch's bf16 values for zero and normal FP32 below 2^111: random
+    magnitudes, products of two bf16 values, exact ties (to even both ways), the range's ends."""
+    x = _inputs(torch.bfloat16)
+    x = torch.where(x.isfinite() & (x.abs() < 2.0 ** 111), x, torch.zeros_like(x))
+    edges = torch.tensor([2.0 ** -126, -(2.0 ** -126), 2.0 ** 110 * 1.999, 1.0 + 2 ** -8, 1.0 + 3 * 2 ** -8,
+                          -(1.0 + 2 ** -8), 255.5, 256.5], device=x.device)
+    x = torch.cat([x[:-edges.numel()], edges])
+    out = torch.empty_like(x)
+    _rounded_fp_kernel[(1,)](x, out, N=x.numel())
+    assert torch.equal(out, x.to(torch.bfloat16).float()), (x[out != x.to(torch.bfloat16).float()][:5])

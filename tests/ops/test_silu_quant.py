@@ -38,9 +38,12 @@ def assert_matches_reference(q, scale, x):
 
 
 @needs_kernel
-@pytest.mark.parametrize("num_rows,inter,block_t", [(1, 16, 1), (7, 40, 1), (7, 40, 4), (12, 96, 2)])
+@pytest.mark.parametrize("num_rows,inter,block_t", [(1, 16, None), (37, 44, None), (123, 40, None), (7, 40, 4),
+                                                    (12, 96, 2)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=["fp32", "fp16", "bf16"])
 def test_kernel_matches_reference(num_rows, inter, block_t, dtype):
+    """One part (I 16) or two (44: 32 + 16, 4 padded columns; 40, 96: 32 + 8, 64 + 32), the default
+    rows a program or a few, a partial last block."""
     x = make_x(num_rows, inter, dtype, KERNEL_DEVICE)
     assert_matches_reference(*op.launch(x, block_t), x)
 
@@ -70,6 +73,12 @@ def test_e4m3_rounding_on_the_grid_equals_torchs_cast():
     expected_q, expected_scale = op.reference(x)
     assert torch.equal(scale.cpu(), expected_scale)
     assert torch.equal(q.cpu().float(), expected_q.float())
+
+
+def test_a_row_splits_into_two_power_of_two_parts():
+    assert op.parts(3072) == (2048, 1024) and op.parts(4864) == (4096, 1024)
+    assert op.parts(16) == (16, 0) and op.parts(44) == (32, 16)
+    assert op.default_config(3072) == (1, 4)
 
 
 def test_launcher_rejects_bad_inputs():

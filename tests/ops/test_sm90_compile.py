@@ -54,7 +54,7 @@ KERNELS = {
                               "ADD": True, "SPLITS": 10, "QUANT": False}, 4),
     "silu_quant": ("silu_quant", "_silu_quant_kernel",
                    {"x_ptr": "*bf16", "q_ptr": "*fp8e4nv", "scale_ptr": "*fp32", "num_rows": "i32", "stride_xt": "i32"},
-                   {"INTER": 3072, "BLOCK_T": 1, "BLOCK_I": 4096, "SOFT_BF16": False, "IEEE_DIV": False}, 8),
+                   {"INTER": 3072, "BLOCK_T": 1, "PART1": 2048, "PART2": 1024, "SOFT_BF16": False, "IEEE_DIV": False}, 4),
     "swiglu_down": ("swiglu_down", "_swiglu_down_kernel",
                     {"x_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*fp32", "num_rows": "i32", "stride_xt": "i32"},
                     {"INTER": 4864, "HIDDEN": 896, "K_SPLIT": 320, "BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 64,
@@ -87,8 +87,7 @@ KERNELS = {
                      {"qkv_ptr": "*bf16", "wq_ptr": "*bf16", "wk_ptr": "*bf16", "cos_ptr": "*bf16", "sin_ptr": "*bf16",
                       "q_ptr": "*bf16", "k_ptr": "*bf16", "eps": "fp32", "num_tokens": "i32", "stride_qkv": "i32",
                       "stride_cos": "i32", "stride_sin": "i32"},
-                     {"NUM_Q": 16, "NUM_KV": 8, "HALF": 64, "BLOCK_T": 1, "BLOCK_Q": 16, "BLOCK_KV": 8,
-                      "SOFT_BF16": True}, 4),
+                     {"NUM_Q": 16, "NUM_KV": 8, "HALF": 64, "BLOCK_T": 2, "GROUP": 8, "SOFT_BF16": False}, 4),
 }
 
 # Run without the interpreter (its kernels cannot be compiled); prints cuobjdump's resource line.
