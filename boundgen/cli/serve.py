@@ -68,7 +68,10 @@ def register(sub):
                         "dropped request; only children of DIR, named as their artifact (default: load refused)")
     p.add_argument("--allow-client-shm", action="store_true",
                    help="let clients on this host register system shared memory regions and pass tensors through "
-                        "them (Triton's flag; off: the server never maps a client's memory; docs/serving.md)")
+                        "them (Triton's flag; off: the server never reads a client's memory; docs/serving.md)")
+    p.add_argument("--shm-prefix", default="/boundgen", metavar="P",
+                   help="with --allow-client-shm: register only shared memory objects whose key starts with P "
+                        "('/' allows any; default /boundgen)")
     p.add_argument("--frontends", type=positive_int, default=None, metavar="N",
                    help="front-end processes that handle the protocols, tokenizing and result encoding around "
                         "one engine process (sharing the ports); 1: everything in this process (default: one per "
@@ -117,7 +120,7 @@ def config_from_args(args):
                             max_connections=args.max_connections, log_format=args.log_format,
                             log_level=args.log_level,
                             access_log=args.access_log, model_repository=args.model_repository,
-                            allow_client_shm=args.allow_client_shm)
+                            allow_client_shm=args.allow_client_shm, shm_prefix=args.shm_prefix)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
 
