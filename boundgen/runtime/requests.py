@@ -143,8 +143,7 @@ class BeamEncoder:
         return [[h[i * w:(i + 1) * w] for h in host] for i in range(len(batches))]
 
     def encode(self, ids: np.ndarray, scores: np.ndarray, finished: np.ndarray) -> BeamResult:
-        stop = self.stop  # padding (-1) and stop tokens are not text; Python lists: ~5x faster than numpy rows
-        texts = self.tokenizer.decode_rows([[i for i in row if i >= 0 and i not in stop] for row in ids.tolist()])
+        texts = self.tokenizer.decode_array(ids, self.stop)  # padding (-1) and stop tokens are not text
         return BeamResult(token_ids=ids.astype(np.int32), scores=scores.astype(np.float32, copy=False),
                           finished=finished.astype(bool), texts=texts)
 

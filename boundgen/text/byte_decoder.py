@@ -25,6 +25,8 @@ from __future__ import annotations
 import random
 from typing import Sequence
 
+import numpy as np
+
 from boundgen.text.fast_bpe import bytes_to_unicode
 
 PROBE_ROWS = 200  # seeded random rows of 1-12 ids, besides the added tokens
@@ -34,6 +36,18 @@ class ByteDecoder:
     def __init__(self, kept: list[bytes], skipped: list[bytes]):
         """kept / skipped: each id's bytes, special added tokens as their text / as nothing."""
         self._tables = {False: kept, True: skipped}
+        self._padded = {skip: [*table, b""] for skip, table in self._tables.items()}  # id len(table): nothing
+
+    def decode_array(self, ids: np.ndarray, drop: np.ndarray, skip_special_tokens: bool = True) -> list[str]:
+        """A [rows, n] id array -> one text a row, leaving out negative ids (padding), the ids in
+        `drop` (stop tokens) and ids past the vocabulary: the filtering in numpy, one join a row."""
+        table = self._padded[skip_special_tokens]
+        nothing = len(table) - 1
+        keep = (ids >= 0) & (ids < nothing)
+        if drop.size:
+            keep &= ~np.isin(ids, drop)
+        get = table.__getitem__
+        return [b"".join(map(get, row)).decode("utf-8", "replace") for row in np.where(keep, ids, nothing).tolist()]
 
     def decode_batch(self, rows: Sequence[Sequence[int]], skip_special_tokens: bool = True) -> list[str]:
         """Rows of non-negative ids -> texts, as `tokenizers`' decode_batch."""

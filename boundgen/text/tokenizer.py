@@ -212,6 +212,15 @@ class Tokenizer:
     def decode_batch(self, batch, skip_special_tokens: bool = True) -> list[str]:
         return self.decode_rows([_id_list(ids) for ids in batch], skip_special_tokens)
 
+    def decode_array(self, ids: np.ndarray, drop: Sequence[int] = (), skip_special_tokens: bool = True) -> list[str]:
+        """A [rows, n] id array -> one text a row, without negative ids (padding) and the ids in `drop`
+        (a beam's stop tokens): what a beam result's candidates read as."""
+        if self.decoder is not None:
+            return self.decoder.decode_array(ids, np.asarray(sorted(drop), dtype=ids.dtype), skip_special_tokens)
+        dropped = frozenset(int(i) for i in drop)
+        return self.decode_rows([[i for i in row if i >= 0 and i not in dropped] for row in ids.tolist()],
+                                skip_special_tokens)
+
     def decode_rows(self, rows: list[list[int]], skip_special_tokens: bool = True) -> list[str]:
         """Lists of non-negative Python ints (not checked: `decode_batch` checks) -> texts."""
         if self.decoder is not None:

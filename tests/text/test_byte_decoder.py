@@ -56,3 +56,21 @@ def test_another_decoder_or_a_disagreeing_reference_keeps_tokenizers(tiny_qwen3_
             return ["?" for _ in batch]
 
     assert byte_decoder(spec, Disagrees()) is None
+
+
+def test_decode_array_leaves_out_padding_and_stop_ids_as_the_filtered_rows_do(tiny_qwen3_dir):
+    """A beam result's id array decodes as its rows without padding (-1) and stop ids, through the
+    table and through `tokenizers` alike."""
+    import numpy as np
+
+    fast, slow = Tokenizer.from_dir(tiny_qwen3_dir), Tokenizer.from_dir(tiny_qwen3_dir, fast=False)
+    assert fast.decoder is not None and slow.decoder is None
+    rng = np.random.default_rng(3)
+    ids = rng.integers(0, 151_700, size=(64, 5)).astype(np.int32)
+    ids[::7, 3:] = -1  # finished beams' padding
+    ids[::5, 1] = 151645  # a stop token inside
+    stop = (151645, 151643)
+    expected = slow.decode_rows([[i for i in row if i >= 0 and i not in stop] for row in ids.tolist()])
+    assert fast.decode_array(ids, stop) == expected
+    assert slow.decode_array(ids, stop) == expected
+    assert fast.decode_array(ids) == slow.decode_rows([[i for i in row if i >= 0] for row in ids.tolist()])
