@@ -38,6 +38,17 @@ def decode_bytes(raw: bytes, count: int) -> list[bytes]:
     return out
 
 
+def server_timings(parameters) -> dict:
+    """The stage timings a server answered (`timing_<stage>_ms` parameters) -> seconds by stage
+    ("handler": the server's whole handling; batch_requests: a count); {} when it sent none."""
+    out = {}
+    for key, value in parameters.items():
+        if key.startswith("timing_") and key.endswith("_ms"):
+            stage = key[len("timing_"):-len("_ms")]
+            out[stage] = value.double_param if stage == "batch_requests" else value.double_param / 1e3
+    return out
+
+
 def to_result(task: str, outs: dict):
     """Output tensors by name (BYTES as lists of bytes, the rest as arrays) -> ScoreResult | BeamResult."""
     if task == "score":
@@ -75,6 +86,7 @@ class GrpcTarget:
         tensor.name, tensor.datatype = "TEXT", "BYTES"
         tensor.shape.append(len(texts))
         req.raw_input_contents.append(encode_bytes([t.encode("utf-8") for t in texts]))
+        req.parameters[self.pb.TIMINGS_PARAMETER].bool_param = True  # the server's stage timings come back with the answer
         return self.parse(self._infer(req, timeout=self.timeout_s))
 
     def parse(self, resp):
@@ -94,7 +106,9 @@ class GrpcTarget:
                     field = {"FP32": "fp32_contents", "INT32": "int_contents", "INT64": "int64_contents"}[out.datatype]
                     arr = np.asarray(getattr(out.contents, field), dtype=dtype)
                 outs[out.name] = arr.reshape(shape)
-        return to_result(self.task, outs)
+        result = to_result(self.task, outs)
+        result.timings = server_timings(resp.parameters)
+        return result
 
     def close(self):
         self.channel.close()

@@ -68,7 +68,9 @@ class LevelStats:
     p50_ms: float | None
     p99_ms: float | None
     max_ms: float | None
-    breakdown_ms: dict | None  # mean "pre", "model", "post", "queue" (and "requests_per_call") over requests
+    breakdown_ms: dict | None  # mean "pre", "model", "post", "queue" (and "requests_per_call") over requests;
+    #                            served: also "link" (front end <-> engine process), "rpc" (client to server
+    #                            handler and back), "server_other" (the handler's own protocol work)
     #                            that report timings
     effective_mfu: float | None
     within_budget: bool
@@ -112,6 +114,13 @@ def summarize(records: Sequence[Record], window: tuple[float, float], *, mode: s
         parts = {k: float(np.mean([r.timings.get(k, 0.0) for r in timed]) * 1e3) for k in ("pre", "model", "post")}
         e2e = float(np.mean([r.end - r.start for r in timed]) * 1e3)
         breakdown = {**parts, "queue": e2e - sum(parts.values())}
+        served = [r for r in timed if "handler" in r.timings]
+        if served:  # a server's own timings: the rest of queue is the link to its engine process and the RPC
+            mean = {k: float(np.mean([r.timings.get(k, 0.0) for r in served]) * 1e3) for k in ("queue", "link",
+                                                                                               "handler")}
+            breakdown.update(queue=mean["queue"], link=mean["link"],
+                             rpc=float(np.mean([r.end - r.start for r in served]) * 1e3) - mean["handler"],
+                             server_other=mean["handler"] - sum(parts.values()) - mean["queue"] - mean["link"])
         calls = [r.timings["batch_requests"] for r in timed if "batch_requests" in r.timings]
         if calls:  # requests in the call a request rode in (request-weighted: what a request sees)
             breakdown["requests_per_call"] = float(np.mean(calls))

@@ -95,7 +95,8 @@ def _f(value, fmt="{:.1f}", missing="-"):
 
 
 LEVEL_HEADER = ("| system | load | QPS | samples/s | mean ms | P50 ms | P99 ms | pre | model | post | queue "
-                "| per call | eff. MFU | errors |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+                "| link | rpc | per call | eff. MFU | errors |\n"
+                "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 
 
 def level_row(system: str, lv: dict) -> str:
@@ -106,7 +107,7 @@ def level_row(system: str, lv: dict) -> str:
     return (f"| {system} | {load} | {_f(lv['qps'])} | {_f(lv['samples_per_s'], '{:.0f}')} | {_f(lv.get('mean_ms'))} "
             f"| {_f(lv.get('p50_ms'))} | {_f(lv.get('p99_ms'))} | {_f(b.get('pre'), '{:.2f}')} "
             f"| {_f(b.get('model'), '{:.2f}')} | {_f(b.get('post'), '{:.2f}')} | {_f(b.get('queue'), '{:.2f}')} "
-            f"| {_f(b.get('requests_per_call'), '{:.2f}')} "
+            f"| {_f(b.get('link'), '{:.2f}')} | {_f(b.get('rpc'), '{:.2f}')} | {_f(b.get('requests_per_call'), '{:.2f}')} "
             f"| {_f(None if mfu is None else 100 * mfu, '{:.1f}%')} | {errors or ''} |")
 
 
@@ -185,7 +186,9 @@ def markdown_workload(result: dict) -> str:
             out.append(level_row(name, system["open_loop"]))
     out.append("")
     out.append("Breakdown columns are mean ms per request from the engine's timings; queue = end-to-end "
-               "minus pre + model + post; per call = requests in the model call a request rode in, on average.")
+               "minus pre + model + post (served: the engine's queue); link = a front-end process to the engine "
+               "process and back; rpc = the client's end-to-end minus the server's handling; per call = requests "
+               "in the model call a request rode in, on average.")
     for name, system in result.get("systems", {}).items():
         check = client_check_line(system.get("client_check"))
         if check:

@@ -45,7 +45,7 @@ from boundgen.server.kserve_http import extensions
 from boundgen.server.logs import LogSettings
 from boundgen.server.models import LOADING, ModelSet
 from boundgen.server.repository import Repository, control
-from boundgen.server.served import VERSION
+from boundgen.server.served import REQUEST_TIMINGS, VERSION
 from boundgen.server.shared_memory import SharedMemory, Slice, tensor_ref
 from boundgen.server.status import answer_status, check_deadline
 from boundgen.server.tensors import Tensor, check_header, from_grpc_contents, from_raw, to_raw
@@ -479,5 +479,9 @@ class GrpcFrontend:
                 response.raw_output_contents.append(b"")
             else:
                 response.raw_output_contents.append(to_raw(t))
+        if pb.TIMINGS_PARAMETER in request.parameters and _param_value(request.parameters[pb.TIMINGS_PARAMETER]) is True:
+            for stage, value in (REQUEST_TIMINGS.get() or {}).items():
+                response.parameters[f"timing_{stage}_ms"].double_param = value * (1e3 if stage != "batch_requests" else 1)
+            response.parameters["timing_handler_ms"].double_param = (time.monotonic() - arrived) * 1e3
         check_deadline(deadline, request.model_name)
         return response

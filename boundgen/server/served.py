@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextvars
 import threading
 from functools import partial
 from typing import Sequence
@@ -11,6 +12,10 @@ from boundgen.server.admission import Admission, Passage
 from boundgen.server.metrics import ServerMetrics
 from boundgen.server.signature import Signature
 from boundgen.server.tensors import Tensor
+
+# The stage timings (seconds) of the request this task is answering: set by ServedModel.infer, read
+# by a protocol handler that was asked for them (request parameter kserve_pb.TIMINGS_PARAMETER).
+REQUEST_TIMINGS: contextvars.ContextVar[dict | None] = contextvars.ContextVar("boundgen_request_timings", default=None)
 
 PLATFORM = "boundgen"
 VERSION = "1"  # every model has exactly one version
@@ -64,11 +69,13 @@ class ServedModel:
         # client is gone, nothing is sent).
         if isinstance(self.admission, Passage):
             result = await self.admission.run_async(partial(self.engine.run, call, deadline), deadline)
+            REQUEST_TIMINGS.set(result.timings)
             self.metrics.observe_stages(self.name, result.timings)
             return self.signature.encode(result, names)
         cancelled = threading.Event()
         engine_call = partial(call, self.engine, deadline=deadline, cancelled=cancelled)
         result = await self.admission.run(engine_call, deadline, cancelled)
+        REQUEST_TIMINGS.set(result.timings)
         self.metrics.observe_stages(self.name, result.timings)
         return self.signature.encode(result, names)
 

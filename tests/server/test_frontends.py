@@ -135,3 +135,21 @@ def test_single_process_features_refuse_several_front_ends(eager_models, tmp_pat
                           timeout=60)
     assert done.returncode == 2
     assert "--frontends 2 cannot be combined with --allow-client-shm" in done.stderr
+
+
+def test_answers_carry_the_server_timings_when_asked(frontends_server):
+    """The bench's gRPC target asks for the server's stage timings (boundgen_timings): each stage,
+    the link to the engine process, and the whole handling come back; a plain client gets none."""
+    from boundgen.bench.grpc_client import GrpcTarget
+    from boundgen.bench.workloads import Request
+
+    target = GrpcTarget(frontends_server.grpc_url, "escore", "score")
+    try:
+        timings = target(Request(0, tuple(TEXTS), (0,) * len(TEXTS))).timings
+    finally:
+        target.close()
+    assert {"pre", "queue", "model", "post", "link", "handler", "batch_requests"} <= set(timings)
+    assert timings["batch_requests"] == 1
+    assert 0 < timings["model"] < timings["handler"]
+    answer = infer("grpc", frontends_server, "escore", TEXTS).get_response()
+    assert not any(key.startswith("timing_") for key in answer.parameters)
