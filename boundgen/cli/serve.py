@@ -77,6 +77,9 @@ def register(sub):
                         "one engine process (sharing the ports); 1: everything in this process (default: one per "
                         "four usable cores, 1 to 8, and 1 below four cores or with --model-repository, "
                         "--allow-client-shm, --replicas, --gpus or --ray)")
+    p.add_argument("--tokenize-threads", type=positive_int, default=1, metavar="N",
+                   help="with --frontends > 1: each front-end process encodes a request's texts on N threads "
+                        "(a score request's ~15 samples at once; default 1)")
     add_runtime_flags(p, "runtime (override the artifact's manifest without a rebuild; default: as built)")
     group = p.add_mutually_exclusive_group()
     group.add_argument("--replicas", type=int, default=None, metavar="N",
@@ -120,7 +123,8 @@ def config_from_args(args):
                             max_connections=args.max_connections, log_format=args.log_format,
                             log_level=args.log_level,
                             access_log=args.access_log, model_repository=args.model_repository,
-                            allow_client_shm=args.allow_client_shm, shm_prefix=args.shm_prefix)
+                            allow_client_shm=args.allow_client_shm, shm_prefix=args.shm_prefix,
+                            tokenize_threads=args.tokenize_threads)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
 

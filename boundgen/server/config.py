@@ -29,6 +29,7 @@ class ServerConfig:
     log_level: str = "info"  # least severe log record written: debug | info | warning | error
     access_log: bool = False  # one log line per inference request (model, protocol, outcome, ms)
     model_repository: str | None = None  # load may replace a model from DIR/name (server/repository.py)
+    tokenize_threads: int = 1  # a front-end process encodes a request's texts on this many threads (--frontends)
     allow_client_shm: bool = False  # clients may register system shared memory regions (server/shared_memory.py)
     shm_prefix: str = SHM_PREFIX  # ... only of objects whose key starts with this ("/": any object)
 
@@ -41,6 +42,8 @@ class ServerConfig:
             raise ValueError(f"HTTP and gRPC need different ports, both are {self.http_port}")
         if self.max_inflight is not None and self.max_inflight < 1:
             raise ValueError(f"max_inflight must be >= 1, got {self.max_inflight}")
+        if not isinstance(self.tokenize_threads, int) or not 1 <= self.tokenize_threads <= 64:
+            raise ValueError(f"tokenize_threads must be an integer from 1 to 64, got {self.tokenize_threads!r}")
         if self.max_queue < 0:
             raise ValueError(f"max_queue must be >= 0, got {self.max_queue}")
         if self.default_timeout_ms <= 0:

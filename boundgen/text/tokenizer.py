@@ -85,13 +85,14 @@ class Tokenizer:
         self.backend, self.fast, self.decoder = backend, fast, decoder
         self.source: Path | None = None  # the directory its tokenizer.json came from (from_dir)
         self.options: dict = {}  # from_dir's keywords: another process loads the same tokenizer with them
+        self.threads = 1  # threads a request's texts are encoded on (the fast encoder only)
 
     @classmethod
-    def from_dir(cls, path: str | Path, fast: bool = True, joined: bool = False) -> "Tokenizer":
+    def from_dir(cls, path: str | Path, fast: bool = True, joined: bool = False, threads: int = 1) -> "Tokenizer":
         """Load `tokenizer.json` from a model or artifact directory; `fast`: encode with tiktoken and
         decode from a byte table where the file allows it (text/fast_bpe.py, text/byte_decoder.py);
         `joined`: a request's texts in one tiktoken call (same ids; off until measured on a loaded
-        server)."""
+        server); `threads` > 1: a request's texts encoded on that many threads (text by text)."""
         file = Path(path) / "tokenizer.json"
         if not file.is_file():
             raise ConfigError(f"{path} has no tokenizer.json")
@@ -101,15 +102,17 @@ class Tokenizer:
         except Exception as exc:
             raise ConfigError(f"{file} is not a valid tokenizers file: {exc}") from None
         if not fast:
-            return cls._from(path, {"fast": False, "joined": joined}, backend)
+            return cls._from(path, {"fast": False, "joined": joined, "threads": threads}, backend)
         stat = file.stat()  # one version of one file gets its encoder and decoder built once per process (~1-2 s)
         key = (str(file.resolve()), stat.st_mtime_ns, stat.st_size)
         if key not in _FAST_PATHS:
             spec = json.loads(text)
             _FAST_PATHS[key] = fast_encoder(spec, backend), byte_decoder(spec, backend)
         encoder, decoder = _FAST_PATHS[key]
-        return cls._from(path, {"fast": True, "joined": joined}, backend,
-                         encoder if joined or encoder is None else encoder.text_by_text(), decoder)
+        tokenizer = cls._from(path, {"fast": True, "joined": joined, "threads": threads}, backend,
+                              encoder if joined or encoder is None else encoder.text_by_text(), decoder)
+        tokenizer.threads = threads
+        return tokenizer
 
     @classmethod
     def _from(cls, path, options: dict, *parts) -> "Tokenizer":
@@ -185,7 +188,7 @@ class Tokenizer:
     def _ids(self, texts: list[str]) -> list[list[int]]:
         if self.fast is not None:
             try:
-                return self.fast.encode_batch(texts)
+                return self.fast.encode_batch(texts, self.threads)
             except UnicodeEncodeError:  # a lone surrogate: `tokenizers` says what is wrong
                 pass
         return [e.ids for e in self.backend.encode_batch(texts, add_special_tokens=False)]

@@ -132,3 +132,12 @@ def test_template_needs_placeholder():
         Template("Query: ")
     assert Template('{"q": "{text}"}').render("x") == '{"q": "x"}'  # other braces are literal
     assert Template().is_identity and Template().render("x") == "x"
+
+
+def test_texts_encoded_on_threads_get_the_same_ids(tiny_qwen3_dir):
+    """serve --tokenize-threads: a request's texts spread over a thread pool encode as one thread does."""
+    one, four = Tokenizer.from_dir(tiny_qwen3_dir), Tokenizer.from_dir(tiny_qwen3_dir, threads=4)
+    assert four.options["threads"] == 4 and four.threads == 4
+    texts = [f"query: {i} running shoes 咖啡 " * (1 + i % 5) for i in range(15)]
+    a, b = one.encode_packed(texts, 512), four.encode_packed(texts, 512)
+    assert a.lengths == b.lengths and a.tokens.tolist() == b.tokens.tolist()

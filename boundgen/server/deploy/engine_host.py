@@ -4,7 +4,8 @@
         SUBMIT -> admission: draining? 503; queue full? 429; else the model's batcher queue
                   (LocalEngine.enqueue: the one queue; a batch worker takes it into a call)
         CANCEL -> withdraw it from the queue at once (a request already in a call runs to the end)
-    batch worker: the call's rows -> RESULT frame, written on the front end's connection
+    batch worker: the call's rows -> the outbox; the sender thread packs each RESULT frame and
+                  writes it on its front end's connection, while the worker starts the next call
     connection closed (front end died): everything it had queued is withdrawn
 
 Nothing here tokenizes or builds texts: requests arrive as token ids and leave as result rows
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import os
+import queue
 import socket
 import threading
 from dataclasses import dataclass, field
@@ -73,7 +75,9 @@ class EngineHost:
         os.chmod(path, 0o600)  # only this user's processes may submit
         self._listener.listen(64)
         self._closed = False
+        self._outbox: queue.SimpleQueue = queue.SimpleQueue()  # (connection, request id, future) to answer
         threading.Thread(target=self._accept, name="boundgen-link-accept", daemon=True).start()
+        threading.Thread(target=self._send_results, name="boundgen-link-send", daemon=True).start()
 
     # ---- the engine process's side ------------------------------------------------------------
 
@@ -180,7 +184,7 @@ class EngineHost:
             return conn.send(_error(rid, "unavailable", str(exc)))
         with conn.lock:
             conn.tickets[rid] = (model, ticket)
-        ticket.future.add_done_callback(lambda f: self._done(conn, rid, f))
+        ticket.future.add_done_callback(lambda f: self._outbox.put((conn, rid, f)))
 
     def _cancel(self, conn: _Connection, rid: int) -> None:
         with conn.lock:
@@ -190,7 +194,15 @@ class EngineHost:
             ticket.cancelled.set()
             model.engine.withdraw(ticket)
 
-    def _done(self, conn: _Connection, rid: int, future) -> None:
+    def _send_results(self) -> None:
+        while True:
+            conn, rid, future = self._outbox.get()
+            try:
+                self._answer(conn, rid, future)
+            except Exception:  # one bad answer must not stop the others
+                log.exception("could not answer request %s", rid)
+
+    def _answer(self, conn: _Connection, rid: int, future) -> None:
         with conn.lock:
             conn.tickets.pop(rid, None)
         error = future.exception()

@@ -50,7 +50,7 @@ class FrontendServer(Server):
         if state != "ready":
             return
         for hosted in self.link.models.values():
-            self.models.add(LinkedEngine(self.link, hosted), hosted["source"])
+            self.models.add(LinkedEngine(self.link, hosted, self.config.tokenize_threads), hosted["source"])
         self.models.set_ready()
         self.link.tell("ready")
 

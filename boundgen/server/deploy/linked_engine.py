@@ -133,12 +133,14 @@ class LinkedEngine(Engine):
 
     runs_async = True
 
-    def __init__(self, engine_link: EngineLink, hosted: dict):
-        """`hosted`: the engine process's description of the model (engine_host._describe)."""
+    def __init__(self, engine_link: EngineLink, hosted: dict, tokenize_threads: int = 1):
+        """`hosted`: the engine process's description of the model (engine_host._describe);
+        `tokenize_threads`: threads a request's texts are encoded on (serve --tokenize-threads)."""
         program = spec_from_dict(hosted["program"])
         self.link = engine_link
         self.spec = EngineSpec(hosted["name"], program, hosted["device"], hosted["dtype"], dict(hosted["extra"]))
-        tokenizer = Tokenizer.from_dir(hosted["tokenizer_dir"], **hosted["tokenizer_options"])
+        options = {**hosted["tokenizer_options"], "threads": tokenize_threads}
+        tokenizer = Tokenizer.from_dir(hosted["tokenizer_dir"], **options)
         self.packer = RequestPacker(tokenizer, program)  # tokens only: the engine pads and stages
         self.encoder = (ScoreEncoder(program.label_token_ids, program.topk) if program.task == "score"
                         else BeamEncoder(tokenizer, program.stop_token_ids, program.width))
