@@ -9,9 +9,11 @@
 # `boundgen serve ART --frontends FRONTENDS` on SERVER_CORES and `boundgen bench --grpc
 # --client-procs CLIENT_PROCS` on CLIENT_CORES (the generator's own check at the capacity point
 # doubles its processes), and the same served run with --frontends 1 (everything in one process)
-# where FRONTENDS_AB=1. PYSPY=1 (py-spy wheel under .whl/): the serve processes sampled for 5 s at
-# the capacity concurrency. KERNELS="args of python -m boundgen.bench.kernels" runs while the
-# builds compile. Every result records the host (CPU model, cores, cores used).
+# where FRONTENDS_AB=1, and with the serve flags W1_SERVED_AB / BEAM_SERVED_AB added where set (a second
+# served lane of that artifact). PYSPY=1 (py-spy wheel under .whl/): the serve processes sampled for
+# 5 s at the capacity concurrency. While the builds compile: GPU_TESTS (test files whose GPU tests
+# run) and KERNELS (arguments of python -m boundgen.bench.kernels; several runs separated by ";").
+# Every result records the host (CPU model, cores, cores used).
 # Knobs: WORK (/tmp/boundgen_served), SWEEP_W1, SWEEP_BEAM, FRONTENDS (4), CLIENT_PROCS (4),
 # SERVER_CORES (0-7), CLIENT_CORES (8-15), BENCH_CORES (8-15), TOTAL_S (570).
 set -uo pipefail
@@ -69,18 +71,28 @@ if [[ ! -f "$WORK/art/beam/manifest.json" ]]; then
   step 300 build_beam 8-15 python3 -m boundgen build "$Q2" "${BEAM_ARGS[@]}" --out "$WORK/art/beam" $BEAM_DEFAULT &
   builds+=($!)
 fi
-if [[ -n "${KERNELS:-}" ]]; then
+if [[ -n "${GPU_TESTS:-}" ]]; then
   # shellcheck disable=SC2086
-  step 120 kernels 12-15 python3 -m boundgen.bench.kernels $KERNELS
+  step 150 gpu_tests 12-15 env TRITON_INTERPRET=0 python3 -m pytest -q -m gpu $GPU_TESTS -p no:cacheprovider
 fi
+IFS=';' read -r -a kernel_runs <<< "${KERNELS:-}"
+k=0
+for kargs in "${kernel_runs[@]}"; do
+  [[ -z "${kargs// }" ]] && continue
+  k=$(( k + 1 ))
+  # shellcheck disable=SC2086
+  (cd "$RES" && step 120 "kernels_$k" 12-15 python3 -m boundgen.bench.kernels $kargs)
+done
 wait ${builds[@]+"${builds[@]}"}
 
-# served NAME ART MODEL_DIR WORKLOADS FRONTENDS SWEEP: serve ART on SERVER_CORES, bench it over gRPC.
+# served NAME ART MODEL_DIR WORKLOADS FRONTENDS SWEEP [SERVE FLAGS]: serve ART on SERVER_CORES, bench it over gRPC.
 served() {
-  local name=$1 art=$2 model_dir=$3 wl=$4 frontends=$5 sweep=$6
+  local name=$1 art=$2 model_dir=$3 wl=$4 frontends=$5 sweep=$6 extra=${7:-}
   mkdir -p "$RES/$name"
+  echo "--frontends $frontends $extra" > "$RES/$name/serve_flags"
+  # shellcheck disable=SC2086
   taskset -c "$SERVER_CORES" python3 -m boundgen serve "$art" --http-port 0 --grpc-port 0 --frontends "$frontends" \
-    > "$RES/$name/serve.log" 2>&1 &
+    $extra > "$RES/$name/serve.log" 2>&1 &
   local pid=$! port="" k
   for k in $(seq 1 240); do  # up to 120 s to load and warm up
     grep -q "boundgen serve: ready" "$RES/$name/serve.log" 2>/dev/null && break
@@ -98,9 +110,12 @@ served() {
         py-spy record --gil --nonblocking -d 5 -r 200 -f raw -p $child -o "$RES/$name/pyspy_frontend_$child.txt" \
           > /dev/null 2>&1; done ) &
   fi
+  local fp8  # the artifact's FP8 linear groups, so that effective MFU counts them at the FP8 peak as in process
+  fp8=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["compile"].get("fp8", "none"))' "$art/manifest.json")
   # shellcheck disable=SC2086
   step 150 "bench_$name" "$CLIENT_CORES" python3 -m boundgen bench --workload "$wl" --grpc "127.0.0.1:$port" \
     --model "$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["name"])' "$art/manifest.json")" \
+    $([[ "$fp8" != none ]] && echo --fp8-groups "$fp8") \
     --model-dir "$model_dir" --client-procs "$CLIENT_PROCS" --server-cores "$SERVER_CORES" --out "$RES/$name" \
     --seed 0 $sweep
   kill -TERM $pid; wait $pid
@@ -108,14 +123,17 @@ served() {
 }
 
 for group in ${WORKLOADS//;/ }; do
-  if [[ "$group" == W1 ]]; then art="$WORK/art/w1"; md="$Q3"; sweep="$SWEEP_W1"; tag=w1
-  else art="$WORK/art/beam"; md="$Q2"; sweep="$SWEEP_BEAM"; tag=beam; fi
+  if [[ "$group" == W1 ]]; then art="$WORK/art/w1"; md="$Q3"; sweep="$SWEEP_W1"; tag=w1; ab="${W1_SERVED_AB:-}"
+  else art="$WORK/art/beam"; md="$Q2"; sweep="$SWEEP_BEAM"; tag=beam; ab="${BEAM_SERVED_AB:-}"; fi
   [[ -f "$art/manifest.json" ]] || { log "no artifact $art"; continue; }
   cp "$art/manifest.json" "$RES/manifest_$tag.json"
   # shellcheck disable=SC2086
   step 150 "inproc_$tag" "$BENCH_CORES" python3 -m boundgen bench --workload "$group" --artifact "$art" \
     --out "$RES/inproc_$tag" --seed 0 $sweep
   served "served_$tag" "$art" "$md" "$group" "$FRONTENDS" "$sweep"
+  if [[ -n "$ab" ]]; then
+    served "served_ab_$tag" "$art" "$md" "$group" "$FRONTENDS" "$sweep" "$ab"
+  fi
   if [[ "${FRONTENDS_AB:-0}" == 1 ]]; then
     served "served1_$tag" "$art" "$md" "$group" 1 "$sweep"
   fi
@@ -124,7 +142,8 @@ shopt -s nullglob
 { echo "# boundgen served vs in process ($(( SECONDS - start )) s)"; cat "$RES/env.txt"; echo
   for f in "$RES"/*/summary.md "$RES"/*/*.md; do echo "## $f"; cat "$f"; echo; done
   for f in "$RES"/bench_*.log "$RES"/inproc_*.log; do echo "## $f"; grep -E "c=|client_check|WARNING|host" "$f" | tail -n 30; done
-  [[ -f "$RES/kernels.log" ]] && { echo "## kernels"; cat "$RES/kernels.log"; }
+  for f in "$RES"/kernels_*.log "$RES"/gpu_tests.log; do echo "## $f"; tail -n 60 "$f"; done
+  for f in "$RES"/*.md; do echo "## $f"; cat "$f"; done
 } > "$OUT/summary.md" 2>&1
 cat "$OUT/summary.md"
 tar czf "$OUT/results.tgz" -C "$RES" . 2>/dev/null
