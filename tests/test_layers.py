@@ -119,3 +119,21 @@ def test_every_module_imports():
             "        importlib.import_module(m.name)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
+
+
+def test_ops_and_text_are_leaves():
+    """ops/ (replaceable operators) and text/ (tokenizer, packing, decoding) import no other layer
+    but errors: the model calls ops, the runtime and the front ends call text, never the reverse."""
+    bad = sorted((m, t) for m, targets in import_graph().items() if layer(m) in ("ops", "text")
+                 for t in targets if layer(t) not in (layer(m), "errors"))
+    assert bad == []
+
+
+def test_server_wings_import_only_downward():
+    """server/deploy/ (front-end processes, replicas) builds on the server's core, never the reverse:
+    the core (admission, served models, protocols) imports nothing from its wings."""
+    wings = ("boundgen.server.deploy",)
+    bad = sorted((m, t) for m, targets in import_graph().items()
+                 if m.startswith("boundgen.server.") and not m.startswith(wings)
+                 for t in targets if t.startswith(wings))
+    assert bad == []

@@ -56,10 +56,6 @@ def output_names(spec) -> tuple[str, ...]:
     return score_outputs(spec.topk) if spec.task == "score" else BEAM_OUTPUTS
 
 
-def package_names(task: str) -> tuple[str, ...]:
-    return (SCORE_PACKAGE,) if task == "score" else STAGES
-
-
 def run_stages(prefill: Callable, step: Callable, finish: Callable, step_ids: Sequence, tokens, positions,
                cu_seqlens):
     """The beam search over its stages: prefill, one decode step per entry of `step_ids` (the

@@ -3,13 +3,11 @@
 A context holds host buffers for the packed inputs (pinned when a GPU is used), device
 buffers of the same capacity, and its own CUDA stream. The hot path writes the valid prefix
 and passes views of logical shape; nothing is allocated per request for the inputs.
-`ContextPool` hands contexts out and blocks callers while all are in use (optionally up to a timeout).
 """
 
 from __future__ import annotations
 
 import contextlib
-import queue
 
 import torch
 
@@ -49,21 +47,3 @@ class RequestContext:
         if self.stream is None:
             return contextlib.nullcontext()
         return torch.cuda.stream(self.stream)
-
-
-class ContextPool:
-    def __init__(self, contexts: list[RequestContext]):
-        self.size = len(contexts)
-        self._free: queue.Queue = queue.Queue()
-        for ctx in contexts:
-            self._free.put(ctx)
-
-    def acquire(self, timeout: float | None = None) -> RequestContext | None:
-        """A free context; None if none became free within `timeout` seconds (None: wait for good)."""
-        try:
-            return self._free.get(timeout=timeout)
-        except queue.Empty:
-            return None
-
-    def release(self, ctx: RequestContext) -> None:
-        self._free.put(ctx)
