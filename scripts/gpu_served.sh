@@ -9,11 +9,13 @@
 # `boundgen serve ART --frontends FRONTENDS` on SERVER_CORES and `boundgen bench --grpc
 # --client-procs CLIENT_PROCS` on CLIENT_CORES (the generator's own check at the capacity point
 # doubles its processes), and the same served run with --frontends 1 (everything in one process)
-# where FRONTENDS_AB=1, and with the serve flags W1_SERVED_AB / BEAM_SERVED_AB added where set (a second
-# served lane of that artifact). PYSPY=1 (py-spy wheel under .whl/): the serve processes sampled for
+# where FRONTENDS_AB=1, and with the serve flags W1_SERVED_AB / BEAM_SERVED_AB added where set (one
+# more served lane of that artifact per set; sets separated by ";"). PYSPY=1 (py-spy wheel under .whl/): the serve processes sampled for
 # 5 s at the capacity concurrency. While the builds compile: GPU_TESTS (test files whose GPU tests
 # run) and KERNELS (arguments of python -m boundgen.bench.kernels; several runs separated by ";").
 # Every result records the host (CPU model, cores, cores used).
+# INPROC=0 / SERVED=0 leave the in-process bench / the default served lane out (an A/B call on a machine
+# that already measured them); CALLS=1 adds the call curve (bench/calls.py) after the in-process bench.
 # Knobs: WORK (/tmp/boundgen_served), SWEEP_W1, SWEEP_BEAM, FRONTENDS (4), CLIENT_PROCS (4),
 # SERVER_CORES (0-7), CLIENT_CORES (8-15), BENCH_CORES (8-15), TOTAL_S (570).
 set -uo pipefail
@@ -127,13 +129,24 @@ for group in ${WORKLOADS//;/ }; do
   else art="$WORK/art/beam"; md="$Q2"; sweep="$SWEEP_BEAM"; tag=beam; ab="${BEAM_SERVED_AB:-}"; fi
   [[ -f "$art/manifest.json" ]] || { log "no artifact $art"; continue; }
   cp "$art/manifest.json" "$RES/manifest_$tag.json"
-  # shellcheck disable=SC2086
-  step 150 "inproc_$tag" "$BENCH_CORES" python3 -m boundgen bench --workload "$group" --artifact "$art" \
-    --out "$RES/inproc_$tag" --seed 0 $sweep
-  served "served_$tag" "$art" "$md" "$group" "$FRONTENDS" "$sweep"
-  if [[ -n "$ab" ]]; then
-    served "served_ab_$tag" "$art" "$md" "$group" "$FRONTENDS" "$sweep" "$ab"
+  if [[ "${INPROC:-1}" == 1 ]]; then
+    # shellcheck disable=SC2086
+    step 150 "inproc_$tag" "$BENCH_CORES" python3 -m boundgen bench --workload "$group" --artifact "$art" \
+      --out "$RES/inproc_$tag" --seed 0 $sweep
   fi
+  if [[ "${CALLS:-0}" == 1 ]]; then  # what a call costs against the requests it holds (bench/calls.py)
+    if [[ $tag == w1 ]]; then calls_wl=W1; calls_r=1,2,4; else calls_wl=W2; calls_r=1,2,4,8; fi
+    step 60 "calls_$tag" "$BENCH_CORES" python3 -m boundgen.bench.calls "$art" --workload $calls_wl \
+      --requests $calls_r --json "$RES/calls_$tag.json"
+  fi
+  [[ "${SERVED:-1}" == 1 ]] && served "served_$tag" "$art" "$md" "$group" "$FRONTENDS" "$sweep"
+  IFS=';' read -r -a ab_sets <<< "$ab"
+  j=0
+  for flags in "${ab_sets[@]}"; do  # other serve flags on the same artifact: served_ab_1_TAG, _2, ...
+    [[ -z "${flags// }" ]] && continue
+    j=$(( j + 1 ))
+    served "served_ab_${j}_$tag" "$art" "$md" "$group" "$FRONTENDS" "$sweep" "$flags"
+  done
   if [[ "${FRONTENDS_AB:-0}" == 1 ]]; then
     served "served1_$tag" "$art" "$md" "$group" 1 "$sweep"
   fi
@@ -141,6 +154,7 @@ done
 shopt -s nullglob
 { echo "# boundgen served vs in process ($(( SECONDS - start )) s)"; cat "$RES/env.txt"; echo
   for f in "$RES"/*/summary.md "$RES"/*/*.md; do echo "## $f"; cat "$f"; echo; done
+  for f in "$RES"/calls_*.log; do echo "## $f"; cat "$f"; done
   for f in "$RES"/bench_*.log "$RES"/inproc_*.log; do echo "## $f"; grep -E "c=|client_check|WARNING|host" "$f" | tail -n 30; done
   for f in "$RES"/kernels_*.log "$RES"/gpu_tests.log; do echo "## $f"; tail -n 60 "$f"; done
   for f in "$RES"/*.md; do echo "## $f"; cat "$f"; done
