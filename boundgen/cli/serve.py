@@ -8,6 +8,7 @@ import os
 
 from boundgen.cli.common import add_runtime_flags, positive_int, runtime_overrides
 from boundgen.errors import ConfigError
+from boundgen.server.config import API_KEY_ENV, ServerConfig  # torch-free: --help stays fast
 
 DESCRIPTION = """\
 Serves built artifacts with the KServe v2 / Open Inference Protocol over HTTP and gRPC
@@ -77,9 +78,9 @@ def register(sub):
                         "one engine process (sharing the ports); 1: everything in this process (default: one per "
                         "four usable cores, 1 to 8, and 1 below four cores or with --model-repository, "
                         "--allow-client-shm, --replicas, --gpus or --ray)")
-    p.add_argument("--tokenize-threads", type=positive_int, default=1, metavar="N",
+    p.add_argument("--tokenize-threads", type=positive_int, default=ServerConfig.tokenize_threads, metavar="N",
                    help="with --frontends > 1: each front-end process encodes a request's texts on N threads "
-                        "(a score request's ~15 samples at once; default 1)")
+                        "(a score request's ~15 samples at once; default %(default)s)")
     add_runtime_flags(p, "runtime (override the artifact's manifest without a rebuild; default: as built)")
     group = p.add_mutually_exclusive_group()
     group.add_argument("--replicas", type=int, default=None, metavar="N",
@@ -111,8 +112,6 @@ RAY_ONLY_FLAGS = ("gpus_per_replica", "min_replicas", "max_replicas", "target_on
 
 
 def config_from_args(args):
-    from boundgen.server.config import API_KEY_ENV, ServerConfig
-
     api_key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV) or None
     try:
         return ServerConfig(host=args.host, http_port=args.http_port, grpc_port=args.grpc_port,
