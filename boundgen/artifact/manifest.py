@@ -228,7 +228,18 @@ def check_versions(manifest: Manifest, here: dict) -> None:
         problems.append(f"CUDA {built.get('cuda')} at build, {here['cuda']} here")
     if problems:
         raise ArtifactError(f"artifact {manifest.name} was built for another runtime: {'; '.join(problems)}. "
-                            "Rebuild it with `boundgen build` on this system.")
+                            f"Either install the build's torch here ({install_command(built, manifest.compile.device)}) "
+                            f"or rebuild the artifact with `boundgen build` on this system (torch {here['torch']}).")
+
+
+def install_command(built: dict, device: str) -> str:
+    """The pip command that installs the torch an artifact was built with: its version from
+    PyTorch's index of the build's variant (cpu, or cuXYZ from the CUDA version at build)."""
+    version = str(built.get("torch") or "?")
+    release, _, local = version.partition("+")
+    variant = local or ("cu" + str(built.get("cuda") or "").replace(".", "")[:3] if str(device).startswith("cuda")
+                        and built.get("cuda") else "cpu")
+    return f"pip install 'torch=={release}' --index-url https://download.pytorch.org/whl/{variant}"
 
 
 def _major_minor(version: str | None) -> tuple:

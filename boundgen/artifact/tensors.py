@@ -4,8 +4,12 @@ Every program takes the packed prompts or samples of one call:
 
     tokens [T] int64, positions [T] int64, cu_seqlens [B+1] int32        (PACKED)
 
-score ("model" package) -> probs [B, C] FP32, then topk_ids [B, k] int64, topk_probs [B, k] FP32
-                           when the spec asks for top-k (`score_outputs`)
+score ("model" package) -> probs [B, C] FP32; with labels (not an MLP head) then lse [B] FP32
+                           and label_logits [B, C] FP32 (VOCAB_OUTPUTS: p(label) over the whole
+                           vocabulary = exp(label_logits - lse)); then topk_ids [B, k] int64,
+                           topk_probs [B, k] FP32 when the spec asks for top-k (`score_outputs`).
+                           Artifacts built before VOCAB_OUTPUTS existed lack them
+                           (`has_vocab_outputs`): they serve probs and top-k as before.
 beam  (three packages, STAGES) -> token_ids [R*W, N] int64, scores [R*W] FP32,
                            finished [R*W] bool, beam_indices [R*W, N] int64   (BEAM_OUTPUTS)
 
@@ -21,6 +25,7 @@ from typing import Callable, Sequence
 
 PACKED = ("tokens", "positions", "cu_seqlens")
 SCORE_OUTPUTS = ("probs",)
+VOCAB_OUTPUTS = ("lse", "label_logits")  # label mode only
 TOPK_OUTPUTS = ("topk_ids", "topk_probs")
 BEAM_OUTPUTS = ("token_ids", "scores", "finished", "beam_indices")
 BEAM_RESULTS = BEAM_OUTPUTS[:3]  # what a client gets (beam_indices stay on the device)
@@ -47,13 +52,22 @@ PREFIX_KV = ("prefix_k", "prefix_v")  # [layers, T, N_kv, D]
 SUFFIX_KV = ("suffix_k", "suffix_v")  # [layers, R*W, N-1, N_kv, D]
 
 
-def score_outputs(topk: int) -> tuple[str, ...]:
-    return SCORE_OUTPUTS + (TOPK_OUTPUTS if topk else ())
+def score_outputs(topk: int, vocab: bool = True) -> tuple[str, ...]:
+    """A score program's outputs in order; vocab: with VOCAB_OUTPUTS (label mode; False for an MLP
+    head, and for artifacts built before them)."""
+    return SCORE_OUTPUTS + (VOCAB_OUTPUTS if vocab else ()) + (TOPK_OUTPUTS if topk else ())
 
 
 def output_names(spec) -> tuple[str, ...]:
-    """The outputs of a spec's program, in order."""
-    return score_outputs(spec.topk) if spec.task == "score" else BEAM_OUTPUTS
+    """The outputs of a spec's program (as built now), in order."""
+    if spec.task != "score":
+        return BEAM_OUTPUTS
+    return score_outputs(spec.topk, vocab=not getattr(spec, "head_path", None))
+
+
+def has_vocab_outputs(interface: dict) -> bool:
+    """Whether an artifact's recorded tensors (the manifest's "interface") include VOCAB_OUTPUTS."""
+    return all(name in interface.get("tensors", {}) for name in VOCAB_OUTPUTS)
 
 
 def run_stages(prefill: Callable, step: Callable, finish: Callable, step_ids: Sequence, tokens, positions,
@@ -73,6 +87,9 @@ def tensor_interface(spec, num_classes: int) -> dict:
     if spec.task == "score":
         seqs, rows = "B+1", "B"
         tensors = {"probs": ("output", "float32", [rows, num_classes])}
+        if not getattr(spec, "head_path", None):
+            tensors["lse"] = ("output", "float32", [rows])
+            tensors["label_logits"] = ("output", "float32", [rows, num_classes])
         if spec.topk:
             tensors["topk_ids"] = ("output", "int64", [rows, spec.topk])
             tensors["topk_probs"] = ("output", "float32", [rows, spec.topk])

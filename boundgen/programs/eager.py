@@ -39,4 +39,6 @@ def eager_engine(model_dir, spec: ScoreSpec | BeamSpec, dtype: str = "float32", 
     model = load_model(model_dir, parse_dtype(dtype), device, (lowering or OpLowering()).resolve())
     program = make_program(model, spec)
     runtime = RuntimeConfig(contexts=contexts, cuda_graphs=cuda_graphs, batching=batching, batch_wait_ms=batch_wait_ms)
-    return make_engine(name or Path(model_dir).name, spec, tokenizer, EagerRunner(program), device, dtype, runtime)
+    extra = {"vocab_outputs": spec.task == "score" and not spec.head_path}  # lse, label_logits (programs/score.py)
+    return make_engine(name or Path(model_dir).name, spec, tokenizer, EagerRunner(program), device, dtype, runtime,
+                       extra)

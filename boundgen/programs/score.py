@@ -1,9 +1,13 @@
 """Score program: one packed prefill over all samples of a request, read each sample's last token.
 
 Inputs (packed, no padding): tokens [T] int64, positions [T] int64, cu_seqlens [B+1] int32.
-Outputs, FP32:
+Outputs, FP32 (names and order: artifact/tensors.py score_outputs):
 - label mode: probs [B, L] = softmax over the label tokens' next-token logits at each sample's
-  last token. Only the L label rows of the LM head are multiplied (B x H x L FLOPs, not x V).
+  last token (the L label rows of the LM head, as a model-dtype GEMM); then
+  lse [B] = log-sum-exp of the full next-token logits [B, V] and label_logits [B, L] = those
+  logits at the label ids, so that p(label) over the whole vocabulary is exp(label_logits - lse)
+  exactly in FP32 (SGLang's `apply_softmax: false`). Both come from the one full LM head GEMM
+  (B x H x V FLOPs: for 15 samples of a 0.6B Qwen ~4.7 GFLOP, the LM head's weights read once).
 - head mode: the MLP head's output [B, C] over the last-token hidden state (see programs/head.py).
 - with `topk` > 0 also (topk_ids [B, k] int64, topk_probs [B, k]) over the full vocabulary.
 """
@@ -38,14 +42,20 @@ class ScoreProgram(nn.Module):
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, cu_seqlens: torch.Tensor):
         hidden, _ = self.model.prefill(tokens, positions, cu_seqlens, max_seqlen=self.max_tokens_per_sample)  # [T, H]
         last = hidden[cu_seqlens[1:].to(torch.int64) - 1]  # [B, H]
+        logits = None  # [B, V] FP32, computed once when an output needs the whole vocabulary
         if self.head is not None:
             out = (self.head(last),)
         else:
             label_rows = self.model.lm_head_weight[self.label_token_ids]  # [L, H]
             label_logits = F.linear(last, label_rows)  # [B, L], model dtype as the full LM head would give
-            out = (torch.softmax(label_logits.to(torch.float32), dim=-1),)
+            logits = self.model.logits(last).to(torch.float32)  # [B, V]
+            out = (torch.softmax(label_logits.to(torch.float32), dim=-1),  # probs [B, L]
+                   torch.logsumexp(logits, dim=-1),  # lse [B]
+                   logits[:, self.label_token_ids])  # label_logits [B, L], the ones lse was summed over
         if self.topk:
-            probs = torch.softmax(self.model.logits(last).to(torch.float32), dim=-1)  # [B, V]
+            if logits is None:
+                logits = self.model.logits(last).to(torch.float32)
+            probs = torch.softmax(logits, dim=-1)  # [B, V]
             top_probs, top_ids = torch.topk(probs, self.topk, dim=-1)
             out = out + (top_ids, top_probs)
         return out

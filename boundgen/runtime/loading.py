@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from boundgen.artifact.manifest import Manifest, check_versions, read_manifest, verify_files as verify_artifact_files
+from boundgen.artifact.tensors import has_vocab_outputs
 from boundgen.errors import ArtifactError
 from boundgen.runtime import libstdcxx
 from boundgen.runtime.compiled import load_runner
@@ -59,7 +60,8 @@ def load_artifact_engine(path, contexts: int | None = None, executors: int | Non
     extra = {"artifact_dir": str(root.resolve()), "lowering": compiled.lowering, "weights": compiled.weights,
              "gpu_name": compiled.gpu_name, "validation_passed": manifest.validation.get("passed"),
              "boundgen": __version__, "tokenizer": tokenizer.encoder_name,
-             "fp8_groups": [] if compiled.fp8 == "none" else [compiled.fp8]}  # counted at the FP8 peak (bench/mfu.py)
+             "fp8_groups": [] if compiled.fp8 == "none" else [compiled.fp8],  # counted at the FP8 peak (bench/mfu.py)
+             "vocab_outputs": has_vocab_outputs(manifest.interface)}  # lse, label_logits (artifact/tensors.py)
     return make_engine(manifest.name, spec, tokenizer, runner, str(device), compiled.dtype, runtime, extra)
 
 

@@ -108,24 +108,39 @@ def to_host(ctx, tensors: Sequence[torch.Tensor]) -> list[np.ndarray]:
 
 
 class ScoreEncoder:
-    """A score call's host outputs (probs, then top-k when built with it) -> one result per request."""
+    """A score call's host outputs -> one result per request.
+
+    The outputs are artifact/tensors.py's score_outputs: probs, then lse and label_logits (label
+    mode, artifacts built with them), then top-k when built with it. Which of these a program has
+    is told by their count (`outputs` is None: every output is copied), so artifacts built before
+    lse existed serve unchanged. Each request's share also carries its samples' token counts."""
+
+    outputs = None  # all of the program's outputs
 
     def __init__(self, label_token_ids, topk: int):
         self.label_token_ids = [int(i) for i in label_token_ids]
-        self.outputs = 3 if topk else 1  # probs (, topk_ids, topk_probs)
+        self.topk = topk
 
     def split(self, host: list[np.ndarray], batches: Sequence[PackedBatch]) -> list[list[np.ndarray]]:
         shares, row = [], 0
         for packed in batches:  # rows past the last request's are the graph padding's
-            shares.append([h[row: row + packed.num_samples] for h in host])
+            rows = [h[row: row + packed.num_samples] for h in host]
+            shares.append(rows + [np.asarray(packed.lengths, dtype=np.int64)])
             row += packed.num_samples
         return shares
 
-    def encode(self, probs: np.ndarray, topk_ids: np.ndarray | None = None,
-               topk_probs: np.ndarray | None = None) -> ScoreResult:
-        result = ScoreResult(scores=probs.astype(np.float32, copy=False), label_token_ids=self.label_token_ids)
-        if topk_ids is not None:
-            result.topk_ids, result.topk_probs = topk_ids.astype(np.int32), topk_probs.astype(np.float32)
+    def encode(self, probs: np.ndarray, *rest: np.ndarray) -> ScoreResult:
+        """probs [N, C], then (lse [N], label_logits [N, C]) when present, (topk_ids, topk_probs)
+        when built with top-k, and last the samples' token counts [N] (from `split`)."""
+        *outputs, lengths = rest
+        result = ScoreResult(scores=probs.astype(np.float32, copy=False), label_token_ids=self.label_token_ids,
+                             num_tokens=lengths)
+        if len(outputs) == 2 + (2 if self.topk else 0):  # lse [N], label_logits [N, C]: log p over the vocabulary
+            lse, label_logits = outputs[0].astype(np.float64), outputs[1].astype(np.float64)
+            result.label_logprobs = (label_logits - lse[:, None]).astype(np.float32)
+            outputs = outputs[2:]
+        if self.topk:
+            result.topk_ids, result.topk_probs = outputs[0].astype(np.int32), outputs[1].astype(np.float32)
         return result
 
 

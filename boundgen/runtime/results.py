@@ -14,6 +14,11 @@ class ScoreResult:
     timings: dict[str, float] = field(default_factory=dict)  # seconds: "pre", "model", "post"
     topk_ids: np.ndarray | None = None  # [N, k] int32 when the program has top-k enabled
     topk_probs: np.ndarray | None = None  # [N, k] float32
+    # Label mode of programs that have them (artifact/tensors.py VOCAB_OUTPUTS; None for an MLP head
+    # or an artifact built before them): each label's log-probability over the whole vocabulary,
+    # label_logit - lse of the program's FP32 outputs; exp of it is SGLang's apply_softmax false.
+    label_logprobs: np.ndarray | None = None  # [N, num_labels] float32
+    num_tokens: np.ndarray | None = None  # [N] int64: tokens each sample ran (template included)
 
 
 @dataclass

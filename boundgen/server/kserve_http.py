@@ -38,7 +38,6 @@ from __future__ import annotations
 import functools
 import time
 
-import numpy as np
 from aiohttp import web
 
 from boundgen.version import __version__
@@ -306,16 +305,11 @@ class HttpFrontend:
             name = score_api.pick_model(self.models, parsed["model"])
             with self.models.observe("http", name):
                 deadline = self.models.deadline(arrived, None)
-                model = self.models.get(name, "")  # the one infer runs on: no await between (repository.py)
-                text = score_api.text_tensor(parsed, name, model.signature.max_samples)
-                (probs,) = await self.models.infer(name, "", [text], ["SCORES"], deadline)
-                values = score_api.scores(np.asarray(probs.data, dtype=np.float32).reshape(probs.shape),
-                                          list(model.engine.spec.program.label_token_ids), parsed["label_token_ids"])
-                response = web.json_response(score_api.response(name, values))
+                response = web.json_response(await score_api.run(self.models, name, parsed, deadline))
                 check_deadline(deadline, name)
                 return response
         except Exception as exc:
-            return error_response(exc)
+            return score_api.error_response(exc)  # SGLang's error body
 
     async def beam(self, request: web.Request) -> web.Response:
         """A JSON beam request on a beam model (server/beam_api.py), each prompt a KServe request."""

@@ -57,7 +57,9 @@ _OUTCOMES = {  # of boundgen_worker_requests_total; anything else is "error"
 
 def spec_from_metadata(meta: dict, concurrency: int) -> EngineSpec:
     """The EngineSpec a worker's HTTP model metadata describes (signature.py's `parameters()`)."""
-    return EngineSpec(meta["name"], spec_from_dict(meta["parameters"]), extra={"concurrency": concurrency})
+    vocab = any(o.get("name") == "LABEL_LOGPROBS" for o in meta.get("outputs", []))
+    return EngineSpec(meta["name"], spec_from_dict(meta["parameters"]),
+                      extra={"concurrency": concurrency, "vocab_outputs": vocab})
 
 
 class ReplicaEngine(Engine):
@@ -66,8 +68,10 @@ class ReplicaEngine(Engine):
 
     def score(self, texts: Sequence[str], deadline: float | None = None,
               cancelled: threading.Event | None = None) -> ScoreResult:
-        out = self._forward(texts, deadline, cancelled)
-        return ScoreResult(out["SCORES"], list(self.spec.program.label_token_ids), {})
+        wanted = ("SCORES", "NUM_TOKENS") + (("LABEL_LOGPROBS",) if self.spec.extra.get("vocab_outputs") else ())
+        out = self._forward(texts, deadline, cancelled, wanted)
+        return ScoreResult(out["SCORES"], list(self.spec.program.label_token_ids), {},
+                           label_logprobs=out.get("LABEL_LOGPROBS"), num_tokens=out.get("NUM_TOKENS"))
 
     def beam(self, text: str, deadline: float | None = None, cancelled: threading.Event | None = None) -> BeamResult:
         out = self._forward([text], deadline, cancelled)
@@ -81,9 +85,13 @@ class ReplicaEngine(Engine):
     def close(self) -> None:
         self.pool.close()
 
-    def _forward(self, texts: Sequence[str], deadline: float | None, cancelled: threading.Event | None) -> dict:
+    def _forward(self, texts: Sequence[str], deadline: float | None, cancelled: threading.Event | None,
+                 outputs: Sequence[str] = ()) -> dict:
+        """The worker's output tensors by name: `outputs`, or its default ones when empty."""
         items = [t.encode("utf-8") for t in texts]
         request = pb.ModelInferRequest(model_name=self.spec.name)
+        for name in outputs:
+            request.outputs.add(name=name)
         request.inputs.add(name="TEXT", datatype="BYTES", shape=[len(items)])
         request.raw_input_contents.append(serialize_bytes(items))
         call_timeout_s = WORKER_CALL_TIMEOUT_S

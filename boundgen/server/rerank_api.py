@@ -42,6 +42,7 @@ from boundgen.server.config import ServerConfig
 from boundgen.server.http_bodies import error_response, read_json
 from boundgen.server.models import LOADING, ModelSet
 from boundgen.server.status import Unavailable
+from boundgen.server.tensors import Tensor
 
 RERANK_ROUTES = ("/v1/rerank", "/rerank")
 PAIRS_ROUTE = "/score"
@@ -119,8 +120,8 @@ def parse_pairs(obj) -> dict:
 
 def samples(query: str, documents: list[str]) -> list[str]:
     """The sample texts of query with each document, built as `/v1/score` builds its items'."""
-    return score_api.parse({"query": query, "items": documents, "label_token_ids": [0],
-                            "apply_softmax": True})["texts"]
+    parsed = score_api.parse({"query": query, "items": documents, "label_token_ids": [0], "apply_softmax": True})
+    return [parsed["query"] + item for item in parsed["items"]]
 
 
 def pick_model(models: ModelSet, requested: str | None, route: str, pairs: int) -> str:
@@ -137,7 +138,8 @@ def pick_model(models: ModelSet, requested: str | None, route: str, pairs: int) 
 
 async def relevance(models: ModelSet, name: str, texts: list[str], deadline: float) -> list[float]:
     """Each text's probability of the model's first label, from one KServe request of TEXT [N]."""
-    (probs,) = await models.infer(name, "", [score_api.text_tensor(texts)], ["SCORES"], deadline)
+    text = Tensor("TEXT", "BYTES", (len(texts),), [score_api.utf8(t, f"documents[{i}]") for i, t in enumerate(texts)])
+    (probs,) = await models.infer(name, "", [text], ["SCORES"], deadline)
     return [float(p) for p in np.asarray(probs.data, dtype=np.float32).reshape(probs.shape)[:, 0]]
 
 

@@ -3,17 +3,24 @@ users of SGLang's (and vLLM's) scoring route. KServe v2 `infer` stays the fast p
 builds the same request and runs it through the same admission and engine.
 
     request   {"query": "...", "items": ["...", ...] | "...", "label_token_ids": [id, ...],
-               "apply_softmax": true, "item_first": false, "model": "name"}
+               "apply_softmax": false, "item_first": false, "model": "name"}
     response  {"scores": [[p per label id, ...] per item], "model": "name", "object": "scoring",
-               "usage": {"prompt_tokens": null, "total_tokens": null}}
+               "usage": {"prompt_tokens": n, "completion_tokens": 0, "total_tokens": n}}
+    error     {"object": "error", "message": "...", "type": "BadRequestError", "param": null,
+               "code": 400, "error": "..."}    SGLang's ErrorResponse ("error" too, as on every route)
 
-Each item's text is query + item (item + query with `item_first`), scored as one sample. A
-score artifact computes the softmax over its own label tokens, so `label_token_ids` must be
-some of the artifact's labels (any order): the scores are the artifact's probabilities of those
-labels renormalised over them, which is exactly the softmax over their logits
-(`apply_softmax: true`). `apply_softmax: false` (probabilities over the whole vocabulary) and
-pre-tokenized query or items are refused with 400, saying so. `model` may be left out when the
-server holds one score model.
+Each item's text is query + item (item + query with `item_first`), scored as one sample;
+`label_token_ids` must be some of the artifact's labels (any order):
+- `apply_softmax: false` (SGLang's default): each label's probability over the whole vocabulary,
+  the softmax over all V next-token logits read at the label id, exp(label_logit - lse) from the
+  program's FP32 outputs (KServe output LABEL_LOGPROBS). An artifact built before the program
+  gave the vocabulary log-sum-exp (or with an MLP head) is refused with 400 saying to rebuild.
+- `apply_softmax: true`: the softmax over the requested labels' logits, i.e. the artifact's label
+  probabilities renormalised over the requested ones.
+`usage.prompt_tokens` counts the tokens of all samples as the model ran them (its template
+included; KServe output NUM_TOKENS). Pre-tokenized query or items (lists of ids) are refused
+with 400 saying so (the engine takes texts). Unknown fields are 400 naming them. `model` may be
+left out (or be SGLang's "default") when the server holds one score model.
 
 Bounds come before work: more items than the model's max_samples are refused by their count
 (400 naming the limit) before any text is built or encoded, and a text that is not valid
@@ -22,39 +29,64 @@ Unicode (a lone surrogate, which JSON's \\ud800 escapes can carry) is 400 naming
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
+from aiohttp import web
 
 from boundgen.errors import InvalidInput
+from boundgen.server import http_bodies
+from boundgen.server.signature import REBUILD
+from boundgen.server.status import status_of
 from boundgen.server.tensors import Tensor
 
 ROUTE = "/v1/score"
+FIELDS = ("query", "items", "label_token_ids", "apply_softmax", "item_first", "model")
+PRE_TOKENIZED = ("pre-tokenized {what} (lists of token ids) are not supported: send the text; "
+                 "the model applies its template and tokenizer to it")
+# SGLang's error "type" by HTTP status (OpenAI's names), for clients that branch on it.
+ERROR_TYPES = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError", 429: "RateLimitError",
+               503: "ServiceUnavailableError", 504: "TimeoutError"}
 
 
 def parse(obj) -> dict:
     """The request's fields, checked (InvalidInput naming what is wrong)."""
     if not isinstance(obj, dict):
         raise InvalidInput("a /v1/score request is a JSON object with query, items and label_token_ids")
+    unknown = sorted(k for k in obj if k not in FIELDS)
+    if unknown:
+        raise InvalidInput(f"a /v1/score request has unknown fields {', '.join(map(repr, unknown))}; "
+                           f"it takes {', '.join(FIELDS)}")
     query, items = obj.get("query"), obj.get("items")
+    if _token_ids(query):
+        raise InvalidInput("query must be a text: " + PRE_TOKENIZED.format(what="queries"))
     if not isinstance(query, str):
-        raise InvalidInput("query must be a text (pre-tokenized queries are not supported: send the text)")
+        raise InvalidInput("query must be a text")
     items = [items] if isinstance(items, str) else items
+    if isinstance(items, list) and items and all(_token_ids(i) for i in items):
+        raise InvalidInput("items must be texts: " + PRE_TOKENIZED.format(what="items"))
     if not isinstance(items, list) or not items or not all(isinstance(i, str) for i in items):
-        raise InvalidInput("items must be a text or a non-empty list of texts (pre-tokenized items are not "
-                           "supported: send the texts)")
+        raise InvalidInput("items must be a text or a non-empty list of texts")
     ids = obj.get("label_token_ids")
     if (not isinstance(ids, list) or not ids or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids)
             or len(set(ids)) != len(ids)):
         raise InvalidInput("label_token_ids must be a non-empty list of distinct token ids")
-    if obj.get("apply_softmax", False) is not True:
-        raise InvalidInput("apply_softmax must be true: a boundgen score artifact gives the softmax over its "
-                           "label tokens, not probabilities over the whole vocabulary")
-    item_first = obj.get("item_first", False)
+    apply_softmax, item_first = obj.get("apply_softmax", False), obj.get("item_first", False)
+    if not isinstance(apply_softmax, bool):
+        raise InvalidInput("apply_softmax must be true or false")
     if not isinstance(item_first, bool):
         raise InvalidInput("item_first must be true or false")
     model = obj.get("model")
     if model is not None and not isinstance(model, str):
         raise InvalidInput("model must be a model name")
-    return {"query": query, "items": items, "item_first": item_first, "label_token_ids": ids, "model": model}
+    return {"query": query, "items": items, "item_first": item_first, "label_token_ids": ids,
+            "apply_softmax": apply_softmax, "model": model}
+
+
+def _token_ids(value) -> bool:
+    """Whether `value` is a pre-tokenized text: a non-empty list of integers."""
+    return isinstance(value, list) and bool(value) and all(isinstance(i, int) and not isinstance(i, bool)
+                                                           for i in value)
 
 
 def pick_model(models, requested: str | None) -> str:
@@ -87,15 +119,61 @@ def utf8(text: str, where: str) -> bytes:
                            f"({text[exc.start]!r} at character {exc.start})") from None
 
 
-def scores(probs: np.ndarray, artifact_ids: list[int], wanted: list[int]) -> list[list[float]]:
-    """The artifact's label probabilities [N, L] -> the wanted labels' softmax, in their order."""
+def outputs(parsed: dict) -> list[str]:
+    """The KServe outputs a parsed request needs."""
+    return ["LABEL_LOGPROBS" if not parsed["apply_softmax"] else "SCORES", "NUM_TOKENS"]
+
+
+async def run(models, name: str, parsed: dict, deadline: float) -> dict:
+    """The response body of a parsed request on score model `name`: one KServe request of TEXT [N]
+    through `models.infer` (admission, deadline, engine), its outputs turned into SGLang's answer."""
+    model = models.get(name, "")  # the one infer runs on: no await between (repository.py)
+    names = outputs(parsed)
+    if names[0] not in [t.name for t in model.signature.outputs]:
+        raise InvalidInput(f"apply_softmax false (probabilities over the whole vocabulary) is not available on "
+                           f"model {name}: {REBUILD}; or send apply_softmax true")
+    text = text_tensor(parsed, name, model.signature.max_samples)
+    values, counts = await models.infer(name, "", [text], names, deadline)
+    array = np.asarray(values.data, dtype=np.float32).reshape(values.shape)
+    labels = list(model.engine.spec.program.label_token_ids)
+    if parsed["apply_softmax"]:
+        table = scores(array, labels, parsed["label_token_ids"])
+    else:
+        table = vocab_scores(array, labels, parsed["label_token_ids"])
+    return response(name, table, int(np.asarray(counts.data, dtype=np.int64).sum()))
+
+
+def _columns(values: np.ndarray, artifact_ids: list[int], wanted: list[int]) -> np.ndarray:
     missing = [i for i in wanted if i not in artifact_ids]
     if missing:
         raise InvalidInput(f"label_token_ids {missing} are not labels of this model; its labels are {artifact_ids}")
-    columns = probs[:, [artifact_ids.index(i) for i in wanted]].astype(np.float64)
+    return values[:, [artifact_ids.index(i) for i in wanted]].astype(np.float64)
+
+
+def scores(probs: np.ndarray, artifact_ids: list[int], wanted: list[int]) -> list[list[float]]:
+    """The artifact's label probabilities [N, L] -> the wanted labels' softmax, in their order."""
+    columns = _columns(probs, artifact_ids, wanted)
     return (columns / columns.sum(axis=1, keepdims=True)).tolist()
 
 
-def response(model: str, values: list[list[float]]) -> dict:
+def vocab_scores(logprobs: np.ndarray, artifact_ids: list[int], wanted: list[int]) -> list[list[float]]:
+    """The labels' log-probabilities over the whole vocabulary [N, L] -> the wanted labels'
+    probabilities, in their order (not renormalised: they sum to at most 1)."""
+    return np.exp(_columns(logprobs, artifact_ids, wanted)).tolist()
+
+
+def response(model: str, values: list[list[float]], prompt_tokens: int | None = None) -> dict:
     return {"scores": values, "model": model, "object": "scoring",
-            "usage": {"prompt_tokens": None, "total_tokens": None}}
+            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": 0, "total_tokens": prompt_tokens}}
+
+
+def error_response(exc: BaseException) -> web.Response:
+    """SGLang's error body (its ErrorResponse: object, message, type, param, code) with the status
+    of `exc` (status.py), and "error" as every boundgen route answers it; otherwise the response
+    of every route (http_bodies.error_response: logging, closing after an unread body)."""
+    response = http_bodies.error_response(exc)
+    status = status_of(exc)
+    response.text = json.dumps({"object": "error", "message": status.message,
+                                "type": ERROR_TYPES.get(status.http, "InternalServerError"), "param": None,
+                                "code": status.http, "error": status.message})
+    return response

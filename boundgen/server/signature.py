@@ -2,6 +2,14 @@
 artifact/program.py): metadata, input checks, engine results to output tensors.
 
     score:  TEXT BYTES [N], 1 <= N <= max_samples  ->  SCORES FP32 [N, num_labels]
+                                                       and, when asked for by name (not returned
+                                                       otherwise: what clients always got stays the
+                                                       default): NUM_TOKENS INT32 [N], the tokens
+                                                       each sample ran (template included);
+                                                       LABEL_LOGPROBS FP32 [N, num_labels], each label's
+                                                       log-probability over the whole vocabulary, on
+                                                       label models whose artifact has it
+                                                       (spec.extra["vocab_outputs"])
     beam:   TEXT BYTES [1]                         ->  TOKEN_IDS INT32 [W, N_gen], SCORES FP32 [W],
                                                        TEXT_OUT BYTES [W]
 
@@ -34,6 +42,10 @@ from boundgen.runtime.engine import Engine, EngineSpec
 from boundgen.runtime.results import BeamResult, ScoreResult
 from boundgen.server.tensors import Tensor
 
+# Why an artifact has no LABEL_LOGPROBS, and what to do, in the words of those who asked for it.
+REBUILD = ("its artifact was built without the vocabulary log-sum-exp (before it existed, or with an MLP head); "
+           "rebuild it from its checkpoint with this boundgen (`boundgen build ... --task score --labels ...`) "
+           "to get probabilities over the whole vocabulary")
 MAX_TOKEN_BYTES = 128  # the Qwen vocabulary's longest token, in bytes (see the docstring)
 
 
@@ -66,12 +78,17 @@ class Signature:
         self.name, self.extra = spec.name, spec.extra
         if spec.task == "score":
             self.inputs = (TensorSpec("TEXT", "BYTES", (-1,)),)
-            self.outputs = (TensorSpec("SCORES", "FP32", (-1, len(program.label_token_ids))),)
+            labels = len(program.label_token_ids)
+            self.outputs = (TensorSpec("SCORES", "FP32", (-1, labels)), TensorSpec("NUM_TOKENS", "INT32", (-1,)))
+            if spec.extra.get("vocab_outputs") and not getattr(program, "head_path", None):
+                self.outputs += (TensorSpec("LABEL_LOGPROBS", "FP32", (-1, labels)),)
+            self.defaults = ("SCORES",)
         else:
             self.inputs = (TensorSpec("TEXT", "BYTES", (1,)),)
             self.outputs = (TensorSpec("TOKEN_IDS", "INT32", (program.width, program.steps)),
                             TensorSpec("SCORES", "FP32", (program.width,)),
                             TensorSpec("TEXT_OUT", "BYTES", (program.width,)))
+            self.defaults = tuple(t.name for t in self.outputs)
 
     @property
     def max_samples(self) -> int:
@@ -82,10 +99,10 @@ class Signature:
         return spec_to_dict(self.spec)
 
     def check_outputs(self, requested: Sequence[str] | None) -> tuple[str, ...]:
-        """The output names to return, in order; all of them when none were requested."""
+        """The output names to return, in order; the default ones (`defaults`) when none were requested."""
         known = [t.name for t in self.outputs]
         if not requested:
-            return tuple(known)
+            return self.defaults
         for name in requested:
             if name not in known:
                 raise InvalidInput(f"model {self.name} has no output {name!r}; its outputs are {', '.join(known)}")
@@ -151,6 +168,17 @@ class Signature:
         if isinstance(result, ScoreResult):
             scores = np.ascontiguousarray(result.scores, dtype=np.float32)
             all_outputs = {"SCORES": Tensor("SCORES", "FP32", tuple(scores.shape), scores.reshape(-1))}
+            if "NUM_TOKENS" in names:
+                if result.num_tokens is None:
+                    raise InvalidInput(f"model {self.name} does not report token counts")
+                counts = np.ascontiguousarray(result.num_tokens, dtype=np.int32)
+                all_outputs["NUM_TOKENS"] = Tensor("NUM_TOKENS", "INT32", tuple(counts.shape), counts)
+            if "LABEL_LOGPROBS" in names:
+                if result.label_logprobs is None:
+                    raise InvalidInput(f"model {self.name} gave no vocabulary log-probabilities: {REBUILD}")
+                logprobs = np.ascontiguousarray(result.label_logprobs, dtype=np.float32)
+                all_outputs["LABEL_LOGPROBS"] = Tensor("LABEL_LOGPROBS", "FP32", tuple(logprobs.shape),
+                                                       logprobs.reshape(-1))
         else:
             ids = np.ascontiguousarray(result.token_ids, dtype=np.int32)
             scores = np.ascontiguousarray(result.scores, dtype=np.float32)

@@ -42,6 +42,10 @@ def test_manifest_describes_the_artifact(score_build):
     assert manifest["runtime"] == {"contexts": 2, "executors": 1, "cuda_graphs": False, "batching": False,
                                    "token_bucket": 256, "batch_wait_ms": 0.0}
     assert manifest["interface"]["tensors"]["probs"] == {"direction": "output", "dtype": "float32", "shape": ["B", 2]}
+    # The vocabulary's log-sum-exp and the label logits, for probabilities over the whole vocabulary.
+    assert manifest["interface"]["tensors"]["lse"] == {"direction": "output", "dtype": "float32", "shape": ["B"]}
+    assert manifest["interface"]["tensors"]["label_logits"] == {"direction": "output", "dtype": "float32",
+                                                                "shape": ["B", 2]}
     assert manifest["interface"]["tensors"]["cu_seqlens"] == {"direction": "input", "dtype": "int32",
                                                               "shape": ["B+1"]}
     assert manifest["compile"]["lowering"]["packed_attention"] == "torch"
@@ -54,7 +58,8 @@ def test_manifest_describes_the_artifact(score_build):
     assert shapes["max_samples_max_tokens"] == (4, 40)
     assert shapes["padded_for_cuda_graphs"] == (5, 40)
     for case in validation["cases"]:
-        assert case["outputs"]["probs"]["max_abs_err"] <= 1e-4
+        for name in ("probs", "lse", "label_logits"):
+            assert case["outputs"][name]["max_abs_err"] <= 1e-4
     spec = spec_from_dict(manifest["program"])
     assert spec.labels == (" yes", " no") and spec.max_samples == 4
     # Progress lines: "[build  12.3s] stage: ..."
@@ -86,9 +91,12 @@ def test_score_engine_is_byte_identical_to_the_package(score_artifact):
     engine = boundgen.load(score_artifact)
     result = engine.score(TEXTS)
     batch = Tokenizer.from_dir(score_artifact).encode_packed(TEXTS, 16)
-    (probs,) = direct_runner(score_artifact)(batch.tokens, batch.positions, batch.cu_seqlens)
+    probs, lse, label_logits = direct_runner(score_artifact)(batch.tokens, batch.positions, batch.cu_seqlens)
     assert result.scores.dtype == np.float32 and result.scores.shape == (3, 2)
     assert result.scores.tobytes() == probs.numpy().tobytes()
+    want = (label_logits.double() - lse.double()[:, None]).float().numpy()
+    assert result.label_logprobs.tobytes() == want.tobytes()
+    assert result.num_tokens.tolist() == batch.lengths
 
 
 def test_beam_engine_is_byte_identical_to_the_package(beam_artifact):
@@ -104,7 +112,10 @@ def test_beam_engine_is_byte_identical_to_the_package(beam_artifact):
 def test_score_engine_equals_eager(score_artifact, tiny_qwen3_dir):
     engine = boundgen.load(score_artifact)
     eager = eager_engine(tiny_qwen3_dir, engine_spec_of(score_artifact))
-    np.testing.assert_allclose(engine.score(TEXTS).scores, eager.score(TEXTS).scores, rtol=0, atol=1e-5)
+    compiled, reference = engine.score(TEXTS), eager.score(TEXTS)
+    np.testing.assert_allclose(compiled.scores, reference.scores, rtol=0, atol=1e-5)
+    np.testing.assert_allclose(compiled.label_logprobs, reference.label_logprobs, rtol=0, atol=1e-4)
+    assert engine.spec.extra["vocab_outputs"]
     assert engine.spec.program.labels == (" yes", " no") and engine.spec.program.max_samples == 4
 
 

@@ -29,20 +29,25 @@ def test_label_probs_match_hf(pair, lengths):
     labels = [17, 300, 4]
     seqs = samples(lengths)
     with torch.no_grad():
-        (probs,) = ScoreProgram(model, labels)(*packed(seqs))
-        ref = torch.stack([torch.softmax(hf(s[None]).logits[0, -1, labels].float(), -1) for s in seqs])
+        probs, lse, label_logits = ScoreProgram(model, labels)(*packed(seqs))
+        logits = torch.stack([hf(s[None]).logits[0, -1].float() for s in seqs])  # [B, V]
+    ref = torch.softmax(logits[:, labels], -1)
     assert probs.dtype == torch.float32 and probs.shape == (len(seqs), 3)
     torch.testing.assert_close(probs, ref, rtol=1e-4, atol=1e-6)
+    # SGLang's apply_softmax false: the softmax over all V logits, read at the labels.
+    assert lse.dtype == label_logits.dtype == torch.float32 and lse.shape == (len(seqs),)
+    vocab = torch.exp(label_logits.double() - lse.double()[:, None])
+    torch.testing.assert_close(vocab, torch.softmax(logits.double(), -1)[:, labels], rtol=1e-4, atol=1e-7)
 
 
 def test_topk_over_vocabulary(pair):
     hf, model = pair
     seqs = samples([3, 9])
     with torch.no_grad():
-        probs, ids, top = ScoreProgram(model, [1, 2], topk=5)(*packed(seqs))
+        probs, lse, label_logits, ids, top = ScoreProgram(model, [1, 2], topk=5)(*packed(seqs))
         ref = torch.stack([torch.softmax(hf(s[None]).logits[0, -1].float(), -1) for s in seqs])
     ref_top, ref_ids = torch.topk(ref, 5)
-    assert torch.equal(ids, ref_ids)
+    assert torch.equal(ids, ref_ids) and label_logits.shape == (2, 2) and lse.shape == (2,)
     torch.testing.assert_close(top, ref_top, rtol=1e-4, atol=1e-6)
 
 

@@ -37,11 +37,12 @@ def test_filler_sequence_leaves_scores_unchanged(tmp_path):
     seqs = [torch.randint(0, 512, (n,)) for n in (5, 1, 30)]
     tokens, positions, cu = packed(seqs)
     with torch.no_grad():
-        (ref,) = program(tokens, positions, cu)
+        ref = program(tokens, positions, cu)  # probs, lse, label_logits
         for padded_tokens in (36, 40, 64):
-            (out,) = program(*pad_batch(tokens, positions, cu, padded_tokens, padded_samples=6))
-            assert out.shape == (6, 2)
-            torch.testing.assert_close(out[:3], ref, rtol=1e-5, atol=1e-6)
+            out = program(*pad_batch(tokens, positions, cu, padded_tokens, padded_samples=6))
+            assert [tuple(o.shape) for o in out] == [(6, 2), (6,), (6, 2)]
+            for got, want in zip(out, ref):
+                torch.testing.assert_close(got[:3], want, rtol=1e-5, atol=1e-5)
 
 
 def test_tail_tokens_leave_beams_unchanged(tiny_qwen2_dir):

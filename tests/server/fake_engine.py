@@ -92,7 +92,9 @@ class FakeEngine(Engine):
         probs = np.exp(logits - logits.max(axis=1, keepdims=True))
         probs = (probs / probs.sum(axis=1, keepdims=True)).astype(np.float32)
         self._record(texts, start)
-        return ScoreResult(probs, list(self.spec.program.label_token_ids), {"pre": 0.0, "model": time.monotonic() - start})
+        # Token counts (words), and no vocabulary log-probabilities: as an artifact built before them.
+        return ScoreResult(probs, list(self.spec.program.label_token_ids), {"pre": 0.0, "model": time.monotonic() - start},
+                           num_tokens=np.array([len(t.split()) for t in texts], dtype=np.int64))
 
     def beam(self, text, deadline=None, cancelled=None):
         if self.spec.task != "beam":

@@ -51,7 +51,8 @@ def test_health_and_metadata(fake_server, protocol):
         _grpc_json(c.get_model_metadata("fscore", as_json=True)))
     assert meta["name"] == "fscore" and meta["versions"] == ["1"]
     assert [(t["name"], t["datatype"], [int(d) for d in t["shape"]]) for t in meta["inputs"]] == [("TEXT", "BYTES", [-1])]
-    assert [(t["name"], t["datatype"], [int(d) for d in t["shape"]]) for t in meta["outputs"]] == [("SCORES", "FP32", [-1, 2])]
+    assert [(t["name"], t["datatype"], [int(d) for d in t["shape"]]) for t in meta["outputs"]] == [("SCORES", "FP32", [-1, 2]),
+                                                                                            ("NUM_TOKENS", "INT32", [-1])]
     beam = c.get_model_metadata("fbeam") if protocol == "http" else json.loads(
         _grpc_json(c.get_model_metadata("fbeam", as_json=True)))
     assert [(t["name"], [int(d) for d in t["shape"]]) for t in beam["outputs"]] == [

@@ -41,17 +41,74 @@ def test_same_scores_as_kserve(fake_server):
                                kserve_scores(fake_server, ["trail runnerquery: shoes | item: "]), rtol=1e-6, atol=1e-7)
 
 
+def test_usage_counts_the_tokens_of_every_sample(fake_server):
+    body = {"query": "query: shoes | item: ", "items": ["trail runner", "desk lamp shade"],
+            "label_token_ids": [YES, NO], "apply_softmax": True}
+    status, answer = post(fake_server, body)
+    assert status == 200  # the fake engine's tokens are words: 6 + 7
+    assert answer["usage"] == {"prompt_tokens": 13, "completion_tokens": 0, "total_tokens": 13}
+
+
 @pytest.mark.parametrize("change,message", [
-    ({"apply_softmax": False}, "apply_softmax must be true"),
+    ({"apply_softmax": False}, "rebuild it"),  # the fake engine gives no vocabulary log-sum-exp, as an old artifact
+    ({"apply_softmax": "no"}, "apply_softmax must be true or false"),
     ({"label_token_ids": [YES, 12345]}, "are not labels of this model"),
-    ({"items": [[1, 2, 3]]}, "pre-tokenized items are not supported"),
-    ({"query": [1, 2]}, "pre-tokenized queries are not supported"),
+    ({"items": [[1, 2, 3]]}, "pre-tokenized items (lists of token ids) are not supported"),
+    ({"query": [1, 2]}, "pre-tokenized queries (lists of token ids) are not supported"),
     ({"model": "fbeam"}, "is a beam model"),
     ({"model": "nope"}, "unknown model 'nope'"),
     ({"items": []}, "non-empty list"),
+    ({"top_k": 3, "temperature": 0}, "unknown fields 'temperature', 'top_k'"),
 ])
 def test_what_a_score_artifact_cannot_answer_is_a_json_400(fake_server, change, message):
     body = {"query": "q", "items": ["a"], "label_token_ids": [YES, NO], "apply_softmax": True, **change}
     status, answer = post(fake_server, body)
-    assert status == 400 and message in answer["error"]
+    assert status == 400 and message in answer["message"] and answer["error"] == answer["message"]
+    assert {k: answer[k] for k in ("object", "type", "param", "code")} == {  # SGLang's ErrorResponse
+        "object": "error", "type": "BadRequestError", "param": None, "code": 400}
     assert kserve_scores(fake_server, ["still serving"]).shape == (1, 2)
+
+
+@pytest.fixture(scope="module")
+def eager_score(launch, tiny_qwen3_dir, tmp_path_factory):
+    """A real server over the eager engine of the tiny Qwen3 (labels " yes", " no", " maybe")."""
+    from boundgen.text.tokenizer import Tokenizer
+    from tests.server.real import write_eager_artifact
+
+    labels = [" yes", " no", " maybe"]
+    ids = list(Tokenizer.from_dir(tiny_qwen3_dir).label_token_ids(labels))
+    spec = {"task": "score", "labels": labels, "label_token_ids": ids, "max_samples": 4,
+            "max_tokens_per_sample": 32, "max_total_tokens": 128}
+    server = launch([write_eager_artifact(tmp_path_factory.mktemp("eager") / "escore", tiny_qwen3_dir, spec, "escore")])
+    yield server, ids
+    assert server.stop() == 0
+
+
+def test_both_softmax_modes_on_a_real_engine_equal_hf(eager_score, tiny_qwen3_dir):
+    """apply_softmax false: HF's softmax over the whole vocabulary at the labels (FP32); true: the
+    softmax over the requested labels' logits; usage: the tokens the model ran."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from boundgen.text.tokenizer import Tokenizer
+
+    server, ids = eager_score
+    query, items = "query: running shoes | item: ", ["trail shoe", "咖啡 拿铁", "desk lamp"]
+    wanted = [ids[2], ids[0]]  # a subset, in another order
+    body = {"query": query, "items": items, "label_token_ids": wanted}  # apply_softmax: SGLang's default, false
+    status, vocab = post(server, body)
+    assert status == 200, vocab
+    status, labels = post(server, {**body, "apply_softmax": True})
+    assert status == 200, labels
+
+    batch = Tokenizer.from_dir(tiny_qwen3_dir).encode_packed([query + i for i in items], max_tokens_per_sample=32,
+                                                             template="{text}")
+    hf = AutoModelForCausalLM.from_pretrained(str(tiny_qwen3_dir), torch_dtype=torch.float32).eval()
+    with torch.no_grad():
+        logits = torch.stack([hf(batch.tokens[a:b][None]).logits[0, -1].double()
+                              for a, b in zip(batch.cu_seqlens[:-1].tolist(), batch.cu_seqlens[1:].tolist())])
+    np.testing.assert_allclose(vocab["scores"], torch.softmax(logits, -1)[:, wanted].numpy(), rtol=1e-4, atol=1e-9)
+    np.testing.assert_allclose(labels["scores"], torch.softmax(logits[:, wanted], -1).numpy(), rtol=1e-4, atol=1e-7)
+    tokens = int(batch.tokens.shape[0])
+    assert vocab["usage"] == labels["usage"] == {"prompt_tokens": tokens, "completion_tokens": 0,
+                                                 "total_tokens": tokens}
