@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from aiohttp import web
 
@@ -29,6 +29,22 @@ from boundgen.server.tensors import Tensor, check_header, from_json, from_raw, t
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 UNREAD = web.ResponseKey("unread_body", bool)  # part of the request body was left unread (see `error_response`)
+
+
+ShapeCheck = Callable[[str, str, tuple], None]  # (input name, datatype, shape); raises InvalidInput
+
+
+MAX_RANK = 64  # dimensions a tensor may have (numpy's own limit); a shape with more is refused by its length
+
+
+def check_rank(name: Any, shape: Any) -> None:
+    """Refuse a shape of more than MAX_RANK dimensions by its length alone, before its dimensions
+    are looked at one by one (40,000 of them cost the event loop ~30 ms, and a message echoing
+    them 120 KB)."""
+    if isinstance(shape, list) or hasattr(shape, "__len__") and not isinstance(shape, (str, bytes, dict)):
+        if len(shape) > MAX_RANK:  # a JSON list, or gRPC's repeated field (another type: check_header's error)
+            raise InvalidInput(f"tensor {str(name)[:80]}: shape has {len(shape)} dimensions, more than the "
+                               f"{MAX_RANK} a tensor may have")
 
 
 class BodyTooLarge(InvalidInput):
@@ -111,10 +127,13 @@ def _params(obj: dict, where: str) -> dict:
 
 
 def parse_infer_body(body: bytes, header_length: str | None, shared_memory: SharedMemory | None = None,
-                     limit: int | None = None) -> HttpInferRequest:
+                     limit: int | None = None, check_shape: ShapeCheck | None = None) -> HttpInferRequest:
     """An inference request from an HTTP body (JSON, or JSON + binary tensor data), its tensors
     in shared memory read from `shared_memory`'s regions. `limit` (--max-body-bytes) bounds each
-    shape before anything is allocated for it, and each input read from shared memory."""
+    shape before anything is allocated for it, and each input read from shared memory;
+    `check_shape(name, datatype, shape)` (the model's own bounds, kserve_http.shape_check) runs
+    on each input's header before its data is converted: a TEXT [1000000] of one-character
+    strings, within the body limit, is refused by its shape, not after a million conversions."""
     shared_memory = shared_memory or SharedMemory()
     binary = memoryview(b"")
     if header_length is not None:
@@ -135,7 +154,10 @@ def parse_infer_body(body: bytes, header_length: str | None, shared_memory: Shar
     for i, inp in enumerate(inputs):
         if not isinstance(inp, dict):
             raise InvalidInput(f"inputs[{i}] must be a JSON object")
+        check_rank(inp.get("name"), inp.get("shape"))
         name, datatype, shape = check_header(inp.get("name"), inp.get("datatype"), inp.get("shape"), limit)
+        if check_shape is not None:
+            check_shape(name, datatype, shape)
         params = _params(inp, f"input {name}")
         size, ref = params.get("binary_data_size"), tensor_ref(name, params)
         if ref is not None:
