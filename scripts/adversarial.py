@@ -99,6 +99,8 @@ def cases(server):
     The shared memory case comes last: on a server that maps regions it can kill the server."""
     bomb = zlib.compressobj(9, zlib.DEFLATED, 31)
     gzip_bomb = b"".join([*(bomb.compress(b" " * (1 << 20)) for _ in range(64)), bomb.flush()])
+    deflater = zlib.compressobj(9, zlib.DEFLATED, 15)
+    deflate_bomb = b"".join([*(deflater.compress(b" " * (1 << 20)) for _ in range(64)), deflater.flush()])
     huge = "1" + "0" * 4000
     undecodable = b"\xff\xff\xff\xff"
     return [
@@ -110,6 +112,12 @@ def cases(server):
         ("/v1/score with 50,000 items", 400, lambda: post(server, "/v1/score", {
             "query": "q", "items": ["a"] * 50_000, "label_token_ids": [9693], "apply_softmax": True})),
         ("/v1/beam with 20,000 prompts", 400, lambda: post(server, "/v1/beam", {"prompts": ["a"] * 20_000})),
+        ("gRPC TEXT shape of 40,000 dimensions", "INVALID_ARGUMENT",
+         lambda: grpc_code(server, "ModelInfer", _grpc_shape("fscore", [1] * 40_000))),
+        ("TEXT [1000000] of 1-character strings (4 MB)", 400, lambda: post(
+            server, "/v2/models/fscore/infer", infer_json("[1000000]", data="[" + ",".join(['"a"'] * 1_000_000) + "]"))),
+        ("deflate body inflating to 64 MiB", 400,
+         lambda: post(server, "/v2/models/fscore/infer", deflate_bomb, b"Content-Encoding: deflate\r\n")),
         ("gzip body inflating to 64 MiB", 400,
          lambda: post(server, "/v2/models/fscore/infer", gzip_bomb, b"Content-Encoding: gzip\r\n")),
         ("lone surrogate in /v1/score", 400, lambda: post(server, "/v1/score", b'{"query": "q", "items": ["\\ud800"], '
@@ -139,9 +147,13 @@ def cases(server):
 
 
 def _grpc_huge_shape() -> bytes:
-    request = pb.ModelInferRequest(model_name="fscore")
-    request.inputs.add(name="TEXT", datatype="BYTES", shape=[1 << 62, 1 << 62])
-    request.raw_input_contents.append(b"")
+    return _grpc_shape("fscore", [1 << 62, 1 << 62], b"")
+
+
+def _grpc_shape(model: str, shape: list[int], raw: bytes = b"\x01\x00\x00\x00a") -> bytes:
+    request = pb.ModelInferRequest(model_name=model)
+    request.inputs.add(name="TEXT", datatype="BYTES", shape=shape)
+    request.raw_input_contents.append(raw)
     return request.SerializeToString()
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from aiohttp import web
 
@@ -31,6 +31,22 @@ HEADER_LENGTH = "Inference-Header-Content-Length"
 UNREAD = web.ResponseKey("unread_body", bool)  # part of the request body was left unread (see `error_response`)
 
 
+ShapeCheck = Callable[[str, str, tuple], None]  # (input name, datatype, shape); raises InvalidInput
+
+
+MAX_RANK = 64  # dimensions a tensor may have (numpy's own limit); a shape with more is refused by its length
+
+
+def check_rank(name: Any, shape: Any) -> None:
+    """Refuse a shape of more than MAX_RANK dimensions by its length alone, before its dimensions
+    are looked at one by one (40,000 of them cost the event loop ~30 ms, and a message echoing
+    them 120 KB)."""
+    if isinstance(shape, list) or hasattr(shape, "__len__") and not isinstance(shape, (str, bytes, dict)):
+        if len(shape) > MAX_RANK:  # a JSON list, or gRPC's repeated field (another type: check_header's error)
+            raise InvalidInput(f"tensor {str(name)[:80]}: shape has {len(shape)} dimensions, more than the "
+                               f"{MAX_RANK} a tensor may have")
+
+
 class BodyTooLarge(InvalidInput):
     """The body (inflated, for a compressed one) passed --max-body-bytes: reading stopped there."""
 
@@ -44,13 +60,29 @@ async def read_body(request: web.Request, config: ServerConfig) -> bytes:
         raise BodyTooLarge(f"the request body is {request.content_length} bytes, over the server's limit "
                            f"of {limit} (--max-body-bytes)")
     try:  # the whole body within --read-timeout-s: a stalled or endless one must not hold the connection
-        return await asyncio.wait_for(request.read(), config.read_timeout_s)
+        return await asyncio.wait_for(_read_within(request, limit), config.read_timeout_s)
     except asyncio.TimeoutError:
         raise ReadTimeout(f"the request body did not arrive in full within {config.read_timeout_s:g} s "
                           "(--read-timeout-s)") from None
     except web.HTTPRequestEntityTooLarge:
         raise BodyTooLarge(f"the request body is over the server's limit of {limit} bytes "
                            "(--max-body-bytes)") from None
+
+
+async def _read_within(request: web.Request, limit: int) -> bytes:
+    """The body a chunk at a time, refused once past `limit`. Not `request.read()`: that raises
+    the stream's buffer to the body limit first, so a compressed body is inflated several MiB per
+    step of the event loop, past the limit before the size is looked at (a 64 KiB deflate body was
+    inflated to all of its 64 MiB, about 0.25 s of a blocked event loop, for each such request).
+    At the stream's default buffer each chunk is at most a few hundred KiB inflated, and the loop
+    yields after each (readany does not when data is buffered, and reading a chunk inflates the next)."""
+    body = bytearray()
+    while chunk := await request.content.readany():
+        body += chunk
+        if len(body) > limit:
+            raise BodyTooLarge(f"the request body is over the server's limit of {limit} bytes (--max-body-bytes)")
+        await asyncio.sleep(0)
+    return bytes(body)
 
 
 def _loads(body: bytes, what: str):
@@ -95,10 +127,13 @@ def _params(obj: dict, where: str) -> dict:
 
 
 def parse_infer_body(body: bytes, header_length: str | None, shared_memory: SharedMemory | None = None,
-                     limit: int | None = None) -> HttpInferRequest:
+                     limit: int | None = None, check_shape: ShapeCheck | None = None) -> HttpInferRequest:
     """An inference request from an HTTP body (JSON, or JSON + binary tensor data), its tensors
     in shared memory read from `shared_memory`'s regions. `limit` (--max-body-bytes) bounds each
-    shape before anything is allocated for it, and each input read from shared memory."""
+    shape before anything is allocated for it, and each input read from shared memory;
+    `check_shape(name, datatype, shape)` (the model's own bounds, kserve_http.shape_check) runs
+    on each input's header before its data is converted: a TEXT [1000000] of one-character
+    strings, within the body limit, is refused by its shape, not after a million conversions."""
     shared_memory = shared_memory or SharedMemory()
     binary = memoryview(b"")
     if header_length is not None:
@@ -119,7 +154,10 @@ def parse_infer_body(body: bytes, header_length: str | None, shared_memory: Shar
     for i, inp in enumerate(inputs):
         if not isinstance(inp, dict):
             raise InvalidInput(f"inputs[{i}] must be a JSON object")
+        check_rank(inp.get("name"), inp.get("shape"))
         name, datatype, shape = check_header(inp.get("name"), inp.get("datatype"), inp.get("shape"), limit)
+        if check_shape is not None:
+            check_shape(name, datatype, shape)
         params = _params(inp, f"input {name}")
         size, ref = params.get("binary_data_size"), tensor_ref(name, params)
         if ref is not None:

@@ -41,7 +41,8 @@ from boundgen.server import kserve_pb as pb
 from boundgen.server import shared_memory as shm
 from boundgen.server.auth import check_api_key
 from boundgen.server.config import ServerConfig
-from boundgen.server.kserve_http import extensions
+from boundgen.server.http_bodies import check_rank
+from boundgen.server.kserve_http import extensions, shape_check
 from boundgen.server.logs import LogSettings
 from boundgen.server.models import LOADING, ModelSet
 from boundgen.server.repository import Repository, control
@@ -64,11 +65,13 @@ class _Undecodable:
         self.model_name = ""
 
 
-def parse_infer_request(request, shared_memory: SharedMemory | None = None,
-                        limit: int | None = None) -> tuple[list[Tensor], dict[str, Slice]]:
+def parse_infer_request(request, shared_memory: SharedMemory | None = None, limit: int | None = None,
+                        check_shape=None) -> tuple[list[Tensor], dict[str, Slice]]:
     """The request's input tensors (those in shared memory read from `shared_memory`'s regions),
     and the shared memory places of the outputs that ask for one. `limit` (--max-body-bytes)
-    bounds each shape before anything is allocated for it, and each input read from shared memory."""
+    bounds each shape before anything is allocated for it, and each input read from shared memory;
+    `check_shape(name, datatype, shape)` (kserve_http.shape_check) runs before each input's data
+    is converted."""
     shared_memory = shared_memory or SharedMemory()
     refs = [tensor_ref(inp.name, _params(inp.parameters)) for inp in request.inputs]
     raw, inline = request.raw_input_contents, sum(ref is None for ref in refs)
@@ -77,7 +80,10 @@ def parse_infer_request(request, shared_memory: SharedMemory | None = None,
                            "send one per such input, in order")
     tensors, next_raw = [], 0
     for inp, ref in zip(request.inputs, refs):
+        check_rank(inp.name, inp.shape)
         name, datatype, shape = check_header(inp.name, inp.datatype, list(inp.shape), limit)
+        if check_shape is not None:
+            check_shape(name, datatype, shape)
         if ref is not None:
             if inp.HasField("contents"):
                 raise InvalidInput(f"input {name} has contents and shared_memory_region; send one")
@@ -103,6 +109,20 @@ def _current_task() -> asyncio.Task | None:
         return asyncio.current_task()
     except RuntimeError:
         return None
+
+
+MAX_MESSAGE_BYTES = 2048  # of an error message's UTF-8, sent as grpc-message (trailing metadata)
+
+
+def _short(message: str) -> str:
+    """`message` cut to MAX_MESSAGE_BYTES: grpc-message travels in the trailers, percent-encoded
+    (a non-ASCII byte takes 3), and a client refuses trailers over 8 KiB (16 KiB hard) with
+    RESOURCE_EXHAUSTED in place of the status sent (a message echoing a shape of 40,000
+    dimensions was 120 KB)."""
+    data = message.encode("utf-8", "replace")
+    if len(data) <= MAX_MESSAGE_BYTES:
+        return message
+    return data[:MAX_MESSAGE_BYTES].decode("utf-8", "ignore") + f"... ({len(data)} bytes, cut)"
 
 
 def _expired(context) -> bool:
@@ -297,7 +317,7 @@ class GrpcFrontend:
         status = answer_status(exc)
         if _expired(context):  # the client's deadline has ended the call: gRPC could send nothing (and would log it)
             raise asyncio.CancelledError(status.message)
-        await context.abort(status.grpc, status.message)
+        await context.abort(status.grpc, _short(status.message))
 
     def _check_key(self, context) -> None:
         values = [value for key, value in context.invocation_metadata() or () if key == "authorization"]
@@ -464,7 +484,8 @@ class GrpcFrontend:
         self._check_key(context)
         if isinstance(request, _Undecodable):
             raise InvalidInput(request.reason)
-        tensors, slices = parse_infer_request(request, self.shared_memory, self.config.max_body_bytes)
+        tensors, slices = parse_infer_request(request, self.shared_memory, self.config.max_body_bytes,
+                                              shape_check(self.models, request.model_name, request.model_version))
         timeout = request.parameters["timeout"] if "timeout" in request.parameters else None
         deadline = self.models.deadline(arrived, None if timeout is None else _param_value(timeout),
                                         context.time_remaining())
