@@ -33,6 +33,17 @@ from dataclasses import dataclass
 from typing import Iterable, Sequence
 
 H200_PEAKS = {"bf16": 989e12, "fp8": 1979e12}  # dense FLOP/s
+# Dense peaks of the GPUs whose numbers we know, by a part of their device name; MFU is shown only
+# against one of these (on a CPU, or another GPU, a percentage of the H200 would mean nothing).
+KNOWN_PEAKS = {"H200": H200_PEAKS, "H100": H200_PEAKS}  # the H200 is the H100's compute with more memory
+
+
+def peaks_for(device_name: str | None) -> dict | None:
+    """The dense peaks of the device `device_name` names ("NVIDIA H200", "cpu", ...); None if unknown."""
+    for key, peaks in KNOWN_PEAKS.items():
+        if device_name and key in device_name:
+            return peaks
+    return None
 LINEAR_GROUPS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj", "lm_head")
 GROUP_ALIASES = {"attn": ("qkv_proj", "o_proj"), "mlp": ("gate_up_proj", "down_proj")}
 

@@ -8,12 +8,15 @@ HTTP), from that many client processes (bench/clients.py), which then also check
 
 from __future__ import annotations
 
+import json
+
 import datetime
 import platform
 import subprocess
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Callable, Sequence
 
 from boundgen.bench import clients, loadgen, mfu
@@ -52,17 +55,35 @@ def request_flops(spec: WorkloadSpec, shape: mfu.ModelShape, request: Request) -
     return mfu.beam_flops(shape, request.token_counts[0], spec.width, spec.steps)
 
 
-def work_function(spec: WorkloadSpec, shape: mfu.ModelShape, fp8_groups: Sequence[str] = ()) -> Callable:
-    """request -> its seconds at H200 peak (summed over a window and divided by it: effective MFU)."""
+def work_function(spec: WorkloadSpec, shape: mfu.ModelShape, fp8_groups: Sequence[str] = (),
+                  peaks: dict | None = mfu.H200_PEAKS) -> Callable | None:
+    """request -> its seconds at the device's peak (summed over a window and divided by it: effective
+    MFU); None where the device's peak is not known (`peaks` None: no MFU is reported)."""
+    if peaks is None:
+        return None
     cache: dict = {}
 
     def work(request: Request) -> float:
         key = request.token_counts
         if key not in cache:
-            cache[key] = request_flops(spec, shape, request).peak_seconds(fp8_groups)
+            cache[key] = request_flops(spec, shape, request).peak_seconds(fp8_groups, peaks)
         return cache[key]
 
     return work
+
+
+def device_name(engine=None) -> str | None:
+    """The GPU an in-process engine runs on ("cpu" for a CPU engine); for a remote target, this host's
+    first GPU (the bench runs beside the server it measures), None without one."""
+    device = str(getattr(getattr(engine, "spec", None), "device", "cuda"))
+    if not device.startswith("cuda"):
+        return "cpu"
+    try:
+        import torch  # lazily: the bench of a remote server runs without it where it is not installed
+
+        return torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    except ImportError:
+        return None
 
 
 def run_system(call: Callable, requests: Sequence[Request], cfg: BenchConfig, *, target: str,
@@ -180,8 +201,12 @@ def open_loop_rate(setting, sweep: loadgen.Sweep) -> float | None:
 
 
 def model_shape(spec: WorkloadSpec, dirs: Sequence[str | None]) -> tuple[mfu.ModelShape, str]:
-    """Model shape for MFU: config.json of the first dir that has one, else the workload's shape."""
+    """Model shape for MFU: the model an artifact records in its manifest, or config.json, of the first
+    dir that has one; else the workload's shape."""
     for d in dirs:
+        if d and (Path(d) / "manifest.json").is_file():
+            config = json.loads((Path(d) / "manifest.json").read_text())["model"]["config"]
+            return mfu.ModelShape.of(SimpleNamespace(**config)), f"{d}/manifest.json"
         if d and (Path(d) / "config.json").is_file():
             from boundgen.model.loader import read_config  # imports torch and the ops: only when needed
 

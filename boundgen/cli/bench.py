@@ -254,7 +254,7 @@ def run(args) -> int:
 
 
 def _run_boundgen(args, specs, cfg, results, out, save, tokenizer, procs: int) -> None:
-    from boundgen.bench import runner
+    from boundgen.bench import mfu, runner
     from boundgen.bench.clients import ClientSetup
 
     remote = args.grpc or args.http
@@ -282,7 +282,10 @@ def _run_boundgen(args, specs, cfg, results, out, save, tokenizer, procs: int) -
     for spec in specs:
         res = results[spec.name]
         call = engine if remote else runner.engine_call(engine, spec)
-        work = runner.work_function(spec, res["_shape"], fp8)
+        device = runner.device_name(None if remote else engine)
+        work = runner.work_function(spec, res["_shape"], fp8, mfu.peaks_for(device))
+        if work is None:
+            _progress(f"{spec.name}: no effective MFU: the peak of {device or 'this device'} is not known")
         _progress(f"{spec.name}: boundgen ({target})")
         system = runner.run_system(call, res["_requests"], cfg, target=target, work_of=work, progress=_progress,
                                    on_update=_saver(res, "boundgen", save, spec.name, fp8_groups=list(fp8)),

@@ -45,7 +45,8 @@ def test_bench_writes_json_png_markdown(tmp_path, tiny_qwen3_dir, monkeypatch, c
     assert system["error"] is None and system["fp8_groups"] == ["mlp"]
     levels = system["sweep"]["levels"]
     assert [lv["concurrency"] for lv in levels][0] == 1 and all(lv["completed"] > 0 for lv in levels)
-    assert levels[0]["effective_mfu"] > 0 and levels[0]["breakdown_ms"]["model"] == pytest.approx(1.0)
+    # A CPU engine: no device peak is known, so no effective MFU (a share of an H200's peak would mislead).
+    assert levels[0]["effective_mfu"] is None and levels[0]["breakdown_ms"]["model"] == pytest.approx(1.0)
     assert system["open_loop"]["rate"] == 40.0
     assert "peer" not in result["systems"]
     assert (out / "latency_W1.png").stat().st_size > 0
@@ -156,3 +157,30 @@ def test_engine_flags_override_the_artifacts_runtime(monkeypatch):
     seen.clear()
     bench_cli._engine(parser.parse_args(["--workload", "W1", "--artifact", "art", "--tokenizer", "fast-joined"]), [])
     assert seen == {"fast_tokenizer": True, "joined_tokenizing": True}
+
+
+def test_mfu_only_against_a_known_device_peak():
+    from boundgen.bench import mfu, runner
+    from boundgen.bench.workloads import Request, get_workload
+
+    assert mfu.peaks_for("NVIDIA H200") == mfu.H200_PEAKS and mfu.peaks_for("NVIDIA H100 80GB HBM3")
+    assert mfu.peaks_for("cpu") is None and mfu.peaks_for("NVIDIA GeForce RTX 4090") is None
+    assert mfu.peaks_for(None) is None
+    spec = get_workload("W1")
+    shape = mfu.SHAPES[spec.preset]
+    assert runner.work_function(spec, shape, (), None) is None
+    work = runner.work_function(spec, shape, (), mfu.peaks_for("NVIDIA H200"))
+    assert work(Request(0, ("a",) * 15, (100,) * 15)) > 0
+
+
+def test_an_artifacts_model_shape_comes_from_its_manifest(tmp_path):
+    import json
+
+    from boundgen.bench import runner
+    from boundgen.bench.workloads import get_workload
+
+    config = {"family": "qwen3", "head_dim": 16, "hidden_size": 64, "intermediate_size": 128, "num_heads": 4,
+              "num_kv_heads": 2, "num_layers": 2, "vocab_size": 151936}
+    (tmp_path / "manifest.json").write_text(json.dumps({"model": {"config": config}}))
+    shape, source = runner.model_shape(get_workload("W1"), [None, str(tmp_path)])
+    assert (shape.hidden_size, shape.num_layers, source) == (64, 2, f"{tmp_path}/manifest.json")
