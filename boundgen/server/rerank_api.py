@@ -42,6 +42,7 @@ from boundgen.server.config import ServerConfig
 from boundgen.server.http_bodies import error_response, read_json
 from boundgen.server.models import LOADING, ModelSet
 from boundgen.server.status import Unavailable
+from boundgen.server.tensors import Tensor
 
 RERANK_ROUTES = ("/v1/rerank", "/rerank")
 PAIRS_ROUTE = "/score"
@@ -117,10 +118,11 @@ def parse_pairs(obj) -> dict:
     return {"model": _model_name(obj), "pairs": list(zip(first, second))}
 
 
-def samples(query: str, documents: list[str]) -> list[str]:
-    """The sample texts of query with each document, built as `/v1/score` builds its items'."""
-    return score_api.parse({"query": query, "items": documents, "label_token_ids": [0],
-                            "apply_softmax": True})["texts"]
+def samples(query: str, documents: list[str]) -> list[bytes]:
+    """The sample texts of query with each document, as UTF-8, built as `/v1/score` builds its
+    items' (score_api.text_tensor; a lone surrogate is 400 naming the text)."""
+    parsed = {"query": query, "items": documents, "item_first": False}
+    return list(score_api.text_tensor(parsed, "", len(documents)).data)
 
 
 def pick_model(models: ModelSet, requested: str | None, route: str, pairs: int) -> str:
@@ -135,9 +137,9 @@ def pick_model(models: ModelSet, requested: str | None, route: str, pairs: int) 
     return name
 
 
-async def relevance(models: ModelSet, name: str, texts: list[str], deadline: float) -> list[float]:
+async def relevance(models: ModelSet, name: str, texts: list[bytes], deadline: float) -> list[float]:
     """Each text's probability of the model's first label, from one KServe request of TEXT [N]."""
-    (probs,) = await models.infer(name, "", [score_api.text_tensor(texts)], ["SCORES"], deadline)
+    (probs,) = await models.infer(name, "", [Tensor("TEXT", "BYTES", (len(texts),), texts)], ["SCORES"], deadline)
     return [float(p) for p in np.asarray(probs.data, dtype=np.float32).reshape(probs.shape)[:, 0]]
 
 
