@@ -55,3 +55,15 @@ def test_what_a_score_artifact_cannot_answer_is_a_json_400(fake_server, change, 
     status, answer = post(fake_server, body)
     assert status == 400 and message in answer["error"]
     assert kserve_scores(fake_server, ["still serving"]).shape == (1, 2)
+
+
+def test_a_loading_server_answers_503_not_no_model():
+    """Before its artifacts are loaded a server knows no model: /v1/score is 503, as infer is."""
+    from boundgen.server.config import ServerConfig
+    from boundgen.server.metrics import ServerMetrics
+    from boundgen.server.models import ModelSet
+    from boundgen.server.score_api import pick_model
+    from boundgen.server.status import Unavailable
+
+    with pytest.raises(Unavailable, match="still loading"):
+        pick_model(ModelSet(ServerConfig(), ServerMetrics()), None)
