@@ -133,11 +133,12 @@ def test_readme_commands_print_what_the_readme_shows(tmp_path):
         if not runs:
             continue
         for line, shown in commands(body):
-            words = argv(line, tmp_path)
+            words, start = argv(line, tmp_path), time.monotonic()
             if words[1:4] == ["-m", "boundgen", "serve"]:
                 serve(words)
-                continue
-            done = subprocess.run(words, cwd=REPO, env=env(), capture_output=True, text=True,
-                                  timeout=COMMAND_TIMEOUT_S)
-            assert done.returncode == 0, f"{line}\n{done.stdout}\n{done.stderr}"
-            check_output(shown, done.stdout, line)
+            else:
+                done = subprocess.run(words, cwd=REPO, env=env(), capture_output=True, text=True,
+                                      timeout=COMMAND_TIMEOUT_S)
+                assert done.returncode == 0, f"{line}\n{done.stdout}\n{done.stderr}"
+                check_output(shown, done.stdout, line)
+            print(f"{time.monotonic() - start:6.1f} s  {line}")  # shown with -s: where the time goes
