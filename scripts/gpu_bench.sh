@@ -47,7 +47,7 @@ PEER="${PEER:---peer-mode eager --peer-pads bucket}"
 mkdir -p "$OUT" "$WORK/models" "$WORK/art"
 source "$root/scripts/gpu_install.sh"  # boundgen as an installed package (no PYTHONPATH)
 # Loading an AOTInductor package segfaults on this image unless the system libstdc++ is
-# preloaded (../shared/GPU.md). `python3 -m boundgen` re-executes itself with it; setting it here
+# preloaded (docs/build.md, "The AOTInductor load crash"). `python3 -m boundgen` re-executes itself with it; setting it here
 # once covers every process of this script the same way.
 source "$root/scripts/gpu_env.sh"
 

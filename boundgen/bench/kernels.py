@@ -34,7 +34,7 @@ CUDA graph of `calls` back-to-back calls replayed `replays` times (median), so h
 overhead is out and L2 is warm (as in the model, where the preceding projection has just written
 q/k/v). Throughput uses *logical* work, the same for every
 implementation: FLOPs 4 D N_q x (causal (query, key) pairs), bytes = q + k + v + out read or
-written once (the prefix once, not once per beam). Ceilings from ../shared/GPU.md.
+written once (the prefix once, not once per beam). Ceilings: kernel_timing's H200 peaks (`--hbm-peak` overrides).
 """
 
 from __future__ import annotations

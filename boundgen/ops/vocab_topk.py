@@ -13,7 +13,7 @@ x_i within a row, so the top K by log-prob is the top K by logit, and one FP32 l
 The reference is what the beam program computed before this op existed: `torch.topk` over the
 row, then a gather from the full [M, V] FP32 log-softmax. On the H200 the pair costs 422 / 2,330 /
 4,466 us at M = 100 / 800 / 1,600 rows, K = 200, V = 151,936: 4-7x the LM-head GEMM that makes
-the logits (../shared/GPU.md). `reference_lse` is the cheap torch variant (top K of the
+the logits (measured on the H200). `reference_lse` is the cheap torch variant (top K of the
 model-dtype logits, one FP32 log-sum-exp, no [M, V] FP32 log-softmax kept): same ids; logp equal
 up to the rounding of the subtraction (a few FP32 ulp).
 

@@ -24,6 +24,11 @@ Every ModelInfer call is counted in the request metrics, also one whose deadline
 is cancelled) after gRPC looked up its method but before its handler ran, which gRPC then never
 calls: those count as deadline_exceeded. (A call gRPC drops before it looks the method up is never
 seen here.) A success is checked against its deadline once more after its response is built.
+
+Every call's trailing metadata carries its request id, `x-request-id` (the client's own metadata
+of that name when valid, else a new one: request_ids.py), on success and error alike; the access
+log records it. The requests of a ModelStreamInfer stream are logged as the stream's id, a dot
+and their place in the stream (1, 2, ...).
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ import grpc
 from boundgen.version import __version__
 from boundgen.errors import InvalidInput
 from boundgen.server import kserve_pb as pb
+from boundgen.server import request_ids
 from boundgen.server import shared_memory as shm
 from boundgen.server.auth import check_api_key
 from boundgen.server.config import ServerConfig
@@ -123,6 +129,27 @@ def _short(message: str) -> str:
     if len(data) <= MAX_MESSAGE_BYTES:
         return message
     return data[:MAX_MESSAGE_BYTES].decode("utf-8", "ignore") + f"... ({len(data)} bytes, cut)"
+
+
+def _route(method: str) -> str:
+    return f"/{pb.SERVICE}/{method}"
+
+
+def _identify(context, method: str) -> request_ids.RequestTag:
+    """Tag the call being handled with its request id and echo it in its trailing metadata."""
+    tag = request_ids.begin(request_ids.from_metadata(context.invocation_metadata()), _route(method), "grpc")
+    context.set_trailing_metadata(((request_ids.METADATA_KEY, tag.id),))
+    return tag
+
+
+def _identified(method: str, behaviour):
+    """`behaviour` with the call tagged and its id echoed first (`_identify`)."""
+    @functools.wraps(behaviour)
+    async def call(request, context):
+        _identify(context, method)
+        return await behaviour(request, context)
+
+    return call
 
 
 def _expired(context) -> bool:
@@ -212,8 +239,8 @@ class _Arrivals(grpc.GenericRpcHandler):
 
     def service(self, handler_call_details):
         handler = self.handlers.service(handler_call_details)
-        if handler is not None and handler_call_details.method == f"/{pb.SERVICE}/ModelInfer":
-            self.frontend.arriving()
+        if handler is not None and handler_call_details.method == _route("ModelInfer"):
+            self.frontend.arriving(handler_call_details.invocation_metadata)
         return handler
 
 
@@ -233,6 +260,7 @@ class GrpcFrontend:
         self.models, self.config, self.repository = models, config, repository
         self.shared_memory, self.logs = shared_memory or SharedMemory(), log_settings
         self._unseen: dict[asyncio.Task, str] = {}  # ModelInfer calls whose handler has not run: model name
+        self._unseen_tags: dict[asyncio.Task, request_ids.RequestTag] = {}  # ... and their request ids
 
     def handler(self) -> grpc.GenericRpcHandler:
         """Every method: ModelInfer and ModelStreamInfer decoded within the body limit, the others
@@ -244,7 +272,8 @@ class GrpcFrontend:
                 decode = self._decode_infer
             else:
                 behaviour = self._refusing_undecodable(method, behaviour)
-            handlers[method] = grpc.unary_unary_rpc_method_handler(behaviour, request_deserializer=decode,
+            handlers[method] = grpc.unary_unary_rpc_method_handler(_identified(method, behaviour),
+                                                                   request_deserializer=decode,
                                                                    response_serializer=_serialize)
         handlers["ModelStreamInfer"] = grpc.stream_stream_rpc_method_handler(
             self.model_stream_infer, request_deserializer=self._decode_infer, response_serializer=_serialize)
@@ -266,17 +295,21 @@ class GrpcFrontend:
 
         return call
 
-    def arriving(self) -> None:
+    def arriving(self, metadata=()) -> None:
         """A ModelInfer call was looked up, on its own task: count it when that task ends unless
-        its handler ran (which counts it itself)."""
+        its handler ran (which counts it itself). `metadata`: the call's, for its request id."""
         task = _current_task()
         if task is not None:
             self._unseen[task] = ""
+            self._unseen_tags[task] = request_ids.RequestTag(
+                request_ids.request_id(request_ids.from_metadata(metadata)), _route("ModelInfer"), "grpc")
             task.add_done_callback(self._count_unseen)
 
     def _count_unseen(self, task: asyncio.Task) -> None:
-        name = self._unseen.pop(task, None)
+        name, tag = self._unseen.pop(task, None), self._unseen_tags.pop(task, None)
         if name is not None:
+            if tag is not None:  # this callback runs in a copy of the task's context: the tag stays here
+                request_ids.enter(tag)
             label = name if name in self.models.models else ""
             self.models.metrics.observe_request(label, "grpc", "deadline_exceeded", 0.0)
 
@@ -317,7 +350,12 @@ class GrpcFrontend:
         status = answer_status(exc)
         if _expired(context):  # the client's deadline has ended the call: gRPC could send nothing (and would log it)
             raise asyncio.CancelledError(status.message)
-        await context.abort(status.grpc, _short(status.message))
+        tag = request_ids.current()
+        if tag is None:  # not a call of ours (Ray Serve's proxy): its context, its metadata
+            await context.abort(status.grpc, _short(status.message))
+        else:  # abort replaces the trailing metadata set so far: the id again
+            await context.abort(status.grpc, _short(status.message),
+                                trailing_metadata=((request_ids.METADATA_KEY, tag.id),))
 
     def _check_key(self, context) -> None:
         values = [value for key, value in context.invocation_metadata() or () if key == "authorization"]
@@ -437,6 +475,7 @@ class GrpcFrontend:
     async def model_infer(self, request, context):
         arrived = time.monotonic()
         self._unseen.pop(_current_task(), None)  # counted by observe() below
+        self._unseen_tags.pop(_current_task(), None)
         try:
             with self.models.observe("grpc", request.model_name, lambda: _expired(context)):
                 return await self._infer(request, context, arrived)
@@ -446,14 +485,18 @@ class GrpcFrontend:
     async def model_stream_infer(self, requests, context):
         """ModelStreamInfer (see the module docstring): a task per request as it arrives, answers
         in request order."""
+        stream = _identify(context, "ModelStreamInfer")
         await self._call(context, lambda: None)
         order: asyncio.Queue = asyncio.Queue()  # each request's task, in arrival order; None ends
         tasks: set[asyncio.Task] = set()
 
         async def read() -> None:
             try:
+                count = 0
                 async for request in requests:
-                    task = asyncio.ensure_future(self._stream_one(request, context))
+                    count += 1
+                    tag = request_ids.RequestTag(f"{stream.id}.{count}", stream.route, "grpc")
+                    task = asyncio.ensure_future(self._stream_one(request, context, tag))
                     tasks.add(task)
                     task.add_done_callback(tasks.discard)
                     order.put_nowait(task)
@@ -470,9 +513,11 @@ class GrpcFrontend:
             for task in list(tasks):  # the client went away: its requests still waiting give up their place
                 task.cancel()
 
-    async def _stream_one(self, request, context):
-        """One request of a stream, answered as ModelInfer answers it; an error is the answer's error_message."""
+    async def _stream_one(self, request, context, tag: request_ids.RequestTag):
+        """One request of a stream (`tag`: its request id), answered as ModelInfer answers it; an
+        error is the answer's error_message."""
         arrived = time.monotonic()
+        request_ids.enter(tag)  # this task's own context
         try:
             with self.models.observe("grpc", request.model_name, lambda: _expired(context)):
                 return pb.ModelStreamInferResponse(infer_response=await self._infer(request, context, arrived))

@@ -22,6 +22,9 @@
     GET  /v1/models                           OpenAI's model list (rerank_api.py)
     GET  /metrics                             Prometheus text format
 
+Every answer carries the request's id in the header `X-Request-ID` (the client's own when it
+sent one, else a new one: request_ids.py), which the access log records too.
+
 Deadlines count from a request's arrival: the outermost middleware notes the time its head was
 handed over (`ARRIVED`), before anything of its body is read, and a success encoded after the
 model returned is checked against the deadline once more before it is sent (504 if late).
@@ -42,7 +45,7 @@ from aiohttp import web
 
 from boundgen.version import __version__
 from boundgen.errors import InvalidInput
-from boundgen.server import beam_api, rerank_api, score_api
+from boundgen.server import beam_api, request_ids, rerank_api, score_api
 from boundgen.server import shared_memory as shm
 from boundgen.server.auth import check_api_key
 from boundgen.server.config import ServerConfig
@@ -106,6 +109,20 @@ async def _plain_json_type(request: web.Request, handler):
     return response
 
 
+@web.middleware
+async def _identified(request: web.Request, handler):
+    """Tag the request with its id (request_ids.py) and echo it in every answer's X-Request-ID,
+    errors included. Inside `_arrival`, which may send the answer itself (headers are final then)."""
+    tag = request_ids.begin(request.headers.get(request_ids.HEADER), f"{request.method} {request.path}", "http")
+    try:
+        response = await handler(request)
+    except web.HTTPException as exc:  # one `_json_errors` lets through (below 400): identified all the same
+        exc.headers[request_ids.HEADER] = tag.id
+        raise
+    response.headers[request_ids.HEADER] = tag.id
+    return response
+
+
 class HttpFrontend:
     def __init__(self, models: ModelSet, config: ServerConfig, repository: Repository | None = None,
                  shared_memory: SharedMemory | None = None, log_settings: LogSettings | None = None):
@@ -117,7 +134,8 @@ class HttpFrontend:
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=self.config.max_body_bytes,
-                              middlewares=[self._arrival, _plain_json_type, self._json_errors, self._auth])
+                              middlewares=[self._arrival, _identified, _plain_json_type, self._json_errors,
+                                           self._auth])
         app.router.add_get("/v2/health/live", self.live)
         app.router.add_get("/v2/health/ready", self.ready)
         app.router.add_get("/v2", self.server_metadata)

@@ -9,7 +9,13 @@ Two streams:
 `--log-format text` (the default): status lines as they are, records as
 "2026-11-30 21:37:00,123 boundgen.server WARNING message". `--log-format json`: every line on
 both streams is one JSON object {"ts": ISO 8601 UTC, "level", "logger", "msg"} (access records
-add model, protocol, outcome, ms), for log collectors; a status line's text is its "msg".
+add ACCESS_FIELDS), for log collectors; a status line's text is its "msg".
+
+An access record names the request (its id: request_ids.py, the client's X-Request-ID or
+x-request-id, else a new one, as echoed back), its route, what it was answered (HTTP status or
+gRPC code), the model, the outcome (metrics.py's label) and its time in the server:
+    text: boundgen.access INFO http POST /v2/models/m/infer 200 m success 1.234 ms id=3f2a...
+    json: {..., "request_id", "route", "status", "model", "protocol", "outcome", "ms"}
 
 A running server's format and level are its `LogSettings`, which Triton's log settings call
 changes (triton_extensions.py; HTTP /v2/logging, gRPC LogSettings): `apply()` reconfigures the
@@ -24,11 +30,14 @@ import logging
 import sys
 from dataclasses import dataclass
 
+from boundgen.server import request_ids
+from boundgen.server.status import answered
+
 LEVELS = ("debug", "info", "warning", "error")  # most verbose first
 FORMATS = ("text", "json")
 TEXT_FORMAT = "%(asctime)s %(name)s %(levelname)s %(message)s"
 ACCESS = logging.getLogger("boundgen.access")
-ACCESS_FIELDS = ("model", "protocol", "outcome", "ms")
+ACCESS_FIELDS = ("request_id", "route", "status", "model", "protocol", "outcome", "ms")
 
 
 def _now() -> str:
@@ -86,7 +95,12 @@ def status_text(line: str) -> str:
 
 
 def access(model: str, protocol: str, outcome: str, seconds: float) -> None:
-    """One access record (logged only with --access-log: the caller decides)."""
+    """One access record (logged only with --access-log: the caller decides), for the request
+    being handled (request_ids.current(): its id and route; "-" outside one)."""
     ms = round(seconds * 1e3, 3)
-    ACCESS.info("%s %s %s %.3f ms", model or "-", protocol, outcome, ms,
-                extra={"model": model, "protocol": protocol, "outcome": outcome, "ms": ms})
+    tag = request_ids.current()
+    request_id, route = (tag.id, tag.route) if tag is not None else ("-", "-")
+    status = answered(outcome, protocol)
+    ACCESS.info("%s %s %s %s %s %.3f ms id=%s", protocol, route, status, model or "-", outcome, ms, request_id,
+                extra={"request_id": request_id, "route": route, "status": status, "model": model,
+                       "protocol": protocol, "outcome": outcome, "ms": ms})

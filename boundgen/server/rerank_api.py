@@ -136,7 +136,7 @@ def pick_model(models: ModelSet, requested: str | None, route: str, pairs: int) 
     return name
 
 
-async def relevance(models: ModelSet, name: str, texts: list[str], deadline: float) -> list[float]:
+async def relevance(models: ModelSet, name: str, texts: list[bytes], deadline: float) -> list[float]:
     """Each text's probability of the model's first label, from one KServe request of TEXT [N]."""
     text = Tensor("TEXT", "BYTES", (len(texts),), [score_api.utf8(t, f"documents[{i}]") for i, t in enumerate(texts)])
     (probs,) = await models.infer(name, "", [text], ["SCORES"], deadline)

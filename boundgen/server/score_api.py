@@ -38,6 +38,8 @@ from boundgen.errors import InvalidInput
 from boundgen.server import http_bodies
 from boundgen.server.signature import REBUILD
 from boundgen.server.status import status_of
+from boundgen.server.models import LOADING
+from boundgen.server.status import Unavailable
 from boundgen.server.tensors import Tensor
 
 ROUTE = "/v1/score"
@@ -92,6 +94,8 @@ def _token_ids(value) -> bool:
 def pick_model(models, requested: str | None) -> str:
     """The model to score with: the one named, else the server's only score model (also when
     named "default", SGLang's name for the model a server was started with)."""
+    if models.state == LOADING:  # its models are not known yet: 503, not "no score model here"
+        raise Unavailable("the server is still loading its models")
     if requested == "default" and "default" not in models.models:
         requested = None
     return models.pick(requested, "score", ROUTE)

@@ -70,13 +70,13 @@ class ServedModel:
         if isinstance(self.admission, Passage):
             result = await self.admission.run_async(partial(self.engine.run, call, deadline), deadline)
             REQUEST_TIMINGS.set(result.timings)
-            self.metrics.observe_stages(self.name, result.timings)
+            self.metrics.observe_result(self.name, result)
             return self.signature.encode(result, names)
         cancelled = threading.Event()
         engine_call = partial(call, self.engine, deadline=deadline, cancelled=cancelled)
         result = await self.admission.run(engine_call, deadline, cancelled)
         REQUEST_TIMINGS.set(result.timings)
-        self.metrics.observe_stages(self.name, result.timings)
+        self.metrics.observe_result(self.name, result)
         return self.signature.encode(result, names)
 
     def close(self) -> None:

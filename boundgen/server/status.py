@@ -100,6 +100,13 @@ _CODES = {
 }
 
 
+def answered(outcome: str, protocol: str) -> int | str:
+    """What a request with `outcome` was answered: over HTTP the status (200 for a success), over
+    gRPC the code's name ("OK", "INVALID_ARGUMENT"); what the access log records."""
+    http, code = (200, grpc.StatusCode.OK) if outcome == "success" else _CODES.get(outcome, _CODES["internal_error"])
+    return http if protocol == "http" else code.name
+
+
 def status_of(exc: BaseException) -> Status:
     """The status a client gets for `exc`; unexpected exceptions become 500 / INTERNAL."""
     if isinstance(exc, InvalidInput):

@@ -17,7 +17,8 @@ the messages, with Triton's field numbers).
 Config: name, platform "boundgen", max_batch_size 0 (a request's shape is the model's own: a
 score request's N texts are not Triton's batch dimension), inputs and outputs from the model's
 Signature (BYTES is Triton's TYPE_STRING; -1 marks a bounded dimension), one instance group
-whose count is the engine's request contexts, the program's task and bounds as parameters, and
+whose count is the engine's request contexts, the program's task and bounds as parameters (with
+the admission bounds and the artifact's directory name: never its path on the server), and
 `dynamic_batching` (queue delay 0: a free context takes what waits and never waits for more) when
 the engine batches concurrent requests into one model call. Triton itself batches only along a
 batch dimension (max_batch_size > 0); here the engine packs requests' tokens, so the pair says
@@ -46,6 +47,7 @@ turn off a kind that level writes. log_format is boundgen's "text" or "json"; lo
 from __future__ import annotations
 
 import json
+from pathlib import PurePath
 from typing import Sequence
 
 from google.protobuf import json_format
@@ -67,9 +69,11 @@ def model_config(model: ServedModel) -> dict:
     spec = model.engine.spec
     kind = "KIND_GPU" if spec.device.startswith("cuda") else "KIND_CPU"
     # The program's bounds, then how this server serves it: its admission bounds (a replica front
-    # end sizes its own from them, server/replicas.py) and the artifact it was loaded from.
-    served = {"max_inflight": model.admission.max_inflight, "max_queue": model.admission.max_queue,
-              "artifact_dir": model.source}
+    # end sizes its own from them, server/replicas.py) and the artifact it was loaded from, by its
+    # directory's name only: where the server keeps its files is no client's business.
+    served = {"max_inflight": model.admission.max_inflight, "max_queue": model.admission.max_queue}
+    if model.source:
+        served["artifact"] = PurePath(model.source).name
     parameters = {key: {"string_value": value if isinstance(value, str) else json.dumps(value)}
                   for key, value in {**model.signature.parameters(), **served}.items()}
     config = {

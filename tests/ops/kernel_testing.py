@@ -23,7 +23,7 @@ needs_compiled_kernel = pytest.mark.skipif(
 def env_without_interpreter(preload_libstdcxx: bool = False) -> dict:
     """This process's environment less TRITON_INTERPRET, so that kernels compile (and wrap_triton
     traces). `preload_libstdcxx` adds the system libstdc++ to LD_PRELOAD: the H200 image's AOTI
-    load crash, ../shared/GPU.md."""
+    load crash: docs/build.md."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     preload = _libstdcxx() if preload_libstdcxx else None
     if preload:

@@ -4,7 +4,7 @@ CPU: the ops stay opaque calls (decompose_custom_triton_ops=False) and run the r
 GPU: Inductor's default, the Triton kernels compiled into the package with a grid that is an
 expression of the symbolic T; the flash lowering calls PyTorch's FlashAttention through the C
 shim. Each runs in a fresh process: the GPU one without the interpreter, and with libstdc++
-preloaded (the H200 image's AOTI load crash, ../shared/GPU.md).
+preloaded (the H200 image's AOTI load crash: docs/build.md).
 """
 
 import os

@@ -3,7 +3,7 @@
 Inductor's default on CUDA: the Triton kernels are compiled into the package, with a grid that is
 an expression of the symbolic T and eps passed as a Python float (which Inductor types fp64).
 Runs in a fresh process without the interpreter, libstdc++ preloaded (the H200 image's AOTI load
-crash, ../shared/GPU.md). The CPU path (opaque ops, references) is the attention AOTI test's.
+crash: docs/build.md). The CPU path (opaque ops, references) is the attention AOTI test's.
 """
 
 import textwrap

@@ -93,7 +93,7 @@ class FakeEngine(Engine):
         probs = (probs / probs.sum(axis=1, keepdims=True)).astype(np.float32)
         self._record(texts, start)
         # Token counts (words), and no vocabulary log-probabilities: as an artifact built before them.
-        return ScoreResult(probs, list(self.spec.program.label_token_ids), {"pre": 0.0, "model": time.monotonic() - start},
+        return ScoreResult(probs, list(self.spec.program.label_token_ids), self._timings(texts, start),
                            num_tokens=np.array([len(t.split()) for t in texts], dtype=np.int64))
 
     def beam(self, text, deadline=None, cancelled=None):
@@ -106,13 +106,20 @@ class FakeEngine(Engine):
         scores = (-0.5 * np.arange(w) - (h % 10) / 10.0).astype(np.float32)
         texts = [f"{text[:6]}→{i}" for i in range(w)]
         self._record([text], start)
-        return BeamResult(ids, scores, np.zeros(w, dtype=bool), texts, {"model": time.monotonic() - start})
+        return BeamResult(ids, scores, np.zeros(w, dtype=bool), texts, self._timings([text], start))
 
     def warmup(self) -> None:
         if self.gate:
             _wait_for_file(self.gate)
 
     # ---- helpers ------------------------------------------------------------------------
+
+    @staticmethod
+    def _timings(texts, start: float) -> dict:
+        """As a real engine reports them: seconds per stage, and the counts `batch_requests` (one
+        request per call here) and `input_tokens` (words)."""
+        return {"pre": 0.0, "model": time.monotonic() - start, "batch_requests": 1,
+                "input_tokens": sum(len(t.split()) for t in texts)}
 
     def _check(self, texts) -> None:
         limit = self.spec.program.max_tokens_per_sample

@@ -1,4 +1,4 @@
-"""The container image and the KServe examples (Dockerfile, deploy/kserve/) agree with the code:
+"""The container images and the KServe examples (Dockerfile, Dockerfile.cuda, deploy/kserve/) agree with the code:
 their `boundgen serve` command lines parse with the real CLI, their ports are the ones those
 command lines listen on, their probes are routes that answer as the probes expect, the files the
 Dockerfile copies exist and pass .dockerignore, and shutdown leaves time for the drain. (No docker
@@ -14,6 +14,7 @@ import urllib.request
 import pytest
 
 from boundgen.cli.main import make_parser
+from boundgen.server.deploy.frontends import default_frontends
 from tests.server.conftest import REPO
 
 yaml = pytest.importorskip("yaml")  # PyYAML: installed with transformers ([test])
@@ -31,9 +32,9 @@ def serve_flags(argv: list[str]) -> dict:
     return vars(args)
 
 
-def dockerfile() -> dict[str, list[str]]:
-    """Dockerfile instructions by keyword (continuation lines joined, comments dropped)."""
-    text = re.sub(r"\\\n", " ", (REPO / "Dockerfile").read_text())
+def dockerfile(name: str = "Dockerfile") -> dict[str, list[str]]:
+    """A Dockerfile's instructions by keyword (continuation lines joined, comments dropped)."""
+    text = re.sub(r"\\\n", " ", (REPO / name).read_text())
     out: dict[str, list[str]] = {}
     for line in text.splitlines():
         if line.strip() and not line.lstrip().startswith("#"):
@@ -43,15 +44,21 @@ def dockerfile() -> dict[str, list[str]]:
 
 
 def kserve_objects() -> dict[str, dict]:
+    """deploy/kserve/'s objects by name."""
     objects = {}
     for path in sorted(KSERVE.glob("*.yaml")):
         for doc in yaml.safe_load_all(path.read_text()):
-            objects[doc["kind"]] = doc
+            objects[doc["metadata"]["name"]] = doc
     return objects
 
 
-def test_dockerfile_copies_existing_files_and_serves_with_valid_flags():
-    instructions = dockerfile()
+def env(container: dict) -> dict[str, str]:
+    return {item["name"]: item["value"] for item in container.get("env", [])}
+
+
+@pytest.mark.parametrize("name", ["Dockerfile", "Dockerfile.cuda"])
+def test_dockerfile_copies_existing_files_and_serves_with_valid_flags(name):
+    instructions = dockerfile(name)
     ignored = (REPO / ".dockerignore").read_text().splitlines()
     for copy in instructions["COPY"]:
         *sources, _ = copy.split()
@@ -65,13 +72,26 @@ def test_dockerfile_copies_existing_files_and_serves_with_valid_flags():
     assert flags["host"] == "0.0.0.0", "a container must listen beyond its own loopback"
     (exposed,) = instructions["EXPOSE"]
     assert sorted(int(p) for p in exposed.split()) == sorted([flags["http_port"], flags["grpc_port"]])
-    (run,) = instructions["RUN"]
-    assert "-c /tmp/constraints.txt '.[serve]'" in run and "requirements.txt" in run
+    install = [run for run in instructions["RUN"] if "pip install" in run]
+    assert len(install) == 1 and "-c /tmp/constraints.txt '.[serve]'" in install[0] and "requirements.txt" in install[0]
 
 
-def test_kserve_runtime_probes_ports_and_drain():
+def test_cuda_image_installs_a_cuda_torch():
+    instructions = dockerfile("Dockerfile.cuda")
+    (base,) = instructions["FROM"]
+    assert base.startswith("nvidia/cuda:")
+    (install,) = [run for run in instructions["RUN"] if "pip install" in run]
+    assert "https://download.pytorch.org/whl/${CUDA}" in install and "torch.version.cuda" in install
+    args = dict(arg.split("=", 1) for arg in instructions["ARG"])
+    assert args["CUDA"].startswith("cu") and base.split(":")[1].startswith(f"{args['CUDA'][2:4]}.{args['CUDA'][4]}")
+    lock = (REPO / "requirements.txt").read_text()
+    assert f"torch=={args['TORCH']}\n" in lock, "the default torch is the lock's, which CI built artifacts with"
+
+
+@pytest.mark.parametrize("runtime_name", ["boundgen-cpu", "boundgen-gpu"])
+def test_kserve_runtime_probes_ports_and_drain(runtime_name):
     objects = kserve_objects()
-    runtime, service = objects["ServingRuntime"], objects["InferenceService"]
+    runtime, service = objects[runtime_name], objects["demo-score"]
     (container,) = runtime["spec"]["containers"]
     flags = serve_flags(container["args"])
     assert flags["host"] == "0.0.0.0" and flags["artifacts"] == ["/mnt/models"]  # where KServe puts storageUri
@@ -85,9 +105,23 @@ def test_kserve_runtime_probes_ports_and_drain():
     assert predictor["terminationGracePeriodSeconds"] > float(pre_stop[1]) + flags["drain_timeout_s"], (
         "Kubernetes must not kill the pod before the preStop wait and the drain are over")
     model = predictor["model"]
-    assert model["runtime"] == runtime["metadata"]["name"]
     assert model["modelFormat"]["name"] in [f["name"] for f in runtime["spec"]["supportedModelFormats"]]
     assert model["storageUri"].startswith("pvc://")
+    # torch's CPU threads and the front-end processes are counted for the pod, not the node
+    cpus = int(container["resources"]["requests"]["cpu"])
+    assert 1 <= int(env(container)["OMP_NUM_THREADS"]) <= cpus
+    assert flags["frontends"] == default_frontends(cpus), "what serve would pick on a machine of the pod's CPUs"
+
+
+def test_kserve_service_names_a_runtime_and_the_gpu_one_asks_for_a_gpu():
+    objects = kserve_objects()
+    assert objects["demo-score"]["spec"]["predictor"]["model"]["runtime"] == "boundgen-cpu"
+    gpu = objects["boundgen-gpu"]["spec"]
+    (container,) = gpu["containers"]
+    assert container["image"] == "boundgen:cuda" and container["resources"]["requests"]["nvidia.com/gpu"] == "1"
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == container["resources"]["requests"]["nvidia.com/gpu"]
+    assert not any(f.get("autoSelect") for f in gpu["supportedModelFormats"]), "the CPU runtime is the default"
+    assert "nvidia.com/gpu" not in objects["boundgen-cpu"]["spec"]["containers"][0]["resources"]["requests"]
 
 
 @pytest.mark.parametrize("path, body", [("/v2/health/ready", {"ready": True}), ("/v2/health/live", {"live": True})])

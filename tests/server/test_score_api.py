@@ -112,3 +112,15 @@ def test_both_softmax_modes_on_a_real_engine_equal_hf(eager_score, tiny_qwen3_di
     tokens = int(batch.tokens.shape[0])
     assert vocab["usage"] == labels["usage"] == {"prompt_tokens": tokens, "completion_tokens": 0,
                                                  "total_tokens": tokens}
+
+
+def test_a_loading_server_answers_503_not_no_model():
+    """Before its artifacts are loaded a server knows no model: /v1/score is 503, as infer is."""
+    from boundgen.server.config import ServerConfig
+    from boundgen.server.metrics import ServerMetrics
+    from boundgen.server.models import ModelSet
+    from boundgen.server.score_api import pick_model
+    from boundgen.server.status import Unavailable
+
+    with pytest.raises(Unavailable, match="still loading"):
+        pick_model(ModelSet(ServerConfig(), ServerMetrics()), None)

@@ -79,7 +79,10 @@ def test_model_config(fake_server, protocol):
     # How this server serves it (a replica front end reads these instead of a log line): the
     # shared fake server runs with --max-inflight 2, and the artifact it loaded.
     assert score["parameters"]["max_inflight"] == {"string_value": "2"}
-    assert score["parameters"]["artifact_dir"]["string_value"].endswith("fscore")
+    # ... by its directory's name: the server's own paths stay on the server
+    assert score["parameters"]["artifact"] == {"string_value": "fscore"}
+    assert "artifact_dir" not in score["parameters"]
+    assert not any("/" in value["string_value"] for value in score["parameters"].values())
     assert [(t["name"], t["data_type"], [int(d) for d in t["dims"]]) for t in beam["output"]] == [
         ("TOKEN_IDS", "TYPE_INT32", [3, 2]), ("SCORES", "TYPE_FP32", [3]), ("TEXT_OUT", "TYPE_STRING", [3])]
     assert "dynamic_batching" not in score  # the shared fake server does not batch
