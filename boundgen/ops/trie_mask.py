@@ -3,8 +3,8 @@
     nodes [B] int64 (each beam's trie node; -1: a beam off the catalogue), the trie in CSR form
     (text/catalogue.py): row_ptr [nodes + 1] int64, child_token [edges] int64 (edge e leads to
     node e + 1), reach [nodes] bool (an allowed item lies at or below the node), ends [nodes] bool
-    (an allowed item ends at the node), stop_token_ids [S] int64, vocab V, max_degree D (at least
-    the children of any node given)
+    (an allowed item ends at the node), stop_token_ids [S] int64 (the tokens that may end an
+    item), vocab V, max_degree D (at least the children of any node given)
     -> bias [B, V] FP32: 0 on the allowed tokens, -inf elsewhere.
 
 Allowed after node n: each child token whose child node is `reach`able, and the stop tokens when

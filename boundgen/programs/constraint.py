@@ -16,9 +16,11 @@ children by token). Recomputing the nodes from the sequences keeps the search st
 (no node column in BeamState), so the unconstrained program is unchanged.
 
 Semantics (the same as HF `generate(prefix_allowed_tokens_fn=f)` where f returns the node's child
-tokens, plus the stop tokens where an allowed item ends): a beam may generate a child token of its
-node; where an item ends, a stop token ends the beam as a finished hypothesis (so codes shorter
-than N need a stop token); a code of N tokens finishes at max length. The allow-list (a subset of
+tokens, plus the first stop token where an allowed item ends): a beam may generate a child token
+of its node; where an item ends, the program's first stop token ends the beam as a finished
+hypothesis (so codes shorter than N need a stop token; its log-prob counts in the score; only the
+first, so that an item comes back once, not once per stop token); a code of N tokens finishes at
+max length. The allow-list (a subset of
 item ids) keeps only children whose subtree holds an allowed item and stop tokens only at allowed
 items' ends.
 
@@ -93,7 +95,7 @@ class CatalogueConstraint(nn.Module):
         """nodes [B] -> [B, V] FP32 additive mask of the allowed tokens (ops/trie_mask.py)."""
         degree = self.root_degree if root else max(self.max_degree, 1)
         return trie_mask.reference(nodes, self.row_ptr, self.child_token, self.reach, self.ends,
-                                   self.stop_token_ids, self.vocab, degree)
+                                   self.stop_token_ids[:1], self.vocab, degree)
 
     def items(self, seq: torch.Tensor) -> torch.Tensor:
         """seq [B, N] (a finished sequence, -1 after its end) -> [B] int64 item id, -1 if it names none

@@ -35,8 +35,8 @@ def models(tmp_path_factory):
 
 
 def allowed_fn(cat: Catalogue, stops, allow_items=None):
-    """HF's prefix_allowed_tokens_fn over the trie: a node's reachable child tokens, plus the stop
-    tokens where an allowed item ends. Beams off the catalogue (HF's -inf beams) get token 0: their
+    """HF's prefix_allowed_tokens_fn over the trie: a node's reachable child tokens, plus the first
+    stop token where an allowed item ends. Beams off the catalogue (HF's -inf beams) get token 0: their
     score stays -inf whatever they take (HF refuses an empty list)."""
     ends, reach = cat.reachable(allow_items)
 
@@ -46,7 +46,7 @@ def allowed_fn(cat: Catalogue, stops, allow_items=None):
             return [0]
         lo = int(cat.row_ptr[node])
         tokens = [t for e, t in enumerate(cat.allowed(node), start=lo) if reach[e + 1]]
-        tokens += list(stops) if ends[node] else []
+        tokens += list(stops[:1]) if ends[node] else []
         return tokens or [0]
 
     return fn
@@ -184,6 +184,14 @@ def test_allow_list_with_stop_tokens(models):
     assert sorted(items) == [2, 3, 4]
 
 
+def test_several_stop_tokens_end_an_item_once(models):
+    codes = [[70], [70, 71], [72, 73], [74]]
+    cat = Catalogue.from_sequences([1, 2, 3, 4], codes)
+    ours, theirs = run_both(models, "qwen3", cat, 4, 3, stops=(STOP, 4), seed=3)
+    items, real = check_parity(cat, ours, theirs, stops=(STOP, 4))
+    assert sorted(items) == [1, 2, 3, 4]
+
+
 def test_min_new_tokens_bars_a_short_item_from_ending(models):
     codes = [[70], [70, 71], [72, 73]]
     cat = Catalogue.from_sequences([1, 2, 3], codes)
@@ -234,3 +242,32 @@ def test_trie_mask_against_a_loop():
             want |= {11, 12} if ends[n] else set()
         assert set(torch.nonzero(row == 0).flatten().tolist()) == want
         assert torch.isneginf(row[[t for t in range(16) if t not in want]]).all()
+
+
+def test_cli_beam_with_a_catalogue(tmp_path, tiny_qwen3_dir, capsys):
+    """`boundgen beam --catalogue` on a checkpoint: candidates with item ids, an allow-list, a
+    catalogue smaller than W (missing candidates: no tokens, null score, item -1)."""
+    import json
+
+    from boundgen.cli.main import main
+
+    items = tmp_path / "items.jsonl"
+    items.write_text('{"item_id": 1, "text": "running shoes"}\n{"item_id": 2, "token_ids": [5, 6]}\n'
+                     '{"item_id": 3, "text": "running socks"}\n')
+    cat = tmp_path / "cat"
+    assert main(["catalogue", "build", str(items), "--tokenizer", str(tiny_qwen3_dir), "--out", str(cat)]) == 0
+    capsys.readouterr()
+    base = ["beam", str(tiny_qwen3_dir), "--width", "4", "--steps", "3", "--text", "query: running ->",
+            "--catalogue", str(cat)]
+    assert main(base) == 0
+    cands = json.loads(capsys.readouterr().out)["candidates"]
+    assert sorted(c["item_id"] for c in cands[:3]) == [1, 2, 3]
+    assert cands[3] == {"token_ids": [], "text": "", "score": None, "item_id": -1}
+    assert all(c["score"] is not None for c in cands[:3])
+    assert main(base + ["--allow-items", "3"]) == 0
+    cands = json.loads(capsys.readouterr().out)["candidates"]
+    assert [c["item_id"] for c in cands] == [3, -1, -1, -1] and cands[0]["text"] == "running socks"
+    assert main(base + ["--allow-items", "4"]) == 2
+    assert "[4] are not in the catalogue" in capsys.readouterr().err
+    assert main(base[:5] + ["1"] + base[6:]) == 2
+    assert "generates 1 (--steps)" in capsys.readouterr().err
