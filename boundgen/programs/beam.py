@@ -38,6 +38,14 @@ beams, one set of kernels per step. Every state has a leading request dim (as HF
 `_beam_search`), and so does the "done" state (HF's loop ends for the whole batch; here a
 request's finished set freezes on its own), so each request's rows equal running it alone.
 
+Constrained search (`constraint`, a CatalogueConstraint: programs/constraint.py; None: none of
+this runs, the program and its stages are the plain search). Step 0 adds the trie root's mask to
+the prompts' log-probs; each decode step finds every running beam's trie node from its tokens,
+adds its mask to the FP32 log-softmax of the whole vocabulary and takes each beam's top K of that
+(torch.topk: a per-beam mask does not fit vocab_topk's one [V] bias). Finish returns a fifth
+output, item_ids [R*W] int64; slots with no hypothesis (fewer than W items reachable) come back
+as token ids -1, score -inf, item -1. Eager only: the constraint's buffers are not stage inputs.
+
 Inputs: tokens [T] int64, positions [T] int64, cu_seqlens [R+1] int32 (the prompts, packed).
 Outputs, rows r*W:(r+1)*W for request r, best first within each request:
 token_ids [R*W, N_gen] int64 (-1 after a stop token), scores [R*W] FP32, finished [R*W] bool,
