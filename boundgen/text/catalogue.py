@@ -18,9 +18,9 @@ matrix padded with -1, sorted lexicographically (np.lexsort; -1 sorts a shorter 
 extensions); then per level d a row starts a new node where its code has a token at d and its
 first d + 1 tokens differ from the row above (a running OR along the columns of "differs from
 the row above"). Node ids are the running count of new nodes per level; a node's parent is the
-node of the same row one level up. Peak memory is about 100 bytes per item-token (the matrix,
-its sort permutation and the per-level masks): ~0.5 GB for a million items of 5 tokens; the
-index itself takes 12-20 bytes per node (row_ptr 8, child_token 4, node_item 8).
+node of the same row one level up. Measured: a million items of 5 tokens build in ~5 s on one
+core with a peak of 0.37 GB (75 bytes an item-token: the matrix, its sorted copy, the per-level
+masks); the index takes 20 bytes a node (row_ptr 8, child_token 4, node_item 8).
 
 On disk (`save`, `load`): CAT_DIR/trie.npz (the four arrays, uncompressed) and
 CAT_DIR/catalogue.json (format version, counts, depth, the largest number of children of a node
