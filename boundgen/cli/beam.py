@@ -11,7 +11,9 @@ from boundgen.artifact.program import MAX_STEPS, MAX_WIDTH
 def register(sub):
     p = sub.add_parser("beam", help="fixed beam search: W candidates of N generated tokens with scores",
                        description='Prints JSON {"candidates": [{"token_ids": [...], "text": "...", "score": s}, ...]}, '
-                                   "W candidates, best first; score is the sum of FP32 log-probabilities.")
+                                   "W candidates, best first; score is the sum of FP32 log-probabilities. With "
+                                   "--catalogue each candidate is an item of the catalogue and carries its item_id "
+                                   "(-1 and score null where fewer than W items can be reached).")
     p.add_argument("model", metavar="MODEL_DIR", help="HF model directory or boundgen artifact directory")
     p.add_argument("--width", type=int, default=None, help=f"beam width W, 1..{MAX_WIDTH}")
     p.add_argument("--steps", type=int, default=None, help=f"tokens to generate N, 1..{MAX_STEPS}")
@@ -22,6 +24,11 @@ def register(sub):
                    help="comma-separated stop token ids, or 'none' (default: generation_config.json eos_token_id)")
     p.add_argument("--length-penalty", type=float, default=0.0, help="HF length_penalty (default 0.0: plain sums)")
     p.add_argument("--min-new-tokens", type=int, default=0, help="suppress stop tokens before this many tokens")
+    p.add_argument("--catalogue", default=None, metavar="CAT_DIR",
+                   help="restrict candidates to a catalogue's items (`boundgen catalogue build`); each candidate "
+                        "gets its item_id (model directories only)")
+    p.add_argument("--allow-items", default=None, metavar="IDS",
+                   help="comma-separated item ids: only these items of the catalogue may be candidates")
     add_precision_args(p)
     p.set_defaults(run=run)
 
@@ -30,7 +37,11 @@ def run(args):
     check_model_path(args.model)
     if args.text is None:
         raise InvalidInput("no prompt given: pass --text")
+    if args.allow_items is not None and args.catalogue is None:
+        raise ConfigError("--allow-items needs --catalogue")
     if is_artifact(args.model):
+        if args.catalogue is not None:
+            raise ConfigError("--catalogue takes a model directory: artifacts are not built for catalogues yet")
         import boundgen
 
         engine = boundgen.load(args.model)
@@ -53,4 +64,19 @@ def _eager(args):
     stops = default_stop_tokens(args.model) if args.stop_token_ids is None else parse_id_list(args.stop_token_ids)
     spec = BeamSpec(width=args.width, steps=args.steps, stop_token_ids=stops, length_penalty=args.length_penalty,
                     min_new_tokens=args.min_new_tokens, max_prompt_tokens=args.max_tokens, template=args.template)
-    return eager_engine(args.model, spec, resolve_dtype(args), args.device)
+    allow = None
+    if args.allow_items is not None:
+        allow = _item_ids(args.allow_items)
+    return eager_engine(args.model, spec, resolve_dtype(args), args.device, catalogue=args.catalogue,
+                        allow_items=allow)
+
+
+def _item_ids(text: str) -> tuple[int, ...]:
+    """'3,7,9' -> (3, 7, 9); an empty list is an error (nothing could be generated)."""
+    try:
+        ids = tuple(int(t) for t in text.split(",") if t.strip())
+    except ValueError:
+        raise ConfigError(f"--allow-items expects comma-separated item ids, got {text!r}") from None
+    if not ids:
+        raise ConfigError("--allow-items names no item")
+    return ids

@@ -19,6 +19,7 @@ COMMANDS = (
     "boundgen.cli.demo_model",
     "boundgen.cli.score",
     "boundgen.cli.beam",
+    "boundgen.cli.catalogue",
     "boundgen.cli.build",
     "boundgen.cli.serve",
     "boundgen.cli.bench",

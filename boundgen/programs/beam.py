@@ -38,6 +38,14 @@ beams, one set of kernels per step. Every state has a leading request dim (as HF
 `_beam_search`), and so does the "done" state (HF's loop ends for the whole batch; here a
 request's finished set freezes on its own), so each request's rows equal running it alone.
 
+Constrained search (`constraint`, a CatalogueConstraint: programs/constraint.py; None: none of
+this runs, the program and its stages are the plain search). Step 0 adds the trie root's mask to
+the prompts' log-probs; each decode step finds every running beam's trie node from its tokens,
+adds its mask to the FP32 log-softmax of the whole vocabulary and takes each beam's top K of that
+(torch.topk: a per-beam mask does not fit vocab_topk's one [V] bias). Finish returns a fifth
+output, item_ids [R*W] int64; slots with no hypothesis (fewer than W items reachable) come back
+as token ids -1, score -inf, item -1. Eager only: the constraint's buffers are not stage inputs.
+
 Inputs: tokens [T] int64, positions [T] int64, cu_seqlens [R+1] int32 (the prompts, packed).
 Outputs, rows r*W:(r+1)*W for request r, best first within each request:
 token_ids [R*W, N_gen] int64 (-1 after a stop token), scores [R*W] FP32, finished [R*W] bool,
@@ -52,16 +60,20 @@ from torch import nn
 from boundgen.artifact.tensors import STAGES, BeamState, run_stages
 from boundgen.errors import ConfigError
 from boundgen.model.qwen import QwenModel
+from boundgen.programs.constraint import CatalogueConstraint
 
 NEG = -1.0e9  # HF's "impossible" score offset; kept identical so ties and sums match bit for bit
 
 
 class BeamProgram(nn.Module):
     def __init__(self, model: QwenModel, width: int, steps: int, stop_token_ids: list[int] = (),
-                 length_penalty: float = 0.0, min_new_tokens: int = 0, max_prompt_tokens: int | None = None):
+                 length_penalty: float = 0.0, min_new_tokens: int = 0, max_prompt_tokens: int | None = None,
+                 constraint: CatalogueConstraint | None = None):
         """max_prompt_tokens: the bound the packer holds every prompt to, for attention lowerings
-        that size their grid by it; None: no bound."""
+        that size their grid by it; None: no bound. constraint: a catalogue the candidates are
+        restricted to (programs/constraint.py; "Constrained search" below); None: the plain search."""
         super().__init__()
+        self.constraint = constraint
         vocab = model.cfg.vocab_size
         self.model = model
         self.width, self.steps = width, steps
@@ -99,6 +111,8 @@ class BeamProgram(nn.Module):
         ends = cu_seqlens.to(torch.int64)[torch.arange(R, device=device) + 1]
         # Indexed, not sliced: a slice of cu_seqlens would make export guard R >= 2 (as the example).
         _, logp = self._log_probs(hidden[ends - 1], torch.zeros(1, dtype=torch.int64, device=device))  # [R, V]
+        if self.constraint is not None:  # every prompt starts at the trie's root
+            logp = logp + self.constraint.bias(torch.zeros(R, dtype=torch.int64, device=device), root=True)
         cand_scores, cand_tokens = torch.topk(logp, K, dim=-1)  # beam 0 only; its running score is 0
         suffix_shape = (cfg.num_layers, R * W, max(N - 1, 1), cfg.num_kv_heads, cfg.head_dim)
         seqs = [torch.full((R, W, N), -1, dtype=torch.int64, device=device) for _ in range(4)]
@@ -130,7 +144,10 @@ class BeamProgram(nn.Module):
         tokens_w = state.run_seq.index_select(2, step).reshape(-1)
         hidden_w = model.decode(tokens_w, positions_w, prefix_k, prefix_v, suffix_k, suffix_v, step, cu_seqlens, W)
         logits = model.logits(hidden_w)  # [R*W, V]
-        row_logp, row_ids = model.ops.vocab_topk(logits, self._barred(step + 1, logits), self.keep)  # [R*W, K]
+        if self.constraint is None:
+            row_logp, row_ids = model.ops.vocab_topk(logits, self._barred(step + 1, logits), self.keep)  # [R*W, K]
+        else:
+            row_logp, row_ids = self._constrained_topk(logits, state.run_seq.reshape(R * W, -1), step)
         scores, tokens, parent = self._expand(row_logp.reshape(-1, W, self.keep), row_ids.reshape(-1, W, self.keep),
                                               run_scores)
         state = state._replace(cand_scores=scores, cand_tokens=tokens, cand_parent=parent)
@@ -142,6 +159,8 @@ class BeamProgram(nn.Module):
         last = torch.full((1,), N - 1, dtype=torch.int64, device=state[0].device)
         state, _, _ = self._select(last, True, BeamState(*state))
         finished = torch.isin(state.fin_seq, self.stop_token_ids).any(dim=-1)  # [R, W]
+        if self.constraint is not None:
+            return self._constrained_outputs(state, finished)
         return (state.fin_seq.reshape(-1, N), state.fin_scores.reshape(-1), finished.reshape(-1),
                 state.fin_bi.reshape(-1, N))
 
@@ -213,6 +232,30 @@ class BeamProgram(nn.Module):
         barred = torch.zeros(logits.shape[-1], dtype=torch.float32, device=logits.device)
         barred = barred.index_fill(0, self.stop_token_ids, float("-inf"))
         return torch.where(generated < self.min_new_tokens, barred, torch.zeros_like(barred))
+
+    def _constrained_topk(self, logits: torch.Tensor, run_seq: torch.Tensor, step: torch.Tensor):
+        """Each running beam's top K tokens among those its trie node allows: logits [R*W, V],
+        run_seq [R*W, N] -> (logp [R*W, K] FP32, ids [R*W, K] int64). The log-probs are the
+        unmasked model's (log-softmax over the whole vocabulary), -inf on disallowed tokens: HF's
+        scores under prefix_allowed_tokens_fn. Ranked by those FP32 log-probs (as HF ranks)."""
+        logp = torch.log_softmax(logits.to(torch.float32), dim=-1)
+        logp = logp + self.constraint.bias(self.constraint.nodes(run_seq))
+        barred = self._barred(step + 1, logits)
+        if barred is not None:
+            logp = logp + barred
+        return torch.topk(logp, self.keep, dim=-1)
+
+    def _constrained_outputs(self, state: BeamState, finished: torch.Tensor):
+        """The outputs of a constrained search, with item_ids [R*W] int64 last. Slots without a
+        hypothesis (fewer than W items reachable) get token ids -1, score -inf, item -1."""
+        N = self.steps
+        seq = state.fin_seq.reshape(-1, N)
+        present = state.is_fin.reshape(-1)
+        scores = torch.where(present, state.fin_scores.reshape(-1), torch.full_like(state.fin_scores.reshape(-1),
+                                                                                    float("-inf")))
+        seq = torch.where(present[:, None], seq, torch.full_like(seq, -1))
+        items = torch.where(present, self.constraint.items(seq), torch.full_like(seq[:, 0], -1))
+        return seq, scores, finished.reshape(-1) & present, state.fin_bi.reshape(-1, N), items
 
     def _expand(self, row_logp, row_ids, running_scores):
         """Two-level top K per request: each beam's top K tokens (ops.vocab_topk: ids and FP32

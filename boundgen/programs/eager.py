@@ -6,6 +6,7 @@ The same engine as a compiled artifact's (runtime/local_engine.py); only the run
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Sequence
 
 import torch
 
@@ -14,8 +15,10 @@ from boundgen.artifact.program import BeamSpec, ScoreSpec
 from boundgen.errors import ConfigError
 from boundgen.model.loader import load_model, parse_dtype
 from boundgen.ops.lowering import OpLowering
+from boundgen.programs.constraint import CatalogueConstraint
 from boundgen.programs.factory import make_program
 from boundgen.runtime.local_engine import LocalEngine, make_engine
+from boundgen.text.catalogue import Catalogue, check_tokenizer
 from boundgen.text.tokenizer import Tokenizer
 
 
@@ -32,13 +35,25 @@ class EagerRunner:
 
 def eager_engine(model_dir, spec: ScoreSpec | BeamSpec, dtype: str = "float32", device: str = "cpu",
                  name: str | None = None, lowering: OpLowering | None = None, contexts: int = 1,
-                 cuda_graphs: bool = False, batching: bool = False, batch_wait_ms: float = 0.0) -> LocalEngine:
+                 cuda_graphs: bool = False, batching: bool = False, batch_wait_ms: float = 0.0,
+                 catalogue: str | Path | None = None, allow_items: Sequence[int] | None = None) -> LocalEngine:
+    """catalogue: a catalogue directory (`boundgen catalogue build`) a beam search is restricted
+    to, each candidate with its item id; allow_items: the item ids allowed (None: all)."""
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise ConfigError("--device cuda was asked for, but no CUDA device is available")
+    if catalogue is None and allow_items is not None:
+        raise ConfigError("an allow-list of items needs a catalogue (--catalogue)")
+    if catalogue is not None and spec.task != "beam":
+        raise ConfigError("a catalogue restricts beam search; a score model takes none")
     tokenizer = Tokenizer.from_dir(model_dir)
     model = load_model(model_dir, parse_dtype(dtype), device, (lowering or OpLowering()).resolve())
-    program = make_program(model, spec)
+    constraint = None
+    if catalogue is not None:
+        cat = Catalogue.load(catalogue)
+        check_tokenizer(cat, model_dir, catalogue)
+        constraint = CatalogueConstraint(cat, model.cfg.vocab_size, spec.steps, spec.stop_token_ids, allow_items)
+    program = make_program(model, spec, constraint)
     runtime = RuntimeConfig(contexts=contexts, cuda_graphs=cuda_graphs, batching=batching, batch_wait_ms=batch_wait_ms)
     extra = {"vocab_outputs": spec.task == "score" and not spec.head_path}  # lse, label_logits (programs/score.py)
     return make_engine(name or Path(model_dir).name, spec, tokenizer, EagerRunner(program), device, dtype, runtime,
-                       extra)
+                       extra, item_ids=constraint is not None)

@@ -190,11 +190,12 @@ def _alone(batch: list, item) -> bool:
 
 
 def make_engine(name: str, spec, tokenizer, runner, device: str, dtype: str, runtime: RuntimeConfig,
-                extra: dict | None = None) -> LocalEngine:
+                extra: dict | None = None, item_ids: bool = False) -> LocalEngine:
     """Assemble the engine around a runner (a compiled artifact's, or the eager program's).
 
     With `runtime.cuda_graphs` on a CUDA device the runner is wrapped in a GraphRunner and calls
-    are padded to multiples of `runtime.token_bucket` tokens (runtime/graphs.py)."""
+    are padded to multiples of `runtime.token_bucket` tokens (runtime/graphs.py). `item_ids`: the
+    runner is a beam search under a catalogue, whose candidates carry item ids."""
     use_graphs = runtime.cuda_graphs and device.startswith("cuda")
     if use_graphs:
         runner = GraphRunner(runner)
@@ -203,7 +204,7 @@ def make_engine(name: str, spec, tokenizer, runner, device: str, dtype: str, run
         encoder = ScoreEncoder(spec.label_token_ids, spec.topk)
         per_call = SCORE_REQUESTS_PER_CALL
     else:
-        encoder = BeamEncoder(tokenizer, spec.stop_token_ids, spec.width)
+        encoder = BeamEncoder(tokenizer, spec.stop_token_ids, spec.width, items=item_ids)
         per_call = spec.max_requests
     batching = runtime.batching and per_call > 1
     dev = torch.device(device)

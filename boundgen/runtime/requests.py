@@ -145,22 +145,28 @@ class ScoreEncoder:
 
 
 class BeamEncoder:
-    """A beam call's host outputs (token_ids, scores, finished: R x W rows) -> one result per request."""
+    """A beam call's host outputs (token_ids, scores, finished: R x W rows) -> one result per request.
+    `items`: a search constrained to a catalogue, whose program also returns beam_indices and
+    item_ids (programs/constraint.py): each candidate's item id comes with it (-1: none)."""
 
     outputs = 3  # beam_indices stay on the device
 
-    def __init__(self, tokenizer, stop_token_ids, width: int):
+    def __init__(self, tokenizer, stop_token_ids, width: int, items: bool = False):
         self.tokenizer, self.width = tokenizer, width
         self.stop = frozenset(int(t) for t in stop_token_ids)
+        if items:
+            self.outputs = 5  # ..., beam_indices, item_ids
 
     def split(self, host: list[np.ndarray], batches: Sequence[PackedBatch]) -> list[list[np.ndarray]]:
         w = self.width
         return [[h[i * w:(i + 1) * w] for h in host] for i in range(len(batches))]
 
-    def encode(self, ids: np.ndarray, scores: np.ndarray, finished: np.ndarray) -> BeamResult:
+    def encode(self, ids: np.ndarray, scores: np.ndarray, finished: np.ndarray, beam_indices: np.ndarray | None = None,
+               item_ids: np.ndarray | None = None) -> BeamResult:
         texts = self.tokenizer.decode_array(ids, self.stop)  # padding (-1) and stop tokens are not text
         return BeamResult(token_ids=ids.astype(np.int32), scores=scores.astype(np.float32, copy=False),
-                          finished=finished.astype(bool), texts=texts)
+                          finished=finished.astype(bool), texts=texts,
+                          item_ids=None if item_ids is None else item_ids.astype(np.int64))
 
 
 def _multiples(step: int, most: int) -> list[int]:

@@ -28,10 +28,18 @@ class BeamResult:
     finished: np.ndarray  # [W] bool: ended with a stop token
     texts: list[str]  # [W] decoded generated tokens (stop token and padding left out)
     timings: dict[str, float] = field(default_factory=dict)
+    # [W] int64 under a catalogue: the item each candidate names; -1 for a missing candidate
+    # (fewer than W items reachable: token ids all -1, score -inf)
+    item_ids: np.ndarray | None = None
 
     def candidates(self) -> list[dict]:
-        """The CLI's JSON candidates: generated ids (no padding), text, score."""
+        """The CLI's JSON candidates: generated ids (no padding), text, score (null when -inf: a
+        missing candidate), and item_id under a catalogue."""
         out = []
-        for ids, text, score in zip(self.token_ids, self.texts, self.scores):
-            out.append({"token_ids": [int(t) for t in ids if t >= 0], "text": text, "score": float(score)})
+        for i, (ids, text, score) in enumerate(zip(self.token_ids, self.texts, self.scores)):
+            cand = {"token_ids": [int(t) for t in ids if t >= 0], "text": text,
+                    "score": float(score) if np.isfinite(score) else None}
+            if self.item_ids is not None:
+                cand["item_id"] = int(self.item_ids[i])
+            out.append(cand)
         return out

@@ -185,6 +185,10 @@ class Tokenizer:
         batch.cu_seqlens.copy_(torch.from_numpy(cu))
         return batch
 
+    def ids(self, texts: list[str]) -> list[list[int]]:
+        """Each text's token ids as they are: no template, no bound, no special tokens added."""
+        return self._ids(list(texts))
+
     def _ids(self, texts: list[str]) -> list[list[int]]:
         if self.fast is not None:
             try:

@@ -1,0 +1,159 @@
+"""Catalogues: the trie against a plain walk over the items, the files, allow-lists, and every bad
+input of ITEMS.jsonl named by its line."""
+
+import json
+import random
+
+import numpy as np
+import pytest
+
+from boundgen.cli.main import main
+from boundgen.errors import ConfigError
+from boundgen.text.catalogue import Catalogue, check_tokenizer
+from boundgen.text.catalogue_items import build_catalogue
+
+
+class FakeTokenizer:
+    """Enough of text/tokenizer.py's Tokenizer for token_ids items: a vocabulary size."""
+
+    vocab_size = 100
+    source = None
+
+    def ids(self, texts):
+        return [[ord(c) % 100 for c in t] for t in texts]
+
+
+def prefixes(codes):
+    out = {}
+    for code in codes:
+        for d in range(len(code)):
+            out.setdefault(tuple(code[:d]), set()).add(code[d])
+    return out
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_trie_matches_a_plain_walk(seed):
+    rng = random.Random(seed)
+    codes = {tuple(rng.randrange(6) for _ in range(rng.randint(1, 4))) for _ in range(200)}
+    codes = [list(c) for c in codes]
+    rng.shuffle(codes)
+    ids = rng.sample(range(10_000), len(codes))
+    cat = Catalogue.from_sequences(ids, codes)
+    assert cat.num_items == len(codes) and cat.depth == max(map(len, codes))
+    for code, item in zip(codes, ids):
+        assert cat.node_item[cat.lookup(code)] == item
+    for prefix, tokens in prefixes(codes).items():
+        node = cat.lookup(prefix)
+        assert node >= 0 and cat.allowed(node) == sorted(tokens)
+    assert cat.lookup([7]) == -1
+    # Levels: every node of depth d is reached by a code of d tokens.
+    depth = np.zeros(cat.num_nodes, dtype=int)
+    parent = cat.parent()
+    for n in range(1, cat.num_nodes):
+        depth[n] = depth[parent[n]] + 1
+    for d, (a, b) in enumerate(zip(cat.level_ptr[:-1], cat.level_ptr[1:])):
+        assert (depth[a:b] == d).all()
+    assert cat.max_degree()[0] == len({c[0] for c in codes})
+
+
+def test_allow_list_reachability():
+    codes = [[1], [1, 2], [1, 3, 4], [5, 6]]
+    cat = Catalogue.from_sequences([10, 11, 12, 13], codes)
+    ends, reach = cat.reachable([12])
+    assert [bool(reach[cat.lookup(p)]) for p in ([], [1], [1, 2], [1, 3], [1, 3, 4], [5], [5, 6])] == \
+        [True, True, False, True, True, False, False]
+    assert ends.sum() == 1 and ends[cat.lookup([1, 3, 4])]
+    ends, reach = cat.reachable(None)
+    assert reach.all() and ends.sum() == 4
+    with pytest.raises(ConfigError, match=r"\[99\] are not in the catalogue"):
+        cat.reachable([10, 99])
+
+
+def test_save_and_load(tmp_path):
+    cat = Catalogue.from_sequences([3, 4], [[1, 2], [1]], {"vocab_size": 100, "sha256": None})
+    meta = cat.save(tmp_path / "c")
+    assert meta["items"] == 2 and meta["depth"] == 2 and meta["nodes"] == 3
+    again = Catalogue.load(tmp_path / "c")
+    for name in ("row_ptr", "child_token", "node_item", "level_ptr"):
+        assert np.array_equal(getattr(again, name), getattr(cat, name))
+    meta["sha256"] = "0" * 64
+    (tmp_path / "c" / "catalogue.json").write_text(json.dumps(meta))
+    with pytest.raises(ConfigError, match="sha256"):
+        Catalogue.load(tmp_path / "c")
+    with pytest.raises(ConfigError, match="not a catalogue directory"):
+        Catalogue.load(tmp_path)
+
+
+def write(tmp_path, lines, raw: bytes | None = None):
+    path = tmp_path / "items.jsonl"
+    if raw is not None:
+        path.write_bytes(raw)
+    else:
+        path.write_text("".join((line if isinstance(line, str) else json.dumps(line)) + "\n" for line in lines))
+    return path
+
+
+@pytest.mark.parametrize("lines, message", [
+    (['{"item_id": 1, "token_ids": [1]}', '{"item_id": 2, "token_ids": [2'], r"line 2: not valid JSON"),
+    ([[1, 2]], r"line 1: expected a JSON object"),
+    ([{"token_ids": [1]}], r"line 1: no item_id"),
+    ([{"item_id": 1}], r"line 1: give exactly one of token_ids and text"),
+    ([{"item_id": 1, "token_ids": [1], "text": "a"}], r"line 1: give exactly one"),
+    ([{"item_id": 1, "token_ids": [1], "score": 3}], r"line 1: unknown fields \['score'\]"),
+    ([{"item_id": -1, "token_ids": [1]}], r"line 1: item_id must be an integer in \[0, 2\^63\)"),
+    ([{"item_id": "7", "token_ids": [1]}], r"line 1: item_id must be an integer"),
+    ([{"item_id": True, "token_ids": [1]}], r"line 1: item_id must be an integer"),
+    ([{"item_id": 1, "token_ids": [1, 2.0]}], r"line 1: token_ids must be a list of integers"),
+    ([{"item_id": 1, "token_ids": []}], r"line 1: token_ids are empty"),
+    ([{"item_id": 1, "token_ids": [1]}, {"item_id": 2, "token_ids": [100]}],
+     r"line 2: token id 100 is outside the tokenizer's vocabulary \[0, 100\)"),
+    ([{"item_id": 1, "token_ids": [-3]}], r"line 1: token id -3 is outside"),
+    ([{"item_id": 1, "token_ids": [1, 2, 3, 4]}], r"line 1: token_ids are 4 tokens, more than --max-depth 3"),
+    ([{"item_id": 1, "text": ""}], r"line 1: text must be a non-empty string"),
+    ([{"item_id": 1, "text": "abcd"}], r"line 1: the text's tokens are 4 tokens, more than --max-depth 3"),
+    ([{"item_id": 5, "token_ids": [1]}, {"item_id": 6, "token_ids": [2]}, {"item_id": 5, "token_ids": [3]}],
+     r"lines 1 and 3: item_id 5 appears twice"),
+    ([{"item_id": 5, "token_ids": [1, 2]}, {"item_id": 6, "token_ids": [2]}, {"item_id": 7, "token_ids": [1, 2]}],
+     r"lines 1 and 3: items 5 and 7 have the same token sequence"),
+    (["", " "], r"holds no items"),
+])
+def test_bad_items_name_their_line(tmp_path, lines, message):
+    with pytest.raises(ConfigError, match=message):
+        build_catalogue(write(tmp_path, lines), FakeTokenizer(), max_depth=3)
+
+
+def test_not_utf8_names_the_line(tmp_path):
+    path = write(tmp_path, None, raw=b'{"item_id": 1, "token_ids": [1]}\n{"item_id": 2, "text": "caf\xe9"}\n')
+    with pytest.raises(ConfigError, match=r"line 2: not UTF-8"):
+        build_catalogue(path, FakeTokenizer())
+
+
+def test_blank_lines_count_in_line_numbers(tmp_path):
+    path = write(tmp_path, ['{"item_id": 1, "token_ids": [1]}', "", '{"item_id": 1, "token_ids": [2]}'])
+    with pytest.raises(ConfigError, match=r"lines 1 and 3"):
+        build_catalogue(path, FakeTokenizer())
+
+
+def test_cli_build_with_texts_and_ids(tmp_path, tiny_qwen3_dir, capsys):
+    from boundgen.text.tokenizer import Tokenizer
+
+    items = write(tmp_path, [{"item_id": 1, "text": "running shoes"}, {"item_id": 2, "token_ids": [5, 6]},
+                             {"item_id": 3, "text": "running socks"}])
+    out = tmp_path / "cat"
+    assert main(["catalogue", "build", str(items), "--tokenizer", str(tiny_qwen3_dir), "--out", str(out)]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["items"] == 3 and summary["tokenizer"]["vocab_size"] == Tokenizer.from_dir(tiny_qwen3_dir).vocab_size
+    cat = Catalogue.load(out)
+    shoes = Tokenizer.from_dir(tiny_qwen3_dir).ids(["running shoes"])[0]
+    assert cat.node_item[cat.lookup(shoes)] == 1 and cat.node_item[cat.lookup([5, 6])] == 2
+    check_tokenizer(cat, tiny_qwen3_dir, out)  # the same tokenizer: accepted
+    # A non-empty directory is refused, --force replaces an earlier catalogue.
+    assert main(["catalogue", "build", str(items), "--tokenizer", str(tiny_qwen3_dir), "--out", str(out)]) == 2
+    assert "is not empty" in capsys.readouterr().err
+    assert main(["catalogue", "build", str(items), "--tokenizer", str(tiny_qwen3_dir), "--out", str(out), "--force"]) == 0
+
+
+def test_another_tokenizer_is_refused(tmp_path, tiny_qwen3_dir):
+    cat = Catalogue.from_sequences([1], [[5]], {"vocab_size": 100, "sha256": "0" * 64})
+    with pytest.raises(ConfigError, match="another tokenizer"):
+        check_tokenizer(cat, tiny_qwen3_dir, "cat")
