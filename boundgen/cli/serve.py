@@ -58,7 +58,8 @@ def register(sub):
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"], default="info",
                    help="least severe log record written to stderr (default info; status lines are always written)")
     p.add_argument("--access-log", action="store_true",
-                   help="log one line per inference request: model, protocol, outcome, milliseconds")
+                   help="log one line per inference request: route, status, model, outcome, milliseconds and its "
+                        "request id (X-Request-ID / x-request-id, taken from the client or made up, echoed back)")
     p.add_argument("--trust-key", default=None, metavar="KEY",
                    help="Ed25519 public key (PEM, `boundgen keygen`'s OUT.pub): serve only artifacts whose "
                         "manifest.sig is its signature of their manifest.json, checked before anything else is "

@@ -1,6 +1,6 @@
 """The AOTInductor load crash on CUDA torch images, and its fix: preload the system libstdc++.
 
-On the GPU image (torch 2.11+cu130; ../shared/GPU.md) `aoti_load_package` segfaults inside
+On the GPU image (torch 2.11+cu130; docs/build.md) `aoti_load_package` segfaults inside
 the package's generated wrapper .so (`std::regex` in `parse_device_str`): the .so is linked
 without libstdc++ and binds its C++ symbols to the wrong copy. Starting the process with
 `LD_PRELOAD=<system libstdc++.so.6>` fixes it. CPU wheels of torch (CI: 2.13+cpu) load

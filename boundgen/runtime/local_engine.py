@@ -96,7 +96,8 @@ class LocalEngine(Engine):
         t2 = time.perf_counter()
         result = self.encoder.encode(*share.rows)
         end = time.perf_counter()
-        result.timings = {"pre": t1 - t0, **share.timings(), "post": end - t2, "total": end - t0}
+        result.timings = {"pre": t1 - t0, **share.timings(), "post": end - t2, "total": end - t0,
+                          "input_tokens": packed.num_tokens}
         return result
 
     # -- packed requests from another process (server/frontend/) ------------------------------

@@ -32,6 +32,7 @@ class FrontendServer(Server):
     def __init__(self, artifact_dirs, config: ServerConfig, engine_link: EngineLink, index: int):
         super().__init__(artifact_dirs, config, engine_factory=self._no_loading, out=sys.stderr)
         self.link, self.index = engine_link, index
+        self.metrics.add_constant_labels(frontend=str(index))  # a scrape reaches one front end: which one
 
     def say(self, message: str) -> None:
         super().say(f"[front end {self.index}] {message}")

@@ -43,8 +43,21 @@ RESTART_BACKOFF_S = 0.5
 def default_frontends(cores: int | None = None) -> int:
     """Front-end processes when --frontends is not given: one per four usable cores, 1 to 8;
     1 (everything in one process) below four cores."""
-    cores = cores if cores is not None else len(os.sched_getaffinity(0))
+    cores = cores if cores is not None else usable_cores()
     return 1 if cores < 4 else max(2, min(8, cores // 4))
+
+
+def usable_cores(cpu_max: str = "/sys/fs/cgroup/cpu.max") -> int:
+    """The cores this process may use: its CPU affinity, capped by a cgroup v2 CPU quota (a
+    container's CPU limit, which the affinity does not show)."""
+    cores = len(os.sched_getaffinity(0))
+    try:
+        quota, period = open(cpu_max).read().split()[:2]
+    except (OSError, ValueError):
+        return cores
+    if quota == "max":
+        return cores
+    return max(1, min(cores, int(int(quota) / int(period))))
 
 
 class _Frontend:

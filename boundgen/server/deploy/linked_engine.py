@@ -156,5 +156,6 @@ class LinkedEngine(Engine):
         result.timings = {"pre": t1 - t0, "queue": answer["queue_s"], "model": answer["model_s"],
                           # to the engine process and back: the link, its threads' wake-ups, (de)serialising
                           "link": max(0.0, (t2 - t1) - answer["queue_s"] - answer["model_s"]),
-                          "batch_requests": answer["requests_in_call"], "post": end - t2, "total": end - t0}
+                          "batch_requests": answer["requests_in_call"], "post": end - t2, "total": end - t0,
+                          "input_tokens": packed.num_tokens}
         return result
