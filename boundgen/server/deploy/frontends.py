@@ -8,9 +8,10 @@
 This process binds both ports first (so that port 0 picks one number for everyone), starts the
 front ends, says "listening" once each listens, loads and warms up the artifacts, then tells the
 front ends to become ready. A front end that exits is restarted (its own in-flight requests
-fail with it; the engine withdraws what it had queued). SIGTERM / SIGINT: the engine admits no
-new request (503), every front end drains and exits, then the engines close. If this process
-dies, the front ends see the link close (and their lifeline pipe) and exit: no half-alive server.
+fail with it; the engine withdraws what it had queued). SIGTERM / SIGINT: every front end drains
+(new requests 503; what it admitted finishes) and exits, then the engine admits nothing more and
+the engines close. If this process dies, the front ends see the link close (and their lifeline
+pipe) and exit: no half-alive server.
 """
 
 from __future__ import annotations
@@ -120,8 +121,10 @@ def serve_frontends(artifact_dirs: Sequence[str | Path], config: ServerConfig, c
         say(f"boundgen serve: ready, models: {', '.join(host.models)}, {count} front-end processes")
         _supervise(frontends, stop, say)
         say("boundgen serve: draining (new requests get 503 / UNAVAILABLE)")
-        host.set_state("draining")
+        # The front ends first: each stops admitting and finishes what it admitted, which the engine
+        # still takes; then the engine admits nothing more.
         _stop_frontends(frontends, config.drain_timeout_s + 5.0)
+        host.set_state("draining")
         return 0
     finally:
         _stop_frontends(frontends, 0.0)
