@@ -40,6 +40,11 @@ class Engine:
               cancelled: threading.Event | None = None) -> ScoreResult:
         raise NotImplementedError(f"model {self.spec.name} is a {self.spec.task} model, not a score model")
 
+    def score_ids(self, samples: Sequence[Sequence[int]], deadline: float | None = None,
+                  cancelled: threading.Event | None = None) -> ScoreResult:
+        """`score` of samples given as token ids (no template: the ids are the model's input)."""
+        raise NotImplementedError(f"model {self.spec.name} does not take token ids")
+
     def beam(self, text: str, deadline: float | None = None, cancelled: threading.Event | None = None) -> BeamResult:
         raise NotImplementedError(f"model {self.spec.name} is a {self.spec.task} model, not a beam model")
 

@@ -81,6 +81,12 @@ class LocalEngine(Engine):
             raise InvalidInput("score takes a list of texts, got a single string")
         return self._request(list(texts), deadline, cancelled)
 
+    def score_ids(self, samples: Sequence[Sequence[int]], deadline: float | None = None,
+                  cancelled: threading.Event | None = None) -> ScoreResult:
+        if self.spec.task != "score":
+            return super().score_ids(samples, deadline, cancelled)
+        return self._request(samples, deadline, cancelled, self.packer.encode_ids)
+
     def beam(self, text: str, deadline: float | None = None, cancelled: threading.Event | None = None) -> BeamResult:
         if self.spec.task != "beam":
             return super().beam(text, deadline, cancelled)
@@ -88,9 +94,9 @@ class LocalEngine(Engine):
             raise InvalidInput(f"beam takes one prompt text, got {type(text).__name__}")
         return self._request([text], deadline, cancelled)
 
-    def _request(self, texts: list[str], deadline: float | None, cancelled: threading.Event | None):
+    def _request(self, texts: list, deadline: float | None, cancelled: threading.Event | None, pack=None):
         t0 = time.perf_counter()
-        packed = self.packer.encode(texts)
+        packed = (pack or self.packer.encode)(texts)
         t1 = time.perf_counter()
         share: CallShare = self._batcher.submit(Queued(packed, t1), deadline, cancelled)
         t2 = time.perf_counter()

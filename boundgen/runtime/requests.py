@@ -51,6 +51,16 @@ class RequestPacker:
             raise InvalidInput(f"the request has {total} tokens in all; this model accepts at most {b.max_total_tokens}")
         return batch
 
+    def encode_ids(self, samples: list) -> PackedBatch:
+        """Check samples given as token ids against the bounds and the vocabulary, and pack them
+        (no template: the ids are the model's input, as SGLang's pre-tokenized /v1/score sends them)."""
+        b = self.bounds
+        if isinstance(samples, (str, bytes)) or not samples:
+            raise InvalidInput("the request has no samples")
+        if len(samples) > b.max_samples:
+            raise InvalidInput(f"the request has {len(samples)} samples; this model accepts at most {b.max_samples}")
+        return self.tokenizer.pack_ids(samples, b.max_tokens_per_sample, b.max_total_tokens)
+
     def stage(self, ctx, batch: PackedBatch):
         """Pad for CUDA graphs if configured and write the batch into the context's buffers;
         returns the device views (tokens, positions, cu_seqlens)."""

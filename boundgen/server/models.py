@@ -149,6 +149,12 @@ class ModelSet:
             raise Unavailable("the server is shutting down and admits no new requests")
         return await self.get(name, version).infer(tensors, requested, deadline)
 
+    async def run(self, name: str, call, requested: Sequence[str] | None, deadline: float) -> list[Tensor]:
+        """As `infer`, for a request a JSON route checked itself (served.ServedModel.run)."""
+        if self.state == DRAINING:
+            raise Unavailable("the server is shutting down and admits no new requests")
+        return await self.get(name).run(call, requested, deadline)
+
     @contextlib.contextmanager
     def observe(self, protocol: str, name: str, expired: Callable[[], bool] = lambda: False) -> Iterator[None]:
         """Count one inference request by model and outcome, and time it end to end. A request

@@ -36,16 +36,13 @@ from aiohttp import web
 
 from boundgen.errors import InvalidInput
 from boundgen.server import http_bodies
-from boundgen.server.signature import REBUILD
-from boundgen.server.status import status_of
 from boundgen.server.models import LOADING
-from boundgen.server.status import Unavailable
+from boundgen.server.signature import REBUILD, EngineCall
+from boundgen.server.status import Unavailable, status_of
 from boundgen.server.tensors import Tensor
 
 ROUTE = "/v1/score"
 FIELDS = ("query", "items", "label_token_ids", "apply_softmax", "item_first", "model")
-PRE_TOKENIZED = ("pre-tokenized {what} (lists of token ids) are not supported: send the text; "
-                 "the model applies its template and tokenizer to it")
 # SGLang's error "type" by HTTP status (OpenAI's names), for clients that branch on it.
 ERROR_TYPES = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError", 429: "RateLimitError",
                503: "ServiceUnavailableError", 504: "TimeoutError"}
@@ -60,15 +57,19 @@ def parse(obj) -> dict:
         raise InvalidInput(f"a /v1/score request has unknown fields {', '.join(map(repr, unknown))}; "
                            f"it takes {', '.join(FIELDS)}")
     query, items = obj.get("query"), obj.get("items")
-    if _token_ids(query):
-        raise InvalidInput("query must be a text: " + PRE_TOKENIZED.format(what="queries"))
-    if not isinstance(query, str):
-        raise InvalidInput("query must be a text")
-    items = [items] if isinstance(items, str) else items
-    if isinstance(items, list) and items and all(_token_ids(i) for i in items):
-        raise InvalidInput("items must be texts: " + PRE_TOKENIZED.format(what="items"))
-    if not isinstance(items, list) or not items or not all(isinstance(i, str) for i in items):
-        raise InvalidInput("items must be a text or a non-empty list of texts")
+    # SGLang's two forms: texts (query str, items str or [str]) or token ids (query [int], items [[int]]):
+    # token ids go to the model as they are, query and item ids concatenated, without a template.
+    tokenized = _token_ids(query)
+    if tokenized:
+        if not isinstance(items, list) or not items or not all(_token_ids(i) for i in items):
+            raise InvalidInput("with query as token ids, items must be a non-empty list of token-id lists")
+    else:
+        if not isinstance(query, str):
+            raise InvalidInput("query must be a text, or a non-empty list of token ids")
+        items = [items] if isinstance(items, str) else items
+        if not isinstance(items, list) or not items or not all(isinstance(i, str) for i in items):
+            raise InvalidInput("items must be a text or a non-empty list of texts (token-id lists with a "
+                               "tokenized query)")
     ids = obj.get("label_token_ids")
     if (not isinstance(ids, list) or not ids or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids)
             or len(set(ids)) != len(ids)):
@@ -82,7 +83,7 @@ def parse(obj) -> dict:
     if model is not None and not isinstance(model, str):
         raise InvalidInput("model must be a model name")
     return {"query": query, "items": items, "item_first": item_first, "label_token_ids": ids,
-            "apply_softmax": apply_softmax, "model": model}
+            "apply_softmax": apply_softmax, "model": model, "tokenized": tokenized}
 
 
 def _token_ids(value) -> bool:
@@ -114,6 +115,17 @@ def text_tensor(parsed: dict, model: str, max_samples: int) -> Tensor:
     return Tensor("TEXT", "BYTES", (len(texts),), texts)
 
 
+def token_call(parsed: dict, model: str, max_samples: int) -> EngineCall:
+    """A tokenized request's samples (query ids + item ids, or item + query with item_first), as the
+    engine call that runs them; the count is checked before any sample is built."""
+    items, query = parsed["items"], list(parsed["query"])
+    if len(items) > max_samples:
+        raise InvalidInput(f"items has {len(items)} token-id lists, over the limit of {max_samples} per request "
+                           f"(max_samples of model {model})")
+    samples = tuple(tuple(item + query if parsed["item_first"] else query + item) for item in items)
+    return EngineCall("score", (), token_ids=samples)
+
+
 def utf8(text: str, where: str) -> bytes:
     """`text` as UTF-8; 400 naming `where` for one that cannot be (a lone surrogate from a JSON escape)."""
     try:
@@ -136,8 +148,11 @@ async def run(models, name: str, parsed: dict, deadline: float) -> dict:
     if names[0] not in [t.name for t in model.signature.outputs]:
         raise InvalidInput(f"apply_softmax false (probabilities over the whole vocabulary) is not available on "
                            f"model {name}: {REBUILD}; or send apply_softmax true")
-    text = text_tensor(parsed, name, model.signature.max_samples)
-    values, counts = await models.infer(name, "", [text], names, deadline)
+    if parsed["tokenized"]:
+        values, counts = await models.run(name, token_call(parsed, name, model.signature.max_samples), names, deadline)
+    else:
+        values, counts = await models.infer(name, "", [text_tensor(parsed, name, model.signature.max_samples)], names,
+                                            deadline)
     array = np.asarray(values.data, dtype=np.float32).reshape(values.shape)
     labels = list(model.engine.spec.program.label_token_ids)
     if parsed["apply_softmax"]:

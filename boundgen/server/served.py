@@ -10,7 +10,7 @@ from typing import Sequence
 from boundgen.runtime.engine import Engine
 from boundgen.server.admission import Admission, Passage
 from boundgen.server.metrics import ServerMetrics
-from boundgen.server.signature import Signature
+from boundgen.server.signature import EngineCall, Signature
 from boundgen.server.tensors import Tensor
 
 # The stage timings (seconds) of the request this task is answering: set by ServedModel.infer, read
@@ -61,8 +61,12 @@ class ServedModel:
 
     async def infer(self, tensors: Sequence[Tensor], requested: Sequence[str] | None, deadline: float) -> list[Tensor]:
         """Check, admit, run and encode one request; raises InvalidInput or a status.ServeError."""
+        return await self.run(self.signature.parse(tensors), requested, deadline)
+
+    async def run(self, call: EngineCall, requested: Sequence[str] | None, deadline: float) -> list[Tensor]:
+        """Admit, run and encode a checked request (what `infer` parsed from tensors, or a JSON route's
+        token ids)."""
         names = self.signature.check_outputs(requested)
-        call = self.signature.parse(tensors)
         # The engine gets the deadline and the cancelled event (set by the admission when the
         # client goes away) too: a request still waiting inside it (for a context, or in the
         # batcher's queue) when either comes is not run (DeadlineExceeded: 504; Cancelled: the

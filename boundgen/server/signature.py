@@ -62,9 +62,12 @@ class EngineCall:
 
     task: str
     texts: tuple[str, ...]
+    token_ids: tuple[tuple[int, ...], ...] | None = None  # score samples given as token ids (no template)
 
     def __call__(self, engine: Engine, deadline: float | None = None,
                  cancelled: threading.Event | None = None) -> ScoreResult | BeamResult:
+        if self.token_ids is not None:
+            return engine.score_ids([list(ids) for ids in self.token_ids], deadline, cancelled)
         if self.task == "score":
             return engine.score(list(self.texts), deadline, cancelled)
         return engine.beam(self.texts[0], deadline, cancelled)

@@ -189,6 +189,30 @@ class Tokenizer:
         """Each text's token ids as they are: no template, no bound, no special tokens added."""
         return self._ids(list(texts))
 
+    def pack_ids(self, samples: Sequence[Sequence[int]], max_tokens: int, max_total: int) -> PackedBatch:
+        """Samples given as token ids -> one packed batch, each id checked against the vocabulary
+        (an id the embedding does not have must never reach the device)."""
+        vocab, lengths = self.vocab_size, []
+        for i, ids in enumerate(samples):
+            if (not isinstance(ids, Sequence) or isinstance(ids, (str, bytes)) or not ids
+                    or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids)):
+                raise InvalidInput(f"sample {i} must be a non-empty list of token ids")
+            if len(ids) > max_tokens:
+                raise InvalidInput(f"sample {i} has {len(ids)} tokens, more than the limit of {max_tokens} tokens "
+                                   "per sample")
+            bad = [t for t in ids if not 0 <= t < vocab]
+            if bad:
+                raise InvalidInput(f"sample {i} has token id {bad[0]}, outside this model's vocabulary (0 to {vocab - 1})")
+            lengths.append(len(ids))
+        total = sum(lengths)
+        if total > max_total:
+            raise InvalidInput(f"the request has {total} tokens in all; this model accepts at most {max_total}")
+        tokens = np.fromiter(chain.from_iterable(samples), dtype=np.int64, count=total)
+        cu = np.zeros(len(lengths) + 1, dtype=np.int32)
+        np.cumsum(lengths, out=cu[1:])
+        positions = np.arange(total, dtype=np.int64) - np.repeat(cu[:-1].astype(np.int64), lengths)
+        return PackedBatch(torch.from_numpy(tokens), torch.from_numpy(positions), torch.from_numpy(cu), lengths)
+
     def _ids(self, texts: list[str]) -> list[list[int]]:
         if self.fast is not None:
             try:

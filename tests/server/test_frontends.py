@@ -153,3 +153,16 @@ def test_answers_carry_the_server_timings_when_asked(frontends_server):
     assert 0 < timings["model"] < timings["handler"]
     answer = infer("grpc", frontends_server, "escore", TEXTS).get_response()
     assert not any(key.startswith("timing_") for key in answer.parameters)
+
+
+def test_token_ids_travel_through_a_front_end(frontends_server, engines):
+    """/v1/score's token-id form runs through a front end's LinkedEngine as in process."""
+    from tests.server.conftest import post_json
+
+    ids = [[9707, 1879, 25], [23, 7, 1052, 11]]
+    labels = list(engines["score"].spec.program.label_token_ids)
+    status, answer = post_json(frontends_server, "/v1/score", {"query": [40], "items": ids,
+                                                               "label_token_ids": labels, "apply_softmax": True})
+    assert status == 200, answer
+    expected = engines["score"].score_ids([[40] + i for i in ids]).scores
+    np.testing.assert_allclose(answer["scores"], expected / expected.sum(axis=1, keepdims=True), rtol=1e-5)

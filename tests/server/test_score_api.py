@@ -53,8 +53,8 @@ def test_usage_counts_the_tokens_of_every_sample(fake_server):
     ({"apply_softmax": False}, "rebuild it"),  # the fake engine gives no vocabulary log-sum-exp, as an old artifact
     ({"apply_softmax": "no"}, "apply_softmax must be true or false"),
     ({"label_token_ids": [YES, 12345]}, "are not labels of this model"),
-    ({"items": [[1, 2, 3]]}, "pre-tokenized items (lists of token ids) are not supported"),
-    ({"query": [1, 2]}, "pre-tokenized queries (lists of token ids) are not supported"),
+    ({"items": [[1, 2, 3]]}, "token-id lists with a tokenized query"),
+    ({"query": [1, 2]}, "with query as token ids, items must be a non-empty list of token-id lists"),
     ({"model": "fbeam"}, "is a beam model"),
     ({"model": "nope"}, "unknown model 'nope'"),
     ({"items": []}, "non-empty list"),
@@ -124,3 +124,32 @@ def test_a_loading_server_answers_503_not_no_model():
 
     with pytest.raises(Unavailable, match="still loading"):
         pick_model(ModelSet(ServerConfig(), ServerMetrics()), None)
+
+
+
+def test_pre_tokenized_query_and_items_score_as_hf_on_those_ids(eager_score, tiny_qwen3_dir):
+    """SGLang's token-id form: query ids + item ids go to the model as they are (no template), as HF
+    scores the same ids (FP32, apply_softmax false: the whole vocabulary's softmax at the labels);
+    ids outside the vocabulary are 400, never run."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from boundgen.text.tokenizer import Tokenizer
+
+    server, ids = eager_score
+    tok = Tokenizer.from_dir(tiny_qwen3_dir)
+    q = tok.encode_packed(["query: running shoes | item: "], 32).tokens.tolist()
+    item_ids = [tok.encode_packed([item], 32).tokens.tolist() for item in ["trail shoe", "咖啡 拿铁"]]
+    status, by_ids = post(server, {"query": q, "items": item_ids, "label_token_ids": ids[:2]})
+    assert status == 200, by_ids
+    status, item_first = post(server, {"query": q, "items": item_ids, "label_token_ids": ids[:2], "item_first": True})
+    assert status == 200, item_first
+    hf = AutoModelForCausalLM.from_pretrained(str(tiny_qwen3_dir), torch_dtype=torch.float32).eval()
+    for answer, samples in ((by_ids, [q + i for i in item_ids]), (item_first, [i + q for i in item_ids])):
+        with torch.no_grad():
+            logits = torch.stack([hf(torch.tensor([s])).logits[0, -1].double() for s in samples])
+        np.testing.assert_allclose(answer["scores"], torch.softmax(logits, -1)[:, ids[:2]].numpy(), rtol=1e-4,
+                                   atol=1e-9)
+        assert answer["usage"]["prompt_tokens"] == sum(map(len, samples))
+    status, answer = post(server, {"query": q, "items": [[151_936]], "label_token_ids": ids[:2]})
+    assert status == 400 and "outside this model's vocabulary" in answer["message"], answer

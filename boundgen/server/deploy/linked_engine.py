@@ -147,7 +147,8 @@ class LinkedEngine(Engine):
 
     async def run(self, call: EngineCall, deadline: float):
         t0 = time.perf_counter()
-        packed = self.packer.encode(list(call.texts))
+        packed = (self.packer.encode_ids([list(ids) for ids in call.token_ids]) if call.token_ids is not None
+                  else self.packer.encode(list(call.texts)))
         t1 = time.perf_counter()
         answer = await self.link.call(self.spec.name, packed, deadline)
         t2 = time.perf_counter()
