@@ -183,13 +183,19 @@ class WorkerPool:
             raise BoundgenError(f"a worker failed to start: {failed[0]}")
         first = self.workers[0].server
         n = len(self.workers)
-        specs = {}  # artifact dir -> spec, from the first worker's model configs (all load the same)
+        # Each artifact directory's spec, from the first worker's model configs (all load the same),
+        # matched by the directory's name: a model config names its artifact, never its path.
+        names = [Path(d).name for d in self.artifact_dirs]
+        if len(set(names)) != len(names):
+            self.close()
+            raise BoundgenError(f"--replicas / --gpus need artifact directories of distinct names, got {names}")
+        specs = {}
         for entry in self._get_json(first, "/v2/repository/index", post=True):
             config = self._get_json(first, f"/v2/models/{entry['name']}/config")["parameters"]
             capacity = int(config["max_inflight"]["string_value"]) * n
-            specs[config["artifact_dir"]["string_value"]] = spec_from_metadata(
+            specs[config["artifact"]["string_value"]] = spec_from_metadata(
                 self._get_json(first, f"/v2/models/{entry['name']}"), capacity)
-        self._specs = [specs[str(Path(d))] for d in self.artifact_dirs]
+        self._specs = [specs[name] for name in names]
         self._started = True
         for w in self.workers:
             threading.Thread(target=self._supervise, args=(w,), name=f"boundgen-worker-{w.index}", daemon=True).start()

@@ -71,8 +71,10 @@ def test_model_config(fake_server, protocol):
     assert int(score.get("max_batch_size", 0)) == 0
     assert [(t["name"], t["data_type"], [int(d) for d in t["dims"]]) for t in score["input"]] == [
         ("TEXT", "TYPE_STRING", [-1])]
+    # NUM_TOKENS (each sample's tokens) on every score model; LABEL_LOGPROBS only where the artifact
+    # returns the vocabulary's log-sum-exp (the fake engine's, like an artifact built before, does not)
     assert [(t["name"], t["data_type"], [int(d) for d in t["dims"]]) for t in score["output"]] == [
-        ("SCORES", "TYPE_FP32", [-1, 2])]
+        ("SCORES", "TYPE_FP32", [-1, 2]), ("NUM_TOKENS", "TYPE_INT32", [-1])]
     assert [(g["kind"], int(g["count"])) for g in score["instance_group"]] == [("KIND_CPU", 1)]
     assert score["parameters"]["task"] == {"string_value": "score"}
     assert json.loads(score["parameters"]["max_samples"]["string_value"]) == SCORE_SPEC.program.max_samples
