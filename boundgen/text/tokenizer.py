@@ -172,18 +172,7 @@ class Tokenizer:
         total = sum(lengths)
         if out is not None and total > out.max_tokens:
             raise InvalidInput(f"request has {total} tokens in all; at most {out.max_tokens} are accepted")
-
-        tokens = np.fromiter(chain.from_iterable(ids), dtype=np.int64, count=total)
-        cu = np.zeros(len(lengths) + 1, dtype=np.int32)
-        np.cumsum(lengths, out=cu[1:])
-        positions = np.arange(total, dtype=np.int64) - np.repeat(cu[:-1].astype(np.int64), lengths)
-        if out is None:
-            return PackedBatch(torch.from_numpy(tokens), torch.from_numpy(positions), torch.from_numpy(cu), lengths)
-        batch = PackedBatch(out.tokens[:total], out.positions[:total], out.cu_seqlens[: len(lengths) + 1], lengths)
-        batch.tokens.copy_(torch.from_numpy(tokens))
-        batch.positions.copy_(torch.from_numpy(positions))
-        batch.cu_seqlens.copy_(torch.from_numpy(cu))
-        return batch
+        return _packed(ids, lengths, out)
 
     def ids(self, texts: list[str]) -> list[list[int]]:
         """Each text's token ids as they are: no template, no bound, no special tokens added."""
@@ -207,11 +196,7 @@ class Tokenizer:
         total = sum(lengths)
         if total > max_total:
             raise InvalidInput(f"the request has {total} tokens in all; this model accepts at most {max_total}")
-        tokens = np.fromiter(chain.from_iterable(samples), dtype=np.int64, count=total)
-        cu = np.zeros(len(lengths) + 1, dtype=np.int32)
-        np.cumsum(lengths, out=cu[1:])
-        positions = np.arange(total, dtype=np.int64) - np.repeat(cu[:-1].astype(np.int64), lengths)
-        return PackedBatch(torch.from_numpy(tokens), torch.from_numpy(positions), torch.from_numpy(cu), lengths)
+        return _packed(samples, lengths)
 
     def _ids(self, texts: list[str]) -> list[list[int]]:
         if self.fast is not None:
@@ -257,6 +242,22 @@ class Tokenizer:
         if self.decoder is not None:
             return self.decoder.decode_batch(rows, skip_special_tokens)
         return self.backend.decode_batch(rows, skip_special_tokens=skip_special_tokens)
+
+
+def _packed(ids: Sequence[Sequence[int]], lengths: list[int], out: PackedBuffers | None = None) -> PackedBatch:
+    """Samples' token ids, back to back, with their positions and cu_seqlens (into `out` if given)."""
+    total = sum(lengths)
+    tokens = np.fromiter(chain.from_iterable(ids), dtype=np.int64, count=total)
+    cu = np.zeros(len(lengths) + 1, dtype=np.int32)
+    np.cumsum(lengths, out=cu[1:])
+    positions = np.arange(total, dtype=np.int64) - np.repeat(cu[:-1].astype(np.int64), lengths)
+    if out is None:
+        return PackedBatch(torch.from_numpy(tokens), torch.from_numpy(positions), torch.from_numpy(cu), lengths)
+    batch = PackedBatch(out.tokens[:total], out.positions[:total], out.cu_seqlens[: len(lengths) + 1], lengths)
+    batch.tokens.copy_(torch.from_numpy(tokens))
+    batch.positions.copy_(torch.from_numpy(positions))
+    batch.cu_seqlens.copy_(torch.from_numpy(cu))
+    return batch
 
 
 def _id_list(ids) -> list[int]:
