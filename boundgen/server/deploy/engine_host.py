@@ -21,7 +21,6 @@ import queue
 import socket
 import threading
 from dataclasses import dataclass, field
-from typing import Callable
 
 import numpy as np
 import torch
@@ -60,10 +59,10 @@ class _Connection:
 
 
 class EngineHost:
-    def __init__(self, path: str, max_queue: int, say: Callable[[str], None] = lambda s: None):
+    def __init__(self, path: str, max_queue: int):
         """`path`: the Unix socket to listen on; `max_queue`: requests waiting per model beyond
         which new ones get 429 (serve's --max-queue)."""
-        self.path, self.max_queue, self.say = path, max_queue, say
+        self.path, self.max_queue = path, max_queue
         self.models: dict[str, HostedModel] = {}
         self.state = "loading"
         self.frontend_states: dict[int, str] = {}

@@ -17,7 +17,6 @@ import asyncio
 import json
 import sys
 
-from boundgen.server import logs
 from boundgen.server.app import Server, serve_until_signal
 from boundgen.server.config import ServerConfig
 from boundgen.server.deploy.linked_engine import EngineGone, EngineLink, LinkedEngine

@@ -22,6 +22,7 @@ import time
 from boundgen.artifact.program import spec_from_dict
 from boundgen.errors import Cancelled, DeadlineExceeded, InvalidInput
 from boundgen.runtime.engine import Engine, EngineSpec
+from boundgen.runtime.local_engine import CallShare
 from boundgen.runtime.requests import BeamEncoder, RequestPacker, ScoreEncoder
 from boundgen.server.deploy import link
 from boundgen.server.signature import EngineCall
@@ -152,11 +153,12 @@ class LinkedEngine(Engine):
         t1 = time.perf_counter()
         answer = await self.link.call(self.spec.name, packed, deadline)
         t2 = time.perf_counter()
-        result = self.encoder.encode(*[link.unpack_array(r) for r in answer["rows"]])
+        share = CallShare([link.unpack_array(r) for r in answer["rows"]], answer["queue_s"], answer["model_s"],
+                          answer["requests_in_call"])
+        result = self.encoder.encode(*share.rows)
         end = time.perf_counter()
-        result.timings = {"pre": t1 - t0, "queue": answer["queue_s"], "model": answer["model_s"],
+        result.timings = {"pre": t1 - t0, **share.timings(), "post": end - t2, "total": end - t0,
+                          "input_tokens": packed.num_tokens,
                           # to the engine process and back: the link, its threads' wake-ups, (de)serialising
-                          "link": max(0.0, (t2 - t1) - answer["queue_s"] - answer["model_s"]),
-                          "batch_requests": answer["requests_in_call"], "post": end - t2, "total": end - t0,
-                          "input_tokens": packed.num_tokens}
+                          "link": max(0.0, (t2 - t1) - share.queue_s - share.model_s)}
         return result
