@@ -56,23 +56,9 @@ TOTAL_S="${TOTAL_S:-570}"
 start=$SECONDS
 left() { echo $(( TOTAL_S - (SECONDS - start) )); }
 log() { echo "[gpu_run +$(( SECONDS - start ))s] $*" | tee -a "$RES/gpu_run.log" >&2; }
-PIN=(); command -v taskset > /dev/null && PIN=(taskset -c)
 n=$(nproc); BUILD_CORES="0-$(( n / 2 - 1 ))"; BEAM_CORES="$(( n / 2 ))-$(( n * 3 / 4 - 1 ))"
 SCORE_CORES="$(( n * 3 / 4 ))-$(( n - 1 ))"
-# step LIMIT_S NAME CORES CMD...: CMD on CORES with its output in $RES/NAME.log, interrupted after LIMIT_S.
-step() {
-  local limit=$1 name=$2 cores=$3
-  shift 3
-  (( limit > $(left) )) && limit=$(left)
-  if (( limit < 15 )); then log "SKIP $name: out of time"; return 124; fi
-  log "$name (limit ${limit}s)"
-  printf '%q ' "$@" >> "$RES/commands.txt"; echo >> "$RES/commands.txt"
-  timeout -s INT -k 20 "$limit" ${PIN[@]+"${PIN[@]}" "$cores"} "$@" > "$RES/$name.log" 2>&1
-  local rc=$?
-  log "$name: exit $rc"
-  (( rc )) && tail -n 12 "$RES/$name.log" >&2
-  return $rc
-}
+source "$root/scripts/gpu_step.sh"  # step LIMIT_S NAME CORES CMD...
 
 { date -u; nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,noheader 2>&1
   python3 -c 'import sys, torch, triton, transformers; print("python", sys.version.split()[0], "torch", torch.__version__,

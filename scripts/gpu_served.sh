@@ -39,19 +39,7 @@ SWEEP_BEAM="${SWEEP_BEAM:---concurrency 1,2,4,6,8,12,16 --duration 2 --warmup 0.
 start=$SECONDS
 left() { echo $(( TOTAL_S - (SECONDS - start) )); }
 log() { echo "[gpu_served +$(( SECONDS - start ))s] $*" | tee -a "$RES/run.log" >&2; }
-step() {  # step LIMIT_S NAME CORES CMD...: CMD pinned to CORES, output in $RES/NAME.log, stopped after LIMIT_S
-  local limit=$1 name=$2 cores=$3
-  shift 3
-  (( limit > $(left) )) && limit=$(left)
-  if (( limit < 15 )); then log "SKIP $name: out of time"; return 124; fi
-  log "$name (limit ${limit}s, cores $cores)"
-  printf '%q ' "$@" >> "$RES/commands.txt"; echo >> "$RES/commands.txt"
-  timeout -s INT -k 20 "$limit" taskset -c "$cores" "$@" > "$RES/$name.log" 2>&1
-  local rc=$?
-  log "$name: exit $rc"
-  (( rc )) && tail -n 12 "$RES/$name.log" >&2
-  return $rc
-}
+source "$root/scripts/gpu_step.sh"  # step LIMIT_S NAME CORES CMD...
 { date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1
   python3 -c 'import sys, torch, triton; print("python", sys.version.split()[0], "torch", torch.__version__, "triton", triton.__version__)'
   echo "commit $(cat "$root/COMMIT" 2>/dev/null || git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)"
