@@ -106,6 +106,12 @@ class BeamSpec:
     max_prompt_tokens: int = option(1024, "prompt token bound")
     template: str = option("{text}", "prompt template with a {text} placeholder")
     max_requests: int = option(1, "prompts one compiled call may hold: concurrent requests batched")
+    constrained: bool = option(False, "restrict candidates to a catalogue's items, the catalogue given at serve "
+                                      "time (boundgen serve --catalogue NAME=CAT_DIR)", kind=bool)
+    # A bound, not the catalogue: the trie's arrays are program inputs of any size; a node's
+    # children are looked up in this many slots (the root's in V), so deeper nodes of a
+    # catalogue served with the artifact may have at most this many children each.
+    catalogue_max_degree: int = option(4096, "constrained: the most children a trie node below the root may have")
     task: str = field(default="beam", init=False)
 
     def __post_init__(self):
@@ -115,7 +121,9 @@ class BeamSpec:
             raise ConfigError(f"beam steps (tokens to generate) must be an integer in [1, {MAX_STEPS}], got {self.steps}")
         if not isinstance(self.min_new_tokens, int) or not 0 <= self.min_new_tokens <= self.steps:
             raise ConfigError(f"min_new_tokens must be in [0, steps={self.steps}], got {self.min_new_tokens}")
-        _positive(self, "max_prompt_tokens", "max_requests")
+        _positive(self, "max_prompt_tokens", "max_requests", "catalogue_max_degree")
+        if not isinstance(self.constrained, bool):
+            raise ConfigError(f"constrained must be true or false, got {self.constrained!r}")
         _template(self.template)
 
     @property

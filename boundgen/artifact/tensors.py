@@ -12,6 +12,17 @@ score ("model" package) -> probs [B, C] FP32; with labels (not an MLP head) then
                            (`has_vocab_outputs`): they serve probs and top-k as before.
 beam  (three packages, STAGES) -> token_ids [R*W, N] int64, scores [R*W] FP32,
                            finished [R*W] bool, beam_indices [R*W, N] int64   (BEAM_OUTPUTS)
+                           and, constrained to a catalogue, item_ids [R*W] int64 (ITEM_OUTPUT)
+
+A constrained beam program also takes the catalogue's trie as inputs (TRIE, a `Trie`), so that
+the catalogue is chosen when the artifact is served, not when it is built. M is the trie's node
+count plus one, padded (text/catalogue_search.py); edge e leads to node e + 1; all [M]:
+
+    row_ptr int64, child_token int64, edge_keys int64 (parent x V + token, ascending),
+    node_item int64 (-1: no item ends there), reach bool (an allowed item ends at or below the
+    node), ends bool (an allowed item ends at the node)
+
+reach and ends carry a request's allow-list; the other four are the catalogue's own.
 
 A beam search runs as prefill, `steps - 1` decode steps and finish (`run_stages`); between
 them travels the search state, a `BeamState` (its fields by name, in BEAM_STATE order). It is
@@ -29,6 +40,9 @@ VOCAB_OUTPUTS = ("lse", "label_logits")  # label mode only
 TOPK_OUTPUTS = ("topk_ids", "topk_probs")
 BEAM_OUTPUTS = ("token_ids", "scores", "finished", "beam_indices")
 BEAM_RESULTS = BEAM_OUTPUTS[:3]  # what a client gets (beam_indices stay on the device)
+ITEM_OUTPUT = "item_ids"  # a constrained beam program's fifth output
+TRIE = ("row_ptr", "child_token", "edge_keys", "node_item", "reach", "ends")  # a constrained program's inputs
+Trie = namedtuple("Trie", TRIE)
 SCORE_PACKAGE = "model"  # a score artifact's one package
 STAGES = ("prefill", "step", "finish")  # a beam artifact's packages, in call order
 
@@ -61,7 +75,7 @@ def score_outputs(topk: int, vocab: bool = True) -> tuple[str, ...]:
 def output_names(spec) -> tuple[str, ...]:
     """The outputs of a spec's program (as built now), in order."""
     if spec.task != "score":
-        return BEAM_OUTPUTS
+        return BEAM_OUTPUTS + ((ITEM_OUTPUT,) if getattr(spec, "constrained", False) else ())
     return score_outputs(spec.topk, vocab=not getattr(spec, "head_path", None))
 
 
@@ -71,15 +85,17 @@ def has_vocab_outputs(interface: dict) -> bool:
 
 
 def run_stages(prefill: Callable, step: Callable, finish: Callable, step_ids: Sequence, tokens, positions,
-               cu_seqlens):
+               cu_seqlens, trie: Sequence = ()):
     """The beam search over its stages: prefill, one decode step per entry of `step_ids` (the
     [1] int64 step tensors, allocated once by the caller so that a CUDA graph sees stable
     addresses), finish. The stages are the program's methods or their compiled packages; both
-    take and return flat sequences (the positional form of PREFIX_KV, SUFFIX_KV and BeamState)."""
-    prefix_k, prefix_v, *state = prefill(tokens, positions, cu_seqlens)
+    take and return flat sequences (the positional form of PREFIX_KV, SUFFIX_KV and BeamState).
+    trie: a constrained program's TRIE tensors (empty for the plain search), passed to every
+    stage after its packed inputs (finish: first)."""
+    prefix_k, prefix_v, *state = prefill(tokens, positions, cu_seqlens, *trie)
     for step_id in step_ids:
-        state = step(step_id, prefix_k, prefix_v, cu_seqlens, *state)
-    return finish(*state[len(SUFFIX_KV):])  # the suffix K/V are not needed past the last step
+        state = step(step_id, prefix_k, prefix_v, cu_seqlens, *trie, *state)
+    return finish(*trie, *state[len(SUFFIX_KV):])  # the suffix K/V are not needed past the last step
 
 
 def tensor_interface(spec, num_classes: int) -> dict:
@@ -99,7 +115,12 @@ def tensor_interface(spec, num_classes: int) -> dict:
         rows, tokens, seqs = f"R*{w}", "L", "R+1"  # R requests of W beams
         tensors = {"token_ids": ("output", "int64", [rows, n]), "scores": ("output", "float32", [rows]),
                    "finished": ("output", "bool", [rows]), "beam_indices": ("output", "int64", [rows, n])}
+        if getattr(spec, "constrained", False):
+            tensors[ITEM_OUTPUT] = ("output", "int64", [rows])
     inputs = {"tokens": ("input", "int64", [tokens]), "positions": ("input", "int64", [tokens]),
               "cu_seqlens": ("input", "int32", [seqs])}
+    if getattr(spec, "constrained", False):
+        inputs.update({name: ("input", "bool" if name in ("reach", "ends") else "int64", shape) for name, shape in
+                       zip(TRIE, (["M"],) * len(TRIE))})
     return {name: {"direction": io, "dtype": dtype, "shape": shape}
             for name, (io, dtype, shape) in {**inputs, **tensors}.items()}

@@ -9,6 +9,8 @@ per request within the spec's bounds, and the export says so:
     beam "step":    step [1], prefix_k/prefix_v [layers, L, ...], cu_seqlens [R+1], suffix_k/v [layers, R*W, ...],
                     the search state [R, ...]
     beam "finish":  the search state [R, ...]
+    constrained beam: every stage also takes the TRIE tensors (artifact/tensors.py), all [M],
+                    M in [MIN_NODES + 1, inf); traced on `example_catalogue`
 
 B has room for one sequence more than a request may bring: the filler sequence that bucketed
 padding appends for CUDA graphs (runtime/graphs.py). The beam stages' example inputs are what
@@ -21,10 +23,13 @@ other dim, so that export neither specialises a dim to 0/1 nor assumes two dims 
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from boundgen.artifact.program import BeamSpec, ScoreSpec
-from boundgen.artifact.tensors import BEAM_STATE
+from boundgen.artifact.tensors import BEAM_STATE, TRIE
+from boundgen.text import catalogue_search
+from boundgen.text.catalogue import Catalogue
 
 
 def dim_bounds(spec: ScoreSpec | BeamSpec) -> dict[str, tuple[int, int]]:
@@ -93,6 +98,27 @@ def dynamic_shapes(spec: ScoreSpec | BeamSpec, dims: dict | None = None) -> dict
     return {"tokens": tokens, "positions": tokens, "cu_seqlens": cu}
 
 
+def example_catalogue(spec: BeamSpec, vocab_size: int, items: int = 40, seed: int = 0) -> Catalogue:
+    """A catalogue of `items` random codes of spec.steps tokens (no stop token), sharing a few first
+    tokens: what a constrained program is traced and validated on. Its node count is chosen
+    away from the other dims' example sizes (module docstring)."""
+    gen = np.random.default_rng(seed)
+    tokens = np.setdiff1d(np.arange(min(vocab_size, 4096)), np.asarray(spec.stop_token_ids, dtype=np.int64))
+    taken = {spec.width, spec.steps, spec.max_requests, spec.max_prompt_tokens}
+    while True:
+        codes = {tuple(gen.choice(tokens[:3], 1).tolist() + gen.choice(tokens, spec.steps - 1).tolist())
+                 for _ in range(items)}
+        cat = Catalogue.from_sequences(range(len(codes)), [list(c) for c in sorted(codes)])
+        if max(cat.num_nodes, catalogue_search.MIN_NODES) + 1 not in taken:
+            return cat
+        items += 1
+
+
+def trie_tensors(arrays: dict[str, np.ndarray], device) -> tuple[torch.Tensor, ...]:
+    """The TRIE arrays (text/catalogue_search.py) as tensors on the device, in TRIE order."""
+    return tuple(torch.from_numpy(arrays[name]).to(device) for name in TRIE)
+
+
 def export_programs(program: torch.nn.Module, spec: ScoreSpec | BeamSpec, device,
                     vocab_size: int) -> dict[str, torch.export.ExportedProgram]:
     """Trace the program (non-strict) into ExportedPrograms with the spec's bounded dims, by
@@ -101,10 +127,18 @@ def export_programs(program: torch.nn.Module, spec: ScoreSpec | BeamSpec, device
     with torch.no_grad():
         if spec.task == "score":
             return {"model": torch.export.export(program, inputs, dynamic_shapes=dynamic_shapes(spec), strict=False)}
-        return _export_beam_stages(program, spec, inputs)
+        trie = ()
+        if spec.constrained:
+            trie = trie_tensors(catalogue_search.arrays(example_catalogue(spec, vocab_size), vocab_size), device)
+        return _export_beam_stages(program, spec, inputs, trie)
 
 
-def _export_beam_stages(program, spec: BeamSpec, inputs) -> dict[str, torch.export.ExportedProgram]:
+def _trie_shapes() -> tuple[dict, ...]:
+    nodes = torch.export.Dim("M", min=catalogue_search.MIN_NODES + 1)
+    return ({0: nodes},) * len(TRIE)
+
+
+def _export_beam_stages(program, spec: BeamSpec, inputs, trie=()) -> dict[str, torch.export.ExportedProgram]:
     stages = program.stages()
     dims = named_dims(spec)
     r = dims["R"]  # None where static
@@ -113,13 +147,14 @@ def _export_beam_stages(program, spec: BeamSpec, inputs) -> dict[str, torch.expo
     prefix = {1: prompt[0]} if prompt else None
     requests = {0: r} if r is not None else None
     beams = {1: spec.width * r} if r is not None else None  # suffix K/V rows: R * W
-    state = stages["prefill"](*inputs)  # prefix_k, prefix_v, suffix_k, suffix_v, *state
+    trie_shapes = _trie_shapes() if trie else ()
+    state = stages["prefill"](*inputs, *trie)  # prefix_k, prefix_v, suffix_k, suffix_v, *state
     step_inputs = (torch.zeros(1, dtype=torch.int64, device=inputs[0].device), state[0], state[1], inputs[2],
-                   *state[2:])
-    finish_inputs = tuple(state[4:]) if spec.steps == 1 else tuple(stages["step"](*step_inputs)[2:])
+                   *trie, *state[2:])
+    finish_inputs = (*trie, *(state[4:] if spec.steps == 1 else stages["step"](*step_inputs)[2:]))
     state_dims = (requests,) * len(BEAM_STATE)  # every state tensor leads with R
-    shapes = {"prefill": (inputs, (prompt, prompt, cu)),
-              "step": (step_inputs, (None, prefix, prefix, cu, beams, beams) + state_dims),
-              "finish": (finish_inputs, state_dims)}
+    shapes = {"prefill": (inputs + tuple(trie), (prompt, prompt, cu) + trie_shapes),
+              "step": (step_inputs, (None, prefix, prefix, cu) + trie_shapes + (beams, beams) + state_dims),
+              "finish": (finish_inputs, trie_shapes + state_dims)}
     return {name: torch.export.export(stages[name], args, dynamic_shapes=(shape,), strict=False)
             for name, (args, shape) in shapes.items()}

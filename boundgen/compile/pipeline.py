@@ -28,6 +28,7 @@ from dataclasses import asdict
 from importlib import metadata
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from boundgen.artifact.manifest import MANIFEST_FILE, CompileRecord, Manifest, write_manifest
@@ -38,9 +39,11 @@ from boundgen.errors import ConfigError
 from boundgen.model import fp8
 from boundgen.model.loader import load_model, parse_dtype, read_config
 from boundgen.ops.lowering import REFERENCE
+from boundgen.programs.constraint import CatalogueConstraint
 from boundgen.programs.eager import EagerRunner
 from boundgen.programs.factory import make_program
 from boundgen.runtime.compiled import load_runner
+from boundgen.text import catalogue_search
 from boundgen.version import __version__
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
@@ -110,18 +113,19 @@ def build(cfg: BuildConfig, progress: Progress | None = None, force: bool = Fals
 
         progress.stage("validate", "compiled package vs eager reference")
         compiled = load_runner(tmp, packages, weights, device, getattr(cfg.spec, "steps", 0), custom_ops=custom_ops)
-        if cfg.lowering == REFERENCE:
-            reference = EagerRunner(program)
-        else:  # the reference lowering, not the one under test
-            reference = EagerRunner(make_program(fp8.quantize(load_model(cfg.model_dir, dtype, device), cfg.fp8),
-                                                 cfg.spec))
-        num_classes = _num_classes(program, cfg.spec)
+        # The reference lowering, not the one under test; FP32 judges bf16 beams and FP8 builds.
+        ref_model = model if cfg.lowering == REFERENCE else fp8.quantize(load_model(cfg.model_dir, dtype, device),
+                                                                         cfg.fp8)
         judged_by_fp32 = cfg.dtype != "float32" and (cfg.task == "beam" or cfg.fp8 != "none")
-        fp32_reference = None if not judged_by_fp32 else EagerRunner(  # judges bf16 beams and FP8 builds
-            make_program(load_model(cfg.model_dir, torch.float32, device), cfg.spec))
-        report = validate.validate(compiled, reference, cfg.spec, output_names(cfg.spec), cfg.dtype, cfg.device,
-                                   vocab, cfg.tolerances, fp32_reference=fp32_reference,
-                                   token_bucket=cfg.runtime.token_bucket, fp8=cfg.fp8)
+        fp32_model = load_model(cfg.model_dir, torch.float32, device) if judged_by_fp32 else None
+        num_classes = _num_classes(program, cfg.spec)
+        report = None
+        for suffix, allow_items, trie in _validation_catalogues(cfg.spec, vocab, device):
+            part = validate.validate(compiled, _reference(ref_model, cfg.spec, allow_items), cfg.spec,
+                                     output_names(cfg.spec), cfg.dtype, cfg.device, vocab, cfg.tolerances,
+                                     fp32_reference=_reference(fp32_model, cfg.spec, allow_items),
+                                     token_bucket=cfg.runtime.token_bucket, fp8=cfg.fp8, trie=trie, suffix=suffix)
+            report = part if report is None else validate.merge(report, part)
         for case in report["cases"]:
             worst = {k: o.get("max_abs_err", "identical" if o.get("identical") else "differs")
                      for k, o in case["outputs"].items()}
@@ -132,7 +136,7 @@ def build(cfg: BuildConfig, progress: Progress | None = None, force: bool = Fals
                      f"{'ok' if case['passed'] else 'FAILED'} {worst}")
         if not report["passed"]:
             raise validate.ValidationFailed(validate.failure_message(report) + f"\n(build of {cfg.out} abandoned)")
-        del compiled, reference, program, model
+        del compiled, program, model, ref_model, fp32_model
 
         seconds = progress.done()  # recorded in the manifest, so before writing it
         progress("write: tokenizer, manifest, hashes")
@@ -189,6 +193,32 @@ def _manifest(cfg: BuildConfig, model_cfg: dict, num_classes: int, packages: dic
         validation=report,
         versions=versions(),
     )
+
+
+def _validation_catalogues(spec, vocab: int, device):
+    """(case-name suffix, allow-list, TRIE inputs) to validate with: for a constrained beam
+    artifact the example catalogue whole and under an allow-list of every third item; else one
+    round without."""
+    if not getattr(spec, "constrained", False):
+        return [("", None, ())]
+    cat = export.example_catalogue(spec, vocab)
+    allow = [int(i) for i in np.unique(cat.node_item[cat.node_item >= 0])[::3]]
+    return [(suffix, items, export.trie_tensors(catalogue_search.arrays(cat, vocab, catalogue_search.allowed(cat, items)),
+                                                device))
+            for suffix, items in (("", None), ("+allow_list", allow))]
+
+
+def _reference(model, spec, allow_items) -> EagerRunner | None:
+    """The eager program over `model` (None: none), constrained to the example catalogue a
+    constrained build validates on (under `allow_items`)."""
+    if model is None:
+        return None
+    constraint = None
+    if getattr(spec, "constrained", False):
+        vocab = model.cfg.vocab_size
+        constraint = CatalogueConstraint(export.example_catalogue(spec, vocab), vocab, spec.steps,
+                                         spec.stop_token_ids, allow_items)
+    return EagerRunner(make_program(model, spec, constraint))
 
 
 def _num_classes(program, spec) -> int:

@@ -155,10 +155,11 @@ def _fill(samples: int, per_sample: int, total: int) -> tuple[int, ...]:
 
 def validate(compiled, reference, spec, output_names: tuple[str, ...], dtype: str, device: str, vocab_size: int,
              overrides: dict | None = None, fp32_reference=None, token_bucket: int = DEFAULT_TOKEN_BUCKET,
-             fp8: str = "none") -> dict:
+             fp8: str = "none", trie: tuple = (), suffix: str = "") -> dict:
     """Run every case through both runners; return the report (see module docstring).
     fp32_reference: the FP32 eager program, the reference of a low-precision beam artifact and of
-    an FP8 one (`fp8` other than "none")."""
+    an FP8 one (`fp8` other than "none"). trie: a constrained artifact's TRIE inputs, given to the
+    compiled runner only (the references hold the same catalogue); suffix: appended to case names."""
     quantized = fp8 != "none"
     tolerances = {**TOLERANCES[dtype], **(FP8_TOLERANCES if quantized else {}), **(overrides or {})}
     exact_required = dtype == "float32"
@@ -172,7 +173,7 @@ def validate(compiled, reference, spec, output_names: tuple[str, ...], dtype: st
               "ids_must_match": exact_required, "cases": []}
     for i, case in enumerate(cases(spec, token_bucket)):
         inputs = packed_example(list(case.lengths), device, vocab_size, seed=1000 + i, tail=case.tail)
-        got, got_s = _timed(compiled, inputs, device)
+        got, got_s = _timed(compiled, tuple(inputs) + tuple(trie), device)
         want, want_s = _timed(reference, inputs, device)
         outputs = {}
         for name, g, w in zip(output_names, got, want):
@@ -187,7 +188,7 @@ def validate(compiled, reference, spec, output_names: tuple[str, ...], dtype: st
             names = list(output_names)
             outputs["labels"] = _compare_labels(got[names.index("probs")], want[names.index("probs")], tolerances)
         passed = all(o["passed"] for o in outputs.values())
-        report["cases"].append({"name": case.name, "samples": len(case.lengths), "tokens": sum(case.lengths) + case.tail,
+        report["cases"].append({"name": case.name + suffix, "samples": len(case.lengths), "tokens": sum(case.lengths) + case.tail,
                                 "outputs": outputs, "passed": passed,
                                 "seconds": {"compiled": round(got_s, 4), "eager": round(want_s, 4)}})
         report["passed"] &= passed
@@ -198,6 +199,18 @@ def validate(compiled, reference, spec, output_names: tuple[str, ...], dtype: st
                           "passed": share >= tolerances["top1"]}
         report["passed"] &= report["top1"]["passed"]
     return report
+
+
+def merge(report: dict, more: dict) -> dict:
+    """Two reports of one artifact (a constrained one's rounds with and without an allow-list) as one."""
+    out = {**report, "cases": report["cases"] + more["cases"], "passed": report["passed"] and more["passed"]}
+    if "top1" in report and "top1" in more:
+        a, b = report["top1"], more["top1"]
+        requests = a["requests"] + b["requests"]
+        share = (a["agree"] * a["requests"] + b["agree"] * b["requests"]) / max(1, requests)
+        out["top1"] = {**a, "requests": requests, "agree": round(share, 6), "passed": share >= a["minimum"]}
+        out["passed"] &= out["top1"]["passed"]
+    return out
 
 
 def failure_message(report: dict) -> str:

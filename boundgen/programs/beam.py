@@ -21,9 +21,9 @@ Stages. The search is split where the model runs, so that a build compiles the m
 (prompt pass, decode step) however many steps there are, instead of unrolling N_gen passes
 into one graph (which AOTInductor compiled too slowly: docs/build.md):
 
-    prefill(tokens, positions, cu_seqlens)                  -> prefix_k, prefix_v, suffix_k, suffix_v, *state
-    step(step, prefix_k, prefix_v, cu_seqlens, suffix_k, suffix_v, *state) -> suffix_k, suffix_v, *state
-    finish(*state)                                          -> token_ids, scores, finished, beam_indices
+    prefill(tokens, positions, cu_seqlens[, *trie])          -> prefix_k, prefix_v, suffix_k, suffix_v, *state
+    step(step, prefix_k, prefix_v, cu_seqlens[, *trie], suffix_k, suffix_v, *state) -> suffix_k, suffix_v, *state
+    finish([*trie, ]*state)                                  -> token_ids, scores, finished, beam_indices[, item_ids]
 
 (`state`: a BeamState, by name inside the stages, flattened where they meet; artifact/tensors.py.)
 
@@ -44,7 +44,9 @@ the prompts' log-probs; each decode step finds every running beam's trie node fr
 adds its mask to the FP32 log-softmax of the whole vocabulary and takes each beam's top K of that
 (torch.topk: a per-beam mask does not fit vocab_topk's one [V] bias). Finish returns a fifth
 output, item_ids [R*W] int64; slots with no hypothesis (fewer than W items reachable) come back
-as token ids -1, score -inf, item -1. Eager only: the constraint's buffers are not stage inputs.
+as token ids -1, score -inf, item -1. The trie is the stages' input (TRIE tensors, after the
+packed inputs; finish's first), so that a compiled artifact takes its catalogue when served;
+`forward` passes the constraint's own arrays when it holds a catalogue and none are given.
 
 Inputs: tokens [T] int64, positions [T] int64, cu_seqlens [R+1] int32 (the prompts, packed).
 Outputs, rows r*W:(r+1)*W for request r, best first within each request:
@@ -57,7 +59,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from boundgen.artifact.tensors import STAGES, BeamState, run_stages
+from boundgen.artifact.tensors import STAGES, TRIE, BeamState, Trie, run_stages
 from boundgen.errors import ConfigError
 from boundgen.model.qwen import QwenModel
 from boundgen.programs.constraint import CatalogueConstraint
@@ -91,9 +93,14 @@ class BeamProgram(nn.Module):
         self.register_buffer("penalty", torch.tensor([float((s + 1) ** self.length_penalty) for s in range(steps)],
                                                      dtype=torch.float32), persistent=False)
 
-    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, cu_seqlens: torch.Tensor):
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, cu_seqlens: torch.Tensor, *trie: torch.Tensor):
+        """trie: a constrained program's TRIE tensors (default: its catalogue's own)."""
         step_ids = [torch.full((1,), s, dtype=torch.int64, device=tokens.device) for s in range(self.steps - 1)]
-        return run_stages(self.prefill, self.step, self.finish, step_ids, tokens, positions, cu_seqlens)
+        if self.constraint is not None and not trie:
+            trie = self.constraint.own_trie()
+            if trie is None:
+                raise ValueError("this constrained program holds no catalogue: pass the trie tensors")
+        return run_stages(self.prefill, self.step, self.finish, step_ids, tokens, positions, cu_seqlens, trie)
 
     def stages(self) -> dict[str, nn.Module]:
         """Each stage as a module of its own (what the build exports); they share this program's weights."""
@@ -101,7 +108,7 @@ class BeamProgram(nn.Module):
 
     # -- stages ----------------------------------------------------------------------------------
 
-    def prefill(self, tokens: torch.Tensor, positions: torch.Tensor, cu_seqlens: torch.Tensor):
+    def prefill(self, tokens: torch.Tensor, positions: torch.Tensor, cu_seqlens: torch.Tensor, *trie: torch.Tensor):
         """The prompts' pass and step 0's candidates; the empty search state."""
         model, W, N, K = self.model, self.width, self.steps, self.keep
         cfg, device = model.cfg, tokens.device
@@ -112,7 +119,8 @@ class BeamProgram(nn.Module):
         # Indexed, not sliced: a slice of cu_seqlens would make export guard R >= 2 (as the example).
         _, logp = self._log_probs(hidden[ends - 1], torch.zeros(1, dtype=torch.int64, device=device))  # [R, V]
         if self.constraint is not None:  # every prompt starts at the trie's root
-            logp = logp + self.constraint.bias(torch.zeros(R, dtype=torch.int64, device=device), root=True)
+            logp = logp + self.constraint.bias(Trie(*trie), torch.zeros(R, dtype=torch.int64, device=device),
+                                               root=True)
         cand_scores, cand_tokens = torch.topk(logp, K, dim=-1)  # beam 0 only; its running score is 0
         suffix_shape = (cfg.num_layers, R * W, max(N - 1, 1), cfg.num_kv_heads, cfg.head_dim)
         seqs = [torch.full((R, W, N), -1, dtype=torch.int64, device=device) for _ in range(4)]
@@ -128,9 +136,11 @@ class BeamProgram(nn.Module):
                 torch.zeros(suffix_shape, dtype=prefix_v.dtype, device=device),
                 *state)
 
-    def step(self, step: torch.Tensor, prefix_k, prefix_v, cu_seqlens, suffix_k, suffix_v, *state):
+    def step(self, step: torch.Tensor, prefix_k, prefix_v, cu_seqlens, *rest):
         """Decode step `step` ([1] int64, 0 .. N_gen - 2): keep the best W candidates running,
-        feed their last tokens through the model, expand them into the next candidates."""
+        feed their last tokens through the model, expand them into the next candidates.
+        rest: the TRIE tensors (constrained), suffix_k, suffix_v, the state."""
+        trie, (suffix_k, suffix_v, *state) = self._trie(rest)
         model, W = self.model, self.width
         R = cu_seqlens.shape[0] - 1
         request = torch.arange(R, device=step.device)
@@ -147,24 +157,32 @@ class BeamProgram(nn.Module):
         if self.constraint is None:
             row_logp, row_ids = model.ops.vocab_topk(logits, self._barred(step + 1, logits), self.keep)  # [R*W, K]
         else:
-            row_logp, row_ids = self._constrained_topk(logits, state.run_seq.reshape(R * W, -1), step)
+            row_logp, row_ids = self._constrained_topk(trie, logits, state.run_seq.reshape(R * W, -1), step)
         scores, tokens, parent = self._expand(row_logp.reshape(-1, W, self.keep), row_ids.reshape(-1, W, self.keep),
                                               run_scores)
         state = state._replace(cand_scores=scores, cand_tokens=tokens, cand_parent=parent)
         return (suffix_k, suffix_v, *state)
 
-    def finish(self, *state):
-        """The last step's selection (every candidate ends: max length) -> the outputs."""
+    def finish(self, *rest):
+        """The last step's selection (every candidate ends: max length) -> the outputs.
+        rest: the TRIE tensors (constrained), the state."""
+        trie, state = self._trie(rest)
         N = self.steps
         last = torch.full((1,), N - 1, dtype=torch.int64, device=state[0].device)
         state, _, _ = self._select(last, True, BeamState(*state))
         finished = torch.isin(state.fin_seq, self.stop_token_ids).any(dim=-1)  # [R, W]
         if self.constraint is not None:
-            return self._constrained_outputs(state, finished)
+            return self._constrained_outputs(trie, state, finished)
         return (state.fin_seq.reshape(-1, N), state.fin_scores.reshape(-1), finished.reshape(-1),
                 state.fin_bi.reshape(-1, N))
 
     # -- pieces ----------------------------------------------------------------------------------
+
+    def _trie(self, inputs: tuple) -> tuple[Trie | None, tuple]:
+        """A stage's inputs past its own -> (the trie, when constrained; the rest)."""
+        if self.constraint is None:
+            return None, inputs
+        return Trie(*inputs[:len(TRIE)]), inputs[len(TRIE):]
 
     def _select(self, step: torch.Tensor, last: bool, state: BeamState):
         """Step `step`'s candidates -> running beams and finished hypotheses (HF's per-step update).
@@ -233,19 +251,19 @@ class BeamProgram(nn.Module):
         barred = barred.index_fill(0, self.stop_token_ids, float("-inf"))
         return torch.where(generated < self.min_new_tokens, barred, torch.zeros_like(barred))
 
-    def _constrained_topk(self, logits: torch.Tensor, run_seq: torch.Tensor, step: torch.Tensor):
+    def _constrained_topk(self, trie: Trie, logits: torch.Tensor, run_seq: torch.Tensor, step: torch.Tensor):
         """Each running beam's top K tokens among those its trie node allows: logits [R*W, V],
         run_seq [R*W, N] -> (logp [R*W, K] FP32, ids [R*W, K] int64). The log-probs are the
         unmasked model's (log-softmax over the whole vocabulary), -inf on disallowed tokens: HF's
         scores under prefix_allowed_tokens_fn. Ranked by those FP32 log-probs (as HF ranks)."""
         logp = torch.log_softmax(logits.to(torch.float32), dim=-1)
-        logp = logp + self.constraint.bias(self.constraint.nodes(run_seq))
+        logp = logp + self.constraint.bias(trie, self.constraint.nodes(trie, run_seq))
         barred = self._barred(step + 1, logits)
         if barred is not None:
             logp = logp + barred
         return torch.topk(logp, self.keep, dim=-1)
 
-    def _constrained_outputs(self, state: BeamState, finished: torch.Tensor):
+    def _constrained_outputs(self, trie: Trie, state: BeamState, finished: torch.Tensor):
         """The outputs of a constrained search, with item_ids [R*W] int64 last. Slots without a
         hypothesis (fewer than W items reachable) get token ids -1, score -inf, item -1."""
         N = self.steps
@@ -254,7 +272,7 @@ class BeamProgram(nn.Module):
         scores = torch.where(present, state.fin_scores.reshape(-1), torch.full_like(state.fin_scores.reshape(-1),
                                                                                     float("-inf")))
         seq = torch.where(present[:, None], seq, torch.full_like(seq, -1))
-        items = torch.where(present, self.constraint.items(seq), torch.full_like(seq[:, 0], -1))
+        items = torch.where(present, self.constraint.items(trie, seq), torch.full_like(seq[:, 0], -1))
         return seq, scores, finished.reshape(-1) & present, state.fin_bi.reshape(-1, N), items
 
     def _expand(self, row_logp, row_ids, running_scores):

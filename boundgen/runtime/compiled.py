@@ -67,9 +67,10 @@ class BeamStagesRunner:
         self.stages, self.steps = stages, steps
         self.step_ids = [torch.full((1,), s, dtype=torch.int64, device=device) for s in range(steps - 1)]
 
-    def __call__(self, tokens: torch.Tensor, positions: torch.Tensor, cu_seqlens: torch.Tensor) -> list:
+    def __call__(self, tokens: torch.Tensor, positions: torch.Tensor, cu_seqlens: torch.Tensor, *trie) -> list:
+        """trie: a constrained artifact's TRIE tensors (artifact/tensors.py), on its device."""
         s = self.stages
-        return run_stages(s["prefill"], s["step"], s["finish"], self.step_ids, tokens, positions, cu_seqlens)
+        return run_stages(s["prefill"], s["step"], s["finish"], self.step_ids, tokens, positions, cu_seqlens, trie)
 
 
 class CompiledRunner:
