@@ -268,7 +268,9 @@ class BeamProgram(nn.Module):
         hypothesis (fewer than W items reachable) get token ids -1, score -inf, item -1."""
         N = self.steps
         seq = state.fin_seq.reshape(-1, N)
-        present = state.is_fin.reshape(-1)
+        # A slot holds an item only above NEG / 2: below, a beam carried on past its stop token for
+        # want of W live ones (HF's -1e9 rows), not a hypothesis.
+        present = state.is_fin.reshape(-1) & (state.fin_scores.reshape(-1) > NEG / 2)
         scores = torch.where(present, state.fin_scores.reshape(-1), torch.full_like(state.fin_scores.reshape(-1),
                                                                                     float("-inf")))
         seq = torch.where(present[:, None], seq, torch.full_like(seq, -1))
