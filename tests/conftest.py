@@ -42,3 +42,29 @@ def tiny_qwen3_dir(make_checkpoint):
 @pytest.fixture(scope="session")
 def tiny_qwen2_dir(make_checkpoint):
     return make_checkpoint("tiny-qwen2")
+
+
+# A constrained beam artifact (tiny Qwen2, W=4, N_gen=3, up to 2 prompts a call) and a catalogue
+# for it, built once per session by the CLI (one AOTInductor compile of three packages).
+CONSTRAINED_ITEMS = [(11, [40, 50, 60]), (12, [40, 50, 61]), (13, [40, 51, 62]), (14, [41, 52, 63]),
+                     (15, [42, 53]), (16, [43]), (17, [44, 54, 64]), (18, [44, 54])]
+
+
+@pytest.fixture(scope="session")
+def constrained_build(tiny_qwen2_dir, tmp_path_factory):
+    """{"artifact": dir, "catalogue": dir, "items": path of its JSON lines}; tests must not modify them."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = tmp_path_factory.mktemp("constrained")
+    repo = Path(__file__).resolve().parents[1]
+    artifact, catalogue, items = root / "cbeam", root / "cat", root / "items.jsonl"
+    items.write_text("".join(json.dumps({"item_id": i, "token_ids": t}) + "\n" for i, t in CONSTRAINED_ITEMS))
+    for args in (["build", tiny_qwen2_dir, "--task", "beam", "--constrained", "--width", "4", "--steps", "3",
+                  "--max-prompt-tokens", "32", "--max-requests", "2", "--batching", "--name", "cbeam", "--out", artifact],
+                 ["catalogue", "build", items, "--tokenizer", artifact, "--out", catalogue]):
+        proc = subprocess.run([sys.executable, "-m", "boundgen", *map(str, args)], cwd=repo, capture_output=True,
+                              text=True, timeout=900)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    return {"artifact": artifact, "catalogue": catalogue, "items": items}

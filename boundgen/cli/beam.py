@@ -26,7 +26,7 @@ def register(sub):
     p.add_argument("--min-new-tokens", type=int, default=0, help="suppress stop tokens before this many tokens")
     p.add_argument("--catalogue", default=None, metavar="CAT_DIR",
                    help="restrict candidates to a catalogue's items (`boundgen catalogue build`); each candidate "
-                        "gets its item_id (model directories only)")
+                        "gets its item_id (a model directory, or an artifact built with --constrained)")
     p.add_argument("--allow-items", default=None, metavar="IDS",
                    help="comma-separated item ids: only these items of the catalogue may be candidates")
     add_precision_args(p)
@@ -39,22 +39,26 @@ def run(args):
         raise InvalidInput("no prompt given: pass --text")
     if args.allow_items is not None and args.catalogue is None:
         raise ConfigError("--allow-items needs --catalogue")
+    allow = None if args.allow_items is None else _item_ids(args.allow_items)
     if is_artifact(args.model):
-        if args.catalogue is not None:
-            raise ConfigError("--catalogue takes a model directory: artifacts are not built for catalogues yet")
         import boundgen
 
-        engine = boundgen.load(args.model)
+        engine = boundgen.load(args.model, catalogue=args.catalogue)
         built_for = engine.spec.program
         for flag, value, built in (("--width", args.width, built_for.width), ("--steps", args.steps, built_for.steps)):
             if value is not None and value != built:
                 raise ConfigError(f"artifact {args.model} was built with {flag} {built}, not {value}")
+        if engine.constrained and args.catalogue is None:
+            raise ConfigError(f"artifact {args.model} was built with --constrained: pass --catalogue CAT_DIR")
+        if allow is not None:  # a request's allow-list, checked as the server checks ALLOW_ITEMS
+            print_json({"candidates": engine.beam(args.text, allow_items=allow).candidates()})
+            return
     else:
-        engine = _eager(args)
+        engine = _eager(args, allow)
     print_json({"candidates": engine.beam(args.text).candidates()})
 
 
-def _eager(args):
+def _eager(args, allow):
     from boundgen.artifact.program import BeamSpec
     from boundgen.programs.eager import eager_engine
     from boundgen.model.loader import default_stop_tokens
@@ -64,9 +68,6 @@ def _eager(args):
     stops = default_stop_tokens(args.model) if args.stop_token_ids is None else parse_id_list(args.stop_token_ids)
     spec = BeamSpec(width=args.width, steps=args.steps, stop_token_ids=stops, length_penalty=args.length_penalty,
                     min_new_tokens=args.min_new_tokens, max_prompt_tokens=args.max_tokens, template=args.template)
-    allow = None
-    if args.allow_items is not None:
-        allow = _item_ids(args.allow_items)
     return eager_engine(args.model, spec, resolve_dtype(args), args.device, catalogue=args.catalogue,
                         allow_items=allow)
 

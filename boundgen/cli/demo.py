@@ -1,9 +1,11 @@
 """`boundgen demo`: the README's first command. On CPU, end to end: write a tiny random-weight
-Qwen3 checkpoint (real vocabulary), build a score and a beam artifact, serve both, query them
-with tritonclient over HTTP and gRPC, print results and latencies, stop the server."""
+Qwen3 checkpoint (real vocabulary), build a score, a beam and a constrained beam artifact and a
+small catalogue of items for the last, serve all three, query them with tritonclient over HTTP
+and gRPC, print results and latencies, stop the server."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -17,6 +19,10 @@ from boundgen.errors import BoundgenError
 SCORE_TEXTS = ["query: running shoes | item: lightweight trail running shoe", "query: running shoes | item: desk lamp",
                "query: 咖啡 | item: 拿铁咖啡"]
 BEAM_PROMPT = "query: running shoes -> item id:"
+# The catalogue of the constrained model: items by title, tokenized when the catalogue is built.
+ITEMS = {101: "trail running shoe", 102: "running shoe", 103: "desk lamp", 104: "coffee mug", 105: "yoga mat",
+         106: "water bottle", 107: "rain jacket", 108: "latte"}
+ALLOW = [101, 103, 105]  # a per-request allow-list (ALLOW_ITEMS)
 
 
 def register(sub):
@@ -67,9 +73,18 @@ def run(args):
     if not (beam_art / "manifest.json").is_file():
         _boundgen("build", str(model), "--task", "beam", "--width", "8", "--steps", "4", "--name", "demo-beam",
                   "--max-prompt-tokens", "128", "--out", str(beam_art))
+    cbeam_art, catalogue = out / "cbeam-art", out / "catalogue"
+    if not (cbeam_art / "manifest.json").is_file():
+        _boundgen("build", str(model), "--task", "beam", "--constrained", "--width", "4", "--steps", "4",
+                  "--name", "demo-cbeam", "--max-prompt-tokens", "128", "--out", str(cbeam_art))
+    if not (catalogue / "catalogue.json").is_file():
+        items = out / "items.jsonl"
+        items.write_text("".join(json.dumps({"item_id": i, "text": t}) + "\n" for i, t in ITEMS.items()))
+        _boundgen("catalogue", "build", str(items), "--tokenizer", str(cbeam_art), "--max-depth", "4",
+                  "--out", str(catalogue))
     http_port, grpc_port = free_port(), free_port()
-    cmd = [sys.executable, "-m", "boundgen", "serve", str(score_art), str(beam_art), "--http-port", str(http_port),
-           "--grpc-port", str(grpc_port)]
+    cmd = [sys.executable, "-m", "boundgen", "serve", str(score_art), str(beam_art), str(cbeam_art),
+           "--catalogue", f"demo-cbeam={catalogue}", "--http-port", str(http_port), "--grpc-port", str(grpc_port)]
     _step(f"starting the server: HTTP :{http_port}, gRPC :{grpc_port}")
     proc = subprocess.Popen(cmd, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     try:
@@ -109,6 +124,8 @@ def _query(http_port, grpc_port, n):
         for ids, score, text in list(zip(res.as_numpy("TOKEN_IDS"), res.as_numpy("SCORES"),
                                          res.as_numpy("TEXT_OUT")))[:3]:
             print(f"    {score:9.4f}  {ids.tolist()}  {text.decode()!r}")
+        for allow in (None, ALLOW):
+            _constrained(mod, client, proto, allow)
         for model, texts, outs in (("demo-score", SCORE_TEXTS, ["SCORES"]), ("demo-beam", [BEAM_PROMPT], ["SCORES"])):
             times = []
             for _ in range(n):
@@ -117,3 +134,21 @@ def _query(http_port, grpc_port, n):
                 times.append((time.perf_counter() - t0) * 1e3)
             _step(f"{proto} {model}: {n} requests, mean {np.mean(times):.1f} ms, "
                   f"p50 {np.percentile(times, 50):.1f} ms, max {max(times):.1f} ms (CPU, tiny model)")
+
+
+def _constrained(mod, client, proto, allow):
+    """The constrained model's candidates (each an item of the catalogue), with an allow-list or without."""
+    import numpy as np
+
+    text = mod.InferInput("TEXT", [1], "BYTES")
+    text.set_data_from_numpy(np.array([BEAM_PROMPT.encode()], dtype=object))
+    inputs = [text]
+    if allow is not None:
+        items = mod.InferInput("ALLOW_ITEMS", [len(allow)], "INT64")
+        items.set_data_from_numpy(np.asarray(allow, dtype=np.int64))
+        inputs.append(items)
+    res = client.infer("demo-cbeam", inputs)
+    _step(f"{proto} constrained beam (W=4, N=4) over {len(ITEMS)} items"
+          f"{f', ALLOW_ITEMS {allow}' if allow else ''}:")
+    for item, score, out in zip(res.as_numpy("ITEM_IDS"), res.as_numpy("SCORES"), res.as_numpy("TEXT_OUT")):
+        print(f"    item {int(item):4d}  {score:9.4f}  {out.decode()!r}" if item >= 0 else "    (no more items)")

@@ -74,6 +74,9 @@ def register(sub):
     p.add_argument("--shm-prefix", default="/boundgen", metavar="P",
                    help="with --allow-client-shm: register only shared memory objects whose key starts with P "
                         "('/' allows any; default /boundgen)")
+    p.add_argument("--catalogue", action="append", default=None, metavar="NAME=CAT_DIR",
+                   help="the catalogue (`boundgen catalogue build`) model NAME, built with --constrained, returns "
+                        "items of; required for every such model, refused for any other (repeat per model)")
     p.add_argument("--frontends", type=positive_int, default=None, metavar="N",
                    help="front-end processes that handle the protocols, tokenizing and result encoding around "
                         "one engine process (sharing the ports); 1: everything in this process (default: one per "
@@ -172,6 +175,9 @@ def run(args, engine_factory=None, worker_command=None):
     overrides = runtime_overrides(args)
     if overrides:
         factory = functools.partial(factory, **overrides)
+    catalogues = _catalogues(args)
+    if catalogues:
+        factory = functools.partial(_with_catalogue, factory, catalogues)
     if args.trust_key is not None:
         factory = _verified(factory, args.trust_key)
     if args.ray is not None:
@@ -201,7 +207,55 @@ def run(args, engine_factory=None, worker_command=None):
     return serve_replicas(args.artifacts, config, gpus, worker_args(args), worker_command)
 
 
-SINGLE_PROCESS_FLAGS = ("model_repository", "allow_client_shm", "replicas", "gpus", "ray")
+SINGLE_PROCESS_FLAGS = ("model_repository", "allow_client_shm", "replicas", "gpus", "ray", "catalogue")
+
+
+def _catalogues(args) -> dict[str, str]:
+    """--catalogue NAME=CAT_DIR as {model name: directory}, checked against the artifacts'
+    manifests before anything loads: every NAME an artifact's, each of them built with
+    --constrained, and every constrained artifact given one."""
+    from boundgen.artifact.manifest import read_manifest  # torch-free
+
+    catalogues = {}
+    for value in args.catalogue or ():
+        name, sep, path = value.partition("=")
+        if not sep or not name or not path:
+            raise ConfigError(f"--catalogue takes NAME=CAT_DIR (a model name and a catalogue directory), got {value!r}")
+        if not os.path.isdir(path):
+            raise ConfigError(f"--catalogue {value}: {path} is not a directory (expected `boundgen catalogue build`'s)")
+        if name in catalogues:
+            raise ConfigError(f"--catalogue names model {name} twice")
+        catalogues[name] = path
+    constrained = {}
+    for path in args.artifacts:
+        try:
+            manifest = read_manifest(path)
+        except Exception:  # noqa: BLE001 - not an artifact: the load says so in its own words
+            continue
+        constrained[manifest.name] = bool(getattr(manifest.program, "constrained", False))
+    for name in catalogues:
+        if name not in constrained:
+            raise ConfigError(f"--catalogue {name}=...: no artifact is named {name} (models: "
+                              f"{', '.join(sorted(constrained)) or 'none'})")
+        if not constrained[name]:
+            raise ConfigError(f"--catalogue {name}=...: model {name} was not built with --constrained, so it takes "
+                              "no catalogue (rebuild it with `boundgen build ... --task beam --constrained`)")
+    missing = sorted(name for name, c in constrained.items() if c and name not in catalogues)
+    if missing:
+        raise ConfigError(f"model {missing[0]} was built with --constrained and has no catalogue: "
+                          f"give --catalogue {missing[0]}=CAT_DIR")
+    if catalogues and (args.replicas is not None or args.gpus is not None or args.ray is not None):
+        raise ConfigError("--catalogue cannot be combined with --replicas / --gpus / --ray yet: serve a "
+                          "constrained model from one process")
+    return catalogues
+
+
+def _with_catalogue(factory, catalogues: dict[str, str], path):
+    """`factory(path)`, with the engine's catalogue loaded when --catalogue names its model."""
+    engine = factory(path)
+    if engine.spec.name in catalogues:
+        engine.load_catalogue(catalogues[engine.spec.name])
+    return engine
 
 
 def _frontends(args, default_factory: bool) -> int:

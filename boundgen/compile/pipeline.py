@@ -203,9 +203,11 @@ def _validation_catalogues(spec, vocab: int, device):
         return [("", None, ())]
     cat = export.example_catalogue(spec, vocab)
     allow = [int(i) for i in np.unique(cat.node_item[cat.node_item >= 0])[::3]]
-    return [(suffix, items, export.trie_tensors(catalogue_search.arrays(cat, vocab, catalogue_search.allowed(cat, items)),
-                                                device))
-            for suffix, items in (("", None), ("+allow_list", allow))]
+    rounds = []
+    for suffix, items in (("", None), ("+allow_list", allow)):
+        arrays = catalogue_search.arrays(cat, vocab, catalogue_search.allowed(cat, items))
+        rounds.append((suffix, items, export.trie_tensors(arrays, device)))
+    return rounds
 
 
 def _reference(model, spec, allow_items) -> EagerRunner | None:

@@ -15,6 +15,13 @@ selected per request), so results equal one call per request. Deadlines and canc
 the batcher's (runtime/batcher.py): a request whose deadline passes, or whose `cancelled` event
 is set, while it waits is never run. CUDA graphs are captured in `warmup`, on every context,
 for every padded shape (runtime/graphs.py), never while serving.
+
+A constrained beam artifact takes its catalogue's trie as program inputs: the engine holds one
+`ServedCatalogue` (runtime/catalogue.py; `set_catalogue`), and each request takes the trie of
+that moment (its allow-list's, if any) on the caller thread, so that a replacement never mixes
+two catalogues in one request. Requests share a call only when they share those tensors (so a
+request with an allow-list runs alone). No CUDA graphs for them: a graph would keep the trie's
+addresses of its capture.
 """
 
 from __future__ import annotations
@@ -27,8 +34,10 @@ from typing import Sequence
 import torch
 
 from boundgen.artifact.manifest import RuntimeConfig
-from boundgen.errors import InvalidInput
+from boundgen.artifact.tensors import Trie
+from boundgen.errors import ConfigError, InvalidInput
 from boundgen.runtime.batcher import Batcher, Ticket
+from boundgen.runtime.catalogue import ServedCatalogue, load_catalogue
 from boundgen.runtime.context import RequestContext
 from boundgen.runtime.engine import Engine, EngineSpec
 from boundgen.runtime.graphs import GraphRunner
@@ -45,6 +54,7 @@ class Queued:
 
     packed: PackedBatch
     submitted: float  # time.perf_counter() when it was queued
+    trie: Trie | None = None  # a constrained program's trie inputs for this request (runtime/catalogue.py)
 
 
 @dataclass(frozen=True)
@@ -67,6 +77,7 @@ class LocalEngine(Engine):
         self.spec, self.packer, self.runner, self.encoder = spec, packer, runner, encoder
         self.contexts = contexts  # owned by the batcher's workers, one each
         self.batching = batching
+        self.catalogue: ServedCatalogue | None = None  # a constrained beam artifact's (set_catalogue)
         self._slots = threading.Semaphore(max(1, executors))  # program calls running at once
         self._batcher = Batcher(contexts, self._run_batch, self._fits if batching else _alone, name=spec.name,
                                 linger_s=batch_wait_ms / 1e3 if batching else 0.0)
@@ -87,18 +98,53 @@ class LocalEngine(Engine):
             return super().score_ids(samples, deadline, cancelled)
         return self._request(samples, deadline, cancelled, self.packer.encode_ids)
 
-    def beam(self, text: str, deadline: float | None = None, cancelled: threading.Event | None = None) -> BeamResult:
+    def beam(self, text: str, deadline: float | None = None, cancelled: threading.Event | None = None,
+             allow_items: Sequence[int] | None = None) -> BeamResult:
+        """allow_items: item ids a constrained search may return (None: every item of the catalogue)."""
         if self.spec.task != "beam":
             return super().beam(text, deadline, cancelled)
         if not isinstance(text, str):
             raise InvalidInput(f"beam takes one prompt text, got {type(text).__name__}")
-        return self._request([text], deadline, cancelled)
+        return self._request([text], deadline, cancelled, allow_items=allow_items)
 
-    def _request(self, texts: list, deadline: float | None, cancelled: threading.Event | None, pack=None):
+    @property
+    def constrained(self) -> bool:
+        """Whether the program takes a catalogue's trie as inputs (a constrained beam artifact)."""
+        return bool(getattr(self.spec.program, "constrained", False))
+
+    def set_catalogue(self, catalogue: ServedCatalogue) -> None:
+        """Serve later requests with this catalogue (requests already tokenized keep theirs)."""
+        if not self.constrained:
+            raise ConfigError(f"model {self.spec.name} was not built with --constrained: it takes no catalogue")
+        self.catalogue = catalogue
+        self.spec.extra.update(catalogue.describe())
+
+    def load_catalogue(self, cat_dir) -> None:
+        """Read a catalogue directory, check it against this artifact and serve later requests with it."""
+        if not self.constrained:
+            raise ConfigError(f"model {self.spec.name} was not built with --constrained: it takes no catalogue")
+        extra = self.spec.extra
+        self.set_catalogue(load_catalogue(cat_dir, self.spec.program, extra["vocab_size"], extra["artifact_dir"],
+                                          self.contexts[0].device))
+
+    def _trie(self, allow_items: Sequence[int] | None) -> Trie | None:
+        """The trie inputs of a request (None: an unconstrained program)."""
+        if not self.constrained:
+            if allow_items is not None:
+                raise InvalidInput(f"model {self.spec.name} has no catalogue: ALLOW_ITEMS does not apply")
+            return None
+        catalogue = self.catalogue  # one read: the whole request sees this catalogue
+        if catalogue is None:
+            raise InvalidInput(f"model {self.spec.name} is a constrained beam model and no catalogue is loaded")
+        return catalogue.trie(allow_items)
+
+    def _request(self, texts: list, deadline: float | None, cancelled: threading.Event | None, pack=None,
+                 allow_items: Sequence[int] | None = None):
         t0 = time.perf_counter()
         packed = (pack or self.packer.encode)(texts)
+        trie = self._trie(allow_items)
         t1 = time.perf_counter()
-        share: CallShare = self._batcher.submit(Queued(packed, t1), deadline, cancelled)
+        share: CallShare = self._batcher.submit(Queued(packed, t1, trie), deadline, cancelled)
         t2 = time.perf_counter()
         result = self.encoder.encode(*share.rows)
         end = time.perf_counter()
@@ -112,7 +158,7 @@ class LocalEngine(Engine):
                 cancelled: threading.Event | None = None) -> Ticket:
         """Queue a request tokenized elsewhere (a front-end process) without waiting; the ticket's
         future gets its `CallShare`. Raises DeadlineExceeded or Cancelled if it is already gone."""
-        return self._batcher.enqueue(Queued(packed, time.perf_counter()), deadline, cancelled)
+        return self._batcher.enqueue(Queued(packed, time.perf_counter(), self._trie(None)), deadline, cancelled)
 
     def withdraw(self, ticket: Ticket) -> bool:
         """Take a queued request back out (its client went away, or its deadline passed);
@@ -128,17 +174,18 @@ class LocalEngine(Engine):
 
     def _fits(self, batch: list, item) -> bool:
         """Whether waiting request `item` may join the call that holds `batch` (the batcher's rule)."""
-        return fits_one_call(self.spec.program, [queued.packed for queued in batch] + [item.packed])
+        return (item.trie is batch[0].trie  # one catalogue and allow-list a call
+                and fits_one_call(self.spec.program, [queued.packed for queued in batch] + [item.packed]))
 
-    def _call(self, ctx: RequestContext, tokens, positions, cu_seqlens) -> list[torch.Tensor]:
+    def _call(self, ctx: RequestContext, tokens, positions, cu_seqlens, trie: Trie | None = None) -> list[torch.Tensor]:
         """The program on staged inputs, on the context's stream; its outputs stay on the device."""
         with self._slots, ctx.stream_scope():
-            return self.runner(tokens, positions, cu_seqlens)
+            return self.runner(tokens, positions, cu_seqlens, *(trie or ()))
 
     def _run_batch(self, ctx: RequestContext, items: list[Queued]) -> list[CallShare]:
         start = time.perf_counter()
         batches = [queued.packed for queued in items]
-        out = self._call(ctx, *self.packer.stage(ctx, concat_packed(batches)))
+        out = self._call(ctx, *self.packer.stage(ctx, concat_packed(batches)), trie=items[0].trie)
         host = to_host(ctx, out[:self.encoder.outputs])
         seconds = time.perf_counter() - start
         return [CallShare(rows, start - queued.submitted, seconds, len(items))
@@ -151,7 +198,7 @@ class LocalEngine(Engine):
         (nothing to capture without graphs). Call before serving: the workers are idle."""
         if self.spec.task == "score":
             self.score(["warm up"])
-        else:
+        elif not self.constrained or self.catalogue is not None:
             self.beam("warm up")
         batches = self.packer.warm_batches() if isinstance(self.runner, GraphRunner) else []
         for ctx in self.contexts:
@@ -173,9 +220,10 @@ class LocalEngine(Engine):
         if not fits_one_call(b, batches):
             raise ValueError(f"{copies} copies of this request exceed one call's bounds ({b.describe()})")
         staged = self.packer.stage(ctx, concat_packed(batches))
+        trie = self._trie(None)
 
         def call():
-            out = self._call(ctx, *staged)
+            out = self._call(ctx, *staged, trie=trie)
             if ctx.stream is not None:
                 ctx.stream.synchronize()
             return out
@@ -203,7 +251,9 @@ def make_engine(name: str, spec, tokenizer, runner, device: str, dtype: str, run
     With `runtime.cuda_graphs` on a CUDA device the runner is wrapped in a GraphRunner and calls
     are padded to multiples of `runtime.token_bucket` tokens (runtime/graphs.py). `item_ids`: the
     runner is a beam search under a catalogue, whose candidates carry item ids."""
-    use_graphs = runtime.cuda_graphs and device.startswith("cuda")
+    item_ids = item_ids or bool(getattr(spec, "constrained", False))
+    # A graph would replay the trie addresses of its capture (module docstring).
+    use_graphs = runtime.cuda_graphs and device.startswith("cuda") and not getattr(spec, "constrained", False)
     if use_graphs:
         runner = GraphRunner(runner)
     packer = RequestPacker(tokenizer, spec, runtime.token_bucket if use_graphs else 0)

@@ -2,10 +2,13 @@
 for clients that would rather not build KServe tensors. KServe v2 `infer` stays the fast path:
 each prompt here is one KServe request of TEXT [1], through the same admission and engine.
 
-    request   {"prompt": "..."}  or  {"prompts": ["...", ...]},  "model": "name" (optional)
+    request   {"prompt": "..."}  or  {"prompts": ["...", ...]},  "model": "name" (optional),
+              "allow_items": [item_id, ...] (optional; a constrained model's allow-list, ALLOW_ITEMS)
     response  {"model": "name", "object": "beam", "candidates": [...]}           (prompt)
               {"model": "name", "object": "beam", "results": [{"candidates": [...]}, ...]}  (prompts)
-    candidate {"token_ids": [...], "text": "...", "score": s}, W of them, best first
+    candidate {"token_ids": [...], "text": "...", "score": s}, W of them, best first; a constrained
+              model's also "item_id" (-1, with score null and no tokens, where fewer than W items
+              could be reached)
 
 A candidate is what `boundgen beam` prints (BeamResult.candidates): the generated ids without
 the -1 padding after a stop token, the decoded text, the FP32 score (sum of log-probs); the
@@ -57,7 +60,13 @@ def parse(obj) -> dict:
     model = obj.get("model")
     if model is not None and not isinstance(model, str):
         raise InvalidInput("model must be a model name")
-    return {"prompts": prompts, "single": single, "model": model}
+    allow = obj.get("allow_items")
+    if allow is not None and (not isinstance(allow, list) or not allow
+                              or not all(isinstance(i, int) and not isinstance(i, bool) for i in allow)):
+        raise InvalidInput("allow_items must be a non-empty list of integer item ids")
+    if allow is not None and not all(-2**63 <= i < 2**63 for i in allow):
+        raise InvalidInput("allow_items holds an id outside the int64 range")
+    return {"prompts": prompts, "single": single, "model": model, "allow_items": allow}
 
 
 def pick_model(models: ModelSet, requested: str | None) -> str:
@@ -68,13 +77,19 @@ def pick_model(models: ModelSet, requested: str | None) -> str:
 
 
 def candidates(outputs: list[Tensor]) -> list[dict]:
-    """KServe outputs TOKEN_IDS [W, N_gen], SCORES [W], TEXT_OUT [W] -> `boundgen beam`'s candidates."""
+    """KServe outputs TOKEN_IDS [W, N_gen], SCORES [W], TEXT_OUT [W] (and ITEM_IDS [W]) -> `boundgen
+    beam`'s candidates (a score of -inf, a missing candidate, is null)."""
     by_name = {t.name: t for t in outputs}
     ids = np.asarray(by_name["TOKEN_IDS"].data).reshape(by_name["TOKEN_IDS"].shape)
     scores = np.asarray(by_name["SCORES"].data, dtype=np.float32)
     texts = [t.decode("utf-8") for t in by_name["TEXT_OUT"].data]
-    return [{"token_ids": [int(t) for t in row if t >= 0], "text": text, "score": float(score)}
-            for row, text, score in zip(ids, texts, scores)]
+    out = [{"token_ids": [int(t) for t in row if t >= 0], "text": text,
+            "score": float(score) if np.isfinite(score) else None}
+           for row, text, score in zip(ids, texts, scores)]
+    if "ITEM_IDS" in by_name:
+        for cand, item in zip(out, np.asarray(by_name["ITEM_IDS"].data).tolist()):
+            cand["item_id"] = int(item)
+    return out
 
 
 def check_count(models: ModelSet, name: str, prompts: list[str]) -> None:
@@ -86,15 +101,20 @@ def check_count(models: ModelSet, name: str, prompts: list[str]) -> None:
                            f"{name} (its {admission.max_inflight} in flight plus {admission.max_queue} queued)")
 
 
-async def run(models: ModelSet, name: str, prompts: list[str], deadline: float) -> list[list[dict]]:
-    """Each prompt as one KServe request, side by side; the candidates per prompt, in order."""
+async def run(models: ModelSet, name: str, prompts: list[str], deadline: float,
+              allow_items: list[int] | None = None) -> list[list[dict]]:
+    """Each prompt as one KServe request, side by side; the candidates per prompt, in order.
+    allow_items: ALLOW_ITEMS of every prompt (a constrained model's)."""
     check_count(models, name, prompts)
     encoded = [utf8(p, f"prompts[{i}]" if len(prompts) > 1 else "prompt") for i, p in enumerate(prompts)]
+    outputs = OUTPUTS + [t.name for t in models.get(name).signature.outputs if t.name == "ITEM_IDS"]
+    extra = [] if allow_items is None else [Tensor("ALLOW_ITEMS", "INT64", (len(allow_items),),
+                                                   np.asarray(allow_items, dtype=np.int64))]
 
     async def one(i: int, prompt: bytes) -> list[dict]:
         tensor = Tensor("TEXT", "BYTES", (1,), [prompt])
         try:
-            return candidates(await models.infer(name, "", [tensor], OUTPUTS, deadline))
+            return candidates(await models.infer(name, "", [tensor, *extra], outputs, deadline))
         except InvalidInput as exc:
             raise InvalidInput(f"prompts[{i}]: {exc}" if len(prompts) > 1 else str(exc)) from None
 

@@ -31,6 +31,13 @@ served model as it was. The load answers once the old engine is closed.
 Unload is refused: removing a model is a restart without it; a new version replaces an old one
 through load. A load request's parameters (Triton's `config` and `file:` overrides) are refused:
 the artifact is the directory's.
+
+Catalogues: load(m) with the one parameter `{"catalogue": "c"}` replaces the catalogue of m, a
+constrained beam model, with DIR/c (a catalogue directory, `boundgen catalogue build --out
+DIR/c`; the same naming policy), without reloading the model: it is read and checked on a loader
+thread while m keeps serving, then swapped in as one reference (runtime/catalogue.py), so each
+request runs on the old catalogue or the new one, whole, and none is dropped. A catalogue that
+does not fit m answers 400 and leaves the served one in place.
 """
 
 from __future__ import annotations
@@ -98,6 +105,22 @@ class Repository:
                              f"{self.drain_timeout_s} s; closed anyway")
                 self.say(f"boundgen serve: the replaced {name} drained and closed")
 
+    async def load_catalogue(self, name: str, catalogue) -> None:
+        """Replace the catalogue of served model `name` with DIR/catalogue (module docstring)."""
+        if not isinstance(catalogue, str):
+            raise InvalidInput("the load parameter catalogue names a catalogue directory of the model repository")
+        path = self.artifact_dir(catalogue, "a catalogue built with --out DIR/" + catalogue)
+        engine = self.models.get(name).engine
+        if not hasattr(engine, "load_catalogue"):
+            raise InvalidInput(f"model {name} takes no catalogue")
+        async with self._lock:
+            self.say(f"boundgen serve: loading catalogue {catalogue} for {name}")
+            try:
+                await asyncio.to_thread(engine.load_catalogue, path)
+            except BoundgenError as exc:
+                raise InvalidInput(f"failed to load catalogue {catalogue} for model {name}: {exc}") from None
+            self.say(f"boundgen serve: model {name} serves catalogue {catalogue}")
+
     def loadable(self) -> list[str]:
         """The names a load may name: children of DIR that hold an artifact manifest (not read here:
         a load checks it), by the policy above."""
@@ -107,14 +130,15 @@ class Repository:
         except OSError:  # DIR gone or unreadable since serve checked it: nothing to offer
             return []
 
-    def artifact_dir(self, name: str) -> Path:
-        """DIR/name, for a plain child name only (the policy above)."""
+    def artifact_dir(self, name: str, what: str | None = None) -> Path:
+        """DIR/name, for a plain child name only (the policy above); `what` the directory should hold."""
         if not MODEL_NAME.fullmatch(name):
             raise InvalidInput(f"model name {name!r} cannot name a directory of the model repository: use letters, "
                                "digits, '.', '_' and '-', not starting with '.'")
         path = self.root / name
         if not path.is_dir():
-            raise InvalidInput(f"the model repository has no directory {name!r} (an artifact built with --name {name})")
+            raise InvalidInput(f"the model repository has no directory {name!r} "
+                               f"({what or 'an artifact built with --name ' + name})")
         return path
 
 
@@ -134,6 +158,9 @@ async def control(models: ModelSet, repository: Repository | None, action: str, 
         raise NotSupported(f"model repository load (of {name or 'a model'}) is not supported: this server was "
                            "started without --model-repository, so it serves only the artifact directories "
                            "given to `boundgen serve`")
+    if parameters and set(parameters) == {"catalogue"} and repository is not None:
+        await repository.load_catalogue(name, parameters["catalogue"])
+        return
     if parameters:
         raise InvalidInput(f"load parameters ({', '.join(sorted(parameters))}) are not supported: the model is "
                            f"the artifact in the model repository's directory {name!r}")

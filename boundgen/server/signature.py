@@ -12,6 +12,9 @@ artifact/program.py): metadata, input checks, engine results to output tensors.
                                                        (spec.extra["vocab_outputs"])
     beam:   TEXT BYTES [1]                         ->  TOKEN_IDS INT32 [W, N_gen], SCORES FP32 [W],
                                                        TEXT_OUT BYTES [W]
+            constrained to a catalogue (built with --constrained, served with --catalogue):
+            + ALLOW_ITEMS INT64 [K], optional          +   ITEM_IDS INT64 [W] (-1: no item)
+              (the item ids this request may return)
 
 Checks here are the ones that need no tokenizer (names, datatypes, shapes, sample count,
 UTF-8); token limits are the engine's, which raises `InvalidInput` naming sample and limit.
@@ -63,6 +66,7 @@ class EngineCall:
     task: str
     texts: tuple[str, ...]
     token_ids: tuple[tuple[int, ...], ...] | None = None  # score samples given as token ids (no template)
+    allow_items: tuple[int, ...] | None = None  # a constrained beam request's allow-list (ALLOW_ITEMS)
 
     def __call__(self, engine: Engine, deadline: float | None = None,
                  cancelled: threading.Event | None = None) -> ScoreResult | BeamResult:
@@ -70,6 +74,8 @@ class EngineCall:
             return engine.score_ids([list(ids) for ids in self.token_ids], deadline, cancelled)
         if self.task == "score":
             return engine.score(list(self.texts), deadline, cancelled)
+        if self.allow_items is not None:
+            return engine.beam(self.texts[0], deadline, cancelled, allow_items=self.allow_items)
         return engine.beam(self.texts[0], deadline, cancelled)
 
 
@@ -91,6 +97,9 @@ class Signature:
             self.outputs = (TensorSpec("TOKEN_IDS", "INT32", (program.width, program.steps)),
                             TensorSpec("SCORES", "FP32", (program.width,)),
                             TensorSpec("TEXT_OUT", "BYTES", (program.width,)))
+            if getattr(program, "constrained", False):
+                self.inputs += (TensorSpec("ALLOW_ITEMS", "INT64", (-1,)),)
+                self.outputs += (TensorSpec("ITEM_IDS", "INT64", (program.width,)),)
             self.defaults = tuple(t.name for t in self.outputs)
 
     @property
@@ -116,9 +125,11 @@ class Signature:
     def parse(self, tensors: Sequence[Tensor]) -> EngineCall:
         name = self.name
         by_name = {}
+        known = [t.name for t in self.inputs]
         for t in tensors:
-            if t.name != "TEXT":
-                raise InvalidInput(f"model {name} has no input {t.name!r}; its only input is TEXT (BYTES)")
+            if t.name not in known:
+                raise InvalidInput(f"model {name} has no input {t.name!r}; its inputs are "
+                                   + ", ".join(f"{s.name} ({s.datatype})" for s in self.inputs))
             if t.name in by_name:
                 raise InvalidInput(f"input {t.name} was given twice")
             by_name[t.name] = t
@@ -135,7 +146,20 @@ class Signature:
                 texts.append(item.decode("utf-8"))
             except UnicodeDecodeError as exc:
                 raise InvalidInput(f"TEXT[{i}] is not valid UTF-8 (byte {item[exc.start]:#04x} at offset {exc.start})") from None
-        return EngineCall(self.spec.task, tuple(texts))
+        allow_items = self._allow_items(by_name.get("ALLOW_ITEMS"))
+        return EngineCall(self.spec.task, tuple(texts), allow_items=allow_items)
+
+    def _allow_items(self, tensor: Tensor | None) -> tuple[int, ...] | None:
+        """ALLOW_ITEMS INT64 [K] -> the item ids (whether they are in the catalogue is the engine's check)."""
+        if tensor is None:
+            return None
+        if tensor.datatype != "INT64":
+            raise InvalidInput(f"input ALLOW_ITEMS must be INT64 (item ids), got {tensor.datatype}")
+        if len(tensor.shape) != 1:
+            raise InvalidInput(f"input ALLOW_ITEMS must have shape [K] (a list of item ids), got {list(tensor.shape)}")
+        if tensor.shape[0] == 0:
+            raise InvalidInput("input ALLOW_ITEMS is empty: it allows no item (leave it out to allow every item)")
+        return tuple(int(i) for i in tensor.data)
 
     def _check_byte_lengths(self, items: Sequence[bytes]) -> None:
         """Refuse texts whose byte length alone proves them over the token bounds (module docstring)."""
@@ -191,4 +215,7 @@ class Signature:
                 "SCORES": Tensor("SCORES", "FP32", tuple(scores.shape), scores.reshape(-1)),
                 "TEXT_OUT": Tensor("TEXT_OUT", "BYTES", (len(texts),), texts),
             }
+            if "ITEM_IDS" in names:
+                items = np.ascontiguousarray(result.item_ids, dtype=np.int64)
+                all_outputs["ITEM_IDS"] = Tensor("ITEM_IDS", "INT64", tuple(items.shape), items)
         return [all_outputs[n] for n in names]

@@ -7,6 +7,7 @@ takes them as inputs, so that the catalogue is chosen when the artifact is serve
     check(cat, vocab, steps, stop_token_ids, max_degree)  the catalogue fits the search, else ConfigError
     arrays(cat, vocab, allow)                             {TRIE name: numpy array}, all of one length M
     allowed(cat, allow_items)                             (reach, ends) of an allow-list, else ConfigError
+    padded(cat, allow)                                    those two padded to M, as `arrays` pads them
 
 Every array has one length, M = max(nodes, MIN_NODES) + 1 (row_ptr's), so that a compiled
 program has one dynamic dim for them all (at least MIN_NODES + 1: export specialises sizes 0 and
@@ -75,6 +76,12 @@ def arrays(cat: Catalogue, vocab: int, allow: tuple[np.ndarray, np.ndarray] | No
             "node_item": _pad(cat.node_item.astype(np.int64), length, -1),
             "reach": _pad(reach, length, False),
             "ends": _pad(ends, length, False)}
+
+
+def padded(cat: Catalogue, allow: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """(reach, ends) from `allowed`, padded as `arrays` pads them (a request's allow-list)."""
+    length = max(cat.num_nodes, MIN_NODES) + 1
+    return _pad(allow[0], length, False), _pad(allow[1], length, False)
 
 
 def _pad(array: np.ndarray, length: int, value) -> np.ndarray:

@@ -1,0 +1,127 @@
+"""A constrained beam artifact (`boundgen build --task beam --constrained`): the catalogue is a
+program input, loaded with the artifact (`boundgen.load(..., catalogue=CAT_DIR)`); its candidates
+equal the eager constrained program's and HF `generate(prefix_allowed_tokens_fn=...)`'s, with and
+without a per-request allow-list; bad catalogues and allow-lists are refused in the user's terms."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+import boundgen
+from boundgen.artifact.program import BeamSpec
+from boundgen.artifact.tensors import TRIE
+from boundgen.errors import ConfigError, InvalidInput
+from boundgen.programs.eager import eager_engine
+from boundgen.runtime.catalogue import load_catalogue
+from boundgen.text.catalogue import Catalogue
+from tests.conftest import CONSTRAINED_ITEMS
+
+pytestmark = pytest.mark.slow  # one AOTInductor build of three packages
+
+PROMPTS = ["query: running shoes -> item:", "hello"]
+STOP = 151643  # the tiny checkpoints' eos_token_id
+SPEC = BeamSpec(width=4, steps=3, stop_token_ids=(STOP,), max_prompt_tokens=32)
+
+
+@pytest.fixture(scope="module")
+def compiled(constrained_build):
+    return boundgen.load(constrained_build["artifact"], catalogue=constrained_build["catalogue"])
+
+
+def eager(model_dir, cat_dir, allow):
+    return eager_engine(model_dir, SPEC, catalogue=cat_dir, allow_items=allow)
+
+
+def test_manifest_records_the_constrained_interface(constrained_build):
+    manifest = json.loads((constrained_build["artifact"] / "manifest.json").read_text())
+    assert manifest["program"]["constrained"] is True
+    tensors = manifest["interface"]["tensors"]
+    assert all(tensors[name]["direction"] == "input" and tensors[name]["shape"] == ["M"] for name in TRIE)
+    assert tensors["item_ids"] == {"direction": "output", "dtype": "int64", "shape": ["R*4"]}
+    names = [case["name"] for case in manifest["validation"]["cases"]]
+    assert "representative" in names and "representative+allow_list" in names
+    assert manifest["validation"]["passed"]
+
+
+@pytest.mark.parametrize("allow", [None, (11, 16), (17, 18, 12)])
+def test_compiled_candidates_equal_the_eager_program(compiled, tiny_qwen2_dir, constrained_build, allow):
+    reference = eager(tiny_qwen2_dir, constrained_build["catalogue"], allow)
+    for prompt in PROMPTS:
+        got, want = compiled.beam(prompt, allow_items=allow).candidates(), reference.beam(prompt).candidates()
+        assert [(c["token_ids"], c["item_id"]) for c in got] == [(c["token_ids"], c["item_id"]) for c in want]
+        for g, w in zip(got, want):
+            assert (g["score"] is None) == (w["score"] is None)
+            if w["score"] is not None:
+                assert abs(g["score"] - w["score"]) <= 1e-4
+        if allow is not None:
+            assert {c["item_id"] for c in got} <= set(allow) | {-1}
+
+
+def test_compiled_candidates_equal_hf_prefix_allowed_tokens_fn(compiled, tiny_qwen2_dir, constrained_build):
+    from transformers import AutoModelForCausalLM
+
+    cat = Catalogue.load(constrained_build["catalogue"])
+    hf = AutoModelForCausalLM.from_pretrained(str(tiny_qwen2_dir), dtype=torch.float32).eval()
+    prompt = PROMPTS[0]
+    ids = torch.as_tensor(compiled.packer.encode([prompt]).tokens, dtype=torch.int64)[None]
+
+    def allowed(batch_id, input_ids):
+        node = cat.lookup(input_ids[ids.shape[1]:].tolist())
+        if node < 0:
+            return [0]
+        return cat.allowed(node) + ([STOP] if cat.node_item[node] >= 0 else []) or [0]
+
+    with torch.no_grad():
+        out = hf.generate(ids, num_beams=4, num_return_sequences=4, max_new_tokens=3, do_sample=False,
+                          length_penalty=0.0, eos_token_id=[STOP], pad_token_id=STOP, output_scores=True,
+                          return_dict_in_generate=True, prefix_allowed_tokens_fn=allowed)
+    real = int((out.sequences_scores > -1e8).sum())
+    hf_rows = []
+    for row in out.sequences[:real, ids.shape[1]:].tolist():
+        hf_rows.append(row[:row.index(STOP) + 1] if STOP in row else row)
+    got = compiled.beam(prompt).candidates()
+    assert [c["token_ids"] for c in got[:real]] == hf_rows
+    np.testing.assert_allclose([c["score"] for c in got[:real]], out.sequences_scores[:real].numpy(), atol=1e-4)
+    codes = {tuple(code): item for item, code in CONSTRAINED_ITEMS}
+    assert [c["item_id"] for c in got[:real]] == [codes[tuple(t for t in r if t != STOP)] for r in hf_rows]
+
+
+def test_allow_lists_that_name_unknown_items_or_leave_nothing_are_invalid_input(compiled):
+    with pytest.raises(InvalidInput, match=r"\[99\] are not in the catalogue"):
+        compiled.beam(PROMPTS[0], allow_items=[11, 99])
+    with pytest.raises(InvalidInput, match="leaves no item"):
+        compiled.beam(PROMPTS[0], allow_items=[])
+
+
+def test_a_constrained_artifact_without_a_catalogue_refuses_requests(constrained_build):
+    engine = boundgen.load(constrained_build["artifact"])
+    with pytest.raises(InvalidInput, match="no catalogue is loaded"):
+        engine.beam(PROMPTS[0])
+
+
+def _catalogue(tmp_path, codes, tokenizer=None):
+    cat = Catalogue.from_sequences(range(len(codes)), codes, tokenizer=tokenizer)
+    cat.save(tmp_path / "cat")
+    return tmp_path / "cat"
+
+
+def test_catalogues_that_do_not_fit_the_artifact_are_refused(compiled, constrained_build, tmp_path):
+    art = constrained_build["artifact"]
+    with pytest.raises(ConfigError, match="has 4 tokens; this beam search generates 3"):
+        compiled.load_catalogue(_catalogue(tmp_path / "deep", [[40, 50, 60, 70]]))
+    with pytest.raises(ConfigError, match="outside the model's vocabulary"):
+        compiled.load_catalogue(_catalogue(tmp_path / "vocab", [[40, 200000, 60]]))
+    with pytest.raises(ConfigError, match="another tokenizer"):
+        compiled.load_catalogue(_catalogue(tmp_path / "tok", [[40, 50, 60]], {"sha256": "0" * 64}))
+    with pytest.raises(ConfigError, match="not built with --constrained"):
+        load_catalogue(constrained_build["catalogue"], SPEC, 151936, art, "cpu")
+    assert compiled.beam(PROMPTS[0]).item_ids is not None  # the served catalogue is still the first one
+
+
+def test_replacing_the_catalogue_serves_the_new_one(constrained_build, tmp_path):
+    engine = boundgen.load(constrained_build["artifact"], catalogue=constrained_build["catalogue"])
+    engine.load_catalogue(_catalogue(tmp_path, [[45, 55, 65], [45, 56]]))
+    items = engine.beam(PROMPTS[0]).item_ids.tolist()
+    assert sorted(items) == [-1, -1, 0, 1]

@@ -1,0 +1,141 @@
+"""`boundgen serve ART --catalogue NAME=CAT_DIR` over a constrained beam artifact (built once per
+session): ITEM_IDS and ALLOW_ITEMS through tritonclient over HTTP and gRPC and `allow_items` /
+`item_id` on /v1/beam equal the engine in this process; bad allow-lists are 400 / INVALID_ARGUMENT
+naming the problem; serve refuses to start without a catalogue, or with one for another model."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tritonclient.grpc as tgrpc
+import tritonclient.http as thttp
+from tritonclient.utils import InferenceServerException
+
+import boundgen
+from tests.server.conftest import REPO, post_json
+
+pytestmark = pytest.mark.slow  # one AOTInductor build
+
+PROMPT = "query: running shoes -> item:"
+SERVE = [sys.executable, "-m", "boundgen", "serve"]
+
+
+@pytest.fixture(scope="module")
+def server(launch, constrained_build):
+    server = launch([constrained_build["artifact"]], args=["--catalogue", f"cbeam={constrained_build['catalogue']}"],
+                    command=SERVE)
+    yield server
+    assert server.stop() == 0
+
+
+@pytest.fixture(scope="module")
+def engine(constrained_build):
+    return boundgen.load(constrained_build["artifact"], catalogue=constrained_build["catalogue"])
+
+
+def infer(protocol, server, allow=None):
+    mod = thttp if protocol == "http" else tgrpc
+    client = mod.InferenceServerClient(server.http_url if protocol == "http" else server.grpc_url)
+    text = mod.InferInput("TEXT", [1], "BYTES")
+    text.set_data_from_numpy(np.array([PROMPT.encode()], dtype=object))
+    inputs = [text]
+    if allow is not None:
+        items = mod.InferInput("ALLOW_ITEMS", [len(allow)], "INT64")
+        items.set_data_from_numpy(np.asarray(allow, dtype=np.int64))
+        inputs.append(items)
+    return client.infer("cbeam", inputs)
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+@pytest.mark.parametrize("allow", [None, [11, 16], [17]])
+def test_item_ids_and_allow_items_equal_the_engine(server, engine, protocol, allow):
+    result = infer(protocol, server, allow)
+    expected = engine.beam(PROMPT, allow_items=allow)
+    np.testing.assert_array_equal(result.as_numpy("ITEM_IDS"), expected.item_ids)
+    assert result.as_numpy("ITEM_IDS").dtype == np.int64
+    np.testing.assert_array_equal(result.as_numpy("TOKEN_IDS"), expected.token_ids)
+    np.testing.assert_allclose(result.as_numpy("SCORES"), expected.scores, rtol=1e-5, atol=1e-6)
+    if allow is not None:
+        assert set(result.as_numpy("ITEM_IDS").tolist()) <= set(allow) | {-1}
+
+
+def test_metadata_lists_allow_items_and_item_ids(server):
+    meta = thttp.InferenceServerClient(server.http_url).get_model_metadata("cbeam")
+    assert [(i["name"], i["datatype"]) for i in meta["inputs"]] == [("TEXT", "BYTES"), ("ALLOW_ITEMS", "INT64")]
+    assert ("ITEM_IDS", "INT64", [4]) in [(o["name"], o["datatype"], o["shape"]) for o in meta["outputs"]]
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+@pytest.mark.parametrize("allow, words", [([11, 99], "[99] are not in the catalogue"), ([], "ALLOW_ITEMS is empty")])
+def test_bad_allow_lists_are_invalid_argument(server, protocol, allow, words):
+    with pytest.raises(InferenceServerException) as err:
+        infer(protocol, server, allow)
+    assert err.value.status() in ("400", "StatusCode.INVALID_ARGUMENT")
+    assert words in err.value.message(), err.value.message()
+
+
+def test_v1_beam_takes_allow_items_and_answers_item_ids(server, engine):
+    status, answer = post_json(server, "/v1/beam", {"prompt": PROMPT, "allow_items": [11, 16]})
+    assert status == 200, answer
+    want = engine.beam(PROMPT, allow_items=[11, 16]).candidates()
+    assert [(c["token_ids"], c["item_id"], c["score"] is None) for c in answer["candidates"]] == \
+        [(c["token_ids"], c["item_id"], c["score"] is None) for c in want]
+    status, answer = post_json(server, "/v1/beam", {"prompt": PROMPT, "allow_items": [99]})
+    assert status == 400 and "not in the catalogue" in answer["error"]
+
+
+def serve_refuses(args, words):
+    proc = subprocess.run([*SERVE, *map(str, args), "--http-port", "0", "--grpc-port", "0"], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0 and words in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+
+
+def test_serve_refuses_a_constrained_artifact_without_its_catalogue(constrained_build):
+    serve_refuses([constrained_build["artifact"]], "--catalogue cbeam=CAT_DIR")
+
+
+def test_serve_refuses_a_catalogue_for_an_unknown_model(constrained_build):
+    serve_refuses([constrained_build["artifact"], "--catalogue", f"other={constrained_build['catalogue']}",
+                   "--catalogue", f"cbeam={constrained_build['catalogue']}"], "no artifact is named other")
+
+
+def test_catalogue_replacement_through_the_repository_load_is_atomic(launch, constrained_build, tmp_path):
+    """Requests run while the load replaces the catalogue: each answer's items are all of the old
+    catalogue or all of the new one (disjoint ids), never a mix, and none fails."""
+    import threading
+
+    from boundgen.text.catalogue import Catalogue
+
+    new = {100: [45, 55, 65], 101: [45, 56], 102: [46]}
+    Catalogue.from_sequences(list(new), list(new.values())).save(tmp_path / "cat2")
+    server = launch([constrained_build["artifact"]], command=SERVE,
+                    args=["--catalogue", f"cbeam={constrained_build['catalogue']}", "--model-repository", tmp_path])
+    answers, errors, stop = [], [], threading.Event()
+
+    def client():
+        while not stop.is_set():
+            try:
+                answers.append(set(infer("grpc", server).as_numpy("ITEM_IDS").tolist()) - {-1})
+            except Exception as exc:  # noqa: BLE001 - collected, asserted below
+                errors.append(exc)
+
+    threads = [threading.Thread(target=client) for _ in range(3)]
+    for t in threads:
+        t.start()
+    try:
+        status, answer = post_json(server, "/v2/repository/models/cbeam/load", {"parameters": {"catalogue": "cat2"}})
+        assert status == 200, answer
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+    assert not errors, errors[:3]
+    old = {11, 12, 13, 14, 15, 16, 17, 18}
+    assert all(a <= old or a <= set(new) for a in answers)
+    assert set(infer("http", server).as_numpy("ITEM_IDS").tolist()) - {-1} <= set(new)
+    status, answer = post_json(server, "/v2/repository/models/cbeam/load", {"parameters": {"catalogue": "none"}})
+    assert status == 400 and "no directory 'none'" in answer["error"]
+    assert server.stop() == 0
