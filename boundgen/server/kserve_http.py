@@ -113,7 +113,8 @@ async def _plain_json_type(request: web.Request, handler):
 async def _identified(request: web.Request, handler):
     """Tag the request with its id (request_ids.py) and echo it in every answer's X-Request-ID,
     errors included. Inside `_arrival`, which may send the answer itself (headers are final then)."""
-    tag = request_ids.begin(request.headers.get(request_ids.HEADER), f"{request.method} {request.path}", "http")
+    tag = request_ids.begin(request.headers.get(request_ids.HEADER), f"{request.method} {request.path}", "http",
+                            request_ids.client_key(request.headers.get(request_ids.CLIENT_HEADER), request.remote))
     try:
         response = await handler(request)
     except web.HTTPException as exc:  # one `_json_errors` lets through (below 400): identified all the same
