@@ -16,6 +16,10 @@ process; with --frontends N > 1, a tiny random-weight Qwen3 (`boundgen demo-mode
 tiny-qwen3`) served by the eager engine (tests/server/real.py) behind N front-end processes.
 Both get --idle-timeout-s and --read-timeout-s of IDLE_S, so that slowloris connections are
 closed within a window; every other limit is the default (4 MiB body, queue 32, 1 s deadline).
+
+Every process here runs on one host, which the server takes for one client; so the victim and the
+burst's clients name themselves (X-Client-ID / x-client-id: "victim", "burst"), as clients on
+different hosts are told apart by their addresses (docs/serving.md, fairness).
 """
 
 from __future__ import annotations
@@ -95,19 +99,20 @@ def http_once(port: int, path: str, body: bytes, headers: bytes = b"", timeout: 
 
 
 class HttpClient:
-    """A keep-alive HTTP/1.1 connection (reconnects after an error)."""
+    """A keep-alive HTTP/1.1 connection (reconnects after an error) of client `client` (X-Client-ID)."""
 
-    def __init__(self, port: int):
+    def __init__(self, port: int, client: str | None = None):
         import http.client
 
         self.port, self.http = port, http.client
+        self.headers = {"Content-Type": "application/json", **({"X-Client-ID": client} if client else {})}
         self.conn = None
 
     def post(self, path: str, body: bytes) -> int:
         try:
             if self.conn is None:
                 self.conn = self.http.HTTPConnection("127.0.0.1", self.port, timeout=30)
-            self.conn.request("POST", path, body, {"Content-Type": "application/json"})
+            self.conn.request("POST", path, body, self.headers)
             response = self.conn.getresponse()
             response.read()
             if response.getheader("Connection", "").lower() == "close":
@@ -123,16 +128,17 @@ class HttpClient:
             self.conn = None
 
 
-def grpc_caller(port: int):
+def grpc_caller(port: int, client: str | None = None):
     import grpc
 
     channel = grpc.insecure_channel(f"127.0.0.1:{port}")
     call = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer", request_serializer=lambda b: b,
                                response_deserializer=lambda b: b)
+    metadata = (("x-client-id", client),) if client else None
 
     def send(data: bytes, timeout: float = 30.0) -> str:
         try:
-            call(data, timeout=timeout)
+            call(data, timeout=timeout, metadata=metadata)
             return "OK"
         except grpc.RpcError as err:
             return err.code().name
@@ -150,7 +156,7 @@ def victim_main(http_port: int, grpc_port: int, model: str, max_s: float) -> Non
     data = grpc_infer_bytes(model, [VICTIM_TEXT])
 
     def http_loop():
-        client = HttpClient(http_port)
+        client = HttpClient(http_port, "victim")
         while not stop.is_set():
             t0 = time.monotonic()
             status = client.post(f"/v2/models/{model}/infer", body)
@@ -159,7 +165,7 @@ def victim_main(http_port: int, grpc_port: int, model: str, max_s: float) -> Non
                 time.sleep(0.01)
 
     def grpc_loop():
-        send, channel = grpc_caller(grpc_port)
+        send, channel = grpc_caller(grpc_port, "victim")
         while not stop.is_set():
             t0 = time.monotonic()
             code = send(data)
@@ -332,13 +338,13 @@ def attack_slowloris(t: Target, sizes, stop, outcome):
 
 
 def attack_burst(t: Target, sizes, stop, outcome):
-    """`burst` concurrent closed loops of valid score requests from another client: each answer
-    200, 429 (queue full) or 504 (deadline) per contract."""
+    """`burst` concurrent closed loops of valid score requests from one other client (X-Client-ID
+    "burst"): each answer 200, 429 (queue full) or 504 (deadline) per contract."""
     body = infer_body([VICTIM_TEXT])
-    outcome.note = f"{sizes['burst']} concurrent clients"
+    outcome.note = f"{sizes['burst']} concurrent connections of one client"
 
     def loop():
-        client = HttpClient(t.http_port)
+        client = HttpClient(t.http_port, "burst")
         while not stop.is_set():
             status = client.post(f"/v2/models/{t.score}/infer", body)
             outcome.add(status, status in (200, 429, 504))
