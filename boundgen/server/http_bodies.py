@@ -101,9 +101,9 @@ async def _read_within(request: web.Request, limit: int, count: json_values.Valu
     body = bytearray()
     while chunk := await request.content.readany():
         body += chunk
-        count.feed(chunk)
         if len(body) > limit:
             raise BodyTooLarge(f"the request body is over the server's limit of {limit} bytes (--max-body-bytes)")
+        count.feed(chunk)
         await asyncio.sleep(0)
     return bytes(body)
 
