@@ -51,7 +51,7 @@ VICTIM_TEXT = "query: running shoes | item: trail shoe"
 FULL = {"json_strings": 1_000_000, "deflate_inflated": 64 << 20, "score_items": 50_000, "beam_prompts": 20_000,
         "grpc_dims": 40_000, "http_dims": 300, "dim_digits": 4000, "slowloris": 200, "burst": 64}
 SMALL = {"json_strings": 20_000, "deflate_inflated": 8 << 20, "score_items": 50_000, "beam_prompts": 20_000,
-         "grpc_dims": 40_000, "http_dims": 30, "dim_digits": 4000, "slowloris": 20, "burst": 16}
+         "grpc_dims": 40_000, "http_dims": 30, "dim_digits": 4000, "slowloris": 20, "burst": 48}  # burst: over 32 + 4
 
 
 # ---- wire helpers ---------------------------------------------------------------------------
@@ -428,13 +428,15 @@ def percentile(values, q: float) -> float:
 
 
 def summarize(records, start: float, end: float) -> dict:
-    """Per protocol: count, p50 / p99 latency (ms) and non-200 answers of the requests started in [start, end)."""
+    """Per protocol: count, p50 / p99 latency (ms), non-200 answers and of them the refusals for a
+    full queue (429 / RESOURCE_EXHAUSTED) of the requests started in [start, end)."""
     out = {}
     for protocol in ("http", "grpc"):
         mine = [r for r in records if r[0] == protocol and start <= r[1] < end]
         lat = [(r[2] - r[1]) * 1e3 for r in mine]
         out[protocol] = {"n": len(mine), "p50_ms": percentile(lat, 0.50), "p99_ms": percentile(lat, 0.99),
-                         "errors": sum(r[3] != 200 for r in mine)}
+                         "errors": sum(r[3] != 200 for r in mine),
+                         "refused": sum(r[3] in (429, "RESOURCE_EXHAUSTED") for r in mine)}
     return out
 
 
@@ -493,9 +495,11 @@ def table(results: dict) -> str:
             al, un = a["alone"][protocol], a["under"][protocol]
             ratio = (un["p50_ms"] / al["p50_ms"], un["p99_ms"] / al["p99_ms"]) if al["n"] and un["n"] else (0, 0)
             first = protocol == "http"
+            refused = f" (429: {un['refused']})" if un.get("refused") else ""
             lines.append(f"| {a['title'] if first else ''} | {protocol} | {al['p50_ms']:.1f} / {al['p99_ms']:.1f} "
                          f"| {un['p50_ms']:.1f} / {un['p99_ms']:.1f} | {ratio[0]:.1f} / {ratio[1]:.1f} "
-                         f"| {un['errors']} of {un['n']} | {answers if first else ''} "
+                         f"| {un['errors']} of {un['n']}{refused} "
+                         f"| {answers if first else ''} "
                          f"| {('yes' if a['per_contract'] and a['server_ready_after'] else 'NO') if first else ''} |")
     return "\n".join(lines)
 
