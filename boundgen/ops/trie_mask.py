@@ -35,13 +35,17 @@ tokens against `ends[n]`. Columns allowed: bias 0 (else -inf); in place: -inf st
 allowed, nothing stored (and nothing read) where allowed.
 
 Bytes a call: the fill, B x V x 4 (bias) or B x V x element size (in place, minus the allowed
-columns), dominates; the trie is read at D + S entries a beam per block (a decode step's few
-children, from L2). At V = 151,936: 0.61 MB a beam for the FP32 bias (61 MB at B = 100), the
-same again for the caller's add that reads it; in place on FP32 log-probs, one 0.61 MB write a
-beam. BLOCK 2048 with 4 warps: 16 columns a thread, 75 programs a beam (enough to fill the GPU
-at B = 100); the search's two int32 offsets a column stay in registers.
+columns), dominates; besides it each program reads its node's (at most D) child tokens once, to
+count, and a few of them again in the search: a decode step's tens of children, from L2. At
+V = 151,936: 0.61 MB a beam for the FP32 bias (61 MB at B = 100), the same again for the
+caller's add that reads it; in place on FP32 log-probs, one 0.61 MB write a beam. At B = 800
+that write alone is 486 MB, ~0.12 ms at 4 TB/s: a per-step budget of a few tens of us holds
+only for a selection that never writes [B, V] (the top K over the allowed tokens' gathered
+log-probs, [B, D + S]). BLOCK 2048 with 4 warps: 16 columns a thread, 75 programs a beam
+(enough to fill the GPU at B = 100); the search's two int32 offsets a column stay in registers
+(88 registers, no spill, for sm_90: tests/ops/test_sm90_compile.py).
 
-Tokens outside [0, V) are never allowed by the kernel (the reference raises on them; the
+Tokens outside [0, V) are never allowed by the kernel (the reference's scatter refuses them; the
 constraint checks its tokens at construction), and nodes outside [-1, nodes) count as -1.
 """
 
