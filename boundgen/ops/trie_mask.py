@@ -217,7 +217,10 @@ def trie_mask(nodes: torch.Tensor, row_ptr: torch.Tensor, child_token: torch.Ten
     return launch(nodes, row_ptr, child_token, reach, ends, stop_token_ids, vocab, max_degree)
 
 
-trie_mask.register_kernel("cpu")(reference)
+@trie_mask.register_kernel("cpu")
+def _(nodes, row_ptr, child_token, reach, ends, stop_token_ids, vocab, max_degree):
+    # The reference returns a view of a [B, V + 1] row; the op's result is contiguous, as its fake says.
+    return reference(nodes, row_ptr, child_token, reach, ends, stop_token_ids, vocab, max_degree).contiguous()
 
 
 @trie_mask.register_fake

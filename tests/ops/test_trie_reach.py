@@ -84,3 +84,19 @@ def test_exports_without_host_sync():
     ends, reach, _ = exported.module()(torch.tensor(ids[3:20]))
     want_ends, want_reach = cat.reachable(ids[3:20])
     assert np.array_equal(ends.numpy(), want_ends) and np.array_equal(reach.numpy(), want_reach)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_large_catalogue():
+    rng = np.random.default_rng(0)
+    codes = np.unique(rng.integers(0, 2000, size=(200_000, 4)), axis=0)
+    cat = Catalogue.from_sequences(np.arange(len(codes)), codes.tolist())
+    allow = rng.choice(len(codes), size=10_000, replace=False)
+    keys, nodes = op.item_index(torch.from_numpy(cat.node_item).cuda())
+    row_ptr = torch.from_numpy(cat.row_ptr).cuda()
+    ends, reach, known = op.reach_from_allowed(torch.from_numpy(allow).cuda(), keys, nodes, row_ptr, cat.depth)
+    want_ends, want_reach = cat.reachable(allow.tolist())
+    assert known.all()
+    assert np.array_equal(ends.cpu().numpy(), want_ends) and np.array_equal(reach.cpu().numpy(), want_reach)
+    assert np.array_equal(op.reach_from_ends(ends, row_ptr, cat.level_ptr.tolist()).cpu().numpy(), want_reach)
