@@ -15,7 +15,8 @@ requests at the root, D the root's degree):
 - "walk": CatalogueConstraint.nodes over the N token columns (one searchsorted a column);
 - the mask (ops/trie_mask.py): "torch bias" (the reference), "triton bias", each then added to
   FP32 log-probs [B, V] as programs/beam.py does ("+ add"), and the in-place forms on those
-  log-probs ("torch in place", "triton in place");
+  log-probs ("torch in place", "triton in place", and the latter at the launch configs of
+  BLOCK_SWEEP, to choose its default);
 - a request's allow-list of `allow` item ids (ops/trie_reach.py): "reach from ids" (the device
   walk up from the allowed leaves), "reach from bitmap" (per level from ends), and the host's
   numpy `Catalogue.reachable` for scale.
@@ -54,6 +55,8 @@ from boundgen.text.catalogue import Catalogue
 
 QWEN_VOCAB = 151936
 W = 100  # beams a request (W2)
+# The in-place kernel's launch configs (BLOCK, num_warps) timed beside its default (2048, 4).
+BLOCK_SWEEP = [(1024, 4), (4096, 4), (4096, 8), (8192, 8)]
 
 
 @dataclass(frozen=True)
@@ -187,6 +190,10 @@ def bench_steps(codes: np.ndarray, constraint: CatalogueConstraint, beams: int, 
             "triton in place": (lambda: trie_mask.apply_launch(scores, nodes, *trie, degree), row_bytes,
                                 lambda: in_place_equal(logp, nodes, trie, degree)),
         }
+        for block, warps in BLOCK_SWEEP:
+            impls[f"triton in place, block {block} w{warps}"] = (
+                lambda b=block, w=warps: trie_mask.apply_launch(scores, nodes, *trie, degree, block=b, num_warps=w),
+                row_bytes, None)
         rows += timed(items, case, count, impls, device, repeats, left_out)
         if step == codes.shape[1] - 1:
             rows += timed(items, f"walk, {seq.shape[1]} columns", beams,

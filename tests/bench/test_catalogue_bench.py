@@ -16,10 +16,12 @@ def test_runs_end_to_end_on_cpu(capsys):
     assert code == 0, out
     lines = out.splitlines()
     assert any(line.startswith("| 300 | ") and line.count("|") == 10 for line in lines)  # the build row
+    sweep = [f"triton in place, block {b} w{w}" for b, w in bench.BLOCK_SWEEP]
     for step, rows in ((0, 1), (1, 3), (2, 3)):
         case = [line for line in lines if f"| mask, step {step} " in line]
-        assert [line.split(" | ")[3] for line in case] == IMPLS and all(f"| {rows} |" in line for line in case)
-        assert all(line.endswith("| yes |") for line in case if "triton" in line and "add" not in line)
+        assert [line.split(" | ")[3] for line in case] == IMPLS + sweep and all(f"| {rows} |" in line for line in case)
+        checked = [line for line in case if line.split(" | ")[3] in ("triton bias", "triton in place")]
+        assert len(checked) == 2 and all(line.endswith("| yes |") for line in checked)
     assert sum("| walk, 3 columns | 3 | torch |" in line for line in lines) == 1
     reach = [line for line in lines if "allow-list of 50 items" in line]
     assert [line.split(" | ")[3] for line in reach] == ["reach from ids", "reach from bitmap",
