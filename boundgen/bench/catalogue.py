@@ -191,9 +191,10 @@ def bench_steps(codes: np.ndarray, constraint: CatalogueConstraint, beams: int, 
                                 lambda: in_place_equal(logp, nodes, trie, degree)),
         }
         for block, warps in BLOCK_SWEEP:
+            config = dict(block=block, num_warps=warps)
             impls[f"triton in place, block {block} w{warps}"] = (
-                lambda b=block, w=warps: trie_mask.apply_launch(scores, nodes, *trie, degree, block=b, num_warps=w),
-                row_bytes, None)
+                lambda k=config: trie_mask.apply_launch(scores, nodes, *trie, degree, **k), row_bytes,
+                lambda k=config: in_place_equal(logp, nodes, trie, degree, **k))
         rows += timed(items, case, count, impls, device, repeats, left_out)
         if step == codes.shape[1] - 1:
             rows += timed(items, f"walk, {seq.shape[1]} columns", beams,
@@ -201,9 +202,9 @@ def bench_steps(codes: np.ndarray, constraint: CatalogueConstraint, beams: int, 
     return rows
 
 
-def in_place_equal(logp: torch.Tensor, nodes: torch.Tensor, trie: tuple, degree: int) -> bool:
+def in_place_equal(logp: torch.Tensor, nodes: torch.Tensor, trie: tuple, degree: int, **launch_config) -> bool:
     got, want = logp.clone(), logp.clone()
-    trie_mask.apply_launch(got, nodes, *trie, degree)
+    trie_mask.apply_launch(got, nodes, *trie, degree, **launch_config)
     trie_mask.apply_reference(want, nodes, *trie, degree)
     return torch.equal(got, want)
 
