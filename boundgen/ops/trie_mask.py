@@ -172,8 +172,9 @@ def _launch(out, nodes, row_ptr, child_token, reach, ends, stop_token_ids, vocab
         raise ValueError(f"trie_mask: block and child_block must be powers of two; got {block}, {child_block}")
     if nodes.shape[0] == 0:
         return
+    stops = stop_token_ids if stop_token_ids.numel() else nodes  # no stop: an int64 tensor the kernel never reads
     wrap_triton(_trie_mask_kernel)[(nodes.shape[0], triton.cdiv(vocab, block))](
-        nodes, row_ptr, child_token, reach.view(torch.uint8), ends.view(torch.uint8), stop_token_ids, out,
+        nodes, row_ptr, child_token, reach.view(torch.uint8), ends.view(torch.uint8), stops, out,
         row_ptr.shape[0] - 1, vocab, out.stride(0), max(max_degree, 1), stop_token_ids.shape[0],
         BLOCK=block, CHILD_BLOCK=child_block, IN_PLACE=in_place, num_warps=num_warps or DEFAULT_WARPS)
 
