@@ -20,8 +20,8 @@ The in-place form needs no [B, V] mask: for finite scores, apply(scores) equals 
 
 Reference: gather-based and vectorised over beams (the CSR lookup of STATIC, Su et al. 2025):
 each beam's children are the D slots row_ptr[n] + 0 .. D - 1, those past its degree sent to a
-spare column V; one scatter of zeros into a [B, V + 1] row of -inf writes the mask, and the
-spare column is dropped. D is a bound the caller fixes per call (the root's degree for the
+spare column V (`allowed_tokens`: the list [B, D + S]); one scatter of zeros into a [B, V + 1]
+row of -inf writes the mask, and the spare column is dropped. D is a bound the caller fixes per call (the root's degree for the
 prompt's step, the largest below it for the decode steps), so shapes stay static under export.
 
 Triton kernel: a grid of (beams, vocabulary blocks of BLOCK columns). Each output element is
@@ -57,8 +57,12 @@ import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
 
-def reference(nodes: torch.Tensor, row_ptr: torch.Tensor, child_token: torch.Tensor, reach: torch.Tensor,
-              ends: torch.Tensor, stop_token_ids: torch.Tensor, vocab: int, max_degree: int) -> torch.Tensor:
+def allowed_tokens(nodes: torch.Tensor, row_ptr: torch.Tensor, child_token: torch.Tensor, reach: torch.Tensor,
+                   ends: torch.Tensor, stop_token_ids: torch.Tensor, vocab: int, max_degree: int) -> torch.Tensor:
+    """[B, max(D, 1) + S] int64: each beam's allowed tokens (its reachable children in token order,
+    then the stop tokens where an allowed item ends), `vocab` in the other slots. What the mask
+    marks, as a list: a selection may gather the log-probs at these columns ([B, D + S] values)
+    instead of masking [B, V] (a stop token is never a child: the constraint checks it)."""
     beams = nodes.shape[0]
     alive = nodes >= 0
     node = nodes.clamp(min=0)
@@ -72,7 +76,13 @@ def reference(nodes: torch.Tensor, row_ptr: torch.Tensor, child_token: torch.Ten
     if stop_token_ids.numel():
         stops = stop_token_ids[None, :].expand(beams, -1)
         cols = torch.cat((cols, torch.where((alive & ends[node])[:, None], stops, torch.full_like(stops, vocab))), 1)
-    bias = torch.full((beams, vocab + 1), float("-inf"), dtype=torch.float32, device=nodes.device)
+    return cols
+
+
+def reference(nodes: torch.Tensor, row_ptr: torch.Tensor, child_token: torch.Tensor, reach: torch.Tensor,
+              ends: torch.Tensor, stop_token_ids: torch.Tensor, vocab: int, max_degree: int) -> torch.Tensor:
+    cols = allowed_tokens(nodes, row_ptr, child_token, reach, ends, stop_token_ids, vocab, max_degree)
+    bias = torch.full((nodes.shape[0], vocab + 1), float("-inf"), dtype=torch.float32, device=nodes.device)
     bias = bias.scatter(1, cols, torch.zeros_like(cols, dtype=torch.float32))
     return bias[:, :vocab]
 

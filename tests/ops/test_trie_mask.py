@@ -150,6 +150,17 @@ def test_reference_against_the_catalogue():
         assert set(torch.nonzero(row == 0).flatten().tolist()) == want
 
 
+def test_allowed_tokens_list_what_the_mask_allows():
+    cat, trie = make_trie(seed=7)
+    nodes = torch.arange(-1, cat.num_nodes)
+    args = (nodes, *trie, torch.tensor(STOPS), VOCAB, max(cat.max_degree()))
+    tokens, bias = op.allowed_tokens(*args), op.reference(*args)
+    assert tokens.shape == (len(nodes), max(cat.max_degree()) + len(STOPS))
+    for row, mask in zip(tokens.tolist(), bias):
+        listed = [t for t in row if t != VOCAB]
+        assert len(listed) == len(set(listed)) and set(listed) == set(torch.nonzero(mask == 0).flatten().tolist())
+
+
 def test_launchers_reject_bad_inputs():
     cat, trie = make_trie()
     nodes, stops = torch.tensor([0, 1]), torch.tensor(STOPS)
