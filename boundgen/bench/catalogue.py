@@ -16,14 +16,17 @@ requests at the root, D the root's degree):
 - the mask (ops/trie_mask.py): "torch bias" (the reference), "triton bias", each then added to
   FP32 log-probs [B, V] as programs/beam.py does ("+ add"), and the in-place forms on those
   log-probs ("torch in place", "triton in place", and the latter at the launch configs of
-  BLOCK_SWEEP, to choose its default);
+  BLOCK_SWEEP, to choose its default); "torch allowed list + gather": the allowed tokens as a
+  [B, D + S] list (trie_mask.allowed_tokens) and their log-probs gathered, what a selection over
+  the allowed tokens alone would read instead of a [B, V] mask;
 - a request's allow-list of `allow` item ids (ops/trie_reach.py): "reach from ids" (the device
   walk up from the allowed leaves), "reach from bitmap" (per level from ends), and the host's
   numpy `Catalogue.reachable` for scale.
 Bytes (logical, for GB/s): a bias B x V x 4 written; + add: read log-probs and bias, write the
-sum (3 x B x V x 4 more); in place: B x V x 4 written; reach: the [nodes] bool rows written
-(ends, reach: 2 x nodes; from a bitmap: reach's clone plus int32 sums, ~6 x nodes). The walk
-moves little (N binary searches a beam): time only.
+sum (3 x B x V x 4 more); in place: B x V x 4 written; the gathered list: B x (D + 1) x 16
+(token ids and values); reach: the [nodes] bool rows written (ends, reach: 2 x nodes; from a
+bitmap: reach's clone plus int32 sums, ~6 x nodes). The walk moves little (N binary searches a
+beam): time only.
 
 Timing: on CUDA, bench/kernel_timing.py's GPU time a call (a CUDA graph of back-to-back calls,
 median of replays; plain CUDA events where a call cannot be captured); on the CPU the median
@@ -189,6 +192,8 @@ def bench_steps(codes: np.ndarray, constraint: CatalogueConstraint, beams: int, 
             "torch in place": (lambda: trie_mask.apply_reference(scores, nodes, *trie, degree), row_bytes, None),
             "triton in place": (lambda: trie_mask.apply_launch(scores, nodes, *trie, degree), row_bytes,
                                 lambda: in_place_equal(logp, nodes, trie, degree)),
+            "torch allowed list + gather": (lambda: gather_allowed(logp, nodes, trie, vocab, degree),
+                                            count * (degree + 1) * 16.0, None),
         }
         for block, warps in BLOCK_SWEEP:
             config = dict(block=block, num_warps=warps)
@@ -200,6 +205,13 @@ def bench_steps(codes: np.ndarray, constraint: CatalogueConstraint, beams: int, 
             rows += timed(items, f"walk, {seq.shape[1]} columns", beams,
                           {"torch": (lambda s=seq: c.nodes(s), 0.0, None)}, device, repeats, left_out)
     return rows
+
+
+def gather_allowed(logp: torch.Tensor, nodes: torch.Tensor, trie: tuple, vocab: int, degree: int) -> torch.Tensor:
+    """[B, D + S]: the log-probs of each beam's allowed tokens, -inf in the empty slots: what a
+    selection over the allowed tokens alone reads, in place of a [B, V] mask."""
+    cols = trie_mask.allowed_tokens(nodes, *trie, vocab, degree)
+    return logp.gather(1, cols.clamp(max=vocab - 1)).masked_fill(cols == vocab, float("-inf"))
 
 
 def in_place_equal(logp: torch.Tensor, nodes: torch.Tensor, trie: tuple, degree: int, **launch_config) -> bool:

@@ -6,7 +6,8 @@ import pytest
 
 from boundgen.bench import catalogue as bench
 
-IMPLS = ["torch bias", "triton bias", "torch bias + add", "triton bias + add", "torch in place", "triton in place"]
+IMPLS = ["torch bias", "triton bias", "torch bias + add", "triton bias + add", "torch in place", "triton in place",
+         "torch allowed list + gather"]
 
 
 def test_runs_end_to_end_on_cpu(capsys):
