@@ -319,15 +319,17 @@ def launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.
 
 @triton_op("boundgen::packed_attention", mutates_args=())
 def packed_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor,
-                     scale: float) -> torch.Tensor:
-    return launch(q, k, v, cu_seqlens, scale)
+                     scale: float, pack: int = 1) -> torch.Tensor:
+    return launch(q, k, v, cu_seqlens, scale, pack=pack)
 
 
-packed_attention.register_kernel("cpu")(reference)
+@packed_attention.register_kernel("cpu")
+def _(q, k, v, cu_seqlens, scale, pack=1):
+    return reference(q, k, v, cu_seqlens, scale)
 
 
 @packed_attention.register_fake
-def _(q, k, v, cu_seqlens, scale):
+def _(q, k, v, cu_seqlens, scale, pack=1):
     return q.new_empty(q.shape)
 
 
@@ -337,24 +339,10 @@ def triton_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
     return packed_attention(q, k, v, cu_seqlens, scale)
 
 
-@triton_op("boundgen::packed_attention_gqa", mutates_args=())
-def packed_attention_gqa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor,
-                         scale: float) -> torch.Tensor:
-    return launch(q, k, v, cu_seqlens, scale, pack=gqa_pack(q.shape[1], k.shape[1]))
-
-
-packed_attention_gqa.register_kernel("cpu")(reference)
-
-
-@packed_attention_gqa.register_fake
-def _(q, k, v, cu_seqlens, scale):
-    return q.new_empty(q.shape)
-
-
 def triton_gqa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, scale: float,
                          max_seqlen: int | None = None) -> torch.Tensor:
-    """The kernel with a K/V head's query heads in one program (gqa_pack)."""
-    return packed_attention_gqa(q, k, v, cu_seqlens, scale)
+    """The registered op with a K/V head's query heads in one program (gqa_pack)."""
+    return packed_attention(q, k, v, cu_seqlens, scale, gqa_pack(q.shape[1], k.shape[1]))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -186,13 +186,13 @@ def test_gpu_matches_reference_sdpa_flex(heads, head_dim):
     lengths = torch.randint(48, 257, (15,), generator=gen).tolist() + [1, 500]
     q, k, v, cu_seqlens = make_inputs(lengths, *heads, head_dim, torch.bfloat16, "cuda")
     scale = head_dim ** -0.5
-    for kernel in (torch.ops.boundgen.packed_attention, torch.ops.boundgen.packed_attention_gqa):
-        out = kernel(q, k, v, cu_seqlens, scale).float()
+    for pack in (1, op.gqa_pack(*heads)):
+        out = torch.ops.boundgen.packed_attention(q, k, v, cu_seqlens, scale, pack).float()
         for name, other in [("reference", op.reference), ("sdpa", _sdpa_per_sequence),
                             ("flex", _flex_document_causal)]:
             expected = other(q, k, v, cu_seqlens, scale).float()
             err = (out - expected).abs().max().item()
-            assert err < 2e-2, f"{kernel}: max abs error {err} against {name}"
+            assert err < 2e-2, f"pack {pack}: max abs error {err} against {name}"
 
 
 def test_flash_runs_the_reference_on_cpu_and_in_fp32():
