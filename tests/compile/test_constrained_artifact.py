@@ -4,6 +4,9 @@ equal the eager constrained program's and HF `generate(prefix_allowed_tokens_fn=
 without a per-request allow-list; bad catalogues and allow-lists are refused in the user's terms."""
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,6 +23,7 @@ from tests.conftest import CONSTRAINED_ITEMS
 
 pytestmark = pytest.mark.slow  # one AOTInductor build of three packages
 
+REPO = Path(__file__).resolve().parents[2]
 PROMPTS = ["query: running shoes -> item:", "hello"]
 STOP = 151643  # the tiny checkpoints' eos_token_id
 SPEC = BeamSpec(width=4, steps=3, stop_token_ids=(STOP,), max_prompt_tokens=32)
@@ -125,3 +129,23 @@ def test_replacing_the_catalogue_serves_the_new_one(constrained_build, tmp_path)
     engine.load_catalogue(_catalogue(tmp_path, [[45, 55, 65], [45, 56]]))
     items = engine.beam(PROMPTS[0]).item_ids.tolist()
     assert sorted(items) == [-1, -1, 0, 1]
+
+
+def cli(*args):
+    return subprocess.run([sys.executable, "-m", "boundgen", *map(str, args)], cwd=REPO, capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_cli_beam_on_the_artifact_prints_item_ids(compiled, constrained_build, tmp_path):
+    art, cat = constrained_build["artifact"], constrained_build["catalogue"]
+    proc = cli("beam", art, "--catalogue", cat, "--text", PROMPTS[0], "--allow-items", "11,16")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    got, want = json.loads(proc.stdout)["candidates"], compiled.beam(PROMPTS[0], allow_items=[11, 16]).candidates()
+    assert [(c["token_ids"], c["item_id"], c["score"] is None) for c in got] == \
+        [(c["token_ids"], c["item_id"], c["score"] is None) for c in want]
+    assert {c["item_id"] for c in got} == {11, 16, -1}
+    deep = _catalogue(tmp_path, [[40, 50, 60, 70]])
+    for args, words in (([], "pass --catalogue CAT_DIR"), (["--catalogue", deep], "this beam search generates 3"),
+                        (["--catalogue", cat, "--allow-items", "99"], "[99] are not in the catalogue")):
+        proc = cli("beam", art, "--text", PROMPTS[0], *args)
+        assert proc.returncode != 0 and words in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-2000:]
