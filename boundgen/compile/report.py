@@ -15,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 
+from boundgen.artifact.tasks import task_of
 from boundgen.ops.lowering import describe
 
 HEADER = ("| artifact | task | target | dtype | lowering | weights | export s | compile s | build s | size MiB "
@@ -55,13 +56,13 @@ def measure(artifact: Path, requests: int = 5) -> dict:
     start = time.perf_counter()
     engine = boundgen.load(artifact)
     load_s = time.perf_counter() - start
-    spec = engine.spec
-    call = (lambda: engine.score(["query: running shoes | item: trail shoe"] * min(spec.max_samples, 15))) \
-        if spec.task == "score" else (lambda: engine.beam("query: running shoes -> item:"))
+    program = engine.spec.program
+    task = task_of(program)
+    texts = task.sample_texts(program)
     times = []
     for _ in range(requests):
         start = time.perf_counter()
-        call()
+        task.call(engine, texts)
         if cuda:
             torch.cuda.synchronize()
         times.append(time.perf_counter() - start)
