@@ -269,7 +269,7 @@ def _run_boundgen(args, specs, cfg, results, out, save, tokenizer, procs: int) -
             engine, target = _engine(args, specs)
             _check_engine_matches(engine, specs[0])
             engine.warmup()
-            fp8 = tuple((engine.spec.extra or {}).get("fp8_groups", ()))
+            fp8 = tuple(engine.spec.fp8_groups)
     except Exception as exc:
         for spec in specs:
             results[spec.name]["systems"]["boundgen"] = {"target": target if remote else args.artifact,

@@ -21,23 +21,20 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 import torch
 
 from boundgen.artifact.manifest import RuntimeConfig
-from boundgen.errors import InvalidInput
+from boundgen.artifact.tasks import task_of
 from boundgen.runtime.batcher import Batcher, Ticket
 from boundgen.runtime.context import RequestContext
-from boundgen.runtime.engine import Engine, EngineSpec
+from boundgen.runtime.engine import Engine, EngineSpec, Provenance
 from boundgen.runtime.graphs import GraphRunner
-from boundgen.runtime.requests import BeamEncoder, RequestPacker, ScoreEncoder, concat_packed, to_host
+from boundgen.runtime.requests import RequestPacker, concat_packed, make_encoder, to_host
 from boundgen.runtime.results import BeamResult, ScoreResult
 from boundgen.text.tokenizer import PackedBatch
-
-SCORE_REQUESTS_PER_CALL = 8  # admission's room per context when score requests share calls
-
 
 @dataclass(frozen=True)
 class Queued:
@@ -65,6 +62,8 @@ class LocalEngine(Engine):
     def __init__(self, spec: EngineSpec, packer: RequestPacker, runner, encoder, contexts: list[RequestContext],
                  executors: int = 1, batching: bool = False, batch_wait_ms: float = 0.0):
         self.spec, self.packer, self.runner, self.encoder = spec, packer, runner, encoder
+        self.task = task_of(spec)
+        self.graph_shapes = 0  # CUDA graphs captured by `warmup`, per context
         self.contexts = contexts  # owned by the batcher's workers, one each
         self.batching = batching
         self._slots = threading.Semaphore(max(1, executors))  # program calls running at once
@@ -75,24 +74,16 @@ class LocalEngine(Engine):
 
     def score(self, texts: Sequence[str], deadline: float | None = None,
               cancelled: threading.Event | None = None) -> ScoreResult:
-        if self.spec.task != "score":
-            return super().score(texts, deadline, cancelled)
-        if isinstance(texts, str):
-            raise InvalidInput("score takes a list of texts, got a single string")
-        return self._request(list(texts), deadline, cancelled)
+        return self._request(self.task.texts("score", texts, self.spec.name), deadline, cancelled)
 
     def score_ids(self, samples: Sequence[Sequence[int]], deadline: float | None = None,
                   cancelled: threading.Event | None = None) -> ScoreResult:
-        if self.spec.task != "score":
+        if not self.task.takes_token_ids:
             return super().score_ids(samples, deadline, cancelled)
         return self._request(samples, deadline, cancelled, self.packer.encode_ids)
 
     def beam(self, text: str, deadline: float | None = None, cancelled: threading.Event | None = None) -> BeamResult:
-        if self.spec.task != "beam":
-            return super().beam(text, deadline, cancelled)
-        if not isinstance(text, str):
-            raise InvalidInput(f"beam takes one prompt text, got {type(text).__name__}")
-        return self._request([text], deadline, cancelled)
+        return self._request(self.task.texts("beam", text, self.spec.name), deadline, cancelled)
 
     def _request(self, texts: list, deadline: float | None, cancelled: threading.Event | None, pack=None):
         t0 = time.perf_counter()
@@ -149,17 +140,14 @@ class LocalEngine(Engine):
     def warmup(self) -> None:
         """One request through the whole path, then every CUDA graph captured on every context
         (nothing to capture without graphs). Call before serving: the workers are idle."""
-        if self.spec.task == "score":
-            self.score(["warm up"])
-        else:
-            self.beam("warm up")
+        self._request(["warm up"], None, None)
         batches = self.packer.warm_batches() if isinstance(self.runner, GraphRunner) else []
         for ctx in self.contexts:
             for tokens, positions, cu_seqlens in batches:
                 self._call(ctx, *ctx.stage(tokens, positions, cu_seqlens))
                 if ctx.stream is not None:  # the host buffers are rewritten by the next stage
                     ctx.stream.synchronize()
-        self.spec.extra["graph_shapes"] = len(batches)
+        self.graph_shapes = len(batches)
 
     def model_call(self, texts: Sequence[str], copies: int = 1):
         """The program alone on `copies` copies of the request `texts` in one call, staged once on a
@@ -196,29 +184,33 @@ def _alone(batch: list, item) -> bool:
     return False  # without batching a call holds one request
 
 
-def make_engine(name: str, spec, tokenizer, runner, device: str, dtype: str, runtime: RuntimeConfig,
-                extra: dict | None = None, item_ids: bool = False) -> LocalEngine:
+def settings_in_effect(runtime: RuntimeConfig, spec, device: str) -> RuntimeConfig:
+    """The runtime settings as they take effect for program `spec` on `device`; the one place that
+    decides: CUDA graphs only on a CUDA device, batching only where one call may hold more than one
+    request (artifact/tasks.py), and its wait only with batching."""
+    batching = runtime.batching and task_of(spec).requests_per_call(spec) > 1
+    return replace(runtime, cuda_graphs=runtime.cuda_graphs and str(device).startswith("cuda"), batching=batching,
+                   batch_wait_ms=runtime.batch_wait_ms if batching else 0.0)
+
+
+def make_engine(name: str, spec, tokenizer, runner, device: str, dtype: str, runtime: RuntimeConfig, *,
+                vocab_outputs: bool, fp8_groups: Sequence[str] = (), provenance: Provenance | None = None,
+                item_ids: bool = False) -> LocalEngine:
     """Assemble the engine around a runner (a compiled artifact's, or the eager program's).
 
-    With `runtime.cuda_graphs` on a CUDA device the runner is wrapped in a GraphRunner and calls
-    are padded to multiples of `runtime.token_bucket` tokens (runtime/graphs.py). `item_ids`: the
-    runner is a beam search under a catalogue, whose candidates carry item ids."""
-    use_graphs = runtime.cuda_graphs and device.startswith("cuda")
-    if use_graphs:
+    With CUDA graphs in effect (`settings_in_effect`) the runner is wrapped in a GraphRunner and
+    calls are padded to multiples of `runtime.token_bucket` tokens (runtime/graphs.py). `item_ids`:
+    the runner is a beam search under a catalogue, whose candidates carry item ids."""
+    runtime = settings_in_effect(runtime, spec, device)
+    if runtime.cuda_graphs:
         runner = GraphRunner(runner)
-    packer = RequestPacker(tokenizer, spec, runtime.token_bucket if use_graphs else 0)
-    if spec.task == "score":
-        encoder = ScoreEncoder(spec.label_token_ids, spec.topk)
-        per_call = SCORE_REQUESTS_PER_CALL
-    else:
-        encoder = BeamEncoder(tokenizer, spec.stop_token_ids, spec.width, items=item_ids)
-        per_call = spec.max_requests
-    batching = runtime.batching and per_call > 1
+    packer = RequestPacker(tokenizer, spec, runtime.token_bucket if runtime.cuda_graphs else 0)
+    encoder = make_encoder(spec, tokenizer, items=item_ids)
     dev = torch.device(device)
     contexts = [RequestContext(spec.call_max_tokens, spec.call_max_samples, dev) for _ in range(runtime.contexts)]
-    extra = {**(extra or {}), "contexts": runtime.contexts, "executors": runtime.executors, "cuda_graphs": use_graphs,
-             "batching": batching, "batch_wait_ms": runtime.batch_wait_ms if batching else 0.0,
-             # Requests the server should let in at once: one per context, more when they share calls.
-             "concurrency": runtime.contexts * (per_call if batching else 1)}
-    return LocalEngine(EngineSpec(name, spec, device, dtype, extra), packer, runner, encoder, contexts,
-                       runtime.executors, batching, runtime.batch_wait_ms)
+    # Requests the server should let in at once: one per context, more when they share calls.
+    concurrency = runtime.contexts * (task_of(spec).requests_per_call(spec) if runtime.batching else 1)
+    engine_spec = EngineSpec(name, spec, device, dtype, runtime, concurrency, vocab_outputs, tuple(fp8_groups),
+                             provenance=provenance)
+    return LocalEngine(engine_spec, packer, runner, encoder, contexts, runtime.executors, runtime.batching,
+                       runtime.batch_wait_ms)

@@ -15,6 +15,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from boundgen.artifact.tasks import task_of
 from boundgen.errors import InvalidInput
 from boundgen.runtime.graphs import bucket_size, pad_batch
 from boundgen.runtime.results import BeamResult, ScoreResult
@@ -31,7 +32,7 @@ class RequestPacker:
 
     def __init__(self, tokenizer, spec, token_bucket: int = 0):
         self.tokenizer, self.bounds = tokenizer, spec
-        self.single = spec.task == "beam"  # one prompt per request; errors speak of "the prompt"
+        self.one_prompt = task_of(spec).one_prompt  # a request is one prompt, not N samples
         self.token_bucket = token_bucket
 
     def encode(self, texts: list[str]) -> PackedBatch:
@@ -41,7 +42,7 @@ class RequestPacker:
             raise InvalidInput("the request has no samples")
         if len(texts) > b.max_samples:
             raise InvalidInput(f"the request has {len(texts)} samples; this model accepts at most {b.max_samples}")
-        if self.single:
+        if self.one_prompt:
             batch = self.tokenizer.encode_one(texts[0], b.max_tokens_per_sample, template=b.template)
         else:
             batch = self.tokenizer.encode_packed(texts, max_tokens_per_sample=b.max_tokens_per_sample,
@@ -76,7 +77,7 @@ class RequestPacker:
             return None
         b = self.bounds
         tokens = bucket_size(num_tokens, self.token_bucket, b.call_max_tokens)
-        return (tokens, b.max_samples + 1) if not self.single else (tokens, num_sequences)
+        return (tokens, b.max_samples + 1) if not self.one_prompt else (tokens, num_sequences)
 
     def warm_batches(self) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
         """One synthetic padded batch per shape that `stage` can produce (CPU tensors), to capture
@@ -85,7 +86,7 @@ class RequestPacker:
             return []
         b, bucket = self.bounds, self.token_bucket
         # (tokens, one-token sequences before the padding, sequences in all)
-        if not self.single:
+        if not self.one_prompt:
             shapes = {(t, 1, b.max_samples + 1) for t in _multiples(bucket, b.call_max_tokens)}
         else:
             shapes = set()
@@ -177,6 +178,22 @@ class BeamEncoder:
         return BeamResult(token_ids=ids.astype(np.int32), scores=scores.astype(np.float32, copy=False),
                           finished=finished.astype(bool), texts=texts,
                           item_ids=None if item_ids is None else item_ids.astype(np.int64))
+
+
+def _score_encoder(spec, tokenizer, items: bool = False) -> ScoreEncoder:
+    return ScoreEncoder(spec.label_token_ids, spec.topk)
+
+
+def _beam_encoder(spec, tokenizer, items: bool = False) -> BeamEncoder:
+    return BeamEncoder(tokenizer, spec.stop_token_ids, spec.width, items=items)
+
+
+ENCODERS = {"score": _score_encoder, "beam": _beam_encoder}  # by task name (artifact/tasks.py)
+
+
+def make_encoder(spec, tokenizer, items: bool = False) -> ScoreEncoder | BeamEncoder:
+    """The encoder of `spec`'s task; `items`: a beam search under a catalogue (its item ids come back)."""
+    return ENCODERS[spec.task](spec, tokenizer, items)
 
 
 def _multiples(step: int, most: int) -> list[int]:

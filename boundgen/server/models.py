@@ -15,6 +15,7 @@ import contextlib
 import time
 from typing import Any, Callable, Iterator, Sequence
 
+from boundgen.artifact.tasks import task_named, task_of
 from boundgen.errors import ConfigError, InvalidInput
 from boundgen.runtime.engine import Engine
 from boundgen.server.config import ServerConfig
@@ -114,7 +115,7 @@ class ModelSet:
     def pick(self, requested: str | None, task: str, route: str) -> str:
         """The model a route of one task runs (/v1/score, /v1/beam): the one named, else the server's
         only model of that task; 400 naming the problem otherwise."""
-        of_task = sorted(name for name, m in self.models.items() if m.engine.spec.task == task)
+        of_task = sorted(name for name, m in self.models.items() if task_of(m.engine.spec) is task_named(task))
         if requested is not None and requested in self.models:
             if requested not in of_task:
                 raise InvalidInput(f"model {requested} is a {self.models[requested].engine.spec.task} model; "

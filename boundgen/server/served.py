@@ -25,15 +25,12 @@ def engine_concurrency(engine: Engine) -> int:
     """How many requests the engine works on at once: one per request context, times the requests
     one call holds when batching (more would wait inside the engine, unseen by the queue metrics;
     the engine still checks their deadlines and cancellations)."""
-    extra = engine.spec.extra
-    value = extra.get("concurrency") or extra.get("contexts") or getattr(getattr(engine, "pool", None), "size", None)
-    return int(value) if value else 1
+    return engine.spec.concurrency
 
 
 def engine_contexts(engine: Engine) -> int:
-    """The engine's request contexts (Triton's instance count); 1 when it does not say."""
-    value = engine.spec.extra.get("contexts") or getattr(getattr(engine, "pool", None), "size", None)
-    return int(value) if value else 1
+    """The engine's request contexts (Triton's instance count)."""
+    return engine.spec.runtime.contexts
 
 
 class ServedModel:

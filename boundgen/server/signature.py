@@ -9,7 +9,7 @@ artifact/program.py): metadata, input checks, engine results to output tensors.
                                                        LABEL_LOGPROBS FP32 [N, num_labels], each label's
                                                        log-probability over the whole vocabulary, on
                                                        label models whose artifact has it
-                                                       (spec.extra["vocab_outputs"])
+                                                       (spec.vocab_outputs)
     beam:   TEXT BYTES [1]                         ->  TOKEN_IDS INT32 [W, N_gen], SCORES FP32 [W],
                                                        TEXT_OUT BYTES [W]
 
@@ -25,7 +25,10 @@ bytes, so the bound holds for the templated text too. A text whose byte length p
 refused in O(1) per text, before they can spend seconds in a tokenizer holding a model's
 in-flight slot. (The converse does not hold: B bytes can be up to B tokens, so shorter texts
 still go to the engine's exact check.) An engine with another vocabulary can give its own
-bound as `spec.extra["max_token_bytes"]`.
+bound as `spec.max_token_bytes`.
+
+What differs between the tasks (tensors, shapes, defaults, result arrays) is the task's
+(artifact/tasks.py); this module turns it into tensors and checks.
 """
 
 from __future__ import annotations
@@ -34,18 +37,13 @@ import threading
 from dataclasses import dataclass
 from typing import Sequence
 
-import numpy as np
-
 from boundgen.artifact.program import spec_to_dict
-from boundgen.errors import InvalidInput
+from boundgen.artifact.tasks import REBUILD, task_named, task_of  # noqa: F401 (REBUILD: score_api says it too)
+from boundgen.errors import ConfigError, InvalidInput
 from boundgen.runtime.engine import Engine, EngineSpec
 from boundgen.runtime.results import BeamResult, ScoreResult
 from boundgen.server.tensors import Tensor
 
-# Why an artifact has no LABEL_LOGPROBS, and what to do, in the words of those who asked for it.
-REBUILD = ("its artifact was built without the vocabulary log-sum-exp (before it existed, or with an MLP head); "
-           "rebuild it from its checkpoint with this boundgen (`boundgen build ... --task score --labels ...`) "
-           "to get probabilities over the whole vocabulary")
 MAX_TOKEN_BYTES = 128  # the Qwen vocabulary's longest token, in bytes (see the docstring)
 
 
@@ -68,30 +66,20 @@ class EngineCall:
                  cancelled: threading.Event | None = None) -> ScoreResult | BeamResult:
         if self.token_ids is not None:
             return engine.score_ids([list(ids) for ids in self.token_ids], deadline, cancelled)
-        if self.task == "score":
-            return engine.score(list(self.texts), deadline, cancelled)
-        return engine.beam(self.texts[0], deadline, cancelled)
+        return task_named(self.task).call(engine, self.texts, deadline, cancelled)
 
 
 class Signature:
     def __init__(self, spec: EngineSpec):
-        if spec.task not in ("score", "beam"):
-            raise ValueError(f"model {spec.name}: unknown task {spec.task!r}")
+        try:
+            self.task = task_of(spec)
+        except ConfigError:
+            raise ValueError(f"model {spec.name}: unknown task {spec.task!r}") from None
         self.spec = program = spec.program
-        self.name, self.extra = spec.name, spec.extra
-        if spec.task == "score":
-            self.inputs = (TensorSpec("TEXT", "BYTES", (-1,)),)
-            labels = len(program.label_token_ids)
-            self.outputs = (TensorSpec("SCORES", "FP32", (-1, labels)), TensorSpec("NUM_TOKENS", "INT32", (-1,)))
-            if spec.extra.get("vocab_outputs") and not getattr(program, "head_path", None):
-                self.outputs += (TensorSpec("LABEL_LOGPROBS", "FP32", (-1, labels)),)
-            self.defaults = ("SCORES",)
-        else:
-            self.inputs = (TensorSpec("TEXT", "BYTES", (1,)),)
-            self.outputs = (TensorSpec("TOKEN_IDS", "INT32", (program.width, program.steps)),
-                            TensorSpec("SCORES", "FP32", (program.width,)),
-                            TensorSpec("TEXT_OUT", "BYTES", (program.width,)))
-            self.defaults = tuple(t.name for t in self.outputs)
+        self.name, self.max_token_bytes = spec.name, spec.max_token_bytes or MAX_TOKEN_BYTES
+        self.inputs = tuple(TensorSpec(*t) for t in self.task.inputs(program))
+        self.outputs = tuple(TensorSpec(*t) for t in self.task.outputs(program, spec.vocab_outputs))
+        self.defaults = self.task.default_outputs([t.name for t in self.outputs])
 
     @property
     def max_samples(self) -> int:
@@ -139,7 +127,7 @@ class Signature:
 
     def _check_byte_lengths(self, items: Sequence[bytes]) -> None:
         """Refuse texts whose byte length alone proves them over the token bounds (module docstring)."""
-        per_token = int(self.extra.get("max_token_bytes") or MAX_TOKEN_BYTES)
+        per_token = self.max_token_bytes
         limit, total = self.spec.max_tokens_per_sample, 0
         for i, item in enumerate(items):
             at_least = -(-len(item) // per_token)
@@ -147,48 +135,20 @@ class Signature:
                 raise InvalidInput(f"TEXT[{i}] is {len(item)} bytes, so at least {at_least} tokens (a token is at most "
                                    f"{per_token} bytes), more than the limit of {limit} tokens per sample")
             total += at_least
-        if self.spec.task == "score" and total > self.spec.max_total_tokens:
+        if total > self.spec.max_total_tokens:  # a beam prompt's total is its one text's, checked above
             raise InvalidInput(f"the {len(items)} texts are {sum(map(len, items))} bytes, so at least {total} tokens "
                                f"(a token is at most {per_token} bytes), more than the limit of "
                                f"{self.spec.max_total_tokens} tokens per request")
 
     def _check_shape(self, shape: tuple[int, ...]) -> None:
-        if self.spec.task == "beam":
-            if shape != (1,):
-                raise InvalidInput(f"input TEXT of beam model {self.name} must have shape [1] (one prompt), "
-                                   f"got {list(shape)}")
-            return
-        if len(shape) != 1:
-            raise InvalidInput(f"input TEXT must have shape [N] (one text per sample), got {list(shape)}")
-        n, limit = shape[0], self.spec.max_samples
-        if n == 0:
-            raise InvalidInput(f"input TEXT is empty: a score request needs 1 to {limit} samples")
-        if n > limit:
-            raise InvalidInput(f"input TEXT has {n} samples, over the limit of {limit} for model {self.name}")
+        self.task.check_text_shape(shape, self.spec, self.name)
 
     def encode(self, result: ScoreResult | BeamResult, names: Sequence[str]) -> list[Tensor]:
         """The requested output tensors of an engine result."""
-        if isinstance(result, ScoreResult):
-            scores = np.ascontiguousarray(result.scores, dtype=np.float32)
-            all_outputs = {"SCORES": Tensor("SCORES", "FP32", tuple(scores.shape), scores.reshape(-1))}
-            if "NUM_TOKENS" in names:
-                if result.num_tokens is None:
-                    raise InvalidInput(f"model {self.name} does not report token counts")
-                counts = np.ascontiguousarray(result.num_tokens, dtype=np.int32)
-                all_outputs["NUM_TOKENS"] = Tensor("NUM_TOKENS", "INT32", tuple(counts.shape), counts)
-            if "LABEL_LOGPROBS" in names:
-                if result.label_logprobs is None:
-                    raise InvalidInput(f"model {self.name} gave no vocabulary log-probabilities: {REBUILD}")
-                logprobs = np.ascontiguousarray(result.label_logprobs, dtype=np.float32)
-                all_outputs["LABEL_LOGPROBS"] = Tensor("LABEL_LOGPROBS", "FP32", tuple(logprobs.shape),
-                                                       logprobs.reshape(-1))
-        else:
-            ids = np.ascontiguousarray(result.token_ids, dtype=np.int32)
-            scores = np.ascontiguousarray(result.scores, dtype=np.float32)
-            texts = [t.encode("utf-8") for t in result.texts]
-            all_outputs = {
-                "TOKEN_IDS": Tensor("TOKEN_IDS", "INT32", tuple(ids.shape), ids.reshape(-1)),
-                "SCORES": Tensor("SCORES", "FP32", tuple(scores.shape), scores.reshape(-1)),
-                "TEXT_OUT": Tensor("TEXT_OUT", "BYTES", (len(texts),), texts),
-            }
+        all_outputs = {}
+        for name, (datatype, data) in self.task.output_arrays(result, names, self.name).items():
+            if datatype == "BYTES":
+                all_outputs[name] = Tensor(name, datatype, (len(data),), data)
+            else:
+                all_outputs[name] = Tensor(name, datatype, tuple(data.shape), data.reshape(-1))
         return [all_outputs[n] for n in names]

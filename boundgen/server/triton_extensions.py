@@ -85,7 +85,7 @@ def model_config(model: ServedModel) -> dict:
         "instance_group": [{"name": model.name, "kind": kind, "count": engine_contexts(model.engine)}],
         "parameters": parameters,
     }
-    if spec.extra.get("batching"):  # concurrent requests share model calls; a free context never waits
+    if spec.runtime.batching:  # concurrent requests share model calls; a free context never waits
         config["dynamic_batching"] = {"max_queue_delay_microseconds": 0}
     return config
 

@@ -84,5 +84,5 @@ def test_calls_that_wait_for_company_give_the_same_beams(tiny_qwen2_dir):
     spec = BeamSpec(width=4, steps=3, max_prompt_tokens=16, max_requests=3)
     single = eager_engine(tiny_qwen2_dir, spec)
     waiting = eager_engine(tiny_qwen2_dir, spec, contexts=1, batching=True, batch_wait_ms=20)
-    assert waiting.spec.extra["batch_wait_ms"] == 20 and single.spec.extra["batch_wait_ms"] == 0.0
+    assert waiting.spec.runtime.batch_wait_ms == 20 and single.spec.runtime.batch_wait_ms == 0.0
     assert_batched_beams_equal_single(single, waiting, PROMPTS, most=3)

@@ -19,11 +19,10 @@ import itertools
 import logging
 import time
 
-from boundgen.artifact.program import spec_from_dict
 from boundgen.errors import Cancelled, DeadlineExceeded, InvalidInput
 from boundgen.runtime.engine import Engine, EngineSpec
 from boundgen.runtime.local_engine import CallShare
-from boundgen.runtime.requests import BeamEncoder, RequestPacker, ScoreEncoder
+from boundgen.runtime.requests import RequestPacker, make_encoder
 from boundgen.server.deploy import link
 from boundgen.server.signature import EngineCall
 from boundgen.server.status import Overloaded, Unavailable
@@ -137,14 +136,13 @@ class LinkedEngine(Engine):
     def __init__(self, engine_link: EngineLink, hosted: dict, tokenize_threads: int = 1):
         """`hosted`: the engine process's description of the model (engine_host._describe);
         `tokenize_threads`: threads a request's texts are encoded on (serve --tokenize-threads)."""
-        program = spec_from_dict(hosted["program"])
         self.link = engine_link
-        self.spec = EngineSpec(hosted["name"], program, hosted["device"], hosted["dtype"], dict(hosted["extra"]))
+        self.spec = EngineSpec.from_dict(hosted["spec"])
+        program = self.spec.program
         options = {**hosted["tokenizer_options"], "threads": tokenize_threads}
         tokenizer = Tokenizer.from_dir(hosted["tokenizer_dir"], **options)
         self.packer = RequestPacker(tokenizer, program)  # tokens only: the engine pads and stages
-        self.encoder = (ScoreEncoder(program.label_token_ids, program.topk) if program.task == "score"
-                        else BeamEncoder(tokenizer, program.stop_token_ids, program.width))
+        self.encoder = make_encoder(program, tokenizer)
 
     async def run(self, call: EngineCall, deadline: float):
         t0 = time.perf_counter()
