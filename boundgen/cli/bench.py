@@ -126,28 +126,40 @@ def _engine(args, specs):
         import boundgen
 
         return boundgen.load(args.artifact, **overrides), f"boundgen artifact {args.artifact}{described}"
-    from boundgen.artifact.program import BeamSpec, ScoreSpec
     from boundgen.programs.eager import eager_engine
-    from boundgen.model.loader import default_stop_tokens
-    from boundgen.text.tokenizer import Tokenizer
 
     device = _default_device(args)
     dtype = args.dtype or ("bfloat16" if device.startswith("cuda") else "float32")
     spec, max_tokens = specs[0], max(s.max_tokens for s in specs)
-    if spec.task == "score":
-        ids = Tokenizer.from_dir(args.artifact).label_token_ids(spec.labels)
-        calls = 4 if args.batching else 1  # requests one model call may hold
-        pspec = ScoreSpec(labels=spec.labels, label_token_ids=ids, max_samples=calls * spec.samples,
-                          max_tokens_per_sample=max_tokens, max_total_tokens=calls * spec.samples * max_tokens)
-    else:
-        pspec = BeamSpec(width=spec.width, steps=spec.steps, stop_token_ids=default_stop_tokens(args.artifact),
-                         min_new_tokens=spec.steps, max_prompt_tokens=max_tokens,
-                         max_requests=8 if args.batching else 1)
+    pspec = _PROGRAM_SPECS[spec.task](spec, args.artifact, max_tokens, bool(args.batching))
     lowering = _lowering(args.lowering, device)
     engine = eager_engine(args.artifact, pspec, dtype, device, contexts=args.contexts or 4,
                           cuda_graphs=bool(args.cuda_graphs), lowering=lowering, batching=bool(args.batching))
     chosen = lowering.describe()
     return engine, f"boundgen eager {args.artifact} {dtype} {device} lowering {chosen}{described}"
+
+
+def _score_program_spec(spec, model_dir: str, max_tokens: int, batching: bool):
+    """The eager engine's score program for workload `spec`."""
+    from boundgen.artifact.program import ScoreSpec
+    from boundgen.text.tokenizer import Tokenizer
+
+    ids = Tokenizer.from_dir(model_dir).label_token_ids(spec.labels)
+    calls = 4 if batching else 1  # requests one model call may hold
+    return ScoreSpec(labels=spec.labels, label_token_ids=ids, max_samples=calls * spec.samples,
+                     max_tokens_per_sample=max_tokens, max_total_tokens=calls * spec.samples * max_tokens)
+
+
+def _beam_program_spec(spec, model_dir: str, max_tokens: int, batching: bool):
+    """The eager engine's beam program for workload `spec`."""
+    from boundgen.artifact.program import BeamSpec
+    from boundgen.model.loader import default_stop_tokens
+
+    return BeamSpec(width=spec.width, steps=spec.steps, stop_token_ids=default_stop_tokens(model_dir),
+                    min_new_tokens=spec.steps, max_prompt_tokens=max_tokens, max_requests=8 if batching else 1)
+
+
+_PROGRAM_SPECS = {"score": _score_program_spec, "beam": _beam_program_spec}  # by task name (artifact/tasks.py)
 
 
 def _lowering(pairs, device: str):
@@ -164,14 +176,15 @@ def _lowering(pairs, device: str):
 
 
 def _check_engine_matches(engine, spec) -> None:
+    from boundgen.artifact.tasks import task_of
+    from boundgen.bench.tasks import bench_task
+
     es = engine.spec.program
-    if es.task != spec.task:
+    if task_of(es) is not task_of(spec):
         raise ConfigError(f"workload {spec.name} is a {spec.task} workload but the engine is a {es.task} model")
-    if spec.task == "score" and tuple(es.labels) != tuple(spec.labels):
-        _progress(f"WARNING: engine labels {list(es.labels)} differ from {spec.name}'s {list(spec.labels)}")
-    if spec.task == "beam" and (es.width, es.steps) != (spec.width, spec.steps):
-        _progress(f"WARNING: engine W={es.width} N_gen={es.steps} differ from {spec.name}'s W={spec.width} "
-                  f"N_gen={spec.steps}: boundgen and the peer do not do the same work")
+    differs = bench_task(spec.task).mismatch(es, spec)
+    if differs:
+        _progress(f"WARNING: {differs}")
 
 
 def run(args) -> int:
@@ -256,6 +269,7 @@ def run(args) -> int:
 def _run_boundgen(args, specs, cfg, results, out, save, tokenizer, procs: int) -> None:
     from boundgen.bench import mfu, runner
     from boundgen.bench.clients import ClientSetup
+    from boundgen.bench.tasks import bench_task
 
     remote = args.grpc or args.http
     engine, target, fp8, clients = None, None, (), None
@@ -292,7 +306,7 @@ def _run_boundgen(args, specs, cfg, results, out, save, tokenizer, procs: int) -
                                    client_setup=clients)
         if args.profile and not system.get("error"):
             _profile(spec, res, call, system, out, save, args.profile_requests)
-        if args.diagnostic and spec.task == "score":
+        if args.diagnostic and bench_task(spec.task).diagnostic:
             _diagnostic(engine, tokenizer, res, save, spec)
     close = getattr(engine, "close", None)
     if close:
