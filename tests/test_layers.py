@@ -137,3 +137,48 @@ def test_server_wings_import_only_downward():
                  if m.startswith("boundgen.server.") and not m.startswith(wings)
                  for t in targets if t.startswith(wings))
     assert bad == []
+
+
+TASK_DEFINITIONS = ("boundgen/artifact/tasks.py",)  # where score and beam are told apart
+TASK_CLASSES = {"ScoreSpec", "BeamSpec", "ScoreResult", "BeamResult", "ScoreTask", "BeamTask", "ScoreEncoder",
+                "BeamEncoder", "ScoreProgram", "BeamProgram"}
+
+
+def task_branches(tree: ast.AST) -> list[int]:
+    """Lines that tell score from beam by hand: a comparison with a task's name ("score" / "beam")
+    or of anything called `task`, an isinstance against a task's classes."""
+    names = {"score", "beam"}
+    lines = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare):
+            equality = any(isinstance(op, (ast.Eq, ast.NotEq)) for op in node.ops)
+            for operand in (node.left, *node.comparators):
+                values = operand.elts if isinstance(operand, (ast.Tuple, ast.List, ast.Set)) else [operand]
+                named = any(isinstance(v, ast.Constant) and v.value in names for v in values)
+                is_task = (isinstance(operand, ast.Name) and operand.id == "task") or (
+                    isinstance(operand, ast.Attribute) and operand.attr == "task")
+                if named or (equality and is_task):  # `task in TASKS` (a known task?) is no branch
+                    lines.append(node.lineno)
+                    break
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "isinstance":
+            if TASK_CLASSES & {n.id for n in ast.walk(node.args[1]) if isinstance(n, ast.Name)}:
+                lines.append(node.lineno)
+    return lines
+
+
+def test_score_and_beam_are_told_apart_only_by_their_task_objects():
+    """Each task is defined once (artifact/tasks.py); everything else asks the task of a spec or picks
+    its part from a registry by task name. A third task must not mean editing branches in 14 files."""
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(PACKAGE.parent).as_posix()
+        if rel not in TASK_DEFINITIONS:
+            found += [f"{rel}:{line}" for line in task_branches(ast.parse(path.read_text()))]
+    assert found == []
+
+
+def test_the_task_branch_finder_finds_branches():
+    code = ('if spec.task == "score": pass\nif task != x: pass\nok = mode == "compiled"\n'
+            'if isinstance(spec, BeamSpec): pass\nif name in ("score", "beam"): pass\nif kind == "scored": pass\n'
+            'if task in TASKS: pass\n')
+    assert task_branches(ast.parse(code)) == [1, 2, 4, 5]
