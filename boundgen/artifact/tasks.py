@@ -117,6 +117,11 @@ class Task:
     def check_text_shape(self, shape: tuple[int, ...], spec, model: str) -> None:
         raise NotImplementedError
 
+    def json_values(self, spec, admitted: int) -> int:
+        """JSON values a request to the model needs besides its envelope (server/json_values.py);
+        `admitted`: the requests the server admits to the model at once (in flight and queued)."""
+        raise NotImplementedError
+
     def output_arrays(self, result, names: Sequence[str], model: str) -> dict[str, tuple[str, object]]:
         """An engine result (runtime/results.py) as output arrays by name: (datatype, array or list of bytes)."""
         raise NotImplementedError
@@ -199,6 +204,11 @@ class ScoreTask(Task):
             raise InvalidInput(f"input TEXT is empty: a score request needs 1 to {limit} samples")
         if n > limit:
             raise InvalidInput(f"input TEXT has {n} samples, over the limit of {limit} for model {model}")
+
+    def json_values(self, spec: ScoreSpec, admitted: int) -> int:
+        # texts (TEXT, /v1/score items, /v1/rerank documents as {"text": ...}: 3 values each, vLLM's
+        # text_1 and text_2) or token ids (/v1/score: the query's, and every item's)
+        return 3 * spec.max_samples + spec.max_tokens_per_sample + spec.max_total_tokens
 
     def output_arrays(self, result, names, model: str) -> dict:
         out = {"SCORES": ("FP32", np.ascontiguousarray(result.scores, dtype=np.float32))}
@@ -290,6 +300,9 @@ class BeamTask(Task):
         if shape != (1,):
             raise InvalidInput(f"input TEXT of beam model {model} must have shape [1] (one prompt), "
                                f"got {list(shape)}")
+
+    def json_values(self, spec: BeamSpec, admitted: int) -> int:
+        return admitted  # /v1/beam: prompts, as many as the model admits at once (beam_api.check_count)
 
     def output_arrays(self, result, names, model: str) -> dict:
         return {"TOKEN_IDS": ("INT32", np.ascontiguousarray(result.token_ids, dtype=np.int32)),
