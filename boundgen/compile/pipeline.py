@@ -119,8 +119,8 @@ def build(cfg: BuildConfig, progress: Progress | None = None, force: bool = Fals
         judged_by_fp32 = cfg.dtype != "float32" and task_of(cfg.spec).judged_by(False, cfg.fp8 != "none") is not None
         fp32_reference = None if not judged_by_fp32 else EagerRunner(  # judges bf16 beams and FP8 builds
             make_program(load_model(cfg.model_dir, torch.float32, device), cfg.spec))
-        report = validate.validate(compiled, reference, cfg.spec, task_of(cfg.spec).output_names(cfg.spec), cfg.dtype, cfg.device,
-                                   vocab, cfg.tolerances, fp32_reference=fp32_reference,
+        report = validate.validate(compiled, reference, cfg.spec, task_of(cfg.spec).output_names(cfg.spec),
+                                   cfg.dtype, cfg.device, vocab, cfg.tolerances, fp32_reference=fp32_reference,
                                    token_bucket=cfg.runtime.token_bucket, fp8=cfg.fp8)
         for case in report["cases"]:
             worst = {k: o.get("max_abs_err", "identical" if o.get("identical") else "differs")

@@ -75,8 +75,8 @@ class FakeEngine(Engine):
         config = json.loads((Path(path) / "fake.json").read_text())
         if config.get("load_error"):
             raise ArtifactError(config["load_error"])
-        spec = EngineSpec(config["spec"]["name"], spec_from_dict(config["spec"]["program"]), runtime=RuntimeConfig().replace(**runtime),
-                          concurrency=runtime.get("contexts") or 1)
+        spec = EngineSpec(config["spec"]["name"], spec_from_dict(config["spec"]["program"]),
+                          runtime=RuntimeConfig().replace(**runtime), concurrency=runtime.get("contexts") or 1)
         engine = cls(spec, config["sleep_s"], config["log"], config["gate"], config.get("workers"),
                      config.get("tokenize_s_per_mb", 0.0))
         engine._write({"event": "loaded", "model": spec.name, "runtime": runtime})
