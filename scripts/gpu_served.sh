@@ -16,7 +16,7 @@
 # run) and KERNELS (arguments of python -m boundgen.bench.kernels; several runs separated by ";"; a run
 # that starts with a module name of boundgen/bench/ instead runs that module, e.g. "decode_mlp --rows 100,800" or "selection").
 # Every result records the host (CPU model, cores, cores used).
-# INPROC=0 / SERVED=0 leave the in-process bench / the default served lane out (an A/B call on a machine
+# INPROC=0 / SERVED=0 leave the in-process benches / the default served lane out (an A/B call on a machine
 # that already measured them); CALLS=1 adds the call curve (bench/calls.py) after the in-process bench.
 # Knobs: WORK (/tmp/boundgen_served), SWEEP_W1, SWEEP_BEAM, FRONTENDS (4), CLIENT_PROCS (4),
 # SERVER_CORES (0-7), CLIENT_CORES (8-15), BENCH_CORES (8-15), TOTAL_S (570).
@@ -227,6 +227,7 @@ for group in ${WORKLOADS//;/ }; do
     mkdir -p "$RES/$name"; echo "$flags" > "$RES/$name/build_flags"
     cp "$ab_art/manifest.json" "$RES/$name/manifest.json"
     [[ "${REPORT:-0}" == 1 ]] && report_artifact "$name" "$ab_art"
+    [[ "${INPROC:-1}" == 1 ]] || continue
     # shellcheck disable=SC2086
     step 150 "$name" "$BENCH_CORES" python3 -m boundgen bench --workload "$group" --artifact "$ab_art" \
       --out "$RES/$name" --seed 0 $sweep ${profile[@]+"${profile[@]}"}
