@@ -200,7 +200,7 @@ def _profile(spec, res, call, system, out: Path, save, n_requests: int) -> None:
 def _diagnostic(engine, tokenizer, res, save, spec) -> None:
     from boundgen.bench.diagnostic import fixed_request, run_diagnostic
 
-    progress(f"{spec.name}: diagnostic, fixed 1,024-token request, engine vs model node")
+    progress(f"{spec.name}: diagnostic, fixed 1,024-token request, engine vs its program alone")
     try:
         res["diagnostic"] = run_diagnostic(engine, fixed_request(tokenizer))
     except Exception as exc:

@@ -70,7 +70,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="out/bench", help="output directory (default %(default)s)")
     p.add_argument("--profile", action="store_true", help="torch.profiler at the capacity point (boundgen)")
     p.add_argument("--profile-requests", type=int, default=30, help="requests under the profiler (default %(default)s)")
-    p.add_argument("--diagnostic", action="store_true", help="W1: 1,024-token request, engine vs model node alone")
+    p.add_argument("--diagnostic", action="store_true", help="W1: 1,024-token request, engine vs its program alone")
     p.add_argument("--fp8-groups", default=None, help="linear groups in FP8 for MFU (default: the engine's spec)")
     add_runtime_flags(p, "engine (in process: override the artifact's runtime settings; default: as built; the "
                          "eager engine: 4 contexts, no batching, no graphs)")

@@ -1,7 +1,7 @@
 """A faster decoder for byte-level BPE tokenizers: each id's bytes from a table, joined, UTF-8.
 
 A beam request returns W candidates of up to N_gen tokens each, decoded to text on the caller's
-thread while the next call waits for its clients (runtime/requests.py BeamEncoder): `tokenizers`'
+thread while the next call waits for its clients (runtime/requests.py BeamResultBuilder): `tokenizers`'
 `decode_batch` took ~130 us for 100 x 5 ids on a 2-core CPU, this table ~45 us.
 
     ids -> [bytes of each id] -> joined -> .decode("utf-8", "replace")
