@@ -2,7 +2,7 @@
 # The one GPU run script: boundgen served against in process, same artifact, same run, on a machine of
 # one GPU (< 10 minutes a call), with the peers, A/Bs, replicas, kernel runs and build reports as lanes:
 #
-#   OUT=/some/dir WORKLOADS="W1" bash scripts/gpu_served.sh          (first call: builds both artifacts)
+#   OUT=/some/dir WORKLOADS="W1;W2,W3" bash scripts/gpu_served.sh   (first call: builds both artifacts)
 #   OUT=/some/dir WORKLOADS="W2,W3" bash scripts/gpu_served.sh       (a later call on the same machine)
 #
 # Builds what $WORK/art lacks (the W1 and beam artifacts of scripts/gpu_artifacts.sh, side by side),
@@ -18,6 +18,10 @@
 # Every result records the host (CPU model, cores, cores used).
 # INPROC=0 / SERVED=0 leave the in-process benches / the default served lane out (an A/B call on a machine
 # that already measured them); CALLS=1 adds the call curve (bench/calls.py) after the in-process bench.
+# W1_B (build flags in place of $W1_DEFAULT): a second W1 artifact ($WORK/art/w1b) built beside the first and
+# benched after it in every W1 lane (inproc_w1b, served_w1b): a build flag's A/B in one run; BEAM_B (in place of
+# $BEAM_DEFAULT) likewise for the beam artifact ($WORK/art/beamb; inproc_beamb, served_beamb). Only the
+# artifacts of the workloads in WORKLOADS are built.
 # Knobs: WORK (/tmp/boundgen_served), SWEEP_W1, SWEEP_BEAM, FRONTENDS (4), CLIENT_PROCS (4),
 # SERVER_CORES (0-7), CLIENT_CORES (8-15), BENCH_CORES (8-15), TOTAL_S (570).
 # More lanes, each off unless set:
@@ -29,8 +33,6 @@
 #                 1,024-token diagnostic).
 #   W1_INPROC_AB / BEAM_INPROC_AB  engine flag sets (";"), each one more in-process bench of the artifact
 #                 (e.g. "--contexts 1", "--tokenizer tokenizers"): inproc_ab_1_TAG, _2, ...
-#   W1_BUILD_AB / BEAM_BUILD_AB    build flag sets (";"), each one more build with the set added to the
-#                 default's flags (e.g. "--lowering vocab_topk=triton"), benched in process: build_ab_1_TAG, ...
 #   REPLICAS      GPU counts (e.g. "1 2"): one more served lane per count, `serve --gpus N --frontends 1`
 #                 (one worker process per GPU behind one front end): served_gpus_N_TAG.
 #   REPORT=1      per artifact: `python -m boundgen.compile.report` (build seconds, size, load, first and
@@ -85,36 +87,29 @@ Q3="$WORK/models/qwen3-0.6b"; Q2="$WORK/models/qwen2.5-0.5b"
 [[ -f "$Q3/config.json" ]] || step 150 demo_qwen3 0-15 python3 -m boundgen demo-model "$Q3" --preset qwen3-0.6b --seed 0 &
 wait
 builds=()
-if [[ ! -f "$WORK/art/w1/manifest.json" ]]; then
+wants_w1=0; wants_beam=0
+[[ ",${WORKLOADS//;/,}," == *,W1,* ]] && wants_w1=1
+[[ "${WORKLOADS:-}" == *W2* || "${WORKLOADS:-}" == *W3* ]] && wants_beam=1
+if [[ $wants_w1 == 1 && ! -f "$WORK/art/w1/manifest.json" ]]; then
   # shellcheck disable=SC2086
   step 300 build_w1 0-7 python3 -m boundgen build "$Q3" "${W1_ARGS[@]}" --out "$WORK/art/w1" $W1_DEFAULT &
   builds+=($!)
 fi
-if [[ ! -f "$WORK/art/beam/manifest.json" ]]; then
+if [[ $wants_w1 == 1 && -n "${W1_B:-}" && ! -f "$WORK/art/w1b/manifest.json" ]]; then
+  # shellcheck disable=SC2086
+  step 300 build_w1b 8-15 python3 -m boundgen build "$Q3" "${W1_ARGS[@]}" --out "$WORK/art/w1b" $W1_B &
+  builds+=($!)
+fi
+if [[ $wants_beam == 1 && ! -f "$WORK/art/beam/manifest.json" ]]; then
   # shellcheck disable=SC2086
   step 300 build_beam 8-15 python3 -m boundgen build "$Q2" "${BEAM_ARGS[@]}" --out "$WORK/art/beam" $BEAM_DEFAULT &
   builds+=($!)
 fi
-# build_ab TAG CORES CHECKPOINT FLAG_SETS ARGS...: one more build per flag set, $WORK/art/build_ab_J_TAG, kept
-# across calls while its flags stay the same.
-build_ab() {
-  local tag=$1 cores=$2 ckpt=$3 sets=$4 flags j=0 dir
-  shift 4
-  IFS=';' read -r -a flag_sets <<< "$sets"
-  for flags in "${flag_sets[@]}"; do
-    [[ -z "${flags// }" ]] && continue
-    j=$(( j + 1 )); dir="$WORK/art/build_ab_${j}_$tag"
-    [[ -f "$dir/manifest.json" && "$(cat "$dir/build_ab_flags" 2>/dev/null)" == "$flags" ]] && continue
-    rm -rf "$dir"
-    # shellcheck disable=SC2086
-    step 300 "build_ab_${j}_$tag" "$cores" python3 -m boundgen build "$ckpt" "$@" --out "$dir" $flags \
-      && echo "$flags" > "$dir/build_ab_flags"
-  done
-}
-# shellcheck disable=SC2086
-[[ -n "${W1_BUILD_AB:-}" ]] && { build_ab w1 0-7 "$Q3" "$W1_BUILD_AB" "${W1_ARGS[@]}" $W1_DEFAULT & builds+=($!); }
-# shellcheck disable=SC2086
-[[ -n "${BEAM_BUILD_AB:-}" ]] && { build_ab beam 8-15 "$Q2" "$BEAM_BUILD_AB" "${BEAM_ARGS[@]}" $BEAM_DEFAULT & builds+=($!); }
+if [[ $wants_beam == 1 && -n "${BEAM_B:-}" && ! -f "$WORK/art/beamb/manifest.json" ]]; then
+  # shellcheck disable=SC2086
+  step 300 build_beamb 0-7 python3 -m boundgen build "$Q2" "${BEAM_ARGS[@]}" --out "$WORK/art/beamb" $BEAM_B &
+  builds+=($!)
+fi
 if [[ -n "${GPU_TESTS:-}" ]]; then
   # shellcheck disable=SC2086
   step 150 gpu_tests 12-15 env TRITON_INTERPRET=0 python3 -m pytest -q -m gpu $GPU_TESTS -p no:cacheprovider
@@ -188,17 +183,26 @@ for pkg in sorted(art.glob("*.pt2")):
 PY
 }
 
+lanes=()  # WORKLOADS groups, W1 followed by its B artifact where W1_B is set
 for group in ${WORKLOADS//;/ }; do
-  if [[ "$group" == W1 ]]; then art="$WORK/art/w1"; md="$Q3"; sweep="$SWEEP_W1"; tag=w1; ab="${W1_SERVED_AB:-}"
+  lanes+=("$group")
+  [[ "$group" == W1 && -n "${W1_B:-}" ]] && lanes+=(W1b)
+  [[ "$group" != W1 && -n "${BEAM_B:-}" ]] && lanes+=("${group}b")
+done
+for lane in ${lanes[@]+"${lanes[@]}"}; do
+  group=${lane%b}
+  if [[ "$lane" == W1 ]]; then art="$WORK/art/w1"; md="$Q3"; sweep="$SWEEP_W1"; tag=w1; ab="${W1_SERVED_AB:-}"
+  elif [[ "$lane" == W1b ]]; then art="$WORK/art/w1b"; md="$Q3"; sweep="$SWEEP_W1"; tag=w1b; ab=""
+  elif [[ "$lane" == *b ]]; then art="$WORK/art/beamb"; md="$Q2"; sweep="$SWEEP_BEAM"; tag=beamb; ab=""
   else art="$WORK/art/beam"; md="$Q2"; sweep="$SWEEP_BEAM"; tag=beam; ab="${BEAM_SERVED_AB:-}"; fi
   [[ -f "$art/manifest.json" ]] || { log "no artifact $art"; continue; }
   cp "$art/manifest.json" "$RES/manifest_$tag.json"
   [[ "${REPORT:-0}" == 1 ]] && report_artifact "$tag" "$art"
   profile=(); inproc_s=150
   [[ "${PROFILE:-0}" == 1 ]] && profile+=(--profile --profile-requests 20)
-  [[ "${PROFILE:-0}" == 1 && $tag == w1 ]] && profile+=(--diagnostic)
+  [[ "${PROFILE:-0}" == 1 && $tag == w1* ]] && profile+=(--diagnostic)
   inproc_flags=(${profile[@]+"${profile[@]}"})
-  if [[ -n "${PEERS:-}" ]]; then  # the peers after boundgen, in the same command: one JSON, one run
+  if [[ -n "${PEERS:-}" && ( $tag == w1 || $tag == beam ) ]]; then  # after boundgen, in its command: one JSON, one run
     inproc_flags+=(--peer "$md" --peer-mode "$PEERS"); inproc_s=$(( 150 + ${PEER_S:-300} ))
     read -r -a peer_flags <<< "${PEER_FLAGS:-}"; inproc_flags+=(${peer_flags[@]+"${peer_flags[@]}"})
   fi
@@ -207,7 +211,9 @@ for group in ${WORKLOADS//;/ }; do
     step $inproc_s "inproc_$tag" "$BENCH_CORES" python3 -m boundgen bench --workload "$group" --artifact "$art" \
       --out "$RES/inproc_$tag" --seed 0 $sweep ${inproc_flags[@]+"${inproc_flags[@]}"}
   fi
-  if [[ $tag == w1 ]]; then inproc_ab="${W1_INPROC_AB:-}"; else inproc_ab="${BEAM_INPROC_AB:-}"; fi
+  inproc_ab=""  # the A artifacts only
+  [[ $tag == w1 ]] && inproc_ab="${W1_INPROC_AB:-}"
+  [[ $tag == beam ]] && inproc_ab="${BEAM_INPROC_AB:-}"
   IFS=';' read -r -a ab_sets <<< "$inproc_ab"
   j=0
   for flags in "${ab_sets[@]}"; do  # the same artifact under other engine flags: inproc_ab_1_TAG, _2, ...
@@ -217,23 +223,8 @@ for group in ${WORKLOADS//;/ }; do
     step 150 "inproc_ab_${j}_$tag" "$BENCH_CORES" python3 -m boundgen bench --workload "$group" --artifact "$art" \
       --out "$RES/inproc_ab_${j}_$tag" --seed 0 $sweep $flags
   done
-  if [[ $tag == w1 ]]; then build_sets="${W1_BUILD_AB:-}"; else build_sets="${BEAM_BUILD_AB:-}"; fi
-  IFS=';' read -r -a ab_sets <<< "$build_sets"
-  j=0
-  for flags in "${ab_sets[@]}"; do  # this call's other builds (W1_BUILD_AB, BEAM_BUILD_AB), in process
-    [[ -z "${flags// }" ]] && continue
-    j=$(( j + 1 )); name="build_ab_${j}_$tag"; ab_art="$WORK/art/$name"
-    [[ -f "$ab_art/manifest.json" && "$(cat "$ab_art/build_ab_flags" 2>/dev/null)" == "$flags" ]] || continue
-    mkdir -p "$RES/$name"; echo "$flags" > "$RES/$name/build_flags"
-    cp "$ab_art/manifest.json" "$RES/$name/manifest.json"
-    [[ "${REPORT:-0}" == 1 ]] && report_artifact "$name" "$ab_art"
-    [[ "${INPROC:-1}" == 1 ]] || continue
-    # shellcheck disable=SC2086
-    step 150 "$name" "$BENCH_CORES" python3 -m boundgen bench --workload "$group" --artifact "$ab_art" \
-      --out "$RES/$name" --seed 0 $sweep ${profile[@]+"${profile[@]}"}
-  done
   if [[ "${CALLS:-0}" == 1 ]]; then  # what a call costs against the requests it holds (bench/calls.py)
-    if [[ $tag == w1 ]]; then calls_wl=W1; calls_r=1,2,4; else calls_wl=W2; calls_r=1,2,4,8; fi
+    if [[ $tag == w1* ]]; then calls_wl=W1; calls_r=1,2,4; else calls_wl=W2; calls_r=1,2,4,8; fi
     step 60 "calls_$tag" "$BENCH_CORES" python3 -m boundgen.bench.calls "$art" --workload $calls_wl \
       --requests $calls_r --json "$RES/calls_$tag.json"
   fi
