@@ -178,7 +178,7 @@ def run(args) -> int:
     command = "boundgen bench " + shlex.join(sys.argv[2:] if sys.argv[1:2] == ["bench"] else sys.argv[1:])
     plan = orchestrate.Plan(specs=tuple(specs), config=cfg, out=Path(args.out), tokenizer_dir=tok_dir,
                             client_procs=procs, peer_modes=tuple(modes), command=command)
-    return orchestrate.run(args, plan, load_engine=lambda a, s: _engine(a, s))
+    return orchestrate.run(args, plan, load_engine=_engine)
 
 
 def main(argv=None) -> int:
