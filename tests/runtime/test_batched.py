@@ -41,7 +41,7 @@ def test_batched_equals_single(engines):
     assert batched._batcher.items == len(TEXTS)
 
 
-def test_model_call_for_the_diagnostic(engines):
+def test_program_call_for_the_diagnostic(engines):
     from boundgen.bench.diagnostic import program_alone
 
     single, batched = engines
