@@ -13,8 +13,12 @@ pip sees only the indexes the command names, as on a user's machine:
   the lock's triton. The mirror of PyPI reachable here serves no PEP 658 metadata files, so pip
   (upgraded in the venv: 23.2's dry run still downloads) reads each wheel's METADATA with HTTP
   range requests (`--use-feature=fast-deps`); the test checks that no wheel was downloaded.
+- The lock with PyTorch's CPU index added (docs/serving.md's advice for CPU machines, the
+  Dockerfile's command): resolution only, as the GPU route, with the local index standing in;
+  torch is the `+cpu` build, no nvidia-* package.
 
-The lock route is tests/compile/test_clean_install.py. These tests resolve against PyPI: where it
+The lock route's install and serve, with the machine's pip configuration, is
+tests/compile/test_clean_install.py. These tests resolve against PyPI: where it
 cannot be reached they skip and say so, except under CI (CI=true), which reaches PyPI and where a
 skip would hide a broken route: there they fail.
 """
@@ -32,11 +36,14 @@ import sysconfig
 import time
 import urllib.request
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 import boundgen
+from boundgen.artifact.manifest import check_versions
+from boundgen.errors import ArtifactError
 from boundgen.server.launch import ServerProcess
 from boundgen.version import __version__
 
@@ -165,6 +172,18 @@ def test_documented_routes_pin_the_lock_torch():
     assert not any(w.startswith("--") and "index" in w for w in routes["gpu"]), routes["gpu"]
 
 
+def test_runtime_mismatch_names_the_cpu_route_torch():
+    """A CPU artifact served by another torch (PyPI's CUDA build, say) is refused with a pip command
+    that installs the torch of the CPU route: the same pin from the same index."""
+    with pytest.raises(ArtifactError) as err:
+        check_versions(SimpleNamespace(name="demo-score", versions={"torch": f"{lock_pin('torch')}+cpu", "cuda": None},
+                                       compile=SimpleNamespace(device="cpu")), {"torch": "2.15.0+cu130", "cuda": "13.0"})
+    words = shlex.split(re.search(r"\((pip install [^)]*)\)", str(err.value)).group(1))
+    cpu = documented_routes()["cpu"]
+    assert f"torch=={lock_pin('torch')}" in words and f"torch=={lock_pin('torch')}" in cpu, (words, cpu)
+    assert words[words.index("--index-url") + 1] == cpu[cpu.index("--index-url") + 1] == CPU_INDEX
+
+
 @pytest.fixture(scope="module")
 def cpu_venv(tmp_path_factory):
     """A fresh venv where the CPU route's documented command ran; its bin/ folder."""
@@ -217,8 +236,9 @@ DOWNLOAD = re.compile(r"^\s*Downloading (\S+) \(([\d.]+) (kB|MB|GB)\)", re.M)
 UNIT = {"kB": 1e3, "MB": 1e6, "GB": 1e9}
 
 
-def test_gpu_route_resolves_pypi_cuda_torch(tmp_path):
-    """The GPU route's resolution against PyPI: CUDA torch at the lock's pin, no wheel downloaded."""
+def resolve(tmp_path: Path, route: str, replace: dict[str, str] | None = None, extra: tuple = ()) -> dict:
+    """{name: version} that the documented `route` resolves to in a fresh venv, without installing
+    or downloading: `pip install --dry-run --report`, wheel metadata read with range requests."""
     require_pypi()
     source = copy_source(tmp_path)
     run([sys.executable, "-m", "venv", tmp_path / "venv"], cwd=tmp_path)
@@ -226,21 +246,38 @@ def test_gpu_route_resolves_pypi_cuda_torch(tmp_path):
     # pip 23.2's dry run still downloads the wheels whose metadata it read lazily; 26.3's does not.
     run([python, "-m", "pip", "install", "--quiet", "pip==26.3"], cwd=tmp_path)
     report = tmp_path / "report.json"
-    argv = pip_argv(documented_routes()["gpu"], source)
+    argv = pip_argv(documented_routes()[route], source, replace) + list(extra)
     started = time.monotonic()
     log = run([python, "-m", "pip", *argv, "--dry-run", "--ignore-installed", "--no-cache-dir", "--report", report,
                "--use-feature=fast-deps"], cwd=tmp_path, timeout_s=INSTALL_TIMEOUT_S).stdout
-    seconds = time.monotonic() - started
     downloaded = {m.group(1): float(m.group(2)) * UNIT[m.group(3)] for m in DOWNLOAD.finditer(log)}
-    print(f"GPU route resolved in {seconds:.0f} s, {sum(downloaded.values()) / 1e6:.1f} MB of files downloaded")
+    print(f"{route} route resolved in {time.monotonic() - started:.0f} s, "
+          f"{sum(downloaded.values()) / 1e6:.1f} MB of files downloaded")
     # Lazily read wheels show as "Obtaining dependency information"; a "Downloading" of torch or a
     # CUDA library would mean gigabytes. The build backend (setuptools) may come whole: small.
     assert not [n for n in downloaded if n.startswith(("torch-", "nvidia", "triton-"))], downloaded
     assert sum(downloaded.values()) < 50e6, downloaded
-
     chosen = {i["metadata"]["name"].lower(): i["metadata"]["version"] for i in json.loads(report.read_text())["install"]}
-    assert chosen["torch"] == lock_pin("torch"), chosen["torch"]  # PyPI's build: no +cpu local version
-    assert chosen["triton"] == lock_pin("triton"), chosen["triton"]  # the one the lock pins beside it
+    assert chosen["boundgen"] == __version__
+    assert chosen["triton"] == lock_pin("triton"), chosen["triton"]  # the one torch pins and the lock pins beside it
+    return chosen
+
+
+def test_gpu_route_resolves_pypi_cuda_torch(tmp_path):
+    """The GPU route against PyPI: the lock's torch, PyPI's build of it (no +cpu), CUDA 13 libraries."""
+    chosen = resolve(tmp_path, "gpu")
+    assert chosen["torch"] == lock_pin("torch"), chosen["torch"]
     cuda = sorted(name for name in chosen if name.startswith("nvidia-"))
     assert {"nvidia-cublas", "nvidia-cuda-runtime", "nvidia-cudnn-cu13", "nvidia-nccl-cu13"} <= set(cuda), cuda
-    assert chosen["boundgen"] == __version__
+
+
+def test_lock_with_the_cpu_index_resolves_cpu_torch(tmp_path):
+    """The lock on a CPU machine, with PyTorch's CPU index added as docs/serving.md and the Dockerfile
+    say (stood in for by the local index): the CPU build wins over PyPI's CUDA build of the same version."""
+    index = local_cpu_index(tmp_path / "index", find_cpu_wheel(lock_pin("torch")))
+    constraints = tmp_path / "constraints.txt"
+    constraints.write_text(re.sub(r"\[[^\]]*\]", "", (REPO / "requirements.txt").read_text()))  # the docs' sed
+    chosen = resolve(tmp_path, "lock", {"/tmp/boundgen-constraints.txt": str(constraints)},
+                     ("--extra-index-url", index))
+    assert chosen["torch"] == f"{lock_pin('torch')}+cpu", chosen["torch"]
+    assert not [name for name in chosen if name.startswith("nvidia-")], sorted(chosen)
