@@ -8,6 +8,7 @@ from functools import partial
 from typing import Sequence
 
 from boundgen.runtime.engine import Engine
+from boundgen.server import request_ids
 from boundgen.server.admission import Admission, Passage
 from boundgen.server.metrics import ServerMetrics
 from boundgen.server.signature import EngineCall, Signature
@@ -67,18 +68,20 @@ class ServedModel:
         """Admit, run and encode a checked request (what `infer` parsed from tensors, or a JSON route's
         token ids)."""
         names = self.signature.check_outputs(requested)
+        tag = request_ids.current()
+        client = tag.client if tag is not None else ""  # whose turn in the queue (runtime/fair_queue.py)
         # The engine gets the deadline and the cancelled event (set by the admission when the
         # client goes away) too: a request still waiting inside it (for a context, or in the
         # batcher's queue) when either comes is not run (DeadlineExceeded: 504; Cancelled: the
         # client is gone, nothing is sent).
         if isinstance(self.admission, Passage):
-            result = await self.admission.run_async(partial(self.engine.run, call, deadline), deadline)
+            result = await self.admission.run_async(partial(self.engine.run, call, deadline, client), deadline)
             REQUEST_TIMINGS.set(result.timings)
             self.metrics.observe_result(self.name, result)
             return self.signature.encode(result, names)
         cancelled = threading.Event()
         engine_call = partial(call, self.engine, deadline=deadline, cancelled=cancelled)
-        result = await self.admission.run(engine_call, deadline, cancelled)
+        result = await self.admission.run(engine_call, deadline, cancelled, client)
         REQUEST_TIMINGS.set(result.timings)
         self.metrics.observe_result(self.name, result)
         return self.signature.encode(result, names)
