@@ -1,4 +1,4 @@
-"""A front-end process's engines: tokenize here, call the engine process over the link, encode here.
+"""A front-end process's engines: tokenize here, call the engine process over the link, build results here.
 
     ServedModel.infer (event loop)
       -> LinkedEngine.run: RequestPacker.encode (bounds, template, token ids)        "pre"
