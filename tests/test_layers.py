@@ -140,8 +140,8 @@ def test_server_wings_import_only_downward():
 
 
 TASK_DEFINITIONS = ("boundgen/artifact/tasks.py",)  # where score and beam are told apart
-TASK_CLASSES = {"ScoreSpec", "BeamSpec", "ScoreResult", "BeamResult", "ScoreTask", "BeamTask", "ScoreEncoder",
-                "BeamEncoder", "ScoreProgram", "BeamProgram"}
+TASK_CLASSES = {"ScoreSpec", "BeamSpec", "ScoreResult", "BeamResult", "ScoreTask", "BeamTask", "ScoreResultBuilder",
+                "BeamResultBuilder", "ScoreProgram", "BeamProgram"}
 
 
 def task_branches(tree: ast.AST) -> list[int]:

@@ -6,7 +6,7 @@ engine, the served model's input and output tensors and their checks, how a resu
 output arrays, the build's example and validation cases and its memory-bound hints. Everything
 else asks the task of a spec (`task_of(spec)`) instead of comparing task names. What needs torch,
 a model or a tokenizer stays in its layer, chosen there by task name from one registry: the
-program module (programs/factory.py), the result encoder (runtime/requests.py), the export
+program module (programs/factory.py), the result builder (runtime/requests.py), the export
 (compile/export.py), the build's spec (compile/config.py), the peer's and the bench's calls
 (bench/). A third task is one more `Task` here plus one entry in each of those.
 
@@ -24,9 +24,9 @@ from boundgen.artifact.program import SPECS, BeamSpec, ScoreSpec
 from boundgen.artifact.tensors import BEAM_OUTPUTS, score_outputs
 from boundgen.errors import ConfigError, InvalidInput
 
-# Score requests one call may hold when batching (admission's room per context); a beam call's is
-# its spec's max_requests, compiled into the program.
-SCORE_REQUESTS_PER_CALL = 8
+# Requests one batched score call may hold (a beam program records its own, BeamSpec.max_requests; a score
+# program's bounds count samples and tokens): admission's room per context when score requests share calls.
+SCORE_MAX_REQUESTS = 8
 SAMPLE_TEXT = "query: running shoes | item: trail shoe"
 
 
@@ -75,7 +75,7 @@ class Task:
         """The packed inputs' named dims and their [min, max] (the manifest records these)."""
         raise NotImplementedError
 
-    def requests_per_call(self, spec) -> int:
+    def max_requests(self, spec) -> int:
         """Requests one program call may hold when requests are batched."""
         raise NotImplementedError
 
@@ -169,8 +169,8 @@ class ScoreTask(Task):
     def dim_bounds(self, spec: ScoreSpec) -> dict:
         return {"T": (1, spec.max_total_tokens), "B": (1, spec.max_samples + 1)}
 
-    def requests_per_call(self, spec: ScoreSpec) -> int:
-        return SCORE_REQUESTS_PER_CALL
+    def max_requests(self, spec: ScoreSpec) -> int:
+        return SCORE_MAX_REQUESTS
 
     def _texts(self, payload) -> list[str]:
         if isinstance(payload, str):
@@ -272,7 +272,7 @@ class BeamTask(Task):
     def dim_bounds(self, spec: BeamSpec) -> dict:
         return {"L": (1, spec.call_max_tokens), "R": (1, spec.max_requests)}
 
-    def requests_per_call(self, spec: BeamSpec) -> int:
+    def max_requests(self, spec: BeamSpec) -> int:
         return spec.max_requests
 
     def _texts(self, payload) -> list[str]:
