@@ -35,12 +35,12 @@ from boundgen.runtime.engine import Engine
 from boundgen.server import connections
 from boundgen.server import logs
 from boundgen.server.config import ServerConfig
-from boundgen.server.kserve_grpc import GrpcFrontend
-from boundgen.server.kserve_http import HttpFrontend
+from boundgen.server.kserve.grpc_api import GrpcFrontend
+from boundgen.server.kserve.http_api import HttpFrontend
 from boundgen.server.metrics import ServerMetrics
 from boundgen.server.models import ModelSet
-from boundgen.server.repository import Repository
-from boundgen.server.shared_memory import SharedMemory
+from boundgen.server.kserve.repository import Repository
+from boundgen.server.kserve.shared_memory import SharedMemory
 
 log = logging.getLogger("boundgen.server")
 _HANDLER_CANCELLATION = "handler_cancellation" in inspect.signature(web_server.Server.__init__).parameters

@@ -22,9 +22,9 @@ from aiohttp import web
 from boundgen.errors import InvalidInput
 from boundgen.server.config import ServerConfig
 from boundgen.server.served import VERSION
-from boundgen.server.shared_memory import SharedMemory, Slice, tensor_ref
+from boundgen.server.kserve.shared_memory import SharedMemory, Slice, tensor_ref
 from boundgen.server.status import ReadTimeout, answer_status
-from boundgen.server.tensors import Tensor, check_header, from_json, from_raw, to_json, to_raw
+from boundgen.server.kserve.tensors import Tensor, check_header, from_json, from_raw, to_json, to_raw
 
 
 HEADER_LENGTH = "Inference-Header-Content-Length"

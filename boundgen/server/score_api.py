@@ -39,7 +39,7 @@ from boundgen.server import http_bodies
 from boundgen.server.models import LOADING
 from boundgen.server.signature import REBUILD, EngineCall
 from boundgen.server.status import Unavailable, status_of
-from boundgen.server.tensors import Tensor
+from boundgen.server.kserve.tensors import Tensor
 
 ROUTE = "/v1/score"
 FIELDS = ("query", "items", "label_token_ids", "apply_softmax", "item_first", "model")

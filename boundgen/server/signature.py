@@ -40,7 +40,7 @@ from boundgen.artifact.program import spec_to_dict
 from boundgen.errors import InvalidInput
 from boundgen.runtime.engine import Engine, EngineSpec
 from boundgen.runtime.results import BeamResult, ScoreResult
-from boundgen.server.tensors import Tensor
+from boundgen.server.kserve.tensors import Tensor
 
 # Why an artifact has no LABEL_LOGPROBS, and what to do, in the words of those who asked for it.
 REBUILD = ("its artifact was built without the vocabulary log-sum-exp (before it existed, or with an MLP head); "

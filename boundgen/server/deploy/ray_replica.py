@@ -44,8 +44,8 @@ from starlette.responses import Response
 from boundgen.server import logs
 from boundgen.server.app import EngineFactory
 from boundgen.server.config import ServerConfig
-from boundgen.server.kserve_grpc import METHODS, GrpcFrontend
-from boundgen.server.kserve_http import HttpFrontend
+from boundgen.server.kserve.grpc_api import METHODS, GrpcFrontend
+from boundgen.server.kserve.http_api import HttpFrontend
 from boundgen.server.metrics import ServerMetrics
 from boundgen.server.models import ModelSet
 

@@ -46,7 +46,7 @@ from aiohttp import web
 from boundgen.version import __version__
 from boundgen.errors import InvalidInput
 from boundgen.server import beam_api, request_ids, rerank_api, score_api
-from boundgen.server import shared_memory as shm
+from boundgen.server.kserve import shared_memory as shm
 from boundgen.server.auth import check_api_key
 from boundgen.server.config import ServerConfig
 from boundgen.server.http_bodies import (HEADER_LENGTH, UNREAD, encode_infer_response, error_response,
@@ -54,10 +54,10 @@ from boundgen.server.http_bodies import (HEADER_LENGTH, UNREAD, encode_infer_res
 from boundgen.server.logs import LogSettings
 from boundgen.server.metrics import CONTENT_TYPE
 from boundgen.server.models import ModelSet
-from boundgen.server.shared_memory import SharedMemory
+from boundgen.server.kserve.shared_memory import SharedMemory
 from boundgen.server.status import check_deadline, status_of
-from boundgen.server.repository import Repository, control
-from boundgen.server.triton_extensions import (log_settings, model_config, model_statistics, repository_index,
+from boundgen.server.kserve.repository import Repository, control
+from boundgen.server.kserve.triton_extensions import (log_settings, model_config, model_statistics, repository_index,
                                                trace_settings, update_log_settings)
 
 PUBLIC_PATHS = frozenset({"/v2/health/live", "/v2/health/ready"})
