@@ -47,7 +47,6 @@ from boundgen.server import request_ids
 from boundgen.server.kserve import shared_memory as shm
 from boundgen.server.auth import check_api_key
 from boundgen.server.config import ServerConfig
-from boundgen.server.http_bodies import check_rank
 from boundgen.server.kserve.http_api import extensions, shape_check
 from boundgen.server.logs import LogSettings
 from boundgen.server.models import LOADING, ModelSet
@@ -55,7 +54,7 @@ from boundgen.server.kserve.repository import Repository, control
 from boundgen.server.served import REQUEST_TIMINGS, VERSION
 from boundgen.server.kserve.shared_memory import SharedMemory, Slice, tensor_ref
 from boundgen.server.status import answer_status, check_deadline
-from boundgen.server.kserve.tensors import Tensor, check_header, from_grpc_contents, from_raw, to_raw
+from boundgen.server.kserve.tensors import Tensor, check_header, check_rank, from_grpc_contents, from_raw, to_raw
 from boundgen.server.kserve.triton_extensions import (log_settings, model_config, model_statistics, repository_index,
                                                to_message, trace_settings, update_log_settings)
 

@@ -49,14 +49,14 @@ from boundgen.server import beam_api, request_ids, rerank_api, score_api
 from boundgen.server.kserve import shared_memory as shm
 from boundgen.server.auth import check_api_key
 from boundgen.server.config import ServerConfig
-from boundgen.server.http_bodies import (HEADER_LENGTH, UNREAD, encode_infer_response, error_response,
-                                         parse_infer_body, read_body, read_json, read_options)
+from boundgen.server.http_bodies import UNREAD, error_response, read_body, read_json, read_options
 from boundgen.server.logs import LogSettings
 from boundgen.server.metrics import CONTENT_TYPE
 from boundgen.server.models import ModelSet
+from boundgen.server.kserve.http_messages import HEADER_LENGTH, encode_infer_response, parse_infer_body
+from boundgen.server.kserve.repository import Repository, control
 from boundgen.server.kserve.shared_memory import SharedMemory
 from boundgen.server.status import check_deadline, status_of
-from boundgen.server.kserve.repository import Repository, control
 from boundgen.server.kserve.triton_extensions import (log_settings, model_config, model_statistics, repository_index,
                                                trace_settings, update_log_settings)
 

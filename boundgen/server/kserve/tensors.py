@@ -59,6 +59,19 @@ def _shown(shape) -> str:
     return "[" + ", ".join(dims) + (", ...]" if len(shape) > 8 else "]")
 
 
+MAX_RANK = 64  # dimensions a tensor may have (numpy's own limit); a shape with more is refused by its length
+
+
+def check_rank(name: Any, shape: Any) -> None:
+    """Refuse a shape of more than MAX_RANK dimensions by its length alone, before its dimensions
+    are looked at one by one (40,000 of them cost the event loop ~30 ms, and a message echoing
+    them 120 KB)."""
+    if isinstance(shape, list) or hasattr(shape, "__len__") and not isinstance(shape, (str, bytes, dict)):
+        if len(shape) > MAX_RANK:  # a JSON list, or gRPC's repeated field (another type: check_header's error)
+            raise InvalidInput(f"tensor {str(name)[:80]}: shape has {len(shape)} dimensions, more than the "
+                               f"{MAX_RANK} a tensor may have")
+
+
 def check_header(name: Any, datatype: Any, shape: Any, max_elements: int | None = None) -> tuple[str, str, tuple[int, ...]]:
     """Validate a tensor's name, datatype and shape as sent by a client, before anything is
     allocated for it: with `max_elements` (the body limit: every element takes at least a byte of
