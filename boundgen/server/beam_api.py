@@ -32,8 +32,8 @@ import numpy as np
 from boundgen.errors import InvalidInput
 from boundgen.server.models import LOADING, ModelSet
 from boundgen.server.score_api import utf8
+from boundgen.server.signature import Tensor
 from boundgen.server.status import Unavailable
-from boundgen.server.kserve.tensors import Tensor
 
 ROUTE = "/v1/beam"
 OUTPUTS = ["TOKEN_IDS", "SCORES", "TEXT_OUT"]

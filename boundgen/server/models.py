@@ -20,8 +20,8 @@ from boundgen.runtime.engine import Engine
 from boundgen.server.config import ServerConfig
 from boundgen.server.metrics import ServerMetrics
 from boundgen.server.served import VERSION, ServedModel
+from boundgen.server.signature import Tensor
 from boundgen.server.status import Unavailable, status_of
-from boundgen.server.kserve.tensors import Tensor
 
 LOADING, READY, DRAINING = "loading", "ready", "draining"
 MAX_TIMEOUT_US = (1 << 63) - 1  # the gRPC int64_param's range; HTTP JSON integers are unbounded

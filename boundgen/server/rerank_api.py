@@ -41,8 +41,8 @@ from boundgen.server import score_api
 from boundgen.server.config import ServerConfig
 from boundgen.server.http_bodies import error_response, read_json
 from boundgen.server.models import LOADING, ModelSet
+from boundgen.server.signature import Tensor
 from boundgen.server.status import Unavailable
-from boundgen.server.kserve.tensors import Tensor
 
 RERANK_ROUTES = ("/v1/rerank", "/rerank")
 PAIRS_ROUTE = "/score"

@@ -37,9 +37,8 @@ from aiohttp import web
 from boundgen.errors import InvalidInput
 from boundgen.server import http_bodies
 from boundgen.server.models import LOADING
-from boundgen.server.signature import REBUILD, EngineCall
+from boundgen.server.signature import EngineCall, REBUILD, Tensor
 from boundgen.server.status import Unavailable, status_of
-from boundgen.server.kserve.tensors import Tensor
 
 ROUTE = "/v1/score"
 FIELDS = ("query", "items", "label_token_ids", "apply_softmax", "item_first", "model")

@@ -10,8 +10,7 @@ from typing import Sequence
 from boundgen.runtime.engine import Engine
 from boundgen.server.admission import Admission, Passage
 from boundgen.server.metrics import ServerMetrics
-from boundgen.server.signature import EngineCall, Signature
-from boundgen.server.kserve.tensors import Tensor
+from boundgen.server.signature import EngineCall, Signature, Tensor
 
 # The stage timings (seconds) of the request this task is answering: set by ServedModel.infer, read
 # by a protocol handler that was asked for them (request parameter kserve_pb.TIMINGS_PARAMETER).

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -40,13 +40,27 @@ from boundgen.artifact.program import spec_to_dict
 from boundgen.errors import InvalidInput
 from boundgen.runtime.engine import Engine, EngineSpec
 from boundgen.runtime.results import BeamResult, ScoreResult
-from boundgen.server.kserve.tensors import Tensor
 
 # Why an artifact has no LABEL_LOGPROBS, and what to do, in the words of those who asked for it.
 REBUILD = ("its artifact was built without the vocabulary log-sum-exp (before it existed, or with an MLP head); "
            "rebuild it from its checkpoint with this boundgen (`boundgen build ... --task score --labels ...`) "
            "to get probabilities over the whole vocabulary")
 MAX_TOKEN_BYTES = 128  # the Qwen vocabulary's longest token, in bytes (see the docstring)
+
+
+@dataclass
+class Tensor:
+    """A named array of a served model's inputs or outputs, whichever protocol carried it (its wire
+    forms: kserve/tensors.py)."""
+
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+    data: Any  # flat: a numpy array of the datatype's dtype (kserve/tensors.py NUMPY_DTYPES), or list[bytes] for BYTES
+
+    @property
+    def size(self) -> int:
+        return len(self.data)
 
 
 @dataclass(frozen=True)
