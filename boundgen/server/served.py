@@ -8,6 +8,7 @@ from functools import partial
 from typing import Sequence
 
 from boundgen.runtime.engine import Engine
+from boundgen.runtime.results import BeamResult, ScoreResult
 from boundgen.server.admission import Admission, Passage
 from boundgen.server.metrics import ServerMetrics
 from boundgen.server.signature import EngineCall, Signature, Tensor
@@ -60,27 +61,26 @@ class ServedModel:
 
     async def infer(self, tensors: Sequence[Tensor], requested: Sequence[str] | None, deadline: float) -> list[Tensor]:
         """Check, admit, run and encode one request; raises InvalidInput or a status.ServeError."""
-        return await self.run(self.signature.parse(tensors), requested, deadline)
-
-    async def run(self, call: EngineCall, requested: Sequence[str] | None, deadline: float) -> list[Tensor]:
-        """Admit, run and encode a checked request (what `infer` parsed from tensors, or a JSON route's
-        token ids)."""
+        call = self.signature.parse(tensors)
         names = self.signature.check_outputs(requested)
+        return self.signature.encode(await self.run(call, deadline), names)
+
+    async def run(self, call: EngineCall, deadline: float) -> ScoreResult | BeamResult:
+        """Admit and run a checked request (what `infer` parsed from tensors, or what a JSON route
+        built); the engine's result, its timings in REQUEST_TIMINGS for the protocol handler."""
         # The engine gets the deadline and the cancelled event (set by the admission when the
         # client goes away) too: a request still waiting inside it (for a context, or in the
         # batcher's queue) when either comes is not run (DeadlineExceeded: 504; Cancelled: the
         # client is gone, nothing is sent).
         if isinstance(self.admission, Passage):
             result = await self.admission.run_async(partial(self.engine.run, call, deadline), deadline)
-            REQUEST_TIMINGS.set(result.timings)
-            self.metrics.observe_result(self.name, result)
-            return self.signature.encode(result, names)
-        cancelled = threading.Event()
-        engine_call = partial(call, self.engine, deadline=deadline, cancelled=cancelled)
-        result = await self.admission.run(engine_call, deadline, cancelled)
+        else:
+            cancelled = threading.Event()
+            engine_call = partial(call, self.engine, deadline=deadline, cancelled=cancelled)
+            result = await self.admission.run(engine_call, deadline, cancelled)
         REQUEST_TIMINGS.set(result.timings)
         self.metrics.observe_result(self.name, result)
-        return self.signature.encode(result, names)
+        return result
 
     def close(self) -> None:
         self.admission.shutdown()

@@ -142,9 +142,18 @@ class Signature:
         if text.datatype != "BYTES":
             raise InvalidInput(f"input TEXT must be BYTES, got {text.datatype}")
         self._check_shape(text.shape)
-        self._check_byte_lengths(text.data)
+        return self._texts_call(text.data)
+
+    def call(self, items: Sequence[bytes]) -> EngineCall:
+        """The engine call of a JSON route's texts (UTF-8), checked as the same texts in a TEXT
+        input are: their count, their byte lengths against the token bounds, UTF-8."""
+        self._check_shape((len(items),))
+        return self._texts_call(items)
+
+    def _texts_call(self, items: Sequence[bytes]) -> EngineCall:
+        self._check_byte_lengths(items)
         texts = []
-        for i, item in enumerate(text.data):
+        for i, item in enumerate(items):
             try:
                 texts.append(item.decode("utf-8"))
             except UnicodeDecodeError as exc:

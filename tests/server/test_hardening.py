@@ -325,10 +325,11 @@ def test_beam_overload_leaves_no_unretrieved_task_exception():
 
     class Models:
         def get(self, name):
-            return SimpleNamespace(admission=SimpleNamespace(max_inflight=1, max_queue=4))
+            return SimpleNamespace(admission=SimpleNamespace(max_inflight=1, max_queue=4),
+                                   signature=SimpleNamespace(call=lambda items: items))
 
-        async def infer(self, name, version, tensors, outputs, deadline):
-            if tensors[0].data == [b"refused"]:
+        async def run(self, name, call, deadline):
+            if call == [b"refused"]:
                 raise Overloaded("model fbeam is at capacity")
             try:
                 await asyncio.sleep(10)
