@@ -14,7 +14,7 @@ from boundgen.server.metrics import ServerMetrics
 from boundgen.server.signature import EngineCall, Signature, Tensor
 
 # The stage timings (seconds) of the request this task is answering: set by ServedModel.infer, read
-# by a protocol handler that was asked for them (request parameter kserve_pb.TIMINGS_PARAMETER).
+# by a protocol handler that was asked for them (request parameter kserve/pb.py TIMINGS_PARAMETER).
 REQUEST_TIMINGS: contextvars.ContextVar[dict | None] = contextvars.ContextVar("boundgen_request_timings", default=None)
 
 PLATFORM = "boundgen"

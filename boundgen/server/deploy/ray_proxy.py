@@ -1,6 +1,6 @@
 """Ray Serve's HTTP proxy answering its own errors as boundgen does: `{"error": "..."}`.
 
-Errors from a replica are boundgen's already (kserve_http.py). Those Ray's proxy makes itself
+Errors from a replica are boundgen's already (server/kserve/http_api.py). Those Ray's proxy makes itself
 are plain text: 429 when every replica and the router queue are full (ray_serve.py), 503 while
 no replica is up, 404 before the application is deployed, 408 on Ray's request timeout.
 `JsonErrors` rewrites such an answer's body to the JSON error body of the public contract,
