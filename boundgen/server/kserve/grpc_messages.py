@@ -36,6 +36,7 @@ def decoder(request_cls):
 
 
 def param_value(p):
+    """An InferParameter's (or SettingValue's) value, whichever field holds it; None when unset."""
     kind = p.WhichOneof("parameter_choice")
     return None if kind is None else getattr(p, kind)
 
@@ -46,6 +47,7 @@ def params(parameters) -> dict:
 
 
 def set_param(p, value) -> None:
+    """Set an InferParameter from a plain value (anything but bool, int, float, str: as JSON text)."""
     if isinstance(value, bool):
         p.bool_param = value
     elif isinstance(value, int):
