@@ -13,6 +13,10 @@ With `config.model_repository`, a repository load replaces a served model while 
 `serve()` runs all of it until SIGTERM or SIGINT and returns the exit code (0 after a drain);
 the CLI calls it. `BackgroundServer` runs the same in a thread of the calling process.
 Engines come from an injectable factory (default `boundgen.load`) so tests can serve fakes.
+
+This module joins the server's parts (server/__init__.py): the core's ModelSet behind kserve/'s
+HTTP and gRPC listeners. It owns that wiring so that the core imports no protocol; deploy/'s
+topologies build on its Server.
 """
 
 from __future__ import annotations
