@@ -9,7 +9,7 @@ a KServe v2 `infer` of TEXT [1] would be (the same checks, admission and engine)
 
 A candidate is what `boundgen beam` prints (BeamResult.candidates): the generated ids without
 the -1 padding after a stop token, the decoded text, the FP32 score (sum of log-probs); the
-numbers are those of the KServe outputs TOKEN_IDS, TEXT_OUT and SCORES of the same prompt. The prompts
+numbers are the KServe outputs TOKEN_IDS, TEXT_OUT and SCORES of the same prompt. The prompts
 of one request are admitted as separate requests, side by side, under one deadline (the
 server's default); the first prompt to fail fails the whole request with its
 status (a bad prompt 400, naming its index; a full queue 429; ...) and the others are cancelled.
