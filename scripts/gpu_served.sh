@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Served against in process, same artifact, same run, on a machine of one GPU (< 10 minutes a call):
 #
-#   OUT=/some/dir WORKLOADS="W1" bash scripts/gpu_served.sh          (first call: builds both artifacts)
+#   OUT=/some/dir WORKLOADS="W1;W2,W3" bash scripts/gpu_served.sh   (first call: builds both artifacts)
 #   OUT=/some/dir WORKLOADS="W2,W3" bash scripts/gpu_served.sh       (a later call on the same machine)
 #
 # Builds what $WORK/art lacks (the W1 and beam artifacts of scripts/gpu_artifacts.sh, side by side),
@@ -16,6 +16,9 @@
 # Every result records the host (CPU model, cores, cores used).
 # INPROC=0 / SERVED=0 leave the in-process bench / the default served lane out (an A/B call on a machine
 # that already measured them); CALLS=1 adds the call curve (bench/calls.py) after the in-process bench.
+# W1_B (build flags in place of $W1_DEFAULT): a second W1 artifact ($WORK/art/w1b) built beside the first and
+# benched after it in every W1 lane (inproc_w1b, served_w1b): a build flag's A/B in one run. Only the
+# artifacts of the workloads in WORKLOADS are built.
 # Knobs: WORK (/tmp/boundgen_served), SWEEP_W1, SWEEP_BEAM, FRONTENDS (4), CLIENT_PROCS (4),
 # SERVER_CORES (0-7), CLIENT_CORES (8-15), BENCH_CORES (8-15), TOTAL_S (570).
 set -uo pipefail
@@ -51,12 +54,20 @@ Q3="$WORK/models/qwen3-0.6b"; Q2="$WORK/models/qwen2.5-0.5b"
 [[ -f "$Q3/config.json" ]] || step 150 demo_qwen3 0-15 python3 -m boundgen demo-model "$Q3" --preset qwen3-0.6b --seed 0 &
 wait
 builds=()
-if [[ ! -f "$WORK/art/w1/manifest.json" ]]; then
+wants_w1=0; wants_beam=0
+[[ ",${WORKLOADS//;/,}," == *,W1,* ]] && wants_w1=1
+[[ "${WORKLOADS:-}" == *W2* || "${WORKLOADS:-}" == *W3* ]] && wants_beam=1
+if [[ $wants_w1 == 1 && ! -f "$WORK/art/w1/manifest.json" ]]; then
   # shellcheck disable=SC2086
   step 300 build_w1 0-7 python3 -m boundgen build "$Q3" "${W1_ARGS[@]}" --out "$WORK/art/w1" $W1_DEFAULT &
   builds+=($!)
 fi
-if [[ ! -f "$WORK/art/beam/manifest.json" ]]; then
+if [[ $wants_w1 == 1 && -n "${W1_B:-}" && ! -f "$WORK/art/w1b/manifest.json" ]]; then
+  # shellcheck disable=SC2086
+  step 300 build_w1b 8-15 python3 -m boundgen build "$Q3" "${W1_ARGS[@]}" --out "$WORK/art/w1b" $W1_B &
+  builds+=($!)
+fi
+if [[ $wants_beam == 1 && ! -f "$WORK/art/beam/manifest.json" ]]; then
   # shellcheck disable=SC2086
   step 300 build_beam 8-15 python3 -m boundgen build "$Q2" "${BEAM_ARGS[@]}" --out "$WORK/art/beam" $BEAM_DEFAULT &
   builds+=($!)
@@ -112,8 +123,15 @@ served() {
   log "$name: serve exit $?"
 }
 
+lanes=()  # WORKLOADS groups, W1 followed by its B artifact where W1_B is set
 for group in ${WORKLOADS//;/ }; do
-  if [[ "$group" == W1 ]]; then art="$WORK/art/w1"; md="$Q3"; sweep="$SWEEP_W1"; tag=w1; ab="${W1_SERVED_AB:-}"
+  lanes+=("$group")
+  [[ "$group" == W1 && -n "${W1_B:-}" ]] && lanes+=(W1b)
+done
+for lane in ${lanes[@]+"${lanes[@]}"}; do
+  group=${lane%b}
+  if [[ "$lane" == W1 ]]; then art="$WORK/art/w1"; md="$Q3"; sweep="$SWEEP_W1"; tag=w1; ab="${W1_SERVED_AB:-}"
+  elif [[ "$lane" == W1b ]]; then art="$WORK/art/w1b"; md="$Q3"; sweep="$SWEEP_W1"; tag=w1b; ab=""
   else art="$WORK/art/beam"; md="$Q2"; sweep="$SWEEP_BEAM"; tag=beam; ab="${BEAM_SERVED_AB:-}"; fi
   [[ -f "$art/manifest.json" ]] || { log "no artifact $art"; continue; }
   cp "$art/manifest.json" "$RES/manifest_$tag.json"
@@ -123,7 +141,7 @@ for group in ${WORKLOADS//;/ }; do
       --out "$RES/inproc_$tag" --seed 0 $sweep
   fi
   if [[ "${CALLS:-0}" == 1 ]]; then  # what a call costs against the requests it holds (bench/calls.py)
-    if [[ $tag == w1 ]]; then calls_wl=W1; calls_r=1,2,4; else calls_wl=W2; calls_r=1,2,4,8; fi
+    if [[ $tag == w1* ]]; then calls_wl=W1; calls_r=1,2,4; else calls_wl=W2; calls_r=1,2,4,8; fi
     step 60 "calls_$tag" "$BENCH_CORES" python3 -m boundgen.bench.calls "$art" --workload $calls_wl \
       --requests $calls_r --json "$RES/calls_$tag.json"
   fi

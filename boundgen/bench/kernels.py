@@ -58,6 +58,11 @@ PACKED_SWEEP = [(64, 64, 4, 2), (64, 32, 4, 2), (64, 64, 8, 2), (128, 64, 8, 3)]
 # A wider grid for choosing the default at head dim 128 (W1): `python -m boundgen.bench.kernels --packed-sweep`.
 PACKED_GRID = [(m, n, w, s) for m, n in ((32, 32), (64, 16), (64, 32), (64, 64), (128, 32), (128, 64))
                for w in (4, 8) for s in (2, 3)]
+# The same with the query heads of a K/V head in one program (the `triton_gqa` lowering; BLOCK_M counts
+# tokens, the tile has BLOCK_M x pack rows). The fifth field is `pack`.
+PACKED_GQA_SWEEP = [(16, 32, 4, 2, 2), (32, 64, 4, 2, 2), (64, 32, 8, 2, 2)]
+PACKED_GQA_GRID = [(m, n, w, s, 2) for m, n in ((16, 32), (16, 64), (32, 32), (32, 64), (64, 32), (64, 64))
+                   for w in (4, 8) for s in (2, 3)]
 
 
 def packed_work(lengths: list[int], num_q_heads: int, num_kv_heads: int, head_dim: int,
@@ -84,8 +89,9 @@ def w1_lengths(seed: int = 0, count: int = 15, low: int = 48, high: int = 256) -
 
 def bench_packed(lengths: list[int], heads=(16, 8), head_dim: int = 128, device: str = "cuda",
                  calls: int = 20, replays: int = 10, dtype: torch.dtype = torch.bfloat16,
-                 configs=PACKED_SWEEP) -> list[KernelTiming]:
-    """The packed kernel (default config, then each of `configs`) against the reference and SDPA."""
+                 configs=PACKED_SWEEP + PACKED_GQA_SWEEP) -> list[KernelTiming]:
+    """The packed kernel (default config, then each of `configs`: (BLOCK_M, BLOCK_N, warps, stages[,
+    pack])) against the reference and SDPA."""
     num_q_heads, num_kv_heads = heads
     tokens = sum(lengths)
     cu_seqlens = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int32,
@@ -112,16 +118,20 @@ def bench_packed(lengths: list[int], heads=(16, 8), head_dim: int = 128, device:
 
     impls = {
         "triton": lambda: packed_attention.launch(q, k, v, cu_seqlens, scale),
+        "triton_gqa": lambda: packed_attention.triton_gqa_attention(q, k, v, cu_seqlens, scale),
         "torch reference": lambda: packed_attention.reference(q, k, v, cu_seqlens, scale),
         "sdpa (padded)": sdpa,
     }
     if q.is_cuda and dtype in packed_attention.FLASH_DTYPES:  # elsewhere the flash lowering is the reference
         impls["flash (PyTorch's FlashAttention-2)"] = (
             lambda: packed_attention.flash(q, k, v, cu_seqlens, scale, max(lengths)))
+    group = num_q_heads // num_kv_heads
     for config in configs:
-        if config != packed_attention.default_config(head_dim):
-            impls["triton m{} n{} w{} s{}".format(*config)] = (
-                lambda c=config: packed_attention.launch(q, k, v, cu_seqlens, scale, *c))
+        pack = config[4] if len(config) > 4 else 1
+        if group % pack or config[:4] == packed_attention.default_config(head_dim, pack):
+            continue
+        name = "triton m{} n{} w{} s{}".format(*config) + (f" pack{pack}" if pack > 1 else "")
+        impls[name] = lambda c=config[:4], p=pack: packed_attention.launch(q, k, v, cu_seqlens, scale, *c, pack=p)
     case = (f"packed B={len(lengths)} T={tokens} L={min(lengths)}-{max(lengths)} "
             f"heads {num_q_heads}/{num_kv_heads} D={head_dim}")
     return measure(case, impls, packed_work(lengths, num_q_heads, num_kv_heads, head_dim,
@@ -490,7 +500,7 @@ def main(argv: list[str] | None = None) -> int:
         print("error: kernel benchmarks need a CUDA device", file=sys.stderr)
         return 2
     rows = run_kernel_benchmarks() if args.all else []
-    rows += bench_packed(w1_lengths(), configs=PACKED_GRID) if args.packed_sweep else []
+    rows += bench_packed(w1_lengths(), configs=PACKED_GRID + PACKED_GQA_GRID) if args.packed_sweep else []
     for t in tokens:
         rows += bench_silu_quant(t)
     for t in memory_tokens:

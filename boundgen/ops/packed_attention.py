@@ -36,6 +36,10 @@ Triton kernel (FlashAttention-2 forward, varlen):
   scale * log2(e) folded in), p cast to v's dtype for p @ v, FP32 accumulator.
 - Any strides with a contiguous head dim: the model passes v as a view of the fused qkv output.
 - FP32 inputs use IEEE dots (no TF32) so the FP32 lowering stays exact enough to validate.
+- `pack` query heads of one K/V head can share a program (lowering `triton_gqa`, FlashAttention-3's
+  "pack GQA"): the tile's rows interleave BLOCK_M tokens and the pack's heads (row r: token r // pack,
+  head r % pack), so each key tile is read once for the group instead of once a head, and the dots
+  have pack times the rows. The mask and the sequence bounds follow each row's token.
 
 Flash lowering (`flash`): PyTorch's own FlashAttention-2 varlen forward
 (`aten._flash_attention_forward`, CUDA, bf16/fp16; AOTInductor calls it through its C shim, so a
@@ -170,10 +174,10 @@ def _packed_attention_kernel(
         q_ptr, k_ptr, v_ptr, out_ptr, cu_seqlens_ptr, qk_scale, num_seqs,
         stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
         GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
-        BLOCK_N: tl.constexpr, IEEE: tl.constexpr, SEQ_CHUNK: tl.constexpr):
+        BLOCK_N: tl.constexpr, IEEE: tl.constexpr, SEQ_CHUNK: tl.constexpr, PACK: tl.constexpr):
     pid = tl.program_id(0)
-    head = tl.program_id(1)
-    kv_head = head // GROUP
+    first_head = tl.program_id(1) * PACK  # PACK query heads of one K/V head a program
+    kv_head = first_head // GROUP
 
     # Which (sequence, query block) is this program? Sequence s owns blocks
     # [sum_{r<s} n_r, sum_{r<=s} n_r), n_r = cdiv(L_r, BLOCK_M); scan cu_seqlens in vector chunks
@@ -196,18 +200,22 @@ def _packed_attention_kernel(
         blocks_before += tl.sum(num_blocks)
     # A spare program keeps seq_start = seq_end = 0: empty key loops, fully masked store.
 
+    # Row r of the tile is token block_start + r // PACK of query head first_head + r % PACK: the
+    # PACK heads that share a K/V head read each key tile once (PACK = 1: one head a program).
     block_start = seq_start + block * BLOCK_M
-    offs_m = block_start + tl.arange(0, BLOCK_M)
+    rows = tl.arange(0, BLOCK_M * PACK)
+    offs_m = block_start + rows // PACK  # [M * PACK] token of each row
+    heads = first_head + rows % PACK  # [M * PACK] query head of each row
     offs_d = tl.arange(0, HEAD_DIM)
     row_ok = offs_m < seq_end
-    q = tl.load(q_ptr + offs_m[:, None] * stride_qt + head * stride_qh + offs_d[None, :],
-                mask=row_ok[:, None], other=0.0)  # [M, D]
+    q = tl.load(q_ptr + offs_m[:, None] * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
+                mask=row_ok[:, None], other=0.0)  # [M * PACK, D]
     k_ptr += kv_head * stride_kh
     v_ptr += kv_head * stride_vh
 
-    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)  # finite: no NaN in masked rows
+    acc = tl.zeros([BLOCK_M * PACK, HEAD_DIM], dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M * PACK], dtype=tl.float32)
+    m_i = tl.full([BLOCK_M * PACK], -1.0e30, dtype=tl.float32)  # finite: no NaN in masked rows
     # Key tiles wholly at or before the block's first row need no causal mask.
     unmasked_end = seq_start + ((block_start + 1 - seq_start) // BLOCK_N) * BLOCK_N
     keys_end = tl.minimum(block_start + BLOCK_M, seq_end)
@@ -219,7 +227,7 @@ def _packed_attention_kernel(
                                       BLOCK_N, True, IEEE)
 
     out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
-    tl.store(out_ptr + offs_m[:, None] * stride_ot + head * stride_oh + offs_d[None, :],
+    tl.store(out_ptr + offs_m[:, None] * stride_ot + heads[:, None] * stride_oh + offs_d[None, :],
              out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
 
 
@@ -256,38 +264,53 @@ def _check(q, k, v, cu_seqlens) -> None:
                          f"k {k.device}, v {v.device}, cu_seqlens {cu_seqlens.device}")
 
 
-def default_config(head_dim: int) -> tuple[int, int, int, int]:
+def default_config(head_dim: int, pack: int = 1) -> tuple[int, int, int, int]:
     """(BLOCK_M, BLOCK_N, num_warps, num_stages). Fixed, not autotuned: deterministic builds.
     BLOCK_M 64 keeps the padding waste of short sequences (48-256 tokens) small. Chosen from
     sm_90 register counts (ptxas, bf16): D 128 with 64 x 64 tiles and 4 warps spills, 64 x 32
     uses 206 registers without spilling; D 64 with 64 x 64 uses 230. The kernel benchmark
-    sweeps alternatives."""
+    sweeps alternatives. Packing `pack` heads a program keeps the tile's rows (BLOCK_M x pack)
+    where one head's are, so BLOCK_M counts tokens: 64 / pack."""
     if head_dim <= 32:
-        return 32, 32, 4, 2
-    if head_dim <= 64:
-        return 64, 64, 4, 2
-    return 64, 32, 4, 2
+        block_m, block_n = 32, 32
+    elif head_dim <= 64:
+        block_m, block_n = 64, 64
+    else:
+        block_m, block_n = 64, 32
+    return max(block_m // pack, 16), block_n, 4, 2
+
+
+def gqa_pack(num_q_heads: int, num_kv_heads: int) -> int:
+    """Query heads a program of the `triton_gqa` lowering takes: the whole group that shares a
+    K/V head (FlashAttention-3's "pack GQA"), where the tile's rows stay a power of two."""
+    group = num_q_heads // num_kv_heads
+    return group if group & (group - 1) == 0 and group <= 8 else 1
 
 
 def launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor,
            scale: float, block_m: int | None = None, block_n: int | None = None,
-           num_warps: int | None = None, num_stages: int | None = None) -> torch.Tensor:
+           num_warps: int | None = None, num_stages: int | None = None, pack: int = 1) -> torch.Tensor:
     """Run the Triton kernel; same signature and result as `reference`. The launch config is
-    overridable for tests (small blocks exercise multi-tile paths on tiny inputs) and benchmarks."""
+    overridable for tests (small blocks exercise multi-tile paths on tiny inputs) and benchmarks;
+    `pack` query heads of one K/V head share a program (a power of two dividing the group)."""
     _check(q, k, v, cu_seqlens)
     num_tokens, num_q_heads, head_dim = q.shape
+    group = num_q_heads // k.shape[1]
+    if pack < 1 or pack & (pack - 1) or group % pack:
+        raise ValueError(f"packed_attention: pack must be a power of two dividing the group of {group} query "
+                         f"heads a K/V head; got {pack}")
     num_seqs = cu_seqlens.shape[0] - 1
-    default_m, default_n, default_warps, default_stages = default_config(head_dim)
+    default_m, default_n, default_warps, default_stages = default_config(head_dim, pack)
     block_m, block_n = block_m or default_m, block_n or default_n
     num_warps, num_stages = num_warps or default_warps, num_stages or default_stages
     out = torch.empty((num_tokens, num_q_heads, head_dim), dtype=q.dtype, device=q.device)
-    grid = (triton.cdiv(num_tokens, block_m) + num_seqs, num_q_heads)
+    grid = (triton.cdiv(num_tokens, block_m) + num_seqs, num_q_heads // pack)
     wrap_triton(_packed_attention_kernel)[grid](
         q, k, v, out, cu_seqlens, scale * math.log2(math.e), num_seqs,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         out.stride(0), out.stride(1),
-        GROUP=num_q_heads // k.shape[1], HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n,
-        IEEE=q.dtype == torch.float32, SEQ_CHUNK=64, num_warps=num_warps, num_stages=num_stages)
+        GROUP=group, HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n,
+        IEEE=q.dtype == torch.float32, SEQ_CHUNK=64, PACK=pack, num_warps=num_warps, num_stages=num_stages)
     return out
 
 
@@ -296,15 +319,17 @@ def launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.
 
 @triton_op("boundgen::packed_attention", mutates_args=())
 def packed_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor,
-                     scale: float) -> torch.Tensor:
-    return launch(q, k, v, cu_seqlens, scale)
+                     scale: float, pack: int = 1) -> torch.Tensor:
+    return launch(q, k, v, cu_seqlens, scale, pack=pack)
 
 
-packed_attention.register_kernel("cpu")(reference)
+@packed_attention.register_kernel("cpu")
+def _(q, k, v, cu_seqlens, scale, pack=1):
+    return reference(q, k, v, cu_seqlens, scale)
 
 
 @packed_attention.register_fake
-def _(q, k, v, cu_seqlens, scale):
+def _(q, k, v, cu_seqlens, scale, pack=1):
     return q.new_empty(q.shape)
 
 
@@ -312,6 +337,12 @@ def triton_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
                      max_seqlen: int | None = None) -> torch.Tensor:
     """The registered op (the grid needs no bound on a sequence's length)."""
     return packed_attention(q, k, v, cu_seqlens, scale)
+
+
+def triton_gqa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, scale: float,
+                         max_seqlen: int | None = None) -> torch.Tensor:
+    """The registered op with a K/V head's query heads in one program (gqa_pack)."""
+    return packed_attention(q, k, v, cu_seqlens, scale, gqa_pack(q.shape[1], k.shape[1]))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -331,4 +362,5 @@ def flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.T
 
 
 # Lowerings by name; the build config picks one per op and records it in the manifest.
-IMPLEMENTATIONS = {"torch": reference, "triton": triton_attention, "flash": flash}
+IMPLEMENTATIONS = {"torch": reference, "triton": triton_attention, "triton_gqa": triton_gqa_attention,
+                   "flash": flash}

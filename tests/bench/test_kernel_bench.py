@@ -66,8 +66,9 @@ def test_every_implementation_agrees_with_the_reference_on_cpu(monkeypatch):
     rows += kernels.bench_prefix(3, 7, 2, heads=(4, 2), head_dim=16, device="cpu", dtype=torch.float32)
     rows += kernels.bench_prefix(3, 7, 2, heads=(4, 2), head_dim=16, device="cpu", dtype=torch.float32,
                                  requests=3)  # packed requests: no SDPA variants
-    # D=16's default launch config is not in the sweep: every sweep entry runs
-    assert len(rows) == 3 + len(kernels.PACKED_SWEEP) + 5 + 3
+    # D=16's default launch config is not in the one-head sweep: every entry runs; of the packed-heads
+    # sweep, the first is D=16's default with pack 2 (the `triton_gqa` row)
+    assert len(rows) == 4 + len(kernels.PACKED_SWEEP) + len(kernels.PACKED_GQA_SWEEP) - 1 + 5 + 3
     assert all(r.max_abs_err < 1e-5 for r in rows), kernels.markdown_table(rows)
 
 

@@ -32,7 +32,9 @@ _SCRIPT = textwrap.dedent("""
             beams = torch.ops.boundgen.prefix_attention(q_beams, k, v, k_buffer, v_buffer,
                                                         step, cu_seqlens, 2, 0.125)
             flashed = pa.flash(q, k, v, cu_seqlens, 0.125, 256)  # the reference on CPU
-            return packed, beams, flashed
+            # 14 query heads on one K/V head, two a program (the triton_gqa lowering's packing)
+            pair = torch.ops.boundgen.packed_attention(q, k[:, :1], v[:, :1], cu_seqlens, 0.125, 2)
+            return packed, beams, flashed, pair
 
     def inputs(lengths, suffix_len, heads=(14, 2), head_dim=64):
         t, b = sum(lengths), len(lengths)
@@ -57,13 +59,15 @@ _SCRIPT = textwrap.dedent("""
     runner = torch._inductor.aoti_load_package(path)
     for lengths, n in (([1, 7, 37], 1), ([200, 48, 256, 1, 99], 4), ([5, 3], 0)):
         args = inputs(lengths, n)
-        packed, beams, flashed = runner(*args)
+        packed, beams, flashed, pair = runner(*args)
         q, k, v, cu, qb, kb, vb, step = args
         err_packed = (packed.float() - pa.reference(q, k, v, cu, 0.125).float()).abs().max()
         err_beams = (beams.float() - pf.reference(qb, k, v, kb[:, :n], vb[:, :n], step,
                                                   cu, 2, 0.125).float()).abs().max()
         err_flash = (flashed.float() - pa.reference(q, k, v, cu, 0.125).float()).abs().max()
-        assert max(err_packed, err_beams, err_flash) <= tol, (lengths, n, err_packed, err_beams, err_flash)
+        err_pair = (pair.float() - pa.reference(q, k[:, :1], v[:, :1], cu, 0.125).float()).abs().max()
+        assert max(err_packed, err_beams, err_flash, err_pair) <= tol, (lengths, n, err_packed, err_beams, err_flash,
+                                                                        err_pair)
     print("ok")
 """)
 

@@ -30,10 +30,10 @@ def make_inputs(lengths, num_q_heads, num_kv_heads, head_dim, dtype, device="cpu
             v.reshape(num_tokens, num_kv_heads, head_dim), cu_seqlens.to(device))
 
 
-def check_kernel(lengths, heads, head_dim, dtype, blocks=(None, None)):
+def check_kernel(lengths, heads, head_dim, dtype, blocks=(None, None), pack=1):
     q, k, v, cu_seqlens = make_inputs(lengths, *heads, head_dim, dtype, KERNEL_DEVICE)
     scale = head_dim ** -0.5
-    out = op.launch(q, k, v, cu_seqlens, scale, *blocks)
+    out = op.launch(q, k, v, cu_seqlens, scale, *blocks, pack=pack)
     expected = op.reference(q, k, v, cu_seqlens, scale)
     assert out.dtype == dtype and out.shape == q.shape
     torch.testing.assert_close(out.float(), expected.float(), atol=TOLERANCE[dtype], rtol=0)
@@ -46,6 +46,27 @@ def check_kernel(lengths, heads, head_dim, dtype, blocks=(None, None)):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
 def test_kernel_matches_reference(lengths, heads, dtype):
     check_kernel(lengths, heads, 16, dtype, blocks=(16, 16))
+
+
+@needs_kernel
+@pytest.mark.parametrize("heads,pack", [((4, 2), 2), ((8, 2), 2), ((8, 2), 4), ((4, 1), 4)],
+                         ids=["g2p2", "g4p2", "g4p4", "g4p4-one-kv"])
+@pytest.mark.parametrize("blocks", [(16, 16), (16, 32), (32, 16)], ids=["m16n16", "m16n32", "m32n16"])
+def test_kernel_packs_query_heads(heads, pack, blocks):
+    """Several query heads of one K/V head in one program: rows interleave tokens and heads, the
+    causal mask and the sequence bounds follow each row's token."""
+    check_kernel([1, 37, 23, 16, 17, 0, 2], heads, 16, torch.float32, blocks, pack)
+
+
+@pytest.mark.parametrize("pack", [0, 3, 4])
+def test_pack_must_divide_the_group(pack):
+    q, k, v, cu_seqlens = make_inputs([5], 4, 2, 16, torch.float32)
+    with pytest.raises(ValueError, match="pack must be a power of two dividing the group of 2"):
+        op.launch(q, k, v, cu_seqlens, 0.25, pack=pack)
+
+
+def test_gqa_pack_takes_power_of_two_groups():
+    assert [op.gqa_pack(q, kv) for q, kv in [(16, 8), (14, 2), (8, 1), (32, 2), (4, 4)]] == [2, 1, 8, 1, 1]
 
 
 @needs_kernel
@@ -165,12 +186,13 @@ def test_gpu_matches_reference_sdpa_flex(heads, head_dim):
     lengths = torch.randint(48, 257, (15,), generator=gen).tolist() + [1, 500]
     q, k, v, cu_seqlens = make_inputs(lengths, *heads, head_dim, torch.bfloat16, "cuda")
     scale = head_dim ** -0.5
-    out = torch.ops.boundgen.packed_attention(q, k, v, cu_seqlens, scale).float()
-    for name, other in [("reference", op.reference), ("sdpa", _sdpa_per_sequence),
-                        ("flex", _flex_document_causal)]:
-        expected = other(q, k, v, cu_seqlens, scale).float()
-        err = (out - expected).abs().max().item()
-        assert err < 2e-2, f"max abs error {err} against {name}"
+    for pack in (1, op.gqa_pack(*heads)):
+        out = torch.ops.boundgen.packed_attention(q, k, v, cu_seqlens, scale, pack).float()
+        for name, other in [("reference", op.reference), ("sdpa", _sdpa_per_sequence),
+                            ("flex", _flex_document_causal)]:
+            expected = other(q, k, v, cu_seqlens, scale).float()
+            err = (out - expected).abs().max().item()
+            assert err < 2e-2, f"pack {pack}: max abs error {err} against {name}"
 
 
 def test_flash_runs_the_reference_on_cpu_and_in_fp32():
