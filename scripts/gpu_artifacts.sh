@@ -9,7 +9,9 @@ W1_ARGS=(--task score --labels " yes" " no" --max-samples 60 --max-tokens-per-sa
 # The MLP in FP8 (--fp8 mlp, gated against the FP32 program at build) with its quantizations fused into the
 # SwiGLU and norm kernels (silu_quant, add_rmsnorm_quant): 228.0 against 216.0 (FP8, Inductor's quantizations)
 # and 201.0 (bf16) QPS within the budget in one run with the peers (2026-12-01, 0e668eb, docs/benchmarks.md).
-W1_DEFAULT="${W1_DEFAULT:---lowering packed_attention=triton --lowering rmsnorm=triton --lowering rope=triton \
+# Packed attention with a K/V head's query heads in one program (triton_gqa): 220.5 against 213.5 QPS served,
+# 219.5 against 211.5 in process (2026-12-02, 0285589, docs/benchmarks.md).
+W1_DEFAULT="${W1_DEFAULT:---lowering packed_attention=triton_gqa --lowering rmsnorm=triton --lowering rope=triton \
 --lowering qk_norm_rope=triton --lowering add_rmsnorm=triton --fp8 mlp --lowering silu_quant=triton \
 --lowering add_rmsnorm_quant=triton}"  # W1_DEFAULT set: a run's own
 # One beam artifact serves W2 and W3: W=100, N_gen=5, prompts up to 400 tokens, up to 8 a call; candidate

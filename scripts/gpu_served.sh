@@ -13,6 +13,7 @@
 # more served lane of that artifact per set; sets separated by ";"). PYSPY=1 (py-spy wheel under .whl/): the serve processes sampled for
 # 5 s at the capacity concurrency. While the builds compile: GPU_TESTS (test files whose GPU tests
 # run) and KERNELS (arguments of python -m boundgen.bench.kernels; several runs separated by ";").
+# CATALOGUE (arguments of python -m boundgen.bench.catalogue) runs with them too.
 # Every result records the host (CPU model, cores, cores used).
 # INPROC=0 / SERVED=0 leave the in-process bench / the default served lane out (an A/B call on a machine
 # that already measured them); CALLS=1 adds the call curve (bench/calls.py) after the in-process bench.
@@ -84,6 +85,10 @@ for kargs in "${kernel_runs[@]}"; do
   # shellcheck disable=SC2086
   (cd "$RES" && step 120 "kernels_$k" 12-15 python3 -m boundgen.bench.kernels $kargs)
 done
+if [[ -n "${CATALOGUE:-}" ]]; then
+  # shellcheck disable=SC2086
+  (cd "$RES" && step 200 catalogue 12-15 python3 -m boundgen.bench.catalogue $CATALOGUE)
+fi
 wait ${builds[@]+"${builds[@]}"}
 
 # served NAME ART MODEL_DIR WORKLOADS FRONTENDS SWEEP [SERVE FLAGS]: serve ART on SERVER_CORES, bench it over gRPC.
@@ -162,7 +167,7 @@ shopt -s nullglob
   for f in "$RES"/*/summary.md "$RES"/*/*.md; do echo "## $f"; cat "$f"; echo; done
   for f in "$RES"/calls_*.log; do echo "## $f"; cat "$f"; done
   for f in "$RES"/bench_*.log "$RES"/inproc_*.log; do echo "## $f"; grep -E "c=|client_check|WARNING|host" "$f" | tail -n 30; done
-  for f in "$RES"/kernels_*.log "$RES"/gpu_tests.log; do echo "## $f"; tail -n 60 "$f"; done
+  for f in "$RES"/kernels_*.log "$RES"/catalogue.log "$RES"/gpu_tests.log; do echo "## $f"; tail -n 60 "$f"; done
   for f in "$RES"/*.md; do echo "## $f"; cat "$f"; done
 } > "$OUT/summary.md" 2>&1
 cat "$OUT/summary.md"

@@ -10,25 +10,59 @@
 Allowed after node n: each child token whose child node is `reach`able, and the stop tokens when
 an allowed item ends at n (the beam then ends as HF ends a beam on a stop token). A beam at -1,
 or at a node whose subtree holds no allowed item, is allowed nothing: its candidates score -inf.
+Only the first max(D, 1) children of a node count (D bounds the degree; a larger node is cut).
 
-Gather-based and vectorised over beams (the CSR lookup of STATIC, Su et al. 2025): each beam's
-children are the D slots row_ptr[n] + 0 .. D - 1, those past its degree sent to a spare column
-V; one scatter of zeros into a [B, V + 1] row of -inf writes the mask, and the spare column is
-dropped. Cost O(B x (V + D + S)): the same order as the logits it is added to. D is a bound the
-caller fixes per call (the root's degree for the prompt's step, the largest below it for the
-decode steps), so shapes stay static under export.
+Two forms of one op:
+    reference / trie_mask (below)        -> bias [B, V] FP32, added to the log-probs by the caller
+    apply_reference / trie_mask_apply    scores [B, V] (FP32, bf16 or fp16), in place: -inf on the
+                                         tokens the bias has -inf, the allowed ones untouched
+The in-place form needs no [B, V] mask: for finite scores, apply(scores) equals scores + bias.
 
-Only a torch implementation so far (`reference`); a Triton kernel would fuse the mask into the
-selection (ops/vocab_topk.py) so that no [B, V] mask is written.
+Reference: gather-based and vectorised over beams (the CSR lookup of STATIC, Su et al. 2025):
+each beam's children are the D slots row_ptr[n] + 0 .. D - 1, those past its degree sent to a
+spare column V (`allowed_tokens`: the list [B, D + S]); one scatter of zeros into a [B, V + 1]
+row of -inf writes the mask, and the spare column is dropped. D is a bound the caller fixes per call (the root's degree for the
+prompt's step, the largest below it for the decode steps), so shapes stay static under export.
+
+Triton kernel: a grid of (beams, vocabulary blocks of BLOCK columns). Each output element is
+written once, by one store, so no ordering between programs or threads is needed: a program
+finds the edges of its node whose tokens fall in its block (children are sorted by token:
+first = row_ptr[n] + #children with token < block start, last likewise for the block's end;
+counted CHILD_BLOCK children a vector load at a time, one load for a decode step's few
+children), then per column a lower-bound search among those k = last - first edges
+(floor(log2 k) + 1 halvings; none in the usual block that holds no child), and tests the stop
+tokens against `ends[n]`. Columns allowed: bias 0 (else -inf); in place: -inf stored where not
+allowed, nothing stored (and nothing read) where allowed.
+
+Bytes a call: the fill, B x V x 4 (bias) or B x V x element size (in place, minus the allowed
+columns), dominates; besides it each program reads its node's (at most D) child tokens once, to
+count, and a few of them again in the search: a decode step's tens of children, from L2. At
+V = 151,936: 0.61 MB a beam for the FP32 bias (61 MB at B = 100), the same again for the
+caller's add that reads it; in place on FP32 log-probs, one 0.61 MB write a beam. At B = 800
+that write alone is 486 MB, ~0.12 ms at 4 TB/s: a per-step budget of a few tens of us holds
+only for a selection that never writes [B, V] (the top K over the allowed tokens' gathered
+log-probs, [B, D + S]). BLOCK 2048 with 4 warps: 16 columns a thread, 75 programs a beam
+(enough to fill the GPU at B = 100); the search's two int32 offsets a column stay in registers
+(88 registers, no spill, for sm_90: tests/ops/test_sm90_compile.py).
+
+Tokens outside [0, V) are never allowed by the kernel (the reference's scatter refuses them; the
+constraint checks its tokens at construction), and nodes outside [-1, nodes) count as -1.
 """
 
 from __future__ import annotations
 
 import torch
+import triton
+import triton.language as tl
+from torch.library import triton_op, wrap_triton
 
 
-def reference(nodes: torch.Tensor, row_ptr: torch.Tensor, child_token: torch.Tensor, reach: torch.Tensor,
-              ends: torch.Tensor, stop_token_ids: torch.Tensor, vocab: int, max_degree: int) -> torch.Tensor:
+def allowed_tokens(nodes: torch.Tensor, row_ptr: torch.Tensor, child_token: torch.Tensor, reach: torch.Tensor,
+                   ends: torch.Tensor, stop_token_ids: torch.Tensor, vocab: int, max_degree: int) -> torch.Tensor:
+    """[B, max(D, 1) + S] int64: each beam's allowed tokens (its reachable children in token order,
+    then the stop tokens where an allowed item ends), `vocab` in the other slots. What the mask
+    marks, as a list: a selection may gather the log-probs at these columns ([B, D + S] values)
+    instead of masking [B, V] (a stop token is never a child: the constraint checks it)."""
     beams = nodes.shape[0]
     alive = nodes >= 0
     node = nodes.clamp(min=0)
@@ -42,9 +76,183 @@ def reference(nodes: torch.Tensor, row_ptr: torch.Tensor, child_token: torch.Ten
     if stop_token_ids.numel():
         stops = stop_token_ids[None, :].expand(beams, -1)
         cols = torch.cat((cols, torch.where((alive & ends[node])[:, None], stops, torch.full_like(stops, vocab))), 1)
-    bias = torch.full((beams, vocab + 1), float("-inf"), dtype=torch.float32, device=nodes.device)
+    return cols
+
+
+def reference(nodes: torch.Tensor, row_ptr: torch.Tensor, child_token: torch.Tensor, reach: torch.Tensor,
+              ends: torch.Tensor, stop_token_ids: torch.Tensor, vocab: int, max_degree: int) -> torch.Tensor:
+    cols = allowed_tokens(nodes, row_ptr, child_token, reach, ends, stop_token_ids, vocab, max_degree)
+    bias = torch.full((nodes.shape[0], vocab + 1), float("-inf"), dtype=torch.float32, device=nodes.device)
     bias = bias.scatter(1, cols, torch.zeros_like(cols, dtype=torch.float32))
     return bias[:, :vocab]
 
 
-IMPLEMENTATIONS = {"torch": reference}
+def apply_reference(scores: torch.Tensor, nodes: torch.Tensor, row_ptr: torch.Tensor, child_token: torch.Tensor,
+                    reach: torch.Tensor, ends: torch.Tensor, stop_token_ids: torch.Tensor, max_degree: int) -> None:
+    """scores [B, V] in place: -inf on the tokens `reference` bars, the others untouched."""
+    barred = reference(nodes, row_ptr, child_token, reach, ends, stop_token_ids, scores.shape[1], max_degree) != 0
+    scores.masked_fill_(barred, float("-inf"))
+
+
+# ---------------------------------------------------------------------------------------------
+# Triton kernel
+
+@triton.jit
+def _trie_mask_kernel(nodes_ptr, row_ptr_ptr, child_token_ptr, reach_ptr, ends_ptr, stop_ptr, out_ptr,
+                      num_nodes, vocab, stride_row, max_degree, num_stops,
+                      BLOCK: tl.constexpr, CHILD_BLOCK: tl.constexpr, IN_PLACE: tl.constexpr):
+    beam = tl.program_id(0).to(tl.int64)
+    lo = tl.program_id(1) * BLOCK
+    cols = lo + tl.arange(0, BLOCK)  # [BLOCK]
+    node = tl.load(nodes_ptr + beam)
+    alive = (node >= 0) & (node < num_nodes)
+    safe = tl.where(alive, node, 0)
+    start = tl.load(row_ptr_ptr + safe)
+    degree = tl.where(alive, tl.minimum(tl.load(row_ptr_ptr + safe + 1) - start, max_degree), 0)
+    # The node's edges with tokens in [lo, lo + BLOCK): first .. last - 1 (tokens ascend in a node).
+    before = tl.zeros([], dtype=tl.int32)
+    inside = tl.zeros([], dtype=tl.int32)
+    for base in range(0, degree, CHILD_BLOCK):
+        slot = base + tl.arange(0, CHILD_BLOCK)
+        token = tl.load(child_token_ptr + start + slot, mask=slot < degree, other=0).to(tl.int64)
+        real = slot < degree
+        before += tl.sum((real & (token < lo)).to(tl.int32), axis=0)
+        inside += tl.sum((real & (token >= lo) & (token < lo + BLOCK)).to(tl.int32), axis=0)
+    first = start + before
+    # Per column, the lower bound of its token among those `inside` edges, offsets from `first`.
+    low = tl.zeros([BLOCK], dtype=tl.int32)
+    high = tl.zeros([BLOCK], dtype=tl.int32) + inside
+    span = inside
+    while span > 0:
+        mid = (low + high) // 2
+        open_ = low < high
+        token = tl.load(child_token_ptr + first + mid, mask=open_, other=0).to(tl.int64)
+        right = open_ & (token < cols)
+        low = tl.where(right, mid + 1, low)
+        high = tl.where(open_ & ~right, mid, high)
+        span = span // 2
+    hit = low < inside
+    token = tl.load(child_token_ptr + first + low, mask=hit, other=-1).to(tl.int64)
+    hit = hit & (token == cols)
+    allowed = hit & (tl.load(reach_ptr + first + low + 1, mask=hit, other=0) != 0)
+    ends_here = alive & (tl.load(ends_ptr + safe) != 0)
+    for s in range(num_stops):
+        allowed = allowed | (ends_here & (cols == tl.load(stop_ptr + s)))
+    in_row = cols < vocab
+    if IN_PLACE:
+        barred = tl.full([BLOCK], float("-inf"), tl.float32).to(out_ptr.dtype.element_ty)
+        tl.store(out_ptr + beam * stride_row + cols, barred, mask=in_row & ~allowed)
+    else:
+        tl.store(out_ptr + beam * stride_row + cols, tl.where(allowed, 0.0, float("-inf")), mask=in_row)
+
+
+# ---------------------------------------------------------------------------------------------
+# Launchers
+
+SCORE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+DEFAULT_BLOCK, DEFAULT_CHILD_BLOCK, DEFAULT_WARPS = 2048, 128, 4
+
+
+def _check(op: str, nodes, row_ptr, child_token, reach, ends, stop_token_ids, vocab: int, max_degree: int) -> None:
+    def vector(name, t, dtypes, length=None):
+        if t.dim() != 1 or t.dtype not in dtypes or (length is not None and t.shape[0] != length) or (
+                t.numel() and t.stride(0) != 1):
+            want = " or ".join(str(d).removeprefix("torch.") for d in dtypes)
+            size = f"[{length}]" if length is not None else "[n]"
+            raise ValueError(f"{op}: {name} must be a contiguous {want} vector {size}; got {t.dtype} "
+                             f"{tuple(t.shape)}, strides {t.stride()}")
+    num_nodes = row_ptr.shape[0] - 1 if row_ptr.dim() == 1 else -1
+    vector("nodes", nodes, (torch.int64,))
+    vector("row_ptr", row_ptr, (torch.int64,))
+    vector("child_token", child_token, (torch.int64, torch.int32), max(num_nodes - 1, 0))
+    vector("reach", reach, (torch.bool,), num_nodes)
+    vector("ends", ends, (torch.bool,), num_nodes)
+    vector("stop_token_ids", stop_token_ids, (torch.int64,))
+    devices = {t.device for t in (nodes, row_ptr, child_token, reach, ends, stop_token_ids)}
+    if len(devices) != 1:
+        raise ValueError(f"{op}: every tensor must be on one device; got {sorted(map(str, devices))}")
+    if vocab < 1 or max_degree < 0:
+        raise ValueError(f"{op}: vocab must be >= 1 and max_degree >= 0; got {vocab}, {max_degree}")
+
+
+def _launch(out, nodes, row_ptr, child_token, reach, ends, stop_token_ids, vocab, max_degree, in_place,
+            block, child_block, num_warps) -> None:
+    block, child_block = block or DEFAULT_BLOCK, child_block or DEFAULT_CHILD_BLOCK
+    if block & (block - 1) or child_block & (child_block - 1):
+        raise ValueError(f"trie_mask: block and child_block must be powers of two; got {block}, {child_block}")
+    if nodes.shape[0] == 0:
+        return
+    stops = stop_token_ids if stop_token_ids.numel() else nodes  # no stop: an int64 tensor the kernel never reads
+    wrap_triton(_trie_mask_kernel)[(nodes.shape[0], triton.cdiv(vocab, block))](
+        nodes, row_ptr, child_token, reach.view(torch.uint8), ends.view(torch.uint8), stops, out,
+        row_ptr.shape[0] - 1, vocab, out.stride(0), max(max_degree, 1), stop_token_ids.shape[0],
+        BLOCK=block, CHILD_BLOCK=child_block, IN_PLACE=in_place, num_warps=num_warps or DEFAULT_WARPS)
+
+
+def launch(nodes: torch.Tensor, row_ptr: torch.Tensor, child_token: torch.Tensor, reach: torch.Tensor,
+           ends: torch.Tensor, stop_token_ids: torch.Tensor, vocab: int, max_degree: int, block: int | None = None,
+           child_block: int | None = None, num_warps: int | None = None) -> torch.Tensor:
+    """Run the Triton kernel; same signature and result as `reference`. `block` (columns a
+    program writes) and `child_block` (children counted a load) are overridable for tests (many
+    programs and several count loads on tiny inputs) and the benchmark."""
+    _check("trie_mask", nodes, row_ptr, child_token, reach, ends, stop_token_ids, vocab, max_degree)
+    bias = torch.empty((nodes.shape[0], vocab), dtype=torch.float32, device=nodes.device)
+    _launch(bias, nodes, row_ptr, child_token, reach, ends, stop_token_ids, vocab, max_degree, False,
+            block, child_block, num_warps)
+    return bias
+
+
+def apply_launch(scores: torch.Tensor, nodes: torch.Tensor, row_ptr: torch.Tensor, child_token: torch.Tensor,
+                 reach: torch.Tensor, ends: torch.Tensor, stop_token_ids: torch.Tensor, max_degree: int,
+                 block: int | None = None, child_block: int | None = None, num_warps: int | None = None) -> None:
+    """Run the Triton kernel in place on scores [B, V] (rows of any stride); as `apply_reference`."""
+    if scores.dim() != 2 or scores.dtype not in SCORE_DTYPES or (scores.numel() and scores.stride(1) != 1):
+        raise ValueError(f"trie_mask_apply: scores must be [B, V] FP32, bf16 or fp16 with contiguous rows; got "
+                         f"{scores.dtype} {tuple(scores.shape)}, strides {scores.stride()}")
+    if scores.shape[0] != nodes.shape[0]:
+        raise ValueError(f"trie_mask_apply: scores has {scores.shape[0]} rows, nodes {nodes.shape[0]} beams")
+    _check("trie_mask_apply", nodes, row_ptr, child_token, reach, ends, stop_token_ids, scores.shape[1],
+           max_degree)
+    if scores.device != nodes.device:
+        raise ValueError(f"trie_mask_apply: scores on {scores.device}, the trie on {nodes.device}")
+    _launch(scores, nodes, row_ptr, child_token, reach, ends, stop_token_ids, scores.shape[1], max_degree, True,
+            block, child_block, num_warps)
+
+
+# ---------------------------------------------------------------------------------------------
+# Registered ops: one node each under torch.export; the kernel on CUDA, the reference on CPU.
+
+@triton_op("boundgen::trie_mask", mutates_args=())
+def trie_mask(nodes: torch.Tensor, row_ptr: torch.Tensor, child_token: torch.Tensor, reach: torch.Tensor,
+              ends: torch.Tensor, stop_token_ids: torch.Tensor, vocab: int, max_degree: int) -> torch.Tensor:
+    return launch(nodes, row_ptr, child_token, reach, ends, stop_token_ids, vocab, max_degree)
+
+
+@trie_mask.register_kernel("cpu")
+def _(nodes, row_ptr, child_token, reach, ends, stop_token_ids, vocab, max_degree):
+    # The reference returns a view of a [B, V + 1] row; the op's result is contiguous, as its fake says.
+    return reference(nodes, row_ptr, child_token, reach, ends, stop_token_ids, vocab, max_degree).contiguous()
+
+
+@trie_mask.register_fake
+def _(nodes, row_ptr, child_token, reach, ends, stop_token_ids, vocab, max_degree):
+    return nodes.new_empty((nodes.shape[0], vocab), dtype=torch.float32)
+
+
+@triton_op("boundgen::trie_mask_apply", mutates_args={"scores"})
+def trie_mask_apply(scores: torch.Tensor, nodes: torch.Tensor, row_ptr: torch.Tensor, child_token: torch.Tensor,
+                    reach: torch.Tensor, ends: torch.Tensor, stop_token_ids: torch.Tensor, max_degree: int) -> None:
+    apply_launch(scores, nodes, row_ptr, child_token, reach, ends, stop_token_ids, max_degree)
+
+
+trie_mask_apply.register_kernel("cpu")(apply_reference)
+
+
+@trie_mask_apply.register_fake
+def _(scores, nodes, row_ptr, child_token, reach, ends, stop_token_ids, max_degree):
+    return None
+
+
+# Lowerings by name; the build config picks one per op and records it in the manifest.
+IMPLEMENTATIONS = {"torch": reference, "triton": trie_mask}
+APPLY_IMPLEMENTATIONS = {"torch": apply_reference, "triton": trie_mask_apply}

@@ -88,6 +88,17 @@ KERNELS = {
                       "q_ptr": "*bf16", "k_ptr": "*bf16", "eps": "fp32", "num_tokens": "i32", "stride_qkv": "i32",
                       "stride_cos": "i32", "stride_sin": "i32"},
                      {"NUM_Q": 16, "NUM_KV": 8, "HALF": 64, "BLOCK_T": 2, "GROUP": 8, "SOFT_BF16": False}, 4),
+    "trie_mask": ("trie_mask", "_trie_mask_kernel",
+                  {"nodes_ptr": "*i64", "row_ptr_ptr": "*i64", "child_token_ptr": "*i64", "reach_ptr": "*u8",
+                   "ends_ptr": "*u8", "stop_ptr": "*i64", "out_ptr": "*fp32", "num_nodes": "i32", "vocab": "i32",
+                   "stride_row": "i32", "max_degree": "i32", "num_stops": "i32"},
+                  {"BLOCK": 2048, "CHILD_BLOCK": 128, "IN_PLACE": False}, "DEFAULT_WARPS"),
+    # In place on bf16 scores, the catalogue's int32 tokens, one stop token (specialised to a constant).
+    "trie_mask_in_place": ("trie_mask", "_trie_mask_kernel",
+                           {"nodes_ptr": "*i64", "row_ptr_ptr": "*i64", "child_token_ptr": "*i32", "reach_ptr": "*u8",
+                            "ends_ptr": "*u8", "stop_ptr": "*i64", "out_ptr": "*bf16", "num_nodes": "i32",
+                            "vocab": "i32", "stride_row": "i32", "max_degree": "i32"},
+                           {"num_stops": 1, "BLOCK": 2048, "CHILD_BLOCK": 128, "IN_PLACE": True}, "DEFAULT_WARPS"),
 }
 
 # Run without the interpreter (its kernels cannot be compiled); prints cuobjdump's resource line.

@@ -1,0 +1,102 @@
+"""trie_reach: a per-request allow-list's ends / reach derived with tensor code, equal to the
+catalogue's own numpy derivation (text/catalogue.py `reachable`), from item ids and from a bitmap."""
+
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from boundgen.errors import ConfigError
+from boundgen.ops import trie_reach as op
+from boundgen.text.catalogue import Catalogue
+
+
+def make_catalogue(seed, items=300, lengths=(1, 2, 3, 4), tokens=7):
+    rng = random.Random(seed)
+    codes = sorted({tuple(rng.randrange(tokens) for _ in range(rng.choice(lengths))) for _ in range(items)})
+    ids = rng.sample(range(100_000), len(codes))
+    return Catalogue.from_sequences(ids, [list(c) for c in codes]), ids
+
+
+def device_trie(cat):
+    keys, nodes = op.item_index(torch.from_numpy(cat.node_item))
+    return keys, nodes, torch.from_numpy(cat.row_ptr)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("share", [0.0, 0.02, 0.3, 1.0])
+def test_matches_the_catalogue(seed, share):
+    cat, ids = make_catalogue(seed)
+    rng = random.Random(seed + 10)
+    allow = rng.sample(ids, int(share * len(ids))) if share < 1 else ids
+    allow = allow + allow[: len(allow) // 3]  # repeats
+    want_ends, want_reach = cat.reachable(allow)
+    ends, reach, known = op.reach_from_allowed(torch.tensor(allow, dtype=torch.int64), *device_trie(cat), cat.depth)
+    assert known.all() and known.shape == (len(allow),)
+    assert np.array_equal(ends.numpy(), want_ends) and np.array_equal(reach.numpy(), want_reach)
+    assert np.array_equal(op.reach_from_ends(torch.from_numpy(want_ends), torch.from_numpy(cat.row_ptr),
+                                             cat.level_ptr.tolist()).numpy(), want_reach)
+
+
+def test_unknown_ids_allow_nothing_and_are_reported():
+    cat, ids = make_catalogue(3, items=40)
+    with pytest.raises(ConfigError, match="not in the catalogue"):
+        cat.reachable([ids[0], -5])
+    allow = torch.tensor([ids[0], -5, max(ids) + 1, min(ids) - 1, ids[1]])
+    ends, reach, known = op.reach_from_allowed(allow, *device_trie(cat), cat.depth)
+    assert known.tolist() == [True, False, False, False, True]
+    want_ends, want_reach = cat.reachable([ids[0], ids[1]])
+    assert np.array_equal(ends.numpy(), want_ends) and np.array_equal(reach.numpy(), want_reach)
+
+
+def test_empty_allow_list_reaches_nothing():
+    cat, _ = make_catalogue(4, items=30)
+    ends, reach, known = op.reach_from_allowed(torch.zeros(0, dtype=torch.int64), *device_trie(cat), cat.depth)
+    assert known.numel() == 0 and not ends.any() and not reach.any()
+    assert not op.reach_from_ends(ends, torch.from_numpy(cat.row_ptr), cat.level_ptr.tolist()).any()
+
+
+def test_single_item_catalogue():
+    cat = Catalogue.from_sequences([7], [[3, 1, 4]])
+    ends, reach, known = op.reach_from_allowed(torch.tensor([7]), *device_trie(cat), cat.depth)
+    assert known.tolist() == [True] and ends.tolist() == [False, False, False, True] and reach.all()
+
+
+def test_item_index_sorts_items():
+    cat, ids = make_catalogue(5, items=50)
+    keys, nodes = op.item_index(torch.from_numpy(cat.node_item))
+    assert keys.tolist() == sorted(ids)
+    assert [cat.node_item[n] for n in nodes.tolist()] == keys.tolist()
+
+
+def test_exports_without_host_sync():
+    """Static shapes and no data-dependent branch: export holds it with a dynamic K."""
+    cat, ids = make_catalogue(6, items=60)
+    keys, nodes, row_ptr = device_trie(cat)
+
+    class Reach(torch.nn.Module):
+        def forward(self, allow):
+            return op.reach_from_allowed(allow, keys, nodes, row_ptr, cat.depth)
+
+    exported = torch.export.export(Reach(), (torch.tensor(ids[:5]),),
+                                   dynamic_shapes=({0: torch.export.Dim("K", min=2, max=100_000)},))
+    ends, reach, _ = exported.module()(torch.tensor(ids[3:20]))
+    want_ends, want_reach = cat.reachable(ids[3:20])
+    assert np.array_equal(ends.numpy(), want_ends) and np.array_equal(reach.numpy(), want_reach)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_large_catalogue():
+    rng = np.random.default_rng(0)
+    codes = np.unique(rng.integers(0, 2000, size=(200_000, 4)), axis=0)
+    cat = Catalogue.from_sequences(np.arange(len(codes)), codes.tolist())
+    allow = rng.choice(len(codes), size=10_000, replace=False)
+    keys, nodes = op.item_index(torch.from_numpy(cat.node_item).cuda())
+    row_ptr = torch.from_numpy(cat.row_ptr).cuda()
+    ends, reach, known = op.reach_from_allowed(torch.from_numpy(allow).cuda(), keys, nodes, row_ptr, cat.depth)
+    want_ends, want_reach = cat.reachable(allow.tolist())
+    assert known.all()
+    assert np.array_equal(ends.cpu().numpy(), want_ends) and np.array_equal(reach.cpu().numpy(), want_reach)
+    assert np.array_equal(op.reach_from_ends(ends, row_ptr, cat.level_ptr.tolist()).cpu().numpy(), want_reach)
