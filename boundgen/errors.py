@@ -1,9 +1,9 @@
 """Errors a user can cause, each with a message in the user's terms.
 
 `BoundgenError` is the root: the CLI prints its message without a traceback and exits 2;
-the server maps `InvalidInput` to 400 / INVALID_ARGUMENT and `DeadlineExceeded` to 504 /
-DEADLINE_EXCEEDED (boundgen/server/status.py). `Cancelled` reaches no client: the server raises
-it only for a request whose client has gone.
+the server maps `InvalidInput` to 400 / INVALID_ARGUMENT, `Overloaded` to 429 / RESOURCE_EXHAUSTED
+and `DeadlineExceeded` to 504 / DEADLINE_EXCEEDED (boundgen/server/status.py). `Cancelled`
+reaches no client: the server raises it only for a request whose client has gone.
 """
 
 
@@ -18,6 +18,10 @@ class InvalidInput(BoundgenError):
 class DeadlineExceeded(BoundgenError):
     """A request whose deadline (`time.monotonic()` seconds) passed before the engine could run it;
     it was not run. Raised by `Engine.score` / `Engine.beam` when given a deadline."""
+
+
+class Overloaded(BoundgenError):
+    """A request refused because the queue it would wait in was full; it was not run."""
 
 
 class Cancelled(BoundgenError):

@@ -16,6 +16,10 @@ process; with --frontends N > 1, a tiny random-weight Qwen3 (`boundgen demo-mode
 tiny-qwen3`) served by the eager engine (tests/server/real.py) behind N front-end processes.
 Both get --idle-timeout-s and --read-timeout-s of IDLE_S, so that slowloris connections are
 closed within a window; every other limit is the default (4 MiB body, queue 32, 1 s deadline).
+
+Every process here runs on one host, which the server takes for one client; so the victim and the
+burst's clients name themselves (X-Client-ID / x-client-id: "victim", "burst"), as clients on
+different hosts are told apart by their addresses (docs/serving.md, fairness).
 """
 
 from __future__ import annotations
@@ -47,7 +51,7 @@ VICTIM_TEXT = "query: running shoes | item: trail shoe"
 FULL = {"json_strings": 1_000_000, "deflate_inflated": 64 << 20, "score_items": 50_000, "beam_prompts": 20_000,
         "grpc_dims": 40_000, "http_dims": 300, "dim_digits": 4000, "slowloris": 200, "burst": 64}
 SMALL = {"json_strings": 20_000, "deflate_inflated": 8 << 20, "score_items": 50_000, "beam_prompts": 20_000,
-         "grpc_dims": 40_000, "http_dims": 30, "dim_digits": 4000, "slowloris": 20, "burst": 16}
+         "grpc_dims": 40_000, "http_dims": 30, "dim_digits": 4000, "slowloris": 20, "burst": 48}  # burst: over 32 + 4
 
 
 # ---- wire helpers ---------------------------------------------------------------------------
@@ -95,19 +99,20 @@ def http_once(port: int, path: str, body: bytes, headers: bytes = b"", timeout: 
 
 
 class HttpClient:
-    """A keep-alive HTTP/1.1 connection (reconnects after an error)."""
+    """A keep-alive HTTP/1.1 connection (reconnects after an error) of client `client` (X-Client-ID)."""
 
-    def __init__(self, port: int):
+    def __init__(self, port: int, client: str | None = None):
         import http.client
 
         self.port, self.http = port, http.client
+        self.headers = {"Content-Type": "application/json", **({"X-Client-ID": client} if client else {})}
         self.conn = None
 
     def post(self, path: str, body: bytes) -> int:
         try:
             if self.conn is None:
                 self.conn = self.http.HTTPConnection("127.0.0.1", self.port, timeout=30)
-            self.conn.request("POST", path, body, {"Content-Type": "application/json"})
+            self.conn.request("POST", path, body, self.headers)
             response = self.conn.getresponse()
             response.read()
             if response.getheader("Connection", "").lower() == "close":
@@ -123,16 +128,17 @@ class HttpClient:
             self.conn = None
 
 
-def grpc_caller(port: int):
+def grpc_caller(port: int, client: str | None = None):
     import grpc
 
     channel = grpc.insecure_channel(f"127.0.0.1:{port}")
     call = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer", request_serializer=lambda b: b,
                                response_deserializer=lambda b: b)
+    metadata = (("x-client-id", client),) if client else None
 
     def send(data: bytes, timeout: float = 30.0) -> str:
         try:
-            call(data, timeout=timeout)
+            call(data, timeout=timeout, metadata=metadata)
             return "OK"
         except grpc.RpcError as err:
             return err.code().name
@@ -150,7 +156,7 @@ def victim_main(http_port: int, grpc_port: int, model: str, max_s: float) -> Non
     data = grpc_infer_bytes(model, [VICTIM_TEXT])
 
     def http_loop():
-        client = HttpClient(http_port)
+        client = HttpClient(http_port, "victim")
         while not stop.is_set():
             t0 = time.monotonic()
             status = client.post(f"/v2/models/{model}/infer", body)
@@ -159,7 +165,7 @@ def victim_main(http_port: int, grpc_port: int, model: str, max_s: float) -> Non
                 time.sleep(0.01)
 
     def grpc_loop():
-        send, channel = grpc_caller(grpc_port)
+        send, channel = grpc_caller(grpc_port, "victim")
         while not stop.is_set():
             t0 = time.monotonic()
             code = send(data)
@@ -332,13 +338,13 @@ def attack_slowloris(t: Target, sizes, stop, outcome):
 
 
 def attack_burst(t: Target, sizes, stop, outcome):
-    """`burst` concurrent closed loops of valid score requests from another client: each answer
-    200, 429 (queue full) or 504 (deadline) per contract."""
+    """`burst` concurrent closed loops of valid score requests from one other client (X-Client-ID
+    "burst"): each answer 200, 429 (queue full) or 504 (deadline) per contract."""
     body = infer_body([VICTIM_TEXT])
-    outcome.note = f"{sizes['burst']} concurrent clients"
+    outcome.note = f"{sizes['burst']} concurrent connections of one client"
 
     def loop():
-        client = HttpClient(t.http_port)
+        client = HttpClient(t.http_port, "burst")
         while not stop.is_set():
             status = client.post(f"/v2/models/{t.score}/infer", body)
             outcome.add(status, status in (200, 429, 504))
@@ -422,13 +428,15 @@ def percentile(values, q: float) -> float:
 
 
 def summarize(records, start: float, end: float) -> dict:
-    """Per protocol: count, p50 / p99 latency (ms) and non-200 answers of the requests started in [start, end)."""
+    """Per protocol: count, p50 / p99 latency (ms), non-200 answers and of them the refusals for a
+    full queue (429 / RESOURCE_EXHAUSTED) of the requests started in [start, end)."""
     out = {}
     for protocol in ("http", "grpc"):
         mine = [r for r in records if r[0] == protocol and start <= r[1] < end]
         lat = [(r[2] - r[1]) * 1e3 for r in mine]
         out[protocol] = {"n": len(mine), "p50_ms": percentile(lat, 0.50), "p99_ms": percentile(lat, 0.99),
-                         "errors": sum(r[3] != 200 for r in mine)}
+                         "errors": sum(r[3] != 200 for r in mine),
+                         "refused": sum(r[3] in (429, "RESOURCE_EXHAUSTED") for r in mine)}
     return out
 
 
@@ -487,9 +495,11 @@ def table(results: dict) -> str:
             al, un = a["alone"][protocol], a["under"][protocol]
             ratio = (un["p50_ms"] / al["p50_ms"], un["p99_ms"] / al["p99_ms"]) if al["n"] and un["n"] else (0, 0)
             first = protocol == "http"
+            refused = f" (429: {un['refused']})" if un.get("refused") else ""
             lines.append(f"| {a['title'] if first else ''} | {protocol} | {al['p50_ms']:.1f} / {al['p99_ms']:.1f} "
                          f"| {un['p50_ms']:.1f} / {un['p99_ms']:.1f} | {ratio[0]:.1f} / {ratio[1]:.1f} "
-                         f"| {un['errors']} of {un['n']} | {answers if first else ''} "
+                         f"| {un['errors']} of {un['n']}{refused} "
+                         f"| {answers if first else ''} "
                          f"| {('yes' if a['per_contract'] and a['server_ready_after'] else 'NO') if first else ''} |")
     return "\n".join(lines)
 

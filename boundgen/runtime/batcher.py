@@ -3,8 +3,13 @@
 One H200 is not filled by one small request (../docs/architecture.md): a 15-sample score
 request is ~2,000 tokens, and every call reads all weights once. The batcher lets requests
 that arrive while the GPU is busy share the next call. It never waits for company: a worker
-that becomes free takes the oldest waiting request plus every other waiting request that
-still fits the call's bounds, in arrival order, so an idle server adds no latency.
+that becomes free takes the next waiting request plus every other waiting request that
+still fits the call's bounds, in queue order, so an idle server adds no latency. Queue order is
+fair across clients (runtime/fair_queue.py: round-robin over the clients with requests waiting,
+each client's in arrival order); requests that name no client are one client, in arrival order.
+A queue bound (`enqueue`'s `max_queue`, the engine process's --max-queue) refuses a request
+(`Overloaded`) when the queue is full, unless a client holding at least two more waiting
+requests gives its newest up (it fails with `Overloaded`, not run) to make room.
 
 Deadlines (`time.monotonic()` seconds, optional per request): a request never runs after its
 deadline. A worker taking a batch first fails every waiting request whose deadline has passed
@@ -34,14 +39,14 @@ returns one result per item (or raises, failing every item of that batch).
 
 from __future__ import annotations
 
-import collections
 import threading
 import time
 from concurrent.futures import Future, wait
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable, Hashable, Sequence
 
-from boundgen.errors import Cancelled, DeadlineExceeded
+from boundgen.errors import Cancelled, DeadlineExceeded, Overloaded
+from boundgen.runtime.fair_queue import FairQueue
 from boundgen.runtime.waiting import refusal, wait_slice
 
 
@@ -53,6 +58,7 @@ class Ticket:
     deadline: float | None
     submitted: float
     cancelled: threading.Event | None = None
+    client: Hashable = ""  # who sent it: its turn in the queue (runtime/fair_queue.py)
     future: Future = field(default_factory=Future)
 
     def gone(self, now: float) -> str | None:
@@ -69,7 +75,7 @@ class Batcher:
         self._run_batch, self._fits, self._name, self._clock = run_batch, fits, name, clock
         self._linger = max(0.0, float(linger_s))
         self._last_call = (float("-inf"), 0)  # (when the last call ended, requests expected after it)
-        self._waiting: collections.deque[Ticket] = collections.deque()
+        self._waiting: FairQueue[Ticket] = FairQueue()
         self._cond = threading.Condition()
         self._closed = False
         self.batches = 0  # calls made
@@ -86,22 +92,35 @@ class Batcher:
         """Requests waiting for a call now (the one queue's length: admission's bound)."""
         return len(self._waiting)
 
-    def enqueue(self, item, deadline: float | None = None, cancelled: threading.Event | None = None) -> "Ticket":
+    def enqueue(self, item, deadline: float | None = None, cancelled: threading.Event | None = None,
+                client: Hashable = "", max_queue: int | None = None) -> "Ticket":
         """Queue `item` for some call without waiting: its ticket's `future` gets the result (or the
-        error). Raises DeadlineExceeded or Cancelled, without queueing it, if it is already gone;
-        `withdraw(ticket)` takes it back out while it still waits."""
-        entry = Ticket(item, deadline, self._clock(), cancelled)
+        error). Raises DeadlineExceeded or Cancelled, without queueing it, if it is already gone,
+        and Overloaded if `max_queue` requests wait and no other client gives a place up (module
+        docstring); `withdraw(ticket)` takes it back out while it still waits. `client`: who sent it."""
+        entry = Ticket(item, deadline, self._clock(), cancelled, client)
         gone = entry.gone(entry.submitted)
         if gone == "cancelled":
             raise Cancelled(f"the request was cancelled before it reached model {self._name}; it was not run")
         if gone == "expired":
             raise DeadlineExceeded(f"the deadline passed {(entry.submitted - deadline) * 1e3:.1f} ms before the "
                                    f"request reached model {self._name}; the request was not run")
+        displaced = None
         with self._cond:
             if self._closed:
                 raise RuntimeError("the engine is closed")
-            self._waiting.append(entry)
+            if max_queue is not None and len(self._waiting) >= max_queue:
+                displaced = self._waiting.displaceable(client)
+                if displaced is None:
+                    raise Overloaded(f"model {self._name} is at capacity ({len(self._waiting)} requests queued; "
+                                     f"limit {max_queue}); retry later")
+                self._waiting.remove(*displaced)
+            self._waiting.append(client, entry)
             self._cond.notify()
+        if displaced is not None:
+            displaced[1].future.set_exception(Overloaded(
+                f"model {self._name} is at capacity ({max_queue} requests queued); this client's newest queued "
+                "request gave its place to another client's; retry later"))
         return entry
 
     def withdraw(self, entry: "Ticket") -> bool:
@@ -110,9 +129,8 @@ class Batcher:
         now = self._clock()
         gone = entry.gone(now) or "cancelled"
         with self._cond:
-            queued = entry in self._waiting
+            queued = self._waiting.remove(entry.client, entry)
             if queued:
-                self._waiting.remove(entry)
                 self._count(gone)
         if queued and not entry.future.done():
             entry.future.set_exception(self._error(entry, gone, now))
@@ -149,17 +167,17 @@ class Batcher:
                     break
                 self._cond.wait(pause)  # woken by each arrival
             now = self._clock()
-            live, dropped = collections.deque(), []
-            for entry in self._waiting:
+            live, dropped = FairQueue(), []
+            for entry in self._waiting:  # in queue order: the clients' turns stay as they were
                 gone = entry.gone(now)
                 if gone is None:
-                    live.append(entry)
+                    live.append(entry.client, entry)
                 else:
                     dropped.append((entry, gone))
                     self._count(gone)
             self._waiting = live
             batch, items = [], []
-            while self._waiting and (not batch or self._fits(items, self._waiting[0].item)):
+            while self._waiting and (not batch or self._fits(items, self._waiting.peek().item)):
                 entry = self._waiting.popleft()
                 batch.append(entry)
                 items.append(entry.item)

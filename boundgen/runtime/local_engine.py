@@ -108,11 +108,12 @@ class LocalEngine(Engine):
 
     # -- packed requests from another process (server/frontend/) ------------------------------
 
-    def enqueue(self, packed: PackedBatch, deadline: float | None = None,
-                cancelled: threading.Event | None = None) -> Ticket:
+    def enqueue(self, packed: PackedBatch, deadline: float | None = None, cancelled: threading.Event | None = None,
+                client: str = "", max_queue: int | None = None) -> Ticket:
         """Queue a request tokenized elsewhere (a front-end process) without waiting; the ticket's
-        future gets its `CallShare`. Raises DeadlineExceeded or Cancelled if it is already gone."""
-        return self._batcher.enqueue(Queued(packed, time.perf_counter()), deadline, cancelled)
+        future gets its `CallShare`. Raises DeadlineExceeded or Cancelled if it is already gone, and
+        Overloaded if `max_queue` requests wait (the batcher's fair queue: `client` is who sent it)."""
+        return self._batcher.enqueue(Queued(packed, time.perf_counter()), deadline, cancelled, client, max_queue)
 
     def withdraw(self, ticket: Ticket) -> bool:
         """Take a queued request back out (its client went away, or its deadline passed);

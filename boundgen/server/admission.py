@@ -1,11 +1,14 @@
-"""Admission control for one model: in-flight bound, bounded FIFO queue, deadlines, cancellation.
+"""Admission control for one model: in-flight bound, bounded queue fair across clients, deadlines, cancellation.
 
     arrive -> [closed?      503 Unavailable]
            -> [deadline passed?  504]
            -> slot free and nobody queued?  run now
-           -> queue full?   429 Overloaded (at once)
-           -> wait in FIFO until a slot is handed over, or the deadline passes (504, never run),
-              or the client goes away (its queue place is freed)
+           -> queue full?   429 Overloaded (at once), unless another client holds at least two more
+                            waiting requests than this one's: then its newest gets the 429
+                            instead and this one is queued (runtime/fair_queue.py)
+           -> wait until a slot is handed over, or the deadline passes (504, never run), or the
+              client goes away (its queue place is freed); slots go to the clients in turn, each
+              client's requests first in first out (runtime/fair_queue.py)
     run    -> on a worker thread (one per slot, so an admitted request starts at once);
               just before the engine is called the deadline is checked again: a request whose
               remaining time is shorter than the model's recent compute time (a moving average)
@@ -27,11 +30,11 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, TypeVar
 
 from boundgen.errors import Cancelled
+from boundgen.runtime.fair_queue import FairQueue
 from boundgen.server.status import DeadlineExceeded, Overloaded, Unavailable
 
 T = TypeVar("T")
@@ -49,7 +52,7 @@ class Admission:
         self._on_queue_wait, self._on_compute = on_queue_wait, on_compute
         self._pool = ThreadPoolExecutor(max_inflight, thread_name_prefix=f"boundgen-{model}")
         self._inflight = 0
-        self._waiters: deque[asyncio.Future] = deque()
+        self._waiters: FairQueue[asyncio.Future] = FairQueue()  # by client
         self._closed = False
         self._idle: asyncio.Event | None = None
         self._compute_estimate = 0.0  # seconds: moving average of successful engine calls
@@ -62,11 +65,12 @@ class Admission:
     def queued(self) -> int:
         return len(self._waiters)
 
-    async def run(self, fn: Callable[[], T], deadline: float, cancelled: threading.Event | None = None) -> T:
+    async def run(self, fn: Callable[[], T], deadline: float, cancelled: threading.Event | None = None,
+                  client: str = "") -> T:
         """Run `fn()` on a worker thread once admitted; raises Unavailable, Overloaded or DeadlineExceeded.
         `cancelled` is set if the caller is cancelled (the client went away) once admitted; pass
-        the one `fn` hands to the engine."""
-        await self._acquire(deadline)
+        the one `fn` hands to the engine. `client`: who sent it (its turn in the queue)."""
+        await self._acquire(deadline, client)
         cancelled = threading.Event() if cancelled is None else cancelled
         try:
             future = asyncio.get_running_loop().run_in_executor(self._pool, self._compute, fn, deadline, cancelled)
@@ -103,7 +107,7 @@ class Admission:
 
     # ---- internals ------------------------------------------------------------------------
 
-    async def _acquire(self, deadline: float) -> None:
+    async def _acquire(self, deadline: float, client: str) -> None:
         if self._closed:
             raise Unavailable(f"model {self.model} is shutting down and admits no new requests")
         arrived = time.monotonic()
@@ -114,19 +118,18 @@ class Admission:
             self._on_queue_wait(0.0)
             return
         if len(self._waiters) >= self.max_queue:
-            raise Overloaded(f"model {self.model} is at capacity ({self._inflight} requests running, "
-                             f"{len(self._waiters)} queued; limits {self.max_inflight} and {self.max_queue}); "
-                             "retry later")
+            self._make_room(client)
         waiter = asyncio.get_running_loop().create_future()
-        self._waiters.append(waiter)
+        self._waiters.append(client, waiter)
         try:
             await asyncio.wait_for(waiter, deadline - time.monotonic())  # cancels `waiter` on timeout
         except BaseException as exc:
-            if waiter.done() and not waiter.cancelled():
+            if waiter.done() and not waiter.cancelled() and waiter.exception() is None:
                 self._release()  # the slot was handed over just as we gave up: pass it on
-            else:
+            elif not waiter.done() or waiter.cancelled():
                 waiter.cancel()
-                self._remove(waiter)
+                self._remove(client, waiter)
+            # else: displaced (_make_room), already out of the queue
             self._on_queue_wait(time.monotonic() - arrived)
             if isinstance(exc, asyncio.TimeoutError):  # builtin TimeoutError from 3.11 on
                 raise DeadlineExceeded(f"the deadline passed after {(time.monotonic() - arrived) * 1e3:.1f} ms "
@@ -160,20 +163,30 @@ class Admission:
             future.exception()  # retrieved here, in case the client is gone and nobody awaits it
         self._release()
 
+    def _make_room(self, client: str) -> None:
+        """The queue is full: refuse the newest request of a client holding more than its share in
+        favour of `client`'s (it gets the 429 this one would have), else raise Overloaded."""
+        at_capacity = (f"model {self.model} is at capacity ({self._inflight} requests running, "
+                       f"{len(self._waiters)} queued; limits {self.max_inflight} and {self.max_queue}); ")
+        displaced = self._waiters.displaceable(client)
+        if displaced is None:
+            raise Overloaded(at_capacity + "retry later")
+        greedy, waiter = displaced
+        self._waiters.remove(greedy, waiter)
+        waiter.set_exception(Overloaded(at_capacity + "this client's newest queued request gave its place to "
+                                        "another client's; retry later"))
+
     def _release(self) -> None:
         while self._waiters:
             waiter = self._waiters.popleft()
             if not waiter.done():
-                waiter.set_result(None)  # the slot passes to the oldest live waiter
+                waiter.set_result(None)  # the slot passes to the next client in turn
                 return
         self._inflight -= 1
         self._check_idle()
 
-    def _remove(self, waiter: asyncio.Future) -> None:
-        try:
-            self._waiters.remove(waiter)
-        except ValueError:
-            pass
+    def _remove(self, client: str, waiter: asyncio.Future) -> None:
+        self._waiters.remove(client, waiter)
         self._check_idle()
 
     def _check_idle(self) -> None:

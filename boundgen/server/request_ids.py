@@ -1,4 +1,5 @@
-"""Request ids: one per request, the client's own when it sends one, echoed back and logged.
+"""Request ids: one per request, the client's own when it sends one, echoed back and logged;
+and who sent the request (its client key), whose turn in a model's queue it takes.
 
     HTTP   request header `X-Request-ID`        -> response header `X-Request-ID` on every answer,
                                                    errors included (kserve/http_api.py's middleware)
@@ -11,6 +12,12 @@ a new uuid4 hex, so that what reaches the access log and the answer is always on
 The id of the request being handled is a context variable (`current()`), set where the request
 enters (each HTTP request and gRPC call runs in its own asyncio task): the access log
 (logs.access) reads it without every layer in between passing it on.
+
+The client key: the client's own id, header `X-Client-ID` / metadata `x-client-id` (one token,
+as a request id), else its address without the port (HTTP and gRPC alike), so that the
+connections of one host are one client. Queues take clients in turn (runtime/fair_queue.py).
+An id is the client's claim: clients behind one proxy tell themselves apart with it, and a client
+that sends many ids gets as many turns (no fewer than without fairness).
 """
 
 from __future__ import annotations
@@ -22,6 +29,8 @@ from dataclasses import dataclass
 
 HEADER = "X-Request-ID"
 METADATA_KEY = "x-request-id"  # gRPC metadata keys are lower case
+CLIENT_HEADER = "X-Client-ID"
+CLIENT_METADATA_KEY = "x-client-id"
 MAX_LENGTH = 128
 MAX_ROUTE = 256  # a logged route (an HTTP path) is cut to this many characters
 _TOKEN = re.compile(r"[\x21-\x7e]{1,%d}" % MAX_LENGTH)
@@ -34,6 +43,7 @@ class RequestTag:
     id: str
     route: str  # HTTP "POST /v2/models/m/infer"; gRPC "/inference.GRPCInferenceService/ModelInfer"
     protocol: str  # "http" | "grpc"
+    client: str = ""  # who sent it: "id:" and its X-Client-ID, else its address ("" unknown)
 
 
 _CURRENT: ContextVar[RequestTag | None] = ContextVar("boundgen_request", default=None)
@@ -47,9 +57,29 @@ def request_id(given: str | None) -> str:
     return uuid.uuid4().hex
 
 
-def begin(given: str | None, route: str, protocol: str) -> RequestTag:
-    """Tag the request being handled in this task (and the tasks it starts) from here on."""
-    tag = RequestTag(request_id(given), route[:MAX_ROUTE], protocol)
+def client_key(given: str | None, address: str | None) -> str:
+    """Who sent a request that brought client id `given` from `address` (a host, no port)."""
+    if given and _TOKEN.fullmatch(given):
+        return f"id:{given}"
+    return address or ""
+
+
+def grpc_peer_host(peer: str | None) -> str:
+    """The host of a gRPC peer ("ipv4:127.0.0.1:5000" -> "127.0.0.1", "ipv6:[::1]:5000" -> "::1"),
+    as HTTP's remote address names it."""
+    if not peer:
+        return ""
+    kind, _, address = peer.partition(":")
+    if kind not in ("ipv4", "ipv6"):
+        return peer  # a Unix socket: its path
+    host = address.rsplit(":", 1)[0]
+    return host[1:-1] if host.startswith("[") and host.endswith("]") else host
+
+
+def begin(given: str | None, route: str, protocol: str, client: str = "") -> RequestTag:
+    """Tag the request being handled in this task (and the tasks it starts) from here on;
+    `client`: its client key (`client_key`)."""
+    tag = RequestTag(request_id(given), route[:MAX_ROUTE], protocol, client)
     _CURRENT.set(tag)
     return tag
 
@@ -64,9 +94,9 @@ def current() -> RequestTag | None:
     return _CURRENT.get()
 
 
-def from_metadata(metadata) -> str | None:
-    """The `x-request-id` value of gRPC invocation metadata (pairs of key and value), if any."""
-    for key, value in metadata or ():
-        if key == METADATA_KEY and isinstance(value, str):
+def from_metadata(metadata, key: str = METADATA_KEY) -> str | None:
+    """The `key` (`x-request-id`) value of gRPC invocation metadata (pairs of key and value), if any."""
+    for name, value in metadata or ():
+        if name == key and isinstance(value, str):
             return value
     return None

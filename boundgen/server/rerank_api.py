@@ -37,7 +37,7 @@ import numpy as np
 from aiohttp import web
 
 from boundgen.errors import InvalidInput
-from boundgen.server import score_api
+from boundgen.server import json_values, score_api
 from boundgen.server.config import ServerConfig
 from boundgen.server.http_bodies import error_response, read_json
 from boundgen.server.models import LOADING, ModelSet
@@ -172,7 +172,7 @@ def add_routes(app: web.Application, models: ModelSet, config: ServerConfig) -> 
     async def rerank(request: web.Request) -> web.Response:
         arrived = time.monotonic()
         try:
-            parsed = parse_rerank(await read_json(request, config))
+            parsed = parse_rerank(await read_json(request, config, json_values.budget(models, task="score")))
             name = pick_model(models, parsed["model"], request.path, len(parsed["documents"]))
             with models.observe("http", name):
                 scores = await relevance(models, name, samples(parsed["query"], parsed["documents"]),
@@ -184,7 +184,7 @@ def add_routes(app: web.Application, models: ModelSet, config: ServerConfig) -> 
     async def score_pairs(request: web.Request) -> web.Response:
         arrived = time.monotonic()
         try:
-            parsed = parse_pairs(await read_json(request, config))
+            parsed = parse_pairs(await read_json(request, config, json_values.budget(models, task="score")))
             name = pick_model(models, parsed["model"], PAIRS_ROUTE, len(parsed["pairs"]))
             texts = [samples(first, [second])[0] for first, second in parsed["pairs"]]
             with models.observe("http", name):

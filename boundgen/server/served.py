@@ -9,6 +9,7 @@ from typing import Sequence
 
 from boundgen.runtime.engine import Engine
 from boundgen.runtime.results import BeamResult, ScoreResult
+from boundgen.server import request_ids
 from boundgen.server.admission import Admission, Passage
 from boundgen.server.metrics import ServerMetrics
 from boundgen.server.signature import EngineCall, Signature, Tensor
@@ -68,16 +69,18 @@ class ServedModel:
     async def run(self, call: EngineCall, deadline: float) -> ScoreResult | BeamResult:
         """Admit and run a checked request (what `infer` parsed from tensors, or what a JSON route
         built); the engine's result, its timings in REQUEST_TIMINGS for the protocol handler."""
+        tag = request_ids.current()
+        client = tag.client if tag is not None else ""  # whose turn in the queue (runtime/fair_queue.py)
         # The engine gets the deadline and the cancelled event (set by the admission when the
         # client goes away) too: a request still waiting inside it (for a context, or in the
         # batcher's queue) when either comes is not run (DeadlineExceeded: 504; Cancelled: the
         # client is gone, nothing is sent).
         if isinstance(self.admission, Passage):
-            result = await self.admission.run_async(partial(self.engine.run, call, deadline), deadline)
+            result = await self.admission.run_async(partial(self.engine.run, call, deadline, client), deadline)
         else:
             cancelled = threading.Event()
             engine_call = partial(call, self.engine, deadline=deadline, cancelled=cancelled)
-            result = await self.admission.run(engine_call, deadline, cancelled)
+            result = await self.admission.run(engine_call, deadline, cancelled, client)
         REQUEST_TIMINGS.set(result.timings)
         self.metrics.observe_result(self.name, result)
         return result

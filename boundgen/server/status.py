@@ -31,8 +31,9 @@ class ServeError(Exception):
     outcome = "internal_error"
 
 
-class Overloaded(ServeError):
-    """The model's queue is full: rejected at once, never queued."""
+class Overloaded(ServeError, errors.Overloaded):
+    """The model's queue is full: rejected at once, or the newest request of a client holding more
+    than its share of the queue gave its place to another client's (runtime/fair_queue.py)."""
 
     outcome = "rejected"
 
@@ -113,6 +114,8 @@ def status_of(exc: BaseException) -> Status:
         outcome, message = "invalid_input", str(exc)
     elif isinstance(exc, ServeError):
         outcome, message = exc.outcome, str(exc)
+    elif isinstance(exc, errors.Overloaded):  # the engine process's queue (server/deploy/engine_host.py)
+        outcome, message = "rejected", str(exc)
     elif isinstance(exc, errors.DeadlineExceeded):  # the engine's: it waited inside the engine, not run
         outcome, message = "deadline_exceeded", str(exc)
     elif isinstance(exc, errors.Cancelled):  # the client went away; the answer reaches nobody

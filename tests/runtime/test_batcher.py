@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from boundgen.errors import Cancelled
+from boundgen.errors import Cancelled, Overloaded
 from boundgen.runtime import batcher as batcher_module
 from boundgen.runtime.batcher import Batcher
 from tests.runtime.held import in_thread, wait_until
@@ -225,3 +225,63 @@ def test_enqueue_without_waiting_and_withdraw_while_queued():
     batcher.close()
     assert ran == ["first"]
     assert (batcher.cancelled, batcher.expired) == (1, 1)
+
+
+def test_a_burst_from_one_client_does_not_delay_another_behind_all_of_it():
+    """One worker, one request a call: A queues 10 while the worker is busy, then B queues 1; B's
+    request is in the next call but one (after one of A's), not after all ten."""
+    gate, calls = threading.Event(), []
+
+    def run_batch(ctx, items):
+        calls.append(list(items))
+        if len(calls) == 1:
+            assert gate.wait(10), "the test never opened the gate"
+        return items
+
+    batcher = Batcher(["ctx"], run_batch, fits=lambda batch, item: False)
+    try:
+        first = batcher.enqueue("a-first", client="A")
+        wait_until(lambda: calls == [["a-first"]], "the worker is busy")
+        burst = [batcher.enqueue(f"a{i}", client="A") for i in range(10)]
+        late = batcher.enqueue("b", client="B")
+        gate.set()
+        for ticket in (first, *burst, late):
+            ticket.future.result(10)
+        order = [c[0] for c in calls]
+        assert order.index("b") == 2, order
+        assert [x for x in order if x.startswith("a")] == ["a-first", *(f"a{i}" for i in range(10))]
+    finally:
+        gate.set()
+        batcher.close()
+
+
+def test_a_full_queue_refuses_the_greedy_client_not_the_newcomer():
+    """At max_queue, a request of a client with fewer waiting takes the place of the newest request
+    of the client with the most (that one fails Overloaded, never run); a request of the greedy
+    client itself is refused at once."""
+    gate, calls = threading.Event(), []
+
+    def run_batch(ctx, items):
+        calls.append(list(items))
+        if len(calls) == 1:
+            assert gate.wait(10), "the test never opened the gate"
+        return items
+
+    batcher = Batcher(["ctx"], run_batch, fits=lambda batch, item: False)
+    try:
+        first = batcher.enqueue("a-first", client="A")
+        wait_until(lambda: calls == [["a-first"]], "the worker is busy")
+        queued = [batcher.enqueue(f"a{i}", client="A", max_queue=3) for i in range(3)]
+        with pytest.raises(Overloaded, match="at capacity"):
+            batcher.enqueue("a3", client="A", max_queue=3)
+        b = batcher.enqueue("b", client="B", max_queue=3)
+        with pytest.raises(Overloaded, match="gave its place"):
+            queued[2].future.result(0)
+        assert batcher.queued == 3
+        gate.set()
+        for ticket in (first, *queued[:2], b):
+            ticket.future.result(10)
+        assert sorted(c[0] for c in calls) == ["a-first", "a0", "a1", "b"]
+    finally:
+        gate.set()
+        batcher.close()

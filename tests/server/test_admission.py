@@ -1,4 +1,5 @@
-"""Admission control in-process: FIFO hand-over, queue bound, deadlines, cancellation, drain.
+"""Admission control in-process: FIFO hand-over, fair across clients, queue bound, deadlines,
+cancellation, drain.
 
 Blocking work is held on threading.Events, so no test depends on how fast anything runs."""
 
@@ -61,6 +62,54 @@ def test_fifo_and_queue_bound():
             w.release.set()
         assert await asyncio.gather(ta, tb, tc) == ["a", "b", "c"]
         assert log == ["a", "b", "c"] and adm.inflight == 0 and adm.queued == 0
+        adm.shutdown()
+
+    run(main())
+
+
+def test_slots_go_to_clients_in_turn():
+    """A's burst of five waits; B's one request, queued after all of it, runs after one of A's."""
+    async def main():
+        adm, log = Admission("m", max_inflight=1, max_queue=10), []
+        first = Work(log, "a-first")
+        t0 = asyncio.create_task(adm.run(first, now() + LONG, client="A"))
+        await asyncio.to_thread(first.started.wait, 10.0)
+        works = [Work(log, f"a{i}") for i in range(5)] + [Work(log, "b")]
+        tasks = []
+        for w in works:
+            tasks.append(asyncio.create_task(adm.run(w, now() + LONG, client="B" if w.name == "b" else "A")))
+            await wait_until(lambda: adm.queued == len(tasks), f"{w.name} queued")
+        for w in (first, *works):
+            w.release.set()
+        await asyncio.gather(t0, *tasks)
+        assert log == ["a-first", "a0", "b", "a1", "a2", "a3", "a4"]
+        adm.shutdown()
+
+    run(main())
+
+
+def test_a_full_queue_refuses_the_greedy_client_not_the_newcomer():
+    async def main():
+        adm, log = Admission("m", max_inflight=1, max_queue=3), []
+        first = Work(log, "a-first")
+        t0 = asyncio.create_task(adm.run(first, now() + LONG, client="A"))
+        await asyncio.to_thread(first.started.wait, 10.0)
+        works = [Work(log, f"a{i}") for i in range(3)]
+        tasks = []
+        for w in works:
+            tasks.append(asyncio.create_task(adm.run(w, now() + LONG, client="A")))
+            await wait_until(lambda: adm.queued == len(tasks), f"{w.name} queued")
+        with pytest.raises(Overloaded, match="at capacity"):
+            await adm.run(Work(log, "a3"), now() + LONG, client="A")
+        b = Work(log, "b")
+        tb = asyncio.create_task(adm.run(b, now() + LONG, client="B"))
+        with pytest.raises(Overloaded, match="gave its place"):
+            await tasks[2]  # A's newest
+        assert adm.queued == 3
+        for w in (first, *works, b):
+            w.release.set()
+        assert await asyncio.gather(t0, tasks[0], tasks[1], tb) == ["a-first", "a0", "a1", "b"]
+        assert log == ["a-first", "a0", "b", "a1"] and adm.inflight == 0 and adm.queued == 0
         adm.shutdown()
 
     run(main())

@@ -187,15 +187,47 @@ def test_grpc_shape_past_the_body_limit_is_400(server):
 
 
 def test_score_items_are_counted_before_they_are_built(server):
-    code, answer = post(server, "/v1/score", {"query": "q ", "items": ["a"] * 50_000, "label_token_ids": [9693],
+    code, answer = post(server, "/v1/score", {"query": "q ", "items": ["a"] * 5, "label_token_ids": [9693],
                                               "apply_softmax": True})
-    assert code == 400 and "items has 50000 texts, over the limit of 4" in answer["error"], answer
+    assert code == 400 and "items has 5 texts, over the limit of 4" in answer["error"], answer
 
 
 def test_beam_prompts_are_counted_before_they_are_admitted(server):
-    code, answer = post(server, "/v1/beam", {"prompts": ["a"] * 20_000})
+    code, answer = post(server, "/v1/beam", {"prompts": ["a"] * 6})
     assert code == 400, answer  # used to be 429, after the first prompts had run
-    assert "prompts has 20000 texts, over the limit of 5" in answer["error"], answer
+    assert "prompts has 6 texts, over the limit of 5" in answer["error"], answer
+
+
+@pytest.mark.parametrize("path,body", [
+    ("/v1/score", {"query": "q ", "items": ["a"] * 50_000, "label_token_ids": [9693], "apply_softmax": True}),
+    ("/v1/beam", {"prompts": ["a"] * 20_000}),
+    ("/v1/rerank", {"query": "q", "documents": [{"text": "a"}] * 20_000}),
+    ("/v2/models/fscore/infer", {"inputs": [{"name": "TEXT", "datatype": "BYTES", "shape": [1], "data": ["a"],
+                                             "parameters": {"x": [0] * 200_000}}]}),
+    ("/v2/models/fscore/infer", {"inputs": [{"name": "TEXT", "datatype": "BYTES", "shape": [300_000],
+                                             "data": ["a"] * 300_000}]}),
+    ("/v2/logging", {"log_info": [True] * 20_000}),
+], ids=["score-items", "beam-prompts", "rerank-documents", "infer-parameters", "infer-strings", "logging"])
+def test_bodies_of_too_many_json_values_are_refused_unparsed(server, path, body):
+    code, answer = post(server, path, body)
+    assert code == 400, answer
+    error = answer.get("error") or answer.get("message")
+    assert "JSON values" in error and "refused before it was parsed" in error, answer
+
+
+TRICKY = '\\",:[]{}\\\\"\u00e9' * 12  # one "token" of escaped quotes and backslashes, commas, colons, brackets
+
+
+def test_requests_at_their_limits_are_served_whatever_their_texts_hold(server):
+    code, answer = post(server, "/v1/score", {"query": "q ", "items": [TRICKY] * 4, "label_token_ids": [9693],
+                                              "apply_softmax": True})
+    assert code == 200 and len(answer["scores"]) == 4, answer
+    code, answer = post(server, "/v2/models/fscore/infer", {
+        "inputs": [{"name": "TEXT", "datatype": "BYTES", "shape": [4], "data": [TRICKY] * 4}],
+        "parameters": {f"p{i}": TRICKY for i in range(200)}, "outputs": [{"name": "SCORES"}]})
+    assert code == 200 and answer["outputs"][0]["shape"] == [4, 2], answer
+    code, answer = post(server, "/v1/beam", {"prompts": [TRICKY] * 5})
+    assert code == 200 and len(answer["results"]) == 5, answer
 
 
 def test_a_compressed_body_is_held_to_the_limit_as_it_inflates(server):

@@ -1,8 +1,10 @@
 """The engine process's side of the link: one queue per model, fed by every front end.
 
     front-end connection (a reader thread each)
-        SUBMIT -> admission: draining? 503; queue full? 429; else the model's batcher queue
-                  (LocalEngine.enqueue: the one queue; a batch worker takes it into a call)
+        SUBMIT -> admission: draining? 503; else the model's batcher queue (LocalEngine.enqueue:
+                  the one queue, fair across the clients the front ends name; full at --max-queue:
+                  429, or a greedier client's newest request gets it: runtime/fair_queue.py);
+                  a batch worker takes it into a call
         CANCEL -> withdraw it from the queue at once (a request already in a call runs to the end)
     batch worker: the call's rows -> the outbox; the sender thread packs each RESULT frame and
                   writes it on its front end's connection, while the worker starts the next call
@@ -26,7 +28,7 @@ import numpy as np
 import torch
 
 from boundgen.artifact.program import spec_to_dict
-from boundgen.errors import BoundgenError, Cancelled, DeadlineExceeded, InvalidInput
+from boundgen.errors import BoundgenError, Cancelled, DeadlineExceeded, InvalidInput, Overloaded
 from boundgen.runtime.local_engine import CallShare, LocalEngine
 from boundgen.server.deploy import link
 from boundgen.text.tokenizer import PackedBatch
@@ -166,9 +168,6 @@ class EngineHost:
         if self.state != "ready":
             return conn.send(_error(rid, "unavailable", "the server is shutting down and admits no new requests"
                                     if self.state == "draining" else "the server is still loading its models"))
-        if model.engine.queued >= self.max_queue:
-            return conn.send(_error(rid, "overloaded", f"model {model.name} is at capacity ({model.engine.queued} "
-                                    f"requests queued; limit {self.max_queue}); retry later"))
         tokens = link.unpack_array(message["tokens"])
         cu = link.unpack_array(message["cu_seqlens"])
         packed = PackedBatch(tokens=torch.from_numpy(tokens.astype(np.int64)),
@@ -176,7 +175,8 @@ class EngineHost:
                              cu_seqlens=torch.from_numpy(cu.astype(np.int32)), lengths=list(message["lengths"]))
         cancelled = threading.Event()
         try:
-            ticket = model.engine.enqueue(packed, message.get("deadline"), cancelled)
+            ticket = model.engine.enqueue(packed, message.get("deadline"), cancelled, str(message.get("client", "")),
+                                          self.max_queue)
         except BoundgenError as exc:
             return conn.send(_error(rid, _kind(exc), str(exc)))
         except RuntimeError as exc:  # the engine is closed
@@ -217,6 +217,8 @@ class EngineHost:
 def _kind(exc: BaseException) -> str:
     if isinstance(exc, InvalidInput):
         return "invalid"
+    if isinstance(exc, Overloaded):
+        return "overloaded"
     if isinstance(exc, DeadlineExceeded):
         return "deadline"
     if isinstance(exc, Cancelled):

@@ -68,16 +68,17 @@ class EngineLink:
             await self._changed.wait()
         return self.state
 
-    async def call(self, model: str, packed, deadline: float) -> dict:
+    async def call(self, model: str, packed, deadline: float, client: str = "") -> dict:
         """Queue one tokenized request in the engine and await its RESULT; raises the engine's
         error, DeadlineExceeded when `deadline` passes first (it is withdrawn there, unrun, if it
-        still waits), and sends CANCEL if the caller is cancelled."""
+        still waits), and sends CANCEL if the caller is cancelled. `client`: who sent it (its
+        turn in the engine's queue)."""
         if self.closed.is_set():
             raise Unavailable("the engine process has stopped; this server is shutting down")
         rid = next(self._ids)
         future = asyncio.get_running_loop().create_future()
         self._pending[rid] = future
-        self._send({"op": link.SUBMIT, "id": rid, "model": model, "deadline": deadline,
+        self._send({"op": link.SUBMIT, "id": rid, "model": model, "deadline": deadline, "client": client,
                     "tokens": link.pack_array(packed.tokens.numpy().astype("<i4")),
                     "positions": link.pack_array(packed.positions.numpy().astype("<i4")),
                     "cu_seqlens": link.pack_array(packed.cu_seqlens.numpy().astype("<i4")),
@@ -146,12 +147,12 @@ class LinkedEngine(Engine):
         self.encoder = (ScoreEncoder(program.label_token_ids, program.topk) if program.task == "score"
                         else BeamEncoder(tokenizer, program.stop_token_ids, program.width))
 
-    async def run(self, call: EngineCall, deadline: float):
+    async def run(self, call: EngineCall, deadline: float, client: str = ""):
         t0 = time.perf_counter()
         packed = (self.packer.encode_ids([list(ids) for ids in call.token_ids]) if call.token_ids is not None
                   else self.packer.encode(list(call.texts)))
         t1 = time.perf_counter()
-        answer = await self.link.call(self.spec.name, packed, deadline)
+        answer = await self.link.call(self.spec.name, packed, deadline, client)
         t2 = time.perf_counter()
         share = CallShare([link.unpack_array(r) for r in answer["rows"]], answer["queue_s"], answer["model_s"],
                           answer["requests_in_call"])

@@ -92,7 +92,10 @@ def _route(method: str) -> str:
 
 def _identify(context, method: str) -> request_ids.RequestTag:
     """Tag the call being handled with its request id and echo it in its trailing metadata."""
-    tag = request_ids.begin(request_ids.from_metadata(context.invocation_metadata()), _route(method), "grpc")
+    metadata = context.invocation_metadata()
+    client = request_ids.client_key(request_ids.from_metadata(metadata, request_ids.CLIENT_METADATA_KEY),
+                                    request_ids.grpc_peer_host(context.peer()))
+    tag = request_ids.begin(request_ids.from_metadata(metadata), _route(method), "grpc", client)
     context.set_trailing_metadata(((request_ids.METADATA_KEY, tag.id),))
     return tag
 
@@ -415,7 +418,7 @@ class GrpcFrontend:
                 count = 0
                 async for request in requests:
                     count += 1
-                    tag = request_ids.RequestTag(f"{stream.id}.{count}", stream.route, "grpc")
+                    tag = request_ids.RequestTag(f"{stream.id}.{count}", stream.route, "grpc", stream.client)
                     task = asyncio.ensure_future(self._stream_one(request, context, tag))
                     tasks.add(task)
                     task.add_done_callback(tasks.discard)

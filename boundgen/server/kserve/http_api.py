@@ -45,7 +45,7 @@ import time
 from aiohttp import web
 
 from boundgen.errors import InvalidInput
-from boundgen.server import beam_api, request_ids, rerank_api, score_api
+from boundgen.server import beam_api, json_values, request_ids, rerank_api, score_api
 from boundgen.server.auth import check_api_key
 from boundgen.server.config import ServerConfig
 from boundgen.server.http_bodies import UNREAD, error_response, read_body, read_json, read_options
@@ -114,7 +114,8 @@ async def _plain_json_type(request: web.Request, handler):
 async def _identified(request: web.Request, handler):
     """Tag the request with its id (request_ids.py) and echo it in every answer's X-Request-ID,
     errors included. Inside `_arrival`, which may send the answer itself (headers are final then)."""
-    tag = request_ids.begin(request.headers.get(request_ids.HEADER), f"{request.method} {request.path}", "http")
+    tag = request_ids.begin(request.headers.get(request_ids.HEADER), f"{request.method} {request.path}", "http",
+                            request_ids.client_key(request.headers.get(request_ids.CLIENT_HEADER), request.remote))
     try:
         response = await handler(request)
     except web.HTTPException as exc:  # one `_json_errors` lets through (below 400): identified all the same
@@ -322,7 +323,8 @@ class HttpFrontend:
         name, version = request.match_info["model"], request.match_info.get("version", "")
         try:
             with self.models.observe("http", name):
-                body = await read_body(request, self.config)
+                body = await read_body(request, self.config, json_values.budget(self.models, name),
+                                       f"model {name[:80]}", request.headers.get(HEADER_LENGTH))
                 parsed = parse_infer_body(body, request.headers.get(HEADER_LENGTH), self.shared_memory,
                                           self.config.max_body_bytes, shape_check(self.models, name, version))
                 deadline = self.models.deadline(arrived, parsed.parameters.get("timeout"))
@@ -337,7 +339,8 @@ class HttpFrontend:
         """SGLang's score request on a score model (server/score_api.py), through the same admission."""
         arrived = self.arrived(request)
         try:
-            parsed = score_api.parse(await read_json(request, self.config))
+            budget = json_values.budget(self.models, task="score")
+            parsed = score_api.parse(await read_json(request, self.config, budget))
             name = score_api.pick_model(self.models, parsed["model"])
             with self.models.observe("http", name):
                 deadline = self.models.deadline(arrived, None)
@@ -351,7 +354,8 @@ class HttpFrontend:
         """A JSON beam request on a beam model (server/beam_api.py), each prompt a KServe request."""
         arrived = self.arrived(request)
         try:
-            parsed = beam_api.parse(await read_json(request, self.config))
+            budget = json_values.budget(self.models, task="beam")
+            parsed = beam_api.parse(await read_json(request, self.config, budget))
             name = beam_api.pick_model(self.models, parsed["model"])
             with self.models.observe("http", name):
                 deadline = self.models.deadline(arrived, None)

@@ -1,0 +1,114 @@
+"""The count of a JSON body's values from its bytes as they arrive (server/json_values.py): never
+more than the values the body holds, wherever its chunks end and whatever its strings hold (so no
+request within its budget is refused), short by one per non-empty array or object, and it refuses
+the floods it is for."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from boundgen.errors import InvalidInput
+from boundgen.server.json_values import ValueCount
+
+TRICKY = ['"', "\\", '\\"', '\\\\"', ",", ":", ",:,", "[", "]{", "}", "\u00e9\u4e2d", "\U0001f600", "\n\t", "/", "a"]
+
+
+def values(obj) -> int:
+    """The values of a parsed JSON text (keys are strings, so values too)."""
+    if isinstance(obj, list):
+        return 1 + sum(values(v) for v in obj)
+    if isinstance(obj, dict):
+        return 1 + sum(1 + values(v) for v in obj.values())
+    return 1
+
+
+def containers(obj) -> int:
+    """Its non-empty arrays and objects."""
+    inner = obj.values() if isinstance(obj, dict) else obj if isinstance(obj, list) else ()
+    return (1 if inner else 0) + sum(containers(v) for v in inner)
+
+
+def random_json(rng: random.Random, depth: int = 0):
+    kind = rng.random()
+    if depth > 3 or kind < 0.3:
+        return "".join(rng.choice(TRICKY) for _ in range(rng.randrange(4)))
+    if kind < 0.45:
+        return rng.choice([0, -1.5e300, 12345678901234567890, True, False, None])
+    if kind < 0.75:
+        return [random_json(rng, depth + 1) for _ in range(rng.randrange(6))]
+    return {"".join(rng.choice(TRICKY) for _ in range(rng.randrange(3))) + str(i): random_json(rng, depth + 1)
+            for i in range(rng.randrange(6))}
+
+
+def counted(body: bytes, budget: int = 10**9, cuts=(), json_bytes=None) -> ValueCount:
+    count = ValueCount(budget, json_bytes)
+    edges = [0, *sorted(cuts), len(body)]
+    for start, end in zip(edges, edges[1:]):
+        count.feed(body[start:end])
+    return count
+
+
+@pytest.mark.parametrize("dumps", [
+    lambda o: json.dumps(o).encode(),
+    lambda o: json.dumps(o, ensure_ascii=False).encode(),
+    lambda o: json.dumps(o, indent=2, separators=(" , ", " : ")).encode(),
+], ids=["ascii", "utf8", "spaced"])
+def test_a_lower_bound_short_by_the_containers_wherever_the_chunks_end(dumps):
+    rng = random.Random(7)
+    for _ in range(2000):
+        obj = random_json(rng)
+        body = dumps(obj)
+        cuts = [rng.randrange(len(body) + 1) for _ in range(rng.randrange(6))]
+        assert counted(body, cuts=cuts).values == values(obj) - containers(obj), (body, cuts)
+
+
+def test_a_chunk_of_backslashes_waits_for_what_follows():
+    body = json.dumps(["\\" * 7 + '"', "a,b"]).encode()  # ["\\\\\\\\\\\\\\\"", "a,b"]
+    for cut in range(len(body) + 1):
+        assert counted(body, cuts=[cut]).values == 2, cut
+    assert counted(body, cuts=range(len(body) + 1)).values == 2
+
+
+def test_a_body_at_its_budget_passes_and_two_values_more_are_refused():
+    """999 texts in a list are 1000 values; 1001 texts, 1002 (counted 1001: the list is not counted)."""
+    texts = ['\\",:[' * 20] * 999  # quotes, backslashes, commas and colons in every text
+    assert not counted(json.dumps(texts).encode(), 1000, cuts=range(0, 200_000, 4096)).over
+    over = counted(json.dumps(texts + ["x", "y"]).encode(), 1000, cuts=range(0, 200_000, 4096))
+    with pytest.raises(InvalidInput, match="at least 1001 JSON values, more than the 1000 a request to model m"):
+        over.check("the request body", "model m")
+
+
+@pytest.mark.parametrize("flood", [
+    b'{"inputs": [{"name": "TEXT", "datatype": "BYTES", "shape": [1], "data": [' + b",".join([b'"a"'] * 300_000) + b"]}]}",
+    b"[" + b",".join([b"0"] * 300_000) + b"]",
+    b"[" + b",".join([b"[]"] * 300_000) + b"]",
+    b"{" + b",".join([b'"a":0'] * 300_000) + b"}",
+    b'["' + b'\\\\",",' * 300_000 + b'"]',  # strings ending in an escaped backslash
+], ids=["strings", "integers", "lists", "members", "escapes"])
+def test_floods_are_refused_in_their_first_chunk(flood):
+    first = counted(flood[:65536], 10_000)
+    assert first.over
+    with pytest.raises(InvalidInput, match="refused before it was parsed"):
+        first.check("the request body", "model m")
+
+
+def test_only_the_json_part_of_a_binary_body_is_counted():
+    head = json.dumps({"inputs": [{"name": "TEXT", "datatype": "BYTES", "shape": [1],
+                                   "parameters": {"binary_data_size": 100_000}}]}).encode()
+    body = head + b'",:' * 33_334
+    assert not counted(body, 100, cuts=[10, 4096], json_bytes=len(head)).over
+    assert counted(body, 100, cuts=[10, 4096]).over
+
+
+def test_utf16_is_counted_as_its_utf8():
+    body = json.dumps(["\u2222,"] * 50).encode("utf-16")  # U+2222 is the bytes 22 22: two quotes
+    assert json.loads(body) == ["\u2222,"] * 50
+    count = counted(body, 60)
+    count.recount(body)
+    assert not count.over and count.values == 50
+    count = counted(body, 40)
+    count.recount(body)
+    assert count.over
