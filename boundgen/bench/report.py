@@ -196,7 +196,7 @@ def markdown_workload(result: dict) -> str:
     diag = result.get("diagnostic")
     if diag:
         out += ["", f"Diagnostic ({diag.get('tokens')} tokens, {diag.get('samples')} samples, sequential): "
-                    f"full engine {_f(diag.get('engine_ms'), '{:.3f}')} ms vs model node alone "
+                    f"full engine {_f(diag.get('engine_ms'), '{:.3f}')} ms vs its program alone "
                     f"{_f(diag.get('node_ms'), '{:.3f}')} ms per request: the engine costs "
                     f"{_f(diag.get('overhead_pct'), '{:+.1f}')}% ({diag.get('note', '')})."]
     for name, file in (result.get("profiles") or {}).items():

@@ -1,6 +1,6 @@
 """One system (boundgen or the peer) under one workload: warm, sweep, optional open loop.
 
-Glue between workloads, loadgen and mfu; the CLI decides what to run and where results go.
+Glue between workloads, loadgen and mfu; bench/orchestrate.py decides what to run and where results go.
 A system that fails is recorded with its error and the bench carries on with the next one.
 Levels run on threads of this process, or, given a `clients.ClientSetup` (a server over gRPC or
 HTTP), from that many client processes (bench/clients.py), which then also check themselves.

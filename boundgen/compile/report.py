@@ -3,7 +3,7 @@
 Per artifact, one markdown table row: task, device and GPU, dtype, lowering, weights mode,
 build seconds (export / compile / total), size, load seconds in this process (manifest and
 hash checks included), first and warm request latency, and validation's worst error per
-output. Used by scripts/gpu_build_check.sh to fill docs/build.md. Re-executes itself with the
+output. Used by scripts/gpu_served.sh (REPORT=1) and to fill docs/build.md. Re-executes itself with the
 system libstdc++ preloaded where loading would crash (runtime/libstdcxx.py), like the CLI.
 """
 

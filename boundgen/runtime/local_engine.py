@@ -6,7 +6,7 @@
       (one per      -> RequestPacker.stage (pad for CUDA graphs, copy into its context)
        context)     -> program call on the context's stream (GraphRunner replays a graph)
                     -> to_host -> each request's rows                         "model"
-    caller thread:  rows -> ScoreEncoder / BeamEncoder -> result              "post"
+    caller thread:  rows -> ScoreResultBuilder / BeamResultBuilder -> result  "post"
 
 A batch of one is the unbatched case: without batching, the batcher's `fits` admits no second
 request, so each call holds one request, exactly as a batched engine's lone request. Programs
@@ -32,11 +32,13 @@ from boundgen.runtime.batcher import Batcher, Ticket
 from boundgen.runtime.context import RequestContext
 from boundgen.runtime.engine import Engine, EngineSpec
 from boundgen.runtime.graphs import GraphRunner
-from boundgen.runtime.requests import BeamEncoder, RequestPacker, ScoreEncoder, concat_packed, to_host
+from boundgen.runtime.requests import BeamResultBuilder, RequestPacker, ScoreResultBuilder, concat_packed, to_host
 from boundgen.runtime.results import BeamResult, ScoreResult
 from boundgen.text.tokenizer import PackedBatch
 
-SCORE_REQUESTS_PER_CALL = 8  # admission's room per context when score requests share calls
+# Requests one batched score call may hold (a beam program records its own, BeamSpec.max_requests; a score
+# program's bounds count samples and tokens): admission's room per context when score requests share calls.
+SCORE_MAX_REQUESTS = 8
 
 
 @dataclass(frozen=True)
@@ -49,7 +51,7 @@ class Queued:
 
 @dataclass(frozen=True)
 class CallShare:
-    """A request's part of a call's host outputs (batch worker -> caller): the rows its encoder
+    """A request's part of a call's host outputs (batch worker -> caller): the rows its result builder
     turns into a result, and what the call cost it."""
 
     rows: list  # [np.ndarray]: the program's outputs, this request's rows
@@ -62,12 +64,12 @@ class CallShare:
 
 
 class LocalEngine(Engine):
-    def __init__(self, spec: EngineSpec, packer: RequestPacker, runner, encoder, contexts: list[RequestContext],
+    def __init__(self, spec: EngineSpec, packer: RequestPacker, runner, builder, contexts: list[RequestContext],
                  executors: int = 1, batching: bool = False, batch_wait_ms: float = 0.0):
-        self.spec, self.packer, self.runner, self.encoder = spec, packer, runner, encoder
+        self.spec, self.packer, self.runner, self.builder = spec, packer, runner, builder
         self.contexts = contexts  # owned by the batcher's workers, one each
         self.batching = batching
-        self._slots = threading.Semaphore(max(1, executors))  # program calls running at once
+        self._executors = threading.Semaphore(max(1, executors))  # program calls running at once
         self._batcher = Batcher(contexts, self._run_batch, self._fits if batching else _alone, name=spec.name,
                                 linger_s=batch_wait_ms / 1e3 if batching else 0.0)
 
@@ -85,7 +87,7 @@ class LocalEngine(Engine):
                   cancelled: threading.Event | None = None) -> ScoreResult:
         if self.spec.task != "score":
             return super().score_ids(samples, deadline, cancelled)
-        return self._request(samples, deadline, cancelled, self.packer.encode_ids)
+        return self._request(samples, deadline, cancelled, self.packer.pack_ids)
 
     def beam(self, text: str, deadline: float | None = None, cancelled: threading.Event | None = None) -> BeamResult:
         if self.spec.task != "beam":
@@ -100,7 +102,7 @@ class LocalEngine(Engine):
         t1 = time.perf_counter()
         share: CallShare = self._batcher.submit(Queued(packed, t1), deadline, cancelled)
         t2 = time.perf_counter()
-        result = self.encoder.encode(*share.rows)
+        result = self.builder.build(*share.rows)
         end = time.perf_counter()
         result.timings = {"pre": t1 - t0, **share.timings(), "post": end - t2, "total": end - t0,
                           "input_tokens": packed.num_tokens}
@@ -133,17 +135,17 @@ class LocalEngine(Engine):
 
     def _call(self, ctx: RequestContext, tokens, positions, cu_seqlens) -> list[torch.Tensor]:
         """The program on staged inputs, on the context's stream; its outputs stay on the device."""
-        with self._slots, ctx.stream_scope():
+        with self._executors, ctx.stream_scope():
             return self.runner(tokens, positions, cu_seqlens)
 
     def _run_batch(self, ctx: RequestContext, items: list[Queued]) -> list[CallShare]:
         start = time.perf_counter()
         batches = [queued.packed for queued in items]
         out = self._call(ctx, *self.packer.stage(ctx, concat_packed(batches)))
-        host = to_host(ctx, out[:self.encoder.outputs])
+        host = to_host(ctx, out[:self.builder.outputs])
         seconds = time.perf_counter() - start
         return [CallShare(rows, start - queued.submitted, seconds, len(items))
-                for rows, queued in zip(self.encoder.split(host, batches), items)]
+                for rows, queued in zip(self.builder.split(host, batches), items)]
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -162,7 +164,7 @@ class LocalEngine(Engine):
                     ctx.stream.synchronize()
         self.spec.extra["graph_shapes"] = len(batches)
 
-    def model_call(self, texts: Sequence[str], copies: int = 1):
+    def program_call(self, texts: Sequence[str], copies: int = 1):
         """The program alone on `copies` copies of the request `texts` in one call, staged once on a
         context of its own (the framework-overhead diagnostic, bench/diagnostic.py; the cost of a
         call against the requests it holds, bench/calls.py): a zero-argument callable that returns
@@ -209,17 +211,17 @@ def make_engine(name: str, spec, tokenizer, runner, device: str, dtype: str, run
         runner = GraphRunner(runner)
     packer = RequestPacker(tokenizer, spec, runtime.token_bucket if use_graphs else 0)
     if spec.task == "score":
-        encoder = ScoreEncoder(spec.label_token_ids, spec.topk)
-        per_call = SCORE_REQUESTS_PER_CALL
+        builder = ScoreResultBuilder(spec.label_token_ids, spec.topk)
+        max_requests = SCORE_MAX_REQUESTS
     else:
-        encoder = BeamEncoder(tokenizer, spec.stop_token_ids, spec.width, items=item_ids)
-        per_call = spec.max_requests
-    batching = runtime.batching and per_call > 1
+        builder = BeamResultBuilder(tokenizer, spec.stop_token_ids, spec.width, items=item_ids)
+        max_requests = spec.max_requests
+    batching = runtime.batching and max_requests > 1
     dev = torch.device(device)
     contexts = [RequestContext(spec.call_max_tokens, spec.call_max_samples, dev) for _ in range(runtime.contexts)]
     extra = {**(extra or {}), "contexts": runtime.contexts, "executors": runtime.executors, "cuda_graphs": use_graphs,
              "batching": batching, "batch_wait_ms": runtime.batch_wait_ms if batching else 0.0,
              # Requests the server should let in at once: one per context, more when they share calls.
-             "concurrency": runtime.contexts * (per_call if batching else 1)}
-    return LocalEngine(EngineSpec(name, spec, device, dtype, extra), packer, runner, encoder, contexts,
+             "concurrency": runtime.contexts * (max_requests if batching else 1)}
+    return LocalEngine(EngineSpec(name, spec, device, dtype, extra), packer, runner, builder, contexts,
                        runtime.executors, batching, runtime.batch_wait_ms)

@@ -3,7 +3,7 @@
     texts -> RequestPacker.encode (CPU: bounds, template, tokens)   -> PackedBatch
     PackedBatch x R -> concat_packed -> RequestPacker.stage (pad for CUDA graphs, write into a
                        request context's buffers)                  -> tokens, positions, cu_seqlens
-    program outputs -> to_host -> each request's rows -> ScoreEncoder / BeamEncoder -> result
+    program outputs -> to_host -> each request's rows -> ScoreResultBuilder / BeamResultBuilder -> result
 
 The engine (runtime/local_engine.py) runs these in that order for every request, batched or not.
 """
@@ -51,7 +51,7 @@ class RequestPacker:
             raise InvalidInput(f"the request has {total} tokens in all; this model accepts at most {b.max_total_tokens}")
         return batch
 
-    def encode_ids(self, samples: list) -> PackedBatch:
+    def pack_ids(self, samples: list) -> PackedBatch:
         """Check samples given as token ids against the bounds and the vocabulary, and pack them
         (no template: the ids are the model's input, as SGLang's pre-tokenized /v1/score sends them)."""
         b = self.bounds
@@ -117,7 +117,7 @@ def to_host(ctx, tensors: Sequence[torch.Tensor]) -> list[np.ndarray]:
     return [h.numpy() for h in host]
 
 
-class ScoreEncoder:
+class ScoreResultBuilder:
     """A score call's host outputs -> one result per request.
 
     The outputs are artifact/tensors.py's score_outputs: probs, then lse and label_logits (label
@@ -139,7 +139,7 @@ class ScoreEncoder:
             row += packed.num_samples
         return shares
 
-    def encode(self, probs: np.ndarray, *rest: np.ndarray) -> ScoreResult:
+    def build(self, probs: np.ndarray, *rest: np.ndarray) -> ScoreResult:
         """probs [N, C], then (lse [N], label_logits [N, C]) when present, (topk_ids, topk_probs)
         when built with top-k, and last the samples' token counts [N] (from `split`)."""
         *outputs, lengths = rest
@@ -154,7 +154,7 @@ class ScoreEncoder:
         return result
 
 
-class BeamEncoder:
+class BeamResultBuilder:
     """A beam call's host outputs (token_ids, scores, finished: R x W rows) -> one result per request.
     `items`: a search constrained to a catalogue, whose program also returns beam_indices and
     item_ids (programs/constraint.py): each candidate's item id comes with it (-1: none)."""
@@ -171,7 +171,7 @@ class BeamEncoder:
         w = self.width
         return [[h[i * w:(i + 1) * w] for h in host] for i in range(len(batches))]
 
-    def encode(self, ids: np.ndarray, scores: np.ndarray, finished: np.ndarray, beam_indices: np.ndarray | None = None,
+    def build(self, ids: np.ndarray, scores: np.ndarray, finished: np.ndarray, beam_indices: np.ndarray | None = None,
                item_ids: np.ndarray | None = None) -> BeamResult:
         texts = self.tokenizer.decode_array(ids, self.stop)  # padding (-1) and stop tokens are not text
         return BeamResult(token_ids=ids.astype(np.int32), scores=scores.astype(np.float32, copy=False),

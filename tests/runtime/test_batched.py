@@ -41,11 +41,11 @@ def test_batched_equals_single(engines):
     assert batched._batcher.items == len(TEXTS)
 
 
-def test_model_call_for_the_diagnostic(engines):
-    from boundgen.bench.diagnostic import node_call
+def test_program_call_for_the_diagnostic(engines):
+    from boundgen.bench.diagnostic import program_alone
 
     single, batched = engines
-    probs = node_call(batched, TEXTS[2])()[0]
+    probs = program_alone(batched, TEXTS[2])()[0]
     np.testing.assert_allclose(probs[:3].numpy(), single.score(TEXTS[2]).scores, rtol=1e-5, atol=1e-6)
 
 

@@ -1,11 +1,11 @@
-"""A front-end process's engines: tokenize here, call the engine process over the link, encode here.
+"""A front-end process's engines: tokenize here, call the engine process over the link, build results here.
 
     ServedModel.infer (event loop)
       -> LinkedEngine.run: RequestPacker.encode (bounds, template, token ids)        "pre"
       -> EngineLink.call: SUBMIT on the link; await RESULT or ERROR                  "queue" + "model"
            deadline passes first, or the client goes away: CANCEL (the engine withdraws it,
            unrun, if it still waits), 504 / nothing
-      -> ScoreEncoder / BeamEncoder: rows -> result (candidate texts decoded here)   "post"
+      -> ScoreResultBuilder / BeamResultBuilder: rows -> result (candidate texts decoded here)   "post"
 
 The engine process does only batching, staging, program calls and copying rows back
 (engine_host.py); everything that grows with text, and every protocol, runs in the N front-end
@@ -23,7 +23,7 @@ from boundgen.artifact.program import spec_from_dict
 from boundgen.errors import Cancelled, DeadlineExceeded, InvalidInput
 from boundgen.runtime.engine import Engine, EngineSpec
 from boundgen.runtime.local_engine import CallShare
-from boundgen.runtime.requests import BeamEncoder, RequestPacker, ScoreEncoder
+from boundgen.runtime.requests import BeamResultBuilder, RequestPacker, ScoreResultBuilder
 from boundgen.server.deploy import link
 from boundgen.server.signature import EngineCall
 from boundgen.server.status import Overloaded, Unavailable
@@ -130,7 +130,7 @@ class EngineLink:
 
 
 class LinkedEngine(Engine):
-    """An artifact served from this front end: its tokenizer and encoders here, its program in the
+    """An artifact served from this front end: its tokenizer and result builder here, its program in the
     engine process. `run` is a coroutine (ServedModel awaits it on the event loop: no thread hop)."""
 
     runs_async = True
@@ -144,19 +144,19 @@ class LinkedEngine(Engine):
         options = {**hosted["tokenizer_options"], "threads": tokenize_threads}
         tokenizer = Tokenizer.from_dir(hosted["tokenizer_dir"], **options)
         self.packer = RequestPacker(tokenizer, program)  # tokens only: the engine pads and stages
-        self.encoder = (ScoreEncoder(program.label_token_ids, program.topk) if program.task == "score"
-                        else BeamEncoder(tokenizer, program.stop_token_ids, program.width))
+        self.builder = (ScoreResultBuilder(program.label_token_ids, program.topk) if program.task == "score"
+                        else BeamResultBuilder(tokenizer, program.stop_token_ids, program.width))
 
     async def run(self, call: EngineCall, deadline: float, client: str = ""):
         t0 = time.perf_counter()
-        packed = (self.packer.encode_ids([list(ids) for ids in call.token_ids]) if call.token_ids is not None
+        packed = (self.packer.pack_ids([list(ids) for ids in call.token_ids]) if call.token_ids is not None
                   else self.packer.encode(list(call.texts)))
         t1 = time.perf_counter()
         answer = await self.link.call(self.spec.name, packed, deadline, client)
         t2 = time.perf_counter()
         share = CallShare([link.unpack_array(r) for r in answer["rows"]], answer["queue_s"], answer["model_s"],
                           answer["requests_in_call"])
-        result = self.encoder.encode(*share.rows)
+        result = self.builder.build(*share.rows)
         end = time.perf_counter()
         result.timings = {"pre": t1 - t0, **share.timings(), "post": end - t2, "total": end - t0,
                           "input_tokens": packed.num_tokens,
