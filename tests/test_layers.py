@@ -1,6 +1,7 @@
 """The layers as docs/architecture.md draws them, checked on the source: no import cycle between
 modules or folders (function-level imports included), runtime/ and server/ never import the
-model, the programs or the compiler, and artifact/ (the build/serve contract) imports without torch."""
+model, the programs or the compiler, artifact/ (the build/serve contract) imports without torch,
+ops/ and text/ are leaves, and server/'s core, kserve/, app.py and deploy/ import only downward."""
 
 from __future__ import annotations
 
@@ -129,14 +130,46 @@ def test_ops_and_text_are_leaves():
     assert bad == []
 
 
-def test_server_wings_import_only_downward():
-    """server/deploy/ (front-end processes, replicas) builds on the server's core, never the reverse:
-    the core (admission, served models, protocols) imports nothing from its wings."""
-    wings = ("boundgen.server.deploy",)
-    bad = sorted((m, t) for m, targets in import_graph().items()
-                 if m.startswith("boundgen.server.") and not m.startswith(wings)
-                 for t in targets if t.startswith(wings))
+# server/'s parts, bottom to top; each imports only the parts before it (docs/architecture.md).
+SERVER_PARTS = (
+    "core",    # admission, served models, signature, metrics, config, auth, logs, status, JSON routes
+    "kserve",  # server/kserve/: KServe v2 HTTP and gRPC, wire tensors, shared memory, Triton's extensions
+    "app",     # server/app.py: the serving process, the core's models behind kserve/'s listeners
+    "deploy",  # server/deploy/: front-end processes, replicas, Ray Serve, the process launcher
+    "old",     # old import paths of moved modules, kept for users' code and cluster settings
+)
+OLD_PATHS = ("boundgen.server.launch", "boundgen.server.ray_proxy")
+
+
+def server_part(module: str) -> str | None:
+    """The part of server/ `module` belongs to (SERVER_PARTS); None outside server/."""
+    if not module.startswith("boundgen.server.") and module != "boundgen.server":
+        return None
+    for prefix, part in (("boundgen.server.kserve", "kserve"), ("boundgen.server.deploy", "deploy")):
+        if module == prefix or module.startswith(prefix + "."):
+            return part
+    if module == "boundgen.server.app":
+        return "app"
+    return "old" if module in OLD_PATHS else "core"
+
+
+def test_server_parts_import_only_downward():
+    """The core never imports kserve/, app.py or deploy/; kserve/ never imports app.py or deploy/;
+    app.py never imports deploy/; nothing imports the old paths."""
+    rank = {part: i for i, part in enumerate(SERVER_PARTS)}
+    bad = sorted((m, t) for m, targets in import_graph().items() if server_part(m)
+                 for t in targets if server_part(t) and rank[server_part(t)] > rank[server_part(m)])
     assert bad == []
+    outside = sorted((m, t) for m, targets in import_graph().items() if not server_part(m)
+                     for t in targets if server_part(t) == "old")
+    assert outside == []
+
+
+def test_server_parts_are_told_apart():
+    assert [server_part(m) for m in ("boundgen.server.models", "boundgen.server.kserve.grpc_api",
+                                     "boundgen.server.app", "boundgen.server.deploy.replicas",
+                                     "boundgen.server.launch", "boundgen.runtime.engine")] == \
+        ["core", "kserve", "app", "deploy", "old", None]
 
 
 TASK_DEFINITIONS = ("boundgen/artifact/tasks.py",)  # where score and beam are told apart

@@ -1,5 +1,5 @@
 """A KServe v2 gRPC client for the load generator, on plain grpcio and boundgen's own messages
-(`boundgen.server.kserve_pb`), so that it runs where tritonclient is not installed.
+(`boundgen.server.kserve.pb`), so that it runs where tritonclient is not installed.
 
 Score model: TEXT BYTES [N] in, SCORES FP32 [N, L] out. Beam model: TEXT BYTES [1] in,
 TOKEN_IDS INT32 [W, N_gen], SCORES FP32 [W], TEXT_OUT BYTES [W] out. Inputs go as raw contents
@@ -21,7 +21,7 @@ NUMPY_DTYPES = {"FP32": "<f4", "INT32": "<i4", "INT64": "<i8"}  # the output dat
 
 
 def _pb():
-    from boundgen.server import kserve_pb  # lazily: the bench imports without the server layer
+    from boundgen.server.kserve import pb as kserve_pb  # lazily: the bench imports without the server layer
 
     return kserve_pb
 

@@ -1,7 +1,7 @@
 """The engine a caller (server, CLI, bench) holds: its interface and what it describes.
 
 `Engine` is the interface: `score(texts)` or `beam(text)`, thread-safe; runtime/local_engine.py
-implements it over a loaded program, server/replica_engine.py over worker processes. A call may
+implements it over a loaded program, server/deploy/replica_engine.py over worker processes. A call may
 carry a deadline (`time.monotonic()` seconds) and a `cancelled` event (runtime/waiting.py): a
 request still waiting inside the engine when either fires is not run, and the call raises
 `boundgen.errors.DeadlineExceeded` or `Cancelled`. A request already running is never interrupted.

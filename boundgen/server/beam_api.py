@@ -1,6 +1,6 @@
 """`POST /v1/beam`: a JSON convenience route for beam artifacts, beside `/v1/score` (score_api.py)
-for clients that would rather not build KServe tensors. KServe v2 `infer` stays the fast path:
-each prompt here is one KServe request of TEXT [1], through the same admission and engine.
+for clients that would rather not build KServe tensors. Each prompt here is one engine call, as
+a KServe v2 `infer` of TEXT [1] would be (the same checks, admission and engine), without tensors.
 
     request   {"prompt": "..."}  or  {"prompts": ["...", ...]},  "model": "name" (optional)
     response  {"model": "name", "object": "beam", "candidates": [...]}           (prompt)
@@ -30,13 +30,12 @@ import asyncio
 import numpy as np
 
 from boundgen.errors import InvalidInput
+from boundgen.runtime.results import BeamResult
 from boundgen.server.models import LOADING, ModelSet
 from boundgen.server.score_api import utf8
 from boundgen.server.status import Unavailable
-from boundgen.server.tensors import Tensor
 
 ROUTE = "/v1/beam"
-OUTPUTS = ["TOKEN_IDS", "SCORES", "TEXT_OUT"]
 
 
 def parse(obj) -> dict:
@@ -67,14 +66,12 @@ def pick_model(models: ModelSet, requested: str | None) -> str:
     return models.pick(requested, "beam", ROUTE)
 
 
-def candidates(outputs: list[Tensor]) -> list[dict]:
-    """KServe outputs TOKEN_IDS [W, N_gen], SCORES [W], TEXT_OUT [W] -> `boundgen beam`'s candidates."""
-    by_name = {t.name: t for t in outputs}
-    ids = np.asarray(by_name["TOKEN_IDS"].data).reshape(by_name["TOKEN_IDS"].shape)
-    scores = np.asarray(by_name["SCORES"].data, dtype=np.float32)
-    texts = [t.decode("utf-8") for t in by_name["TEXT_OUT"].data]
+def candidates(result: BeamResult) -> list[dict]:
+    """A beam result -> `boundgen beam`'s candidates, as the KServe outputs TOKEN_IDS [W, N_gen],
+    SCORES [W] (FP32), TEXT_OUT [W] carry them."""
+    scores = np.asarray(result.scores, dtype=np.float32)
     return [{"token_ids": [int(t) for t in row if t >= 0], "text": text, "score": float(score)}
-            for row, text, score in zip(ids, texts, scores)]
+            for row, text, score in zip(np.asarray(result.token_ids), result.texts, scores)]
 
 
 def check_count(models: ModelSet, name: str, prompts: list[str]) -> None:
@@ -87,14 +84,14 @@ def check_count(models: ModelSet, name: str, prompts: list[str]) -> None:
 
 
 async def run(models: ModelSet, name: str, prompts: list[str], deadline: float) -> list[list[dict]]:
-    """Each prompt as one KServe request, side by side; the candidates per prompt, in order."""
+    """Each prompt as one engine call, side by side; the candidates per prompt, in order."""
     check_count(models, name, prompts)
     encoded = [utf8(p, f"prompts[{i}]" if len(prompts) > 1 else "prompt") for i, p in enumerate(prompts)]
+    signature = models.get(name).signature
 
     async def one(i: int, prompt: bytes) -> list[dict]:
-        tensor = Tensor("TEXT", "BYTES", (1,), [prompt])
         try:
-            return candidates(await models.infer(name, "", [tensor], OUTPUTS, deadline))
+            return candidates(await models.run(name, signature.call([prompt]), deadline))
         except InvalidInput as exc:
             raise InvalidInput(f"prompts[{i}]: {exc}" if len(prompts) > 1 else str(exc)) from None
 

@@ -18,11 +18,12 @@ from typing import Any, Callable, Iterator, Sequence
 from boundgen.artifact.tasks import task_named, task_of
 from boundgen.errors import ConfigError, InvalidInput
 from boundgen.runtime.engine import Engine
+from boundgen.runtime.results import BeamResult, ScoreResult
 from boundgen.server.config import ServerConfig
 from boundgen.server.metrics import ServerMetrics
 from boundgen.server.served import VERSION, ServedModel
+from boundgen.server.signature import EngineCall, Tensor
 from boundgen.server.status import Unavailable, status_of
-from boundgen.server.tensors import Tensor
 
 LOADING, READY, DRAINING = "loading", "ready", "draining"
 MAX_TIMEOUT_US = (1 << 63) - 1  # the gRPC int64_param's range; HTTP JSON integers are unbounded
@@ -150,11 +151,11 @@ class ModelSet:
             raise Unavailable("the server is shutting down and admits no new requests")
         return await self.get(name, version).infer(tensors, requested, deadline)
 
-    async def run(self, name: str, call, requested: Sequence[str] | None, deadline: float) -> list[Tensor]:
-        """As `infer`, for a request a JSON route checked itself (served.ServedModel.run)."""
+    async def run(self, name: str, call: EngineCall, deadline: float) -> ScoreResult | BeamResult:
+        """As `infer`, in the engine's terms: a request a JSON route built (served.ServedModel.run)."""
         if self.state == DRAINING:
             raise Unavailable("the server is shutting down and admits no new requests")
-        return await self.get(name).run(call, requested, deadline)
+        return await self.get(name).run(call, deadline)
 
     @contextlib.contextmanager
     def observe(self, protocol: str, name: str, expired: Callable[[], bool] = lambda: False) -> Iterator[None]:

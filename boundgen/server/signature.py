@@ -35,16 +35,30 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 from boundgen.artifact.program import spec_to_dict
 from boundgen.artifact.tasks import REBUILD, task_named, task_of  # noqa: F401 (REBUILD: score_api says it too)
 from boundgen.errors import ConfigError, InvalidInput
 from boundgen.runtime.engine import Engine, EngineSpec
 from boundgen.runtime.results import BeamResult, ScoreResult
-from boundgen.server.tensors import Tensor
 
 MAX_TOKEN_BYTES = 128  # the Qwen vocabulary's longest token, in bytes (see the docstring)
+
+
+@dataclass
+class Tensor:
+    """A named array of a served model's inputs or outputs, whichever protocol carried it (its wire
+    forms: kserve/tensors.py)."""
+
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+    data: Any  # flat: a numpy array of the datatype's dtype (kserve/tensors.py NUMPY_DTYPES), or list[bytes] for BYTES
+
+    @property
+    def size(self) -> int:
+        return len(self.data)
 
 
 @dataclass(frozen=True)
@@ -116,9 +130,18 @@ class Signature:
         if text.datatype != "BYTES":
             raise InvalidInput(f"input TEXT must be BYTES, got {text.datatype}")
         self._check_shape(text.shape)
-        self._check_byte_lengths(text.data)
+        return self._texts_call(text.data)
+
+    def call(self, items: Sequence[bytes]) -> EngineCall:
+        """The engine call of a JSON route's texts (UTF-8), checked as the same texts in a TEXT
+        input are: their count, their byte lengths against the token bounds, UTF-8."""
+        self._check_shape((len(items),))
+        return self._texts_call(items)
+
+    def _texts_call(self, items: Sequence[bytes]) -> EngineCall:
+        self._check_byte_lengths(items)
         texts = []
-        for i, item in enumerate(text.data):
+        for i, item in enumerate(items):
             try:
                 texts.append(item.decode("utf-8"))
             except UnicodeDecodeError as exc:

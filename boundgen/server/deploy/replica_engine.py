@@ -34,9 +34,9 @@ from boundgen.artifact.program import spec_from_dict
 from boundgen.errors import Cancelled, InvalidInput
 from boundgen.runtime.engine import Engine, EngineSpec
 from boundgen.runtime.results import BeamResult, ScoreResult
-from boundgen.server import kserve_pb as pb
+from boundgen.server.kserve import pb
 from boundgen.server.status import DeadlineExceeded, Overloaded, Unavailable
-from boundgen.server.tensors import from_raw, serialize_bytes
+from boundgen.server.kserve.tensors import from_raw, serialize_bytes
 
 WORKER_CALL_TIMEOUT_S = 600.0  # bound on a forwarded call that brings no deadline
 WORKER_GRACE_S = 0.2  # a forwarded call's own timeout: the request's time left plus this
