@@ -22,8 +22,8 @@ from pathlib import Path
 
 import grpc
 
-from boundgen.server import kserve_pb as pb
-from boundgen.server.launch import ServerProcess
+from boundgen.server.kserve import pb
+from boundgen.server.deploy.launch import ServerProcess
 from tests.server.conftest import BEAM_SPEC, SCORE_SPEC
 from tests.server.fake_engine import write_fake_artifact
 

@@ -1,4 +1,4 @@
-"""Regenerate boundgen/server/kserve_pb.py from boundgen/server/kserve.proto (dev time only).
+"""Regenerate boundgen/server/kserve/pb.py from boundgen/server/kserve.proto (dev time only).
 
 Needs grpcio-tools, which the server does not: install it out of the way, e.g.
     .venv/bin/pip install --no-deps --target /tmp/grpctools grpcio-tools==1.85.1
@@ -22,7 +22,7 @@ from grpc_tools import protoc
 ROOT = Path(__file__).resolve().parents[1]
 PROTO_DIR = ROOT / "boundgen" / "server"
 PROTO = "kserve.proto"
-OUT = PROTO_DIR / "kserve_pb.py"
+OUT = PROTO_DIR / "kserve" / "pb.py"
 
 TEMPLATE = '''"""KServe v2 gRPC messages, built from kserve.proto in a private descriptor pool.
 

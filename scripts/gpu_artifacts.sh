@@ -1,4 +1,4 @@
-# Sourced by the GPU scripts: the W1 and W2/W3 artifacts they build, in one place, so that every
+# Sourced by scripts/gpu_served.sh: the W1 and W2/W3 artifacts it builds, in one place, so that every
 # run builds the same ones. `boundgen build CHECKPOINT "${W1_ARGS[@]}" --out DIR $W1_DEFAULT`.
 # W1 bounds hold four 15-sample requests per call, so that concurrent requests can be batched.
 W1_ARGS=(--task score --labels " yes" " no" --max-samples 60 --max-tokens-per-sample 256 --max-total-tokens 15360

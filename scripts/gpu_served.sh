@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Served against in process, same artifact, same run, on a machine of one GPU (< 10 minutes a call):
+# The one GPU run script: boundgen served against in process, same artifact, same run, on a machine of
+# one GPU (< 10 minutes a call), with the peers, A/Bs, replicas, kernel runs and build reports as lanes:
 #
 #   OUT=/some/dir WORKLOADS="W1;W2,W3" bash scripts/gpu_served.sh   (first call: builds both artifacts)
 #   OUT=/some/dir WORKLOADS="W2,W3" bash scripts/gpu_served.sh       (a later call on the same machine)
@@ -12,16 +13,32 @@
 # where FRONTENDS_AB=1, and with the serve flags W1_SERVED_AB / BEAM_SERVED_AB added where set (one
 # more served lane of that artifact per set; sets separated by ";"). PYSPY=1 (py-spy wheel under .whl/): the serve processes sampled for
 # 5 s at the capacity concurrency. While the builds compile: GPU_TESTS (test files whose GPU tests
-# run) and KERNELS (arguments of python -m boundgen.bench.kernels; several runs separated by ";").
+# run) and KERNELS (arguments of python -m boundgen.bench.kernels; several runs separated by ";"; a run
+# that starts with a module name of boundgen/bench/ instead runs that module, e.g. "decode_mlp --rows 100,800" or "selection").
 # CATALOGUE (arguments of python -m boundgen.bench.catalogue) runs with them too.
 # Every result records the host (CPU model, cores, cores used).
-# INPROC=0 / SERVED=0 leave the in-process bench / the default served lane out (an A/B call on a machine
+# INPROC=0 / SERVED=0 leave the in-process benches / the default served lane out (an A/B call on a machine
 # that already measured them); CALLS=1 adds the call curve (bench/calls.py) after the in-process bench.
 # W1_B (build flags in place of $W1_DEFAULT): a second W1 artifact ($WORK/art/w1b) built beside the first and
-# benched after it in every W1 lane (inproc_w1b, served_w1b): a build flag's A/B in one run. Only the
+# benched after it in every W1 lane (inproc_w1b, served_w1b): a build flag's A/B in one run; BEAM_B (in place of
+# $BEAM_DEFAULT) likewise for the beam artifact ($WORK/art/beamb; inproc_beamb, served_beamb). Only the
 # artifacts of the workloads in WORKLOADS are built.
 # Knobs: WORK (/tmp/boundgen_served), SWEEP_W1, SWEEP_BEAM, FRONTENDS (4), CLIENT_PROCS (4),
 # SERVER_CORES (0-7), CLIENT_CORES (8-15), BENCH_CORES (8-15), TOTAL_S (570).
+# More lanes, each off unless set:
+#   PEERS         HF transformers peer modes (eager, compiled or eager,compiled) measured in the in-process
+#                 bench's command, after boundgen, each in its own process, so that one JSON holds boundgen
+#                 and the peers of the same run; PEER_FLAGS more peer flags (e.g. "--peer-max-batch 1"),
+#                 PEER_S (300) the seconds they may add to the step.
+#   PROFILE=1     the in-process bench also profiles 20 requests at the capacity point (and, on W1, runs the
+#                 1,024-token diagnostic).
+#   W1_INPROC_AB / BEAM_INPROC_AB  engine flag sets (";"), each one more in-process bench of the artifact
+#                 (e.g. "--contexts 1", "--tokenizer tokenizers"): inproc_ab_1_TAG, _2, ...
+#   REPLICAS      GPU counts (e.g. "1 2"): one more served lane per count, `serve --gpus N --frontends 1`
+#                 (one worker process per GPU behind one front end): served_gpus_N_TAG.
+#   REPORT=1      per artifact: `python -m boundgen.compile.report` (build seconds, size, load, first and
+#                 warm call, validation) in a fresh process, and the C++ wrapper of each package (which
+#                 kernels and copies a call launches) under $RES/wrapper_ART/.
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -43,7 +60,23 @@ SWEEP_BEAM="${SWEEP_BEAM:---concurrency 1,2,4,6,8,12,16 --duration 2 --warmup 0.
 start=$SECONDS
 left() { echo $(( TOTAL_S - (SECONDS - start) )); }
 log() { echo "[gpu_served +$(( SECONDS - start ))s] $*" | tee -a "$RES/run.log" >&2; }
-source "$root/scripts/gpu_step.sh"  # step LIMIT_S NAME CORES CMD...
+# step LIMIT_S NAME CORES CMD...: CMD on CORES (taskset, where the machine has it) with its output in
+# $RES/NAME.log, interrupted after LIMIT_S (or the run's time left), its command line appended to
+# $RES/commands.txt; returns CMD's status (124 when skipped for lack of time).
+PIN=(); command -v taskset > /dev/null && PIN=(taskset -c)
+step() {
+  local limit=$1 name=$2 cores=$3
+  shift 3
+  (( limit > $(left) )) && limit=$(left)
+  if (( limit < 15 )); then log "SKIP $name: out of time"; return 124; fi
+  log "$name (limit ${limit}s, cores $cores)"
+  printf '%q ' "$@" >> "$RES/commands.txt"; echo >> "$RES/commands.txt"
+  timeout -s INT -k 20 "$limit" ${PIN[@]+"${PIN[@]}" "$cores"} "$@" > "$RES/$name.log" 2>&1
+  local rc=$?
+  log "$name: exit $rc"
+  (( rc )) && tail -n 12 "$RES/$name.log" >&2
+  return $rc
+}
 { date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1
   python3 -c 'import sys, torch, triton; print("python", sys.version.split()[0], "torch", torch.__version__, "triton", triton.__version__)'
   echo "commit $(cat "$root/COMMIT" 2>/dev/null || git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)"
@@ -73,6 +106,11 @@ if [[ $wants_beam == 1 && ! -f "$WORK/art/beam/manifest.json" ]]; then
   step 300 build_beam 8-15 python3 -m boundgen build "$Q2" "${BEAM_ARGS[@]}" --out "$WORK/art/beam" $BEAM_DEFAULT &
   builds+=($!)
 fi
+if [[ $wants_beam == 1 && -n "${BEAM_B:-}" && ! -f "$WORK/art/beamb/manifest.json" ]]; then
+  # shellcheck disable=SC2086
+  step 300 build_beamb 0-7 python3 -m boundgen build "$Q2" "${BEAM_ARGS[@]}" --out "$WORK/art/beamb" $BEAM_B &
+  builds+=($!)
+fi
 if [[ -n "${GPU_TESTS:-}" ]]; then
   # shellcheck disable=SC2086
   step 150 gpu_tests 12-15 env TRITON_INTERPRET=0 python3 -m pytest -q -m gpu $GPU_TESTS -p no:cacheprovider
@@ -82,8 +120,11 @@ k=0
 for kargs in "${kernel_runs[@]}"; do
   [[ -z "${kargs// }" ]] && continue
   k=$(( k + 1 ))
+  read -r -a kwords <<< "$kargs"
+  kmodule=kernels  # a run that starts with a module name of boundgen/bench/ runs that module
+  [[ "${kwords[0]}" != -* && -f "$root/boundgen/bench/${kwords[0]}.py" ]] && { kmodule=${kwords[0]}; kargs=${kargs#*"$kmodule"}; }
   # shellcheck disable=SC2086
-  (cd "$RES" && step 120 "kernels_$k" 12-15 python3 -m boundgen.bench.kernels $kargs)
+  (cd "$RES" && step 120 "kernels_$k" 12-15 python3 -m "boundgen.bench.$kmodule" $kargs)
 done
 if [[ -n "${CATALOGUE:-}" ]]; then
   # shellcheck disable=SC2086
@@ -105,7 +146,8 @@ served() {
     kill -0 $pid 2>/dev/null || break
     sleep 0.5
   done
-  port=$(grep -o 'grpc=[^ ]*' "$RES/$name/serve.log" | head -1 | cut -d: -f2)
+  # the front end's own port (with --gpus, its workers' lines name theirs first)
+  port=$(grep 'boundgen serve: listening' "$RES/$name/serve.log" | grep -o 'grpc=[^ ]*' | head -1 | cut -d: -f2)
   if [[ -z "$port" ]] || ! grep -q "boundgen serve: ready" "$RES/$name/serve.log"; then
     log "$name: the server did not become ready"; tail -n 20 "$RES/$name/serve.log" >&2; kill $pid 2>/dev/null; return 1
   fi
@@ -128,23 +170,64 @@ served() {
   log "$name: serve exit $?"
 }
 
+# report_artifact NAME ART: the artifact's build report in a fresh process (a cold load) and the C++ wrapper of
+# each of its packages (which kernels and copies a call launches, in order), under $RES/.
+report_artifact() {
+  step 120 "report_$1" "$BENCH_CORES" python3 -m boundgen.compile.report "$2" --json "$RES/report_$1.json"
+  python3 - "$2" "$RES/wrapper_$1" <<'PY' || true
+import sys, zipfile
+from pathlib import Path
+art, dest = Path(sys.argv[1]), Path(sys.argv[2])
+for pkg in sorted(art.glob("*.pt2")):
+    with zipfile.ZipFile(pkg) as z:
+        for name in z.namelist():
+            if name.endswith(".cpp"):
+                out = dest / pkg.stem / Path(name).name
+                out.parent.mkdir(parents=True, exist_ok=True)
+                out.write_bytes(z.read(name))
+PY
+}
+
 lanes=()  # WORKLOADS groups, W1 followed by its B artifact where W1_B is set
 for group in ${WORKLOADS//;/ }; do
   lanes+=("$group")
   [[ "$group" == W1 && -n "${W1_B:-}" ]] && lanes+=(W1b)
+  [[ "$group" != W1 && -n "${BEAM_B:-}" ]] && lanes+=("${group}b")
 done
 for lane in ${lanes[@]+"${lanes[@]}"}; do
   group=${lane%b}
   if [[ "$lane" == W1 ]]; then art="$WORK/art/w1"; md="$Q3"; sweep="$SWEEP_W1"; tag=w1; ab="${W1_SERVED_AB:-}"
   elif [[ "$lane" == W1b ]]; then art="$WORK/art/w1b"; md="$Q3"; sweep="$SWEEP_W1"; tag=w1b; ab=""
+  elif [[ "$lane" == *b ]]; then art="$WORK/art/beamb"; md="$Q2"; sweep="$SWEEP_BEAM"; tag=beamb; ab=""
   else art="$WORK/art/beam"; md="$Q2"; sweep="$SWEEP_BEAM"; tag=beam; ab="${BEAM_SERVED_AB:-}"; fi
   [[ -f "$art/manifest.json" ]] || { log "no artifact $art"; continue; }
   cp "$art/manifest.json" "$RES/manifest_$tag.json"
+  [[ "${REPORT:-0}" == 1 ]] && report_artifact "$tag" "$art"
+  profile=(); inproc_s=150
+  [[ "${PROFILE:-0}" == 1 ]] && profile+=(--profile --profile-requests 20)
+  [[ "${PROFILE:-0}" == 1 && $tag == w1* ]] && profile+=(--diagnostic)
+  inproc_flags=(${profile[@]+"${profile[@]}"})
+  if [[ -n "${PEERS:-}" && ( $tag == w1 || $tag == beam ) ]]; then  # after boundgen, in its command: one JSON, one run
+    inproc_flags+=(--peer "$md" --peer-mode "$PEERS"); inproc_s=$(( 150 + ${PEER_S:-300} ))
+    read -r -a peer_flags <<< "${PEER_FLAGS:-}"; inproc_flags+=(${peer_flags[@]+"${peer_flags[@]}"})
+  fi
   if [[ "${INPROC:-1}" == 1 ]]; then
     # shellcheck disable=SC2086
-    step 150 "inproc_$tag" "$BENCH_CORES" python3 -m boundgen bench --workload "$group" --artifact "$art" \
-      --out "$RES/inproc_$tag" --seed 0 $sweep
+    step $inproc_s "inproc_$tag" "$BENCH_CORES" python3 -m boundgen bench --workload "$group" --artifact "$art" \
+      --out "$RES/inproc_$tag" --seed 0 $sweep ${inproc_flags[@]+"${inproc_flags[@]}"}
   fi
+  inproc_ab=""  # the A artifacts only
+  [[ $tag == w1 ]] && inproc_ab="${W1_INPROC_AB:-}"
+  [[ $tag == beam ]] && inproc_ab="${BEAM_INPROC_AB:-}"
+  IFS=';' read -r -a ab_sets <<< "$inproc_ab"
+  j=0
+  for flags in "${ab_sets[@]}"; do  # the same artifact under other engine flags: inproc_ab_1_TAG, _2, ...
+    [[ -z "${flags// }" ]] && continue
+    j=$(( j + 1 )); mkdir -p "$RES/inproc_ab_${j}_$tag"; echo "$flags" > "$RES/inproc_ab_${j}_$tag/engine_flags"
+    # shellcheck disable=SC2086
+    step 150 "inproc_ab_${j}_$tag" "$BENCH_CORES" python3 -m boundgen bench --workload "$group" --artifact "$art" \
+      --out "$RES/inproc_ab_${j}_$tag" --seed 0 $sweep $flags
+  done
   if [[ "${CALLS:-0}" == 1 ]]; then  # what a call costs against the requests it holds (bench/calls.py)
     if [[ $tag == w1* ]]; then calls_wl=W1; calls_r=1,2,4; else calls_wl=W2; calls_r=1,2,4,8; fi
     step 60 "calls_$tag" "$BENCH_CORES" python3 -m boundgen.bench.calls "$art" --workload $calls_wl \
@@ -161,6 +244,9 @@ for lane in ${lanes[@]+"${lanes[@]}"}; do
   if [[ "${FRONTENDS_AB:-0}" == 1 ]]; then
     served "served1_$tag" "$art" "$md" "$group" 1 "$sweep"
   fi
+  for g in ${REPLICAS:-}; do  # one worker process per GPU behind one front end
+    served "served_gpus_${g}_$tag" "$art" "$md" "$group" 1 "$sweep" "--gpus $g"
+  done
 done
 shopt -s nullglob
 { echo "# boundgen served vs in process ($(( SECONDS - start )) s)"; cat "$RES/env.txt"; echo
@@ -168,6 +254,7 @@ shopt -s nullglob
   for f in "$RES"/calls_*.log; do echo "## $f"; cat "$f"; done
   for f in "$RES"/bench_*.log "$RES"/inproc_*.log; do echo "## $f"; grep -E "c=|client_check|WARNING|host" "$f" | tail -n 30; done
   for f in "$RES"/kernels_*.log "$RES"/catalogue.log "$RES"/gpu_tests.log; do echo "## $f"; tail -n 60 "$f"; done
+  for f in "$RES"/report_*.log "$RES"/build_*.log; do echo "## $f"; grep -E '^\| |validat|FAILED|error' "$f" | tail -n 14; done
   for f in "$RES"/*.md; do echo "## $f"; cat "$f"; done
 } > "$OUT/summary.md" 2>&1
 cat "$OUT/summary.md"

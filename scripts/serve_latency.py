@@ -22,7 +22,7 @@ import numpy as np
 import tritonclient.grpc as tgrpc
 import tritonclient.http as thttp
 
-from boundgen.server.launch import ServerProcess, free_port
+from boundgen.server.deploy.launch import ServerProcess, free_port
 
 WARMUP = 20
 THREADS = 4

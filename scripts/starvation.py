@@ -62,8 +62,8 @@ def infer_body(texts) -> bytes:
 
 
 def grpc_infer_bytes(model: str, texts, shape=None) -> bytes:
-    from boundgen.server import kserve_pb as pb
-    from boundgen.server.tensors import serialize_bytes
+    from boundgen.server.kserve import pb
+    from boundgen.server.kserve.tensors import serialize_bytes
 
     request = pb.ModelInferRequest(model_name=model)
     request.inputs.add(name="TEXT", datatype="BYTES", shape=list(shape or [len(texts)]))
@@ -373,7 +373,7 @@ ATTACKS = {
 
 def start_server(frontends: int, engine: str, root: Path):
     """(ServerProcess, Target) of a started server (see the module docstring)."""
-    from boundgen.server.launch import ServerProcess
+    from boundgen.server.deploy.launch import ServerProcess
 
     common = ["--idle-timeout-s", str(IDLE_S), "--read-timeout-s", str(IDLE_S)]
     if engine == "fake":

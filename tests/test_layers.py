@@ -1,6 +1,7 @@
 """The layers as docs/architecture.md draws them, checked on the source: no import cycle between
 modules or folders (function-level imports included), runtime/ and server/ never import the
-model, the programs or the compiler, and artifact/ (the build/serve contract) imports without torch."""
+model, the programs or the compiler, artifact/ (the build/serve contract) imports without torch,
+ops/ and text/ are leaves, and server/'s core, kserve/, app.py and deploy/ import only downward."""
 
 from __future__ import annotations
 
@@ -129,11 +130,88 @@ def test_ops_and_text_are_leaves():
     assert bad == []
 
 
-def test_server_wings_import_only_downward():
-    """server/deploy/ (front-end processes, replicas) builds on the server's core, never the reverse:
-    the core (admission, served models, protocols) imports nothing from its wings."""
-    wings = ("boundgen.server.deploy",)
-    bad = sorted((m, t) for m, targets in import_graph().items()
-                 if m.startswith("boundgen.server.") and not m.startswith(wings)
-                 for t in targets if t.startswith(wings))
+# server/'s parts, bottom to top; each imports only the parts before it (docs/architecture.md).
+SERVER_PARTS = (
+    "core",    # admission, served models, signature, metrics, config, auth, logs, status, JSON routes
+    "kserve",  # server/kserve/: KServe v2 HTTP and gRPC, wire tensors, shared memory, Triton's extensions
+    "app",     # server/app.py: the serving process, the core's models behind kserve/'s listeners
+    "deploy",  # server/deploy/: front-end processes, replicas, Ray Serve, the process launcher
+    "old",     # old import paths of moved modules, kept for users' code and cluster settings
+)
+OLD_PATHS = ("boundgen.server.launch", "boundgen.server.ray_proxy")
+
+
+def server_part(module: str) -> str | None:
+    """The part of server/ `module` belongs to (SERVER_PARTS); None outside server/."""
+    if not module.startswith("boundgen.server.") and module != "boundgen.server":
+        return None
+    for prefix, part in (("boundgen.server.kserve", "kserve"), ("boundgen.server.deploy", "deploy")):
+        if module == prefix or module.startswith(prefix + "."):
+            return part
+    if module == "boundgen.server.app":
+        return "app"
+    return "old" if module in OLD_PATHS else "core"
+
+
+def test_server_parts_import_only_downward():
+    """The core never imports kserve/, app.py or deploy/; kserve/ never imports app.py or deploy/;
+    app.py never imports deploy/; nothing imports the old paths."""
+    rank = {part: i for i, part in enumerate(SERVER_PARTS)}
+    bad = sorted((m, t) for m, targets in import_graph().items() if server_part(m)
+                 for t in targets if server_part(t) and rank[server_part(t)] > rank[server_part(m)])
     assert bad == []
+    outside = sorted((m, t) for m, targets in import_graph().items() if not server_part(m)
+                     for t in targets if server_part(t) == "old")
+    assert outside == []
+
+
+def test_server_parts_are_told_apart():
+    assert [server_part(m) for m in ("boundgen.server.models", "boundgen.server.kserve.grpc_api",
+                                     "boundgen.server.app", "boundgen.server.deploy.replicas",
+                                     "boundgen.server.launch", "boundgen.runtime.engine")] == \
+        ["core", "kserve", "app", "deploy", "old", None]
+
+
+TASK_DEFINITIONS = ("boundgen/artifact/tasks.py",)  # where score and beam are told apart
+TASK_CLASSES = {"ScoreSpec", "BeamSpec", "ScoreResult", "BeamResult", "ScoreTask", "BeamTask", "ScoreResultBuilder",
+                "BeamResultBuilder", "ScoreProgram", "BeamProgram"}
+
+
+def task_branches(tree: ast.AST) -> list[int]:
+    """Lines that tell score from beam by hand: a comparison with a task's name ("score" / "beam")
+    or of anything called `task`, an isinstance against a task's classes."""
+    names = {"score", "beam"}
+    lines = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare):
+            equality = any(isinstance(op, (ast.Eq, ast.NotEq)) for op in node.ops)
+            for operand in (node.left, *node.comparators):
+                values = operand.elts if isinstance(operand, (ast.Tuple, ast.List, ast.Set)) else [operand]
+                named = any(isinstance(v, ast.Constant) and v.value in names for v in values)
+                is_task = (isinstance(operand, ast.Name) and operand.id == "task") or (
+                    isinstance(operand, ast.Attribute) and operand.attr == "task")
+                if named or (equality and is_task):  # `task in TASKS` (a known task?) is no branch
+                    lines.append(node.lineno)
+                    break
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "isinstance":
+            if TASK_CLASSES & {n.id for n in ast.walk(node.args[1]) if isinstance(n, ast.Name)}:
+                lines.append(node.lineno)
+    return lines
+
+
+def test_score_and_beam_are_told_apart_only_by_their_task_objects():
+    """Each task is defined once (artifact/tasks.py); everything else asks the task of a spec or picks
+    its part from a registry by task name. A third task must not mean editing branches in 14 files."""
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(PACKAGE.parent).as_posix()
+        if rel not in TASK_DEFINITIONS:
+            found += [f"{rel}:{line}" for line in task_branches(ast.parse(path.read_text()))]
+    assert found == []
+
+
+def test_the_task_branch_finder_finds_branches():
+    code = ('if spec.task == "score": pass\nif task != x: pass\nok = mode == "compiled"\n'
+            'if isinstance(spec, BeamSpec): pass\nif name in ("score", "beam"): pass\nif kind == "scored": pass\n'
+            'if task in TASKS: pass\n')
+    assert task_branches(ast.parse(code)) == [1, 2, 4, 5]

@@ -26,7 +26,7 @@ import json
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 
-from boundgen.artifact.program import option, spec_from_dict, spec_to_dict
+from boundgen.artifact.program import SPECS, option, spec_from_dict, spec_to_dict
 from boundgen.errors import ArtifactError, ConfigError
 
 SCHEMA = "boundgen.artifact/3"
@@ -129,7 +129,7 @@ class Manifest:
         except (ConfigError, TypeError) as exc:
             raise ArtifactError(f"{where} has an invalid program spec: {exc}; rebuild the artifact") from None
         runtime, compiled = _section(RuntimeConfig, raw["runtime"], where), _section(CompileRecord, raw["compile"], where)
-        if program.task != raw["task"]:
+        if SPECS.get(raw["task"]) is not type(program):  # the recorded task names the program's kind
             raise ArtifactError(f"{where} says task {raw['task']!r} but its program is a {program.task} program")
         return cls(name=raw["name"], created=raw["created"], model=raw["model"], program=program,
                    interface=raw["interface"], runtime=runtime, compile=compiled, validation=raw["validation"],

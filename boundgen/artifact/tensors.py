@@ -72,13 +72,6 @@ def score_outputs(topk: int, vocab: bool = True) -> tuple[str, ...]:
     return SCORE_OUTPUTS + (VOCAB_OUTPUTS if vocab else ()) + (TOPK_OUTPUTS if topk else ())
 
 
-def output_names(spec) -> tuple[str, ...]:
-    """The outputs of a spec's program (as built now), in order."""
-    if spec.task != "score":
-        return BEAM_OUTPUTS + ((ITEM_OUTPUT,) if getattr(spec, "constrained", False) else ())
-    return score_outputs(spec.topk, vocab=not getattr(spec, "head_path", None))
-
-
 def has_vocab_outputs(interface: dict) -> bool:
     """Whether an artifact's recorded tensors (the manifest's "interface") include VOCAB_OUTPUTS."""
     return all(name in interface.get("tensors", {}) for name in VOCAB_OUTPUTS)
@@ -96,31 +89,3 @@ def run_stages(prefill: Callable, step: Callable, finish: Callable, step_ids: Se
     for step_id in step_ids:
         state = step(step_id, prefix_k, prefix_v, cu_seqlens, *trie, *state)
     return finish(*trie, *state[len(SUFFIX_KV):])  # the suffix K/V are not needed past the last step
-
-
-def tensor_interface(spec, num_classes: int) -> dict:
-    """The program's tensors (what the manifest records): direction, dtype, shape with dims by name."""
-    if spec.task == "score":
-        seqs, rows = "B+1", "B"
-        tensors = {"probs": ("output", "float32", [rows, num_classes])}
-        if not getattr(spec, "head_path", None):
-            tensors["lse"] = ("output", "float32", [rows])
-            tensors["label_logits"] = ("output", "float32", [rows, num_classes])
-        if spec.topk:
-            tensors["topk_ids"] = ("output", "int64", [rows, spec.topk])
-            tensors["topk_probs"] = ("output", "float32", [rows, spec.topk])
-        tokens = "T"
-    else:
-        w, n = spec.width, spec.steps
-        rows, tokens, seqs = f"R*{w}", "L", "R+1"  # R requests of W beams
-        tensors = {"token_ids": ("output", "int64", [rows, n]), "scores": ("output", "float32", [rows]),
-                   "finished": ("output", "bool", [rows]), "beam_indices": ("output", "int64", [rows, n])}
-        if getattr(spec, "constrained", False):
-            tensors[ITEM_OUTPUT] = ("output", "int64", [rows])
-    inputs = {"tokens": ("input", "int64", [tokens]), "positions": ("input", "int64", [tokens]),
-              "cu_seqlens": ("input", "int32", [seqs])}
-    if getattr(spec, "constrained", False):
-        inputs.update({name: ("input", "bool" if name in ("reach", "ends") else "int64", shape) for name, shape in
-                       zip(TRIE, (["M"],) * len(TRIE))})
-    return {name: {"direction": io, "dtype": dtype, "shape": shape}
-            for name, (io, dtype, shape) in {**inputs, **tensors}.items()}

@@ -1,7 +1,7 @@
 """What a program call costs against the requests it holds: does batching pay?
 
 For R = 1, 2, 4, ... up to what one call's bounds allow, R copies of one request run as one
-call of the engine's program (`LocalEngine.model_call`, staged once, the device synchronised
+call of the engine's program (`LocalEngine.program_call`, staged once, the device synchronised
 after each call; CUDA graphs replayed when the engine captured them), timed over `iterations`
 calls after `warmup`. Per-call time that grows sub-linearly in R is what makes batching pay.
 GPU time only: no tokenizing, no RPC, no queueing.
@@ -22,7 +22,7 @@ def call_curve(engine, texts: Sequence[str], requests: Sequence[int] = (1, 2, 4,
     rows = []
     for r in requests:
         try:
-            call = engine.model_call(list(texts), copies=r)
+            call = engine.program_call(list(texts), copies=r)
         except ValueError:
             break
         for _ in range(warmup):

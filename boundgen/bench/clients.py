@@ -60,6 +60,16 @@ class _Job:
     kwargs: dict  # for loadgen.run_closed / run_open
 
 
+@dataclass(frozen=True)
+class _Reply:
+    """A client process's answer (child -> parent): "ready" once its target is built, "done" with a
+    level's run, or "error" with why its build or level failed."""
+
+    status: str  # "ready" | "done" | "error"
+    run: loadgen.LevelRun | None = None
+    error: str = ""
+
+
 @dataclass
 class _Child:
     process: multiprocessing.Process
@@ -114,9 +124,9 @@ def _child_main(conn, target: TargetSpec, requests: list, works: list | None, of
         if works is not None:  # the parent computed each request's work: look it up by object
             by_id = {id(r): w for r, w in zip(pool, works[offset:] + works[:offset])}
             work_of = lambda request: by_id[id(request)]  # noqa: E731
-        conn.send(("ready", os.getpid()))
+        conn.send(_Reply("ready"))
     except Exception as exc:
-        conn.send(("error", f"{type(exc).__name__}: {exc}"))
+        conn.send(_Reply("error", error=f"{type(exc).__name__}: {exc}"))
         os._exit(1)
     clock = loadgen.Clock()
     while True:
@@ -131,9 +141,9 @@ def _child_main(conn, target: TargetSpec, requests: list, works: list | None, of
             run_level = loadgen.run_closed if job.kind == "closed" else loadgen.run_open
             load = int(job.load) if job.kind == "closed" else job.load
             run = run_level(call, pool, load, clock=clock, work_of=work_of, progress=None, **job.kwargs)
-            conn.send(("done", run))
+            conn.send(_Reply("done", run))
         except Exception as exc:
-            conn.send(("error", f"{type(exc).__name__}: {exc}"))
+            conn.send(_Reply("error", error=f"{type(exc).__name__}: {exc}"))
     close = getattr(call, "close", None)
     if close:
         try:
@@ -179,11 +189,11 @@ class ClientPool:
             child = self._children[k]
             ready = child.conn.poll(max(0.0, deadline - self.clock.now()))
             try:
-                status, detail = child.conn.recv() if ready else ("error", f"not ready in {self.start_timeout_s:g} s")
+                reply = child.conn.recv() if ready else _Reply("error", error=f"not ready in {self.start_timeout_s:g} s")
             except EOFError:
-                status, detail = "error", f"ended with exit code {child.process.exitcode}"
-            if status != "ready":
-                raise RuntimeError(f"client process {k} could not build its target: {detail}")
+                reply = _Reply("error", error=f"ended with exit code {child.process.exitcode}")
+            if reply.status != "ready":
+                raise RuntimeError(f"client process {k} could not build its target: {reply.error}")
 
     def _kill(self, k: int) -> None:
         child, self._children[k] = self._children[k], None
@@ -218,14 +228,14 @@ class ClientPool:
                 k = conns[conn]
                 pending.discard(k)
                 try:
-                    status, detail = conn.recv()
+                    reply = conn.recv()
                 except (EOFError, OSError):
-                    status, detail = "error", "the client process ended"
-                if status == "done":
-                    runs[k] = detail
+                    reply = _Reply("error", error="the client process ended")
+                if reply.status == "done":
+                    runs[k] = reply.run
                 else:
                     lost.append(k)
-                    self._say(f"client process {k} failed: {detail}")
+                    self._say(f"client process {k} failed: {reply.error}")
                     self._kill(k)
         for k in sorted(pending):
             self._say(f"client process {k} did not answer within {bound_s + self.kill_grace_s:.0f} s: killed")

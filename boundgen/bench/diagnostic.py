@@ -1,9 +1,9 @@
 """The seed's framework-overhead diagnostic: one fixed 1,024-token score request (4 samples x 256
-tokens), sequentially, through the full engine (`engine.score(texts)`: tokenise, pack, model
-node, encode results) and through the compiled model node alone, on inputs prepared once.
+tokens), sequentially, through the full engine (`engine.score(texts)`: tokenise, pack, the
+program, build results) and through the compiled program alone, on inputs prepared once.
 The seed saw ~1% difference.
 
-The one adapter is `node_call`: an engine offers `engine.model_call(texts)` returning a
+The one adapter is `program_alone`: an engine offers `engine.program_call(texts)` returning a
 zero-argument callable that runs its compiled program once on the packed inputs of `texts`
 (prepared once by its own pre-processing, on a context of its own) and returns after the device
 has finished (runtime/local_engine.py).
@@ -29,13 +29,13 @@ def fixed_request(tokenizer, seed: int = 1024) -> Request:
     return Request(0, texts, (TOKENS_PER_SAMPLE,) * SAMPLES)
 
 
-def node_call(engine, texts: Sequence[str]) -> Callable[[], object]:
+def program_alone(engine, texts: Sequence[str]) -> Callable[[], object]:
     """A zero-argument callable running the engine's program alone on `texts`, prepared once."""
-    model_call = getattr(engine, "model_call", None)
-    if not callable(model_call):
-        raise NotImplementedError(f"{type(engine).__name__} has no model_call(texts): the diagnostic cannot reach "
+    program_call = getattr(engine, "program_call", None)
+    if not callable(program_call):
+        raise NotImplementedError(f"{type(engine).__name__} has no program_call(texts): the diagnostic cannot reach "
                                   "its program")
-    return model_call(list(texts))
+    return program_call(list(texts))
 
 
 def _mean_ms(fn: Callable, iterations: int, warmup: int) -> float:
@@ -48,15 +48,16 @@ def _mean_ms(fn: Callable, iterations: int, warmup: int) -> float:
 
 
 def run_diagnostic(engine, request: Request, *, iterations: int = 100, warmup: int = 10) -> dict:
-    """Mean ms per request, engine vs node; both loops interleaved twice so drift shows as spread."""
+    """Mean ms per request, engine vs program alone; both loops interleaved twice so drift shows as spread."""
     texts = list(request.texts)
-    node = node_call(engine, texts)
-    engine_ms, node_ms = [], []
+    program = program_alone(engine, texts)
+    engine_ms, program_ms = [], []
     for _ in range(2):
         engine_ms.append(_mean_ms(lambda: engine.score(texts), iterations, warmup))
-        node_ms.append(_mean_ms(node, iterations, warmup))
-    e, n = float(np.mean(engine_ms)), float(np.mean(node_ms))
+        program_ms.append(_mean_ms(program, iterations, warmup))
+    e, n = float(np.mean(engine_ms)), float(np.mean(program_ms))
+    # "node_*": the program alone, under the key names recorded results already use
     return {"tokens": request.tokens, "samples": request.samples, "iterations": 2 * iterations,
             "engine_ms": e, "node_ms": n, "engine_qps": 1e3 / e, "node_qps": 1e3 / n,
-            "overhead_pct": 100.0 * (e / n - 1.0), "runs_engine_ms": engine_ms, "runs_node_ms": node_ms,
+            "overhead_pct": 100.0 * (e / n - 1.0), "runs_engine_ms": engine_ms, "runs_node_ms": program_ms,
             "note": "concurrency 1, no RPC"}

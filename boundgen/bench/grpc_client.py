@@ -1,5 +1,5 @@
 """A KServe v2 gRPC client for the load generator, on plain grpcio and boundgen's own messages
-(`boundgen.server.kserve_pb`), so that it runs where tritonclient is not installed.
+(`boundgen.server.kserve.pb`), so that it runs where tritonclient is not installed.
 
 Score model: TEXT BYTES [N] in, SCORES FP32 [N, L] out. Beam model: TEXT BYTES [1] in,
 TOKEN_IDS INT32 [W, N_gen], SCORES FP32 [W], TEXT_OUT BYTES [W] out. Inputs go as raw contents
@@ -13,14 +13,15 @@ import struct
 
 import numpy as np
 
-from boundgen.runtime.results import BeamResult, ScoreResult
+from boundgen.artifact.tasks import task_named
+from boundgen.bench.tasks import bench_task
 
 _LEN = struct.Struct("<I")
 NUMPY_DTYPES = {"FP32": "<f4", "INT32": "<i4", "INT64": "<i8"}  # the output datatypes the models send
 
 
 def _pb():
-    from boundgen.server import kserve_pb  # lazily: the bench imports without the server layer
+    from boundgen.server.kserve import pb as kserve_pb  # lazily: the bench imports without the server layer
 
     return kserve_pb
 
@@ -51,11 +52,7 @@ def server_timings(parameters) -> dict:
 
 def to_result(task: str, outs: dict):
     """Output tensors by name (BYTES as lists of bytes, the rest as arrays) -> ScoreResult | BeamResult."""
-    if task == "score":
-        return ScoreResult(scores=outs["SCORES"], label_token_ids=[])
-    ids = outs["TOKEN_IDS"].astype(np.int32)
-    return BeamResult(token_ids=ids, scores=outs["SCORES"], finished=(ids < 0).any(axis=1),
-                      texts=[b.decode("utf-8", errors="replace") for b in outs.get("TEXT_OUT", [])])
+    return bench_task(task).result(outs)
 
 
 class GrpcTarget:
@@ -64,8 +61,7 @@ class GrpcTarget:
     def __init__(self, address: str, model: str, task: str, timeout_s: float = 30.0):
         import grpc
 
-        if task not in ("score", "beam"):
-            raise ValueError(f"task must be 'score' or 'beam', got {task!r}")
+        bench_task(task)  # ValueError for a task that is none
         pb = _pb()
         self.pb, self.model, self.task, self.timeout_s = pb, model, task, timeout_s
         self.channel = grpc.insecure_channel(address, options=[("grpc.max_receive_message_length", 64 << 20),
@@ -80,7 +76,7 @@ class GrpcTarget:
         return bool(self._ready(self.pb.ModelReadyRequest(name=self.model), timeout=self.timeout_s).ready)
 
     def __call__(self, request):
-        texts = list(request.texts) if self.task == "score" else [request.texts[0]]
+        texts = task_named(self.task).request_texts(request.texts)
         req = self.pb.ModelInferRequest(model_name=self.model)
         tensor = req.inputs.add()
         tensor.name, tensor.datatype = "TEXT", "BYTES"

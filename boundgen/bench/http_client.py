@@ -20,7 +20,9 @@ import threading
 
 import numpy as np
 
+from boundgen.artifact.tasks import task_named
 from boundgen.bench.grpc_client import NUMPY_DTYPES, decode_bytes, encode_bytes, to_result
+from boundgen.bench.tasks import bench_task
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 
@@ -75,8 +77,7 @@ class HttpTarget:
     """Callable `request -> ScoreResult | BeamResult` against one model of a running server."""
 
     def __init__(self, address: str, model: str, task: str, timeout_s: float = 30.0):
-        if task not in ("score", "beam"):
-            raise ValueError(f"task must be 'score' or 'beam', got {task!r}")
+        bench_task(task)  # ValueError for a task that is none
         self.host, self.port = split_address(address)
         self.model, self.task, self.timeout_s = model, task, timeout_s
         self.path = f"/v2/models/{model}/infer"
@@ -118,7 +119,7 @@ class HttpTarget:
         return status == 200
 
     def __call__(self, request):
-        texts = list(request.texts) if self.task == "score" else [request.texts[0]]
+        texts = task_named(self.task).request_texts(request.texts)
         body, head_len = infer_body(texts)
         status, resp, data = self._send("POST", self.path, body, {
             "Content-Type": "application/octet-stream", HEADER_LENGTH: str(head_len)})

@@ -47,7 +47,7 @@ import torch
 import torch.nn.functional as F
 
 from boundgen.bench import previous_kernels
-from boundgen.bench.kernel_timing import (HBM_PEAK_BYTES_PER_S, PEAK_BF16_FLOPS, KernelTiming, markdown_table, measure,
+from boundgen.bench.kernel_timing import (HBM_PEAK_BYTES_PER_S, PEAK_BF16_FLOPS, KernelTiming, measure,
                                           roofline_table)
 from boundgen.bench.selection import run_selection_benchmarks
 from boundgen.ops import (add_rmsnorm, add_rmsnorm_quant, packed_attention, prefix_attention, qk_norm_rope, rmsnorm,

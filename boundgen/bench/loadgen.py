@@ -260,6 +260,14 @@ def run_closed(call: Callable, requests: Sequence, concurrency: int, *, duration
     return LevelRun(recs, (window_start, window_end), unfinished)
 
 
+@dataclass(frozen=True)
+class _Arrival:
+    """An open-loop request handed to a sending thread: the request's index and when it was due."""
+
+    index: int
+    scheduled: float  # Clock seconds
+
+
 def poisson_arrivals(rate: float, duration_s: float, seed: int = 0) -> np.ndarray:
     """Arrival offsets in seconds, [0, duration_s), of a Poisson process of `rate` per second."""
     if rate <= 0 or duration_s <= 0:
@@ -290,7 +298,7 @@ def run_open(call: Callable, requests: Sequence, rate: float, *, duration_s: flo
     """open_loop's records and window, unsummarized."""
     clock = clock or Clock()
     arrivals = poisson_arrivals(rate, duration_s, seed)
-    todo: queue.Queue = queue.Queue()
+    todo: queue.Queue[_Arrival | None] = queue.Queue()  # None: no more arrivals
     lock = threading.Lock()
     records: list[Record] = []
     begin = clock.now()
@@ -300,8 +308,7 @@ def run_open(call: Callable, requests: Sequence, rate: float, *, duration_s: flo
             item = todo.get()
             if item is None:
                 return
-            i, scheduled = item
-            rec = _issue(call, requests[i % len(requests)], i, clock, work_of, start=scheduled)
+            rec = _issue(call, requests[item.index % len(requests)], item.index, clock, work_of, start=item.scheduled)
             with lock:
                 records.append(rec)
 
@@ -311,7 +318,7 @@ def run_open(call: Callable, requests: Sequence, rate: float, *, duration_s: flo
         t.start()
     for i, offset in enumerate(arrivals):
         clock.sleep_until(begin + offset)
-        todo.put((i, begin + offset))
+        todo.put(_Arrival(i, begin + offset))
         if progress and i and i % max(1, int(rate * 2)) == 0:
             with lock:
                 done = len(records)

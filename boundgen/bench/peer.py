@@ -35,6 +35,7 @@ from typing import Sequence
 import numpy as np
 
 from boundgen.bench import peer_compiled
+from boundgen.bench.tasks import bench_task
 from boundgen.runtime.results import BeamResult, ScoreResult
 
 MODES = ("eager", "compiled")
@@ -63,7 +64,7 @@ class PeerOptions:
 
     def describe(self, task: str) -> str:
         pad = (f", right-padded to {self.bucket}-token buckets without mask" if self.pad == "bucket"
-               else ", left-padded to the longest sample with mask") if task == "score" else ""
+               else ", left-padded to the longest sample with mask") if bench_task(task).peer_pads_samples else ""
         compiled = f", torch.compile {self.compile_mode}" if self.mode == "compiled" else ""
         return f"{self.mode}{compiled}{pad}, up to {self.max_batch} request(s) a call"
 
@@ -218,10 +219,7 @@ class HFPeer:
 
 def batch_call(peer: HFPeer, spec):
     """list of workload requests -> list of results, in one model call (bench.workloads.WorkloadSpec)."""
-    if spec.task == "score":
-        label_ids = peer.label_token_ids(spec.labels)
-        return lambda requests: peer.score_batch([r.texts for r in requests], label_ids)
-    return lambda requests: peer.beam_batch([r.texts[0] for r in requests], spec.width, spec.steps)
+    return bench_task(spec.task).peer_batch(peer, spec)
 
 
 def peer_call(peer: HFPeer, spec):

@@ -14,7 +14,20 @@ from __future__ import annotations
 
 import queue
 import threading
+from dataclasses import dataclass, field
 from typing import Callable, Sequence
+
+
+@dataclass(eq=False)
+class _Waiting:
+    """Caller's requests waiting for the worker (caller thread -> worker -> caller): the worker fills
+    in `results` (one per request) or `error`, then sets `done`."""
+
+    requests: list
+    formed: bool  # a batch formed by the caller (warm-up, probes): run as given, not counted
+    done: threading.Event = field(default_factory=threading.Event)
+    results: list | None = None
+    error: Exception | None = None
 
 
 class Batcher:
@@ -23,7 +36,7 @@ class Batcher:
             raise ValueError(f"max_batch must be positive, got {max_batch}")
         self.run_batch, self.max_batch = run_batch, max_batch
         self.sizes: dict[int, int] = {}  # requests per call -> calls, for calls of queued requests
-        self._todo: queue.Queue = queue.Queue()  # (requests, slot, formed by the caller) | None
+        self._todo: queue.Queue[_Waiting | None] = queue.Queue()  # None: close
         self._worker = threading.Thread(target=self._loop, daemon=True, name="peer-batcher")
         self._worker.start()
 
@@ -38,12 +51,12 @@ class Batcher:
         self._todo.put(None)
 
     def _submit(self, requests: list, formed: bool) -> list:
-        slot = {"done": threading.Event()}
-        self._todo.put((requests, slot, formed))
-        slot["done"].wait()
-        if "error" in slot:
-            raise slot["error"]
-        return slot["results"]
+        waiting = _Waiting(requests, formed)
+        self._todo.put(waiting)
+        waiting.done.wait()
+        if waiting.error is not None:
+            raise waiting.error
+        return waiting.results
 
     def _loop(self) -> None:
         while True:
@@ -51,28 +64,28 @@ class Batcher:
             if first is None:
                 return
             items = [first]
-            while not first[2] and len(items) < self.max_batch:
+            while not first.formed and len(items) < self.max_batch:
                 try:
                     item = self._todo.get_nowait()
                 except queue.Empty:
                     break
-                if item is None or item[2]:
+                if item is None or item.formed:
                     self._todo.put(item)  # a close or a formed batch: after this call
                     break
                 items.append(item)
-            if not first[2]:
+            if not first.formed:
                 self.sizes[len(items)] = self.sizes.get(len(items), 0) + 1
             self._run(items)
 
-    def _run(self, items: list) -> None:
+    def _run(self, items: list[_Waiting]) -> None:
         try:
-            results = self.run_batch([r for requests, _, _ in items for r in requests])
+            results = self.run_batch([r for item in items for r in item.requests])
             start = 0
-            for requests, slot, _ in items:
-                slot["results"] = results[start: start + len(requests)]
-                start += len(requests)
+            for item in items:
+                item.results = results[start: start + len(item.requests)]
+                start += len(item.requests)
         except Exception as exc:  # every caller of the call sees the failure
-            for _, slot, _ in items:
-                slot["error"] = exc
-        for _, slot, _ in items:
-            slot["done"].set()
+            for item in items:
+                item.error = exc
+        for item in items:
+            item.done.set()

@@ -32,12 +32,13 @@ from typing import Sequence
 from boundgen.bench import report, runner
 from boundgen.bench.peer import MODES, HFPeer, PeerOptions, batch_call
 from boundgen.bench.peer_batching import Batcher
+from boundgen.bench.tasks import bench_task
 from boundgen.bench.workloads import get_workload, load_tokenizer, make_requests
 
 
 def max_batch_for(mode: str, task: str, requested: int) -> int:
     """The compiled beam peer runs one request a call (bench/peer_compiled.py says why)."""
-    return 1 if (mode == "compiled" and task == "beam") else requested
+    return 1 if (mode == "compiled" and bench_task(task).peer_compiled_one_request) else requested
 
 
 def shape_groups(peer: HFPeer, spec, requests: Sequence) -> dict[int, object]:
@@ -45,7 +46,7 @@ def shape_groups(peer: HFPeer, spec, requests: Sequence) -> dict[int, object]:
     longest sample; beam: the prompt length)."""
     groups: dict[int, object] = {}
     for r in requests:
-        key = peer.padded_length(r.token_counts) if spec.task == "score" else r.token_counts[0]
+        key = bench_task(spec.task).peer_shape(peer, r)
         groups.setdefault(key, r)
     return dict(sorted(groups.items()))
 
@@ -77,7 +78,7 @@ def prepare(peer: HFPeer, spec, requests: Sequence, batcher: Batcher, pads: Sequ
             probe_requests: int, progress) -> dict:
     """Probe the paddings (score), keep the fastest, warm every shape up to `max_batch` a call."""
     setup: dict = {"probe": {}}
-    pads = list(pads) if spec.task == "score" else [peer.options.pad]
+    pads = list(pads) if bench_task(spec.task).peer_pads_samples else [peer.options.pad]
     best = None
     for pad in pads:
         peer.with_options(pad=pad)

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Sequence
 
 from boundgen.bench.loadgen import LatencyBudget
+from boundgen.bench.tasks import BENCH_TASKS
 
 STYLES = {"boundgen": dict(color="tab:blue", marker="o"), "peer": dict(color="tab:orange", marker="s"),
           "peer_eager": dict(color="tab:orange", marker="s"), "peer_compiled": dict(color="tab:red", marker="D")}
@@ -151,9 +152,7 @@ def markdown_workload(result: dict) -> str:
     diagnostic, profiles."""
     wl = result.get("workload", {})
     out = [f"### {wl.get('name')}: {wl.get('task')}", ""]
-    shape = (f"{wl.get('samples')} samples x {wl.get('min_tokens')}-{wl.get('max_tokens')} tokens, labels "
-             f"{wl.get('labels')}" if wl.get("task") == "score" else
-             f"prompt {wl.get('min_tokens')} tokens, W={wl.get('width')}, N_gen={wl.get('steps')}")
+    shape = BENCH_TASKS.get(wl.get("task"), BENCH_TASKS["beam"]).describe(wl)  # results of no task: as before
     out.append(f"{shape}; pool of {wl.get('pool')} requests, seed {wl.get('seed')}; "
                f"{_f(wl.get('gflops_per_request'), '{:.1f}')} logical GFLOP per request.")
     host = host_line(result.get("host"))
@@ -196,7 +195,7 @@ def markdown_workload(result: dict) -> str:
     diag = result.get("diagnostic")
     if diag:
         out += ["", f"Diagnostic ({diag.get('tokens')} tokens, {diag.get('samples')} samples, sequential): "
-                    f"full engine {_f(diag.get('engine_ms'), '{:.3f}')} ms vs model node alone "
+                    f"full engine {_f(diag.get('engine_ms'), '{:.3f}')} ms vs its program alone "
                     f"{_f(diag.get('node_ms'), '{:.3f}')} ms per request: the engine costs "
                     f"{_f(diag.get('overhead_pct'), '{:+.1f}')}% ({diag.get('note', '')})."]
     for name, file in (result.get("profiles") or {}).items():

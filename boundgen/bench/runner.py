@@ -1,6 +1,6 @@
 """One system (boundgen or the peer) under one workload: warm, sweep, optional open loop.
 
-Glue between workloads, loadgen and mfu; the CLI decides what to run and where results go.
+Glue between workloads, loadgen and mfu; bench/orchestrate.py decides what to run and where results go.
 A system that fails is recorded with its error and the bench carries on with the next one.
 Levels run on threads of this process, or, given a `clients.ClientSetup` (a server over gRPC or
 HTTP), from that many client processes (bench/clients.py), which then also check themselves.
@@ -19,9 +19,11 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Callable, Sequence
 
+from boundgen.artifact.tasks import task_named
 from boundgen.bench import clients, loadgen, mfu
 from boundgen.bench.grpc_client import GrpcTarget
 from boundgen.bench.http_client import HttpTarget
+from boundgen.bench.tasks import bench_task
 from boundgen.bench.workloads import Request, WorkloadSpec
 
 
@@ -44,15 +46,12 @@ class BenchConfig:
 
 def engine_call(engine, spec: WorkloadSpec) -> Callable:
     """The load generator's callable over an in-process `Engine`."""
-    if spec.task == "score":
-        return lambda request: engine.score(list(request.texts))
-    return lambda request: engine.beam(request.texts[0])
+    task = task_named(spec.task)
+    return lambda request: task.call(engine, request.texts)
 
 
 def request_flops(spec: WorkloadSpec, shape: mfu.ModelShape, request: Request) -> mfu.RequestFlops:
-    if spec.task == "score":
-        return mfu.score_flops(shape, request.token_counts)
-    return mfu.beam_flops(shape, request.token_counts[0], spec.width, spec.steps)
+    return bench_task(spec.task).flops(shape, spec, request)
 
 
 def work_function(spec: WorkloadSpec, shape: mfu.ModelShape, fp8_groups: Sequence[str] = (),

@@ -14,6 +14,9 @@ order still compare equal); nan for the GEMM.
 
 from __future__ import annotations
 
+import argparse
+import sys
+
 import torch
 
 from boundgen.bench.kernel_timing import KernelTiming, gpu_time_us
@@ -88,7 +91,7 @@ def bench_vocab_topk(rows: int, k: int, vocab: int = QWEN_VOCAB, hidden: int = 8
 def run_selection_benchmarks(device: str = "cuda", rows: tuple[int, ...] = (100, 800, 1600),
                              ks: tuple[int, ...] = (200, 400), calls: int = 20, replays: int = 10,
                              sweep: bool = True) -> list[KernelTiming]:
-    """Candidate selection at every (rows, K): scripts/gpu_vocab_topk.sh."""
+    """Candidate selection at every (rows, K) (`python -m boundgen.bench.selection`)."""
     if not torch.cuda.is_available():
         raise RuntimeError("kernel benchmarks need a CUDA device")
     return [t for k in ks for r in rows
@@ -107,3 +110,26 @@ def selection_table(rows: list[KernelTiming]) -> str:
             lines.append(f"| {case} | {r.impl} | {r.time_us:.1f} | {ref / r.time_us:.2f} | "
                          f"{r.time_us / gemm:.2f} | {r.max_abs_err:.2e} |")
     return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    """Candidate selection at rows 100 / 800 / 1,600 and K 200 / 400, the launch sweeps at K 200 only
+    (they compile), as a markdown table; the table is rewritten after each case, so a run cut short keeps it."""
+    parser = argparse.ArgumentParser(prog="python -m boundgen.bench.selection", description=main.__doc__)
+    parser.add_argument("--markdown", metavar="FILE", default="selection.md", help="table file (default %(default)s)")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("error: kernel benchmarks need a CUDA device", file=sys.stderr)
+        return 2
+    rows: list[KernelTiming] = []
+    for k in (200, 400):
+        for r in (100, 800, 1600):
+            rows += bench_vocab_topk(r, k, sweep=k == 200)
+            with open(args.markdown, "w") as f:
+                f.write(selection_table(rows) + "\n")
+    print(selection_table(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
+from boundgen.bench.tasks import bench_task
+
 _WORD = re.compile(r" [a-z]{2,12}")
 
 
@@ -35,12 +37,10 @@ class WorkloadSpec:
     steps: int = 0  # beam N_gen
 
     def __post_init__(self):
-        if self.task not in ("score", "beam"):
-            raise ValueError(f"workload task must be 'score' or 'beam', got {self.task!r}")
+        task = bench_task(self.task)  # ValueError for a task that is none
         if not 0 < self.min_tokens <= self.max_tokens:
             raise ValueError(f"workload token range [{self.min_tokens}, {self.max_tokens}] is empty")
-        if self.task == "beam" and (self.samples != 1 or self.width <= 0 or self.steps <= 0):
-            raise ValueError("a beam workload has one sample per request and positive width and steps")
+        task.check(self)
 
     def to_dict(self) -> dict:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in vars(self).items()}

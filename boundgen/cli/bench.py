@@ -2,13 +2,8 @@
 the HF transformers peers in the same run; JSON, PNG and markdown into --out.
 
 Runs standalone too (no other subcommand needs to import): `python3 -m boundgen.cli.bench ...`.
-Order: boundgen on every workload given (profile, diagnostic), engine closed, then each peer mode
-(`--peer-mode eager,compiled`) in its own process on the same workloads (bench/peer_process.py:
-every shape warmed, its best padding and requests per call), so boundgen and a peer never share
-the device or the process. With `--peer` and none of `--artifact`, `--grpc`, `--http`, only the peers
-run. Results are written after every level, so an interrupted run keeps what finished.
-A server (--grpc, --http) is driven from --client-procs processes (bench/clients.py), which then
-check themselves at the capacity point; every result records its host (bench/host.py).
+This module parses and checks the flags; the run itself (boundgen, then each peer in its own
+process, results after every level) is bench/orchestrate.py's.
 """
 
 from __future__ import annotations
@@ -75,7 +70,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="out/bench", help="output directory (default %(default)s)")
     p.add_argument("--profile", action="store_true", help="torch.profiler at the capacity point (boundgen)")
     p.add_argument("--profile-requests", type=int, default=30, help="requests under the profiler (default %(default)s)")
-    p.add_argument("--diagnostic", action="store_true", help="W1: 1,024-token request, engine vs model node alone")
+    p.add_argument("--diagnostic", action="store_true", help="W1: 1,024-token request, engine vs its program alone")
     p.add_argument("--fp8-groups", default=None, help="linear groups in FP8 for MFU (default: the engine's spec)")
     add_runtime_flags(p, "engine (in process: override the artifact's runtime settings; default: as built; the "
                          "eager engine: 4 contexts, no batching, no graphs)")
@@ -97,10 +92,6 @@ def parse_levels(text: str) -> tuple[int, ...]:
     if not levels or any(c <= 0 for c in levels) or list(levels) != sorted(set(levels)):
         raise ConfigError(f"--concurrency levels must be positive and ascending, got {text!r}")
     return levels
-
-
-def _progress(line: str) -> None:
-    print(f"[bench] {line}", file=sys.stderr, flush=True)
 
 
 def _default_device(args) -> str:
@@ -126,32 +117,18 @@ def _engine(args, specs):
         import boundgen
 
         return boundgen.load(args.artifact, **overrides), f"boundgen artifact {args.artifact}{described}"
-    from boundgen.artifact.program import BeamSpec, ScoreSpec
-    from boundgen.programs.eager import eager_engine
-    from boundgen.model.loader import default_stop_tokens
-    from boundgen.text.tokenizer import Tokenizer
+    from boundgen.bench.orchestrate import eager_engine
 
     device = _default_device(args)
     dtype = args.dtype or ("bfloat16" if device.startswith("cuda") else "float32")
-    spec, max_tokens = specs[0], max(s.max_tokens for s in specs)
-    if spec.task == "score":
-        ids = Tokenizer.from_dir(args.artifact).label_token_ids(spec.labels)
-        calls = 4 if args.batching else 1  # requests one model call may hold
-        pspec = ScoreSpec(labels=spec.labels, label_token_ids=ids, max_samples=calls * spec.samples,
-                          max_tokens_per_sample=max_tokens, max_total_tokens=calls * spec.samples * max_tokens)
-    else:
-        pspec = BeamSpec(width=spec.width, steps=spec.steps, stop_token_ids=default_stop_tokens(args.artifact),
-                         min_new_tokens=spec.steps, max_prompt_tokens=max_tokens,
-                         max_requests=8 if args.batching else 1)
     lowering = _lowering(args.lowering, device)
-    engine = eager_engine(args.artifact, pspec, dtype, device, contexts=args.contexts or 4,
-                          cuda_graphs=bool(args.cuda_graphs), lowering=lowering, batching=bool(args.batching))
+    engine = eager_engine(args.artifact, specs, dtype, device, lowering, contexts=args.contexts or 4,
+                          cuda_graphs=bool(args.cuda_graphs), batching=bool(args.batching))
     chosen = lowering.describe()
     return engine, f"boundgen eager {args.artifact} {dtype} {device} lowering {chosen}{described}"
 
 
 def _lowering(pairs, device: str):
-    from boundgen.errors import ConfigError
     from boundgen.ops.lowering import OpLowering
 
     chosen = {"packed_attention": "triton", "prefix_attention": "triton"} if device.startswith("cuda") else {}
@@ -163,22 +140,11 @@ def _lowering(pairs, device: str):
     return OpLowering.from_dict(chosen)
 
 
-def _check_engine_matches(engine, spec) -> None:
-    es = engine.spec.program
-    if es.task != spec.task:
-        raise ConfigError(f"workload {spec.name} is a {spec.task} workload but the engine is a {es.task} model")
-    if spec.task == "score" and tuple(es.labels) != tuple(spec.labels):
-        _progress(f"WARNING: engine labels {list(es.labels)} differ from {spec.name}'s {list(spec.labels)}")
-    if spec.task == "beam" and (es.width, es.steps) != (spec.width, spec.steps):
-        _progress(f"WARNING: engine W={es.width} N_gen={es.steps} differ from {spec.name}'s W={spec.width} "
-                  f"N_gen={spec.steps}: boundgen and the peer do not do the same work")
-
-
 def run(args) -> int:
-    from boundgen.bench import report, runner
+    # bench/ is imported here, not at the top: `boundgen --help` and the other subcommands need none of it
+    from boundgen.bench import orchestrate, runner
     from boundgen.bench.clients import default_client_procs
-    from boundgen.bench.host import host_record
-    from boundgen.bench.workloads import get_workload, load_tokenizer, make_requests
+    from boundgen.bench.workloads import get_workload
 
     names = [w.strip() for w in args.workload.split(",") if w.strip()]
     try:
@@ -205,160 +171,14 @@ def run(args) -> int:
     cfg = runner.BenchConfig(concurrencies=parse_levels(args.concurrency), duration_s=args.duration,
                              warmup_s=args.warmup, max_requests=args.max_requests,
                              open_loop_rate=args.open_loop_rate, seed=args.seed)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     tok_dir = args.model_dir or args.peer or args.artifact
     if not tok_dir:
         raise ConfigError("with --grpc or --http, pass --model-dir (or --peer) for the tokenizer that sizes the "
                           "workloads")
-    tokenizer = load_tokenizer(tok_dir)
     command = "boundgen bench " + shlex.join(sys.argv[2:] if sys.argv[1:2] == ["bench"] else sys.argv[1:])
-    results = {}
-    for spec in specs:
-        _progress(f"{spec.name}: generating {args.pool} requests (seed {args.seed}) with the tokenizer of {tok_dir}")
-        requests = make_requests(spec, tokenizer, args.pool, args.seed)
-        shape, source = runner.model_shape(spec, [args.model_dir, args.peer, args.artifact])
-        results[spec.name] = {
-            "workload": runner.workload_header(spec, requests, shape, args.seed, source), "date": runner.now_utc(),
-            "env": runner.environment(), "host": host_record(procs, args.server_cores).to_dict(),
-            "command": command, "systems": {}, "diagnostic": None, "profiles": {},
-            "_requests": requests, "_shape": shape}
-
-    def save(name, plot=False):
-        r = {k: v for k, v in results[name].items() if not k.startswith("_")}
-        report.write_json(out / f"bench_{name}.json", r)
-        (out / f"summary_{name}.md").write_text(report.markdown_workload(r))
-        if plot:
-            report.plot_latency([r], out / f"latency_{name}.png")
-
-    for spec in specs:
-        save(spec.name)
-    try:
-        if args.artifact or remote:
-            _run_boundgen(args, specs, cfg, results, out, save, tokenizer, procs)
-        for mode in modes if args.peer else ():
-            _run_peer(args, mode, tok_dir, specs, results, out, save)
-    except KeyboardInterrupt:
-        for spec in specs:
-            save(spec.name, plot=True)
-        _progress(f"interrupted: what finished is in {out}")
-        abandon_stuck_threads(130)
-        raise
-    for spec in specs:
-        save(spec.name, plot=True)
-    final = [{k: v for k, v in results[s.name].items() if not k.startswith("_")} for s in specs]
-    print(report.markdown_summary(final))
-    _progress(f"wrote {', '.join(f'bench_{s.name}.json' for s in specs)} and plots to {out}")
-    abandon_stuck_threads(0)
-    return 0
-
-
-def _run_boundgen(args, specs, cfg, results, out, save, tokenizer, procs: int) -> None:
-    from boundgen.bench import mfu, runner
-    from boundgen.bench.clients import ClientSetup
-
-    remote = args.grpc or args.http
-    engine, target, fp8, clients = None, None, (), None
-    try:
-        if remote:
-            target_spec, target = runner.remote_target(specs[0].task, grpc=args.grpc, http=args.http, model=args.model)
-            clients = ClientSetup(target_spec, procs, check=args.check_clients is not False)
-            engine = target_spec.build()  # this process's own, for the warm-up calls
-        else:
-            _progress(f"loading {args.artifact}")
-            engine, target = _engine(args, specs)
-            _check_engine_matches(engine, specs[0])
-            engine.warmup()
-            fp8 = tuple((engine.spec.extra or {}).get("fp8_groups", ()))
-    except Exception as exc:
-        for spec in specs:
-            results[spec.name]["systems"]["boundgen"] = {"target": target if remote else args.artifact,
-                                                         "error": f"{type(exc).__name__}: {exc}"}
-            save(spec.name)
-        _progress(f"boundgen could not start: {type(exc).__name__}: {exc}")
-        return
-    if args.fp8_groups is not None:
-        fp8 = tuple(g for g in args.fp8_groups.split(",") if g)
-    for spec in specs:
-        res = results[spec.name]
-        call = engine if remote else runner.engine_call(engine, spec)
-        device = runner.device_name(None if remote else engine)
-        work = runner.work_function(spec, res["_shape"], fp8, mfu.peaks_for(device))
-        if work is None:
-            _progress(f"{spec.name}: no effective MFU: the peak of {device or 'this device'} is not known")
-        _progress(f"{spec.name}: boundgen ({target})")
-        system = runner.run_system(call, res["_requests"], cfg, target=target, work_of=work, progress=_progress,
-                                   on_update=_saver(res, "boundgen", save, spec.name, fp8_groups=list(fp8)),
-                                   client_setup=clients)
-        if args.profile and not system.get("error"):
-            _profile(spec, res, call, system, out, save, args.profile_requests)
-        if args.diagnostic and spec.task == "score":
-            _diagnostic(engine, tokenizer, res, save, spec)
-    close = getattr(engine, "close", None)
-    if close:
-        close()
-
-
-def _saver(res, system_name, save, workload, **extra):
-    def on_update(partial):
-        res["systems"][system_name] = {**partial, **extra}
-        save(workload)
-
-    return on_update
-
-
-def _profile(spec, res, call, system, out, save, n_requests: int) -> None:
-    from boundgen.bench.profile import profile_markdown, profile_requests
-
-    cap = (system.get("sweep") or {}).get("capacity")
-    c = cap["concurrency"] if cap else 1
-    _progress(f"{spec.name}: profiling {n_requests} requests at concurrency {c}")
-    try:
-        summary = profile_requests(call, res["_requests"], concurrency=c, n_requests=n_requests,
-                                   trace_path=out / f"trace_{spec.name}_boundgen.json.gz")
-        name = f"profile_{spec.name}_boundgen.md"
-        (out / name).write_text(profile_markdown(f"{spec.name} boundgen at c={c}", summary))
-        res["profiles"]["boundgen"] = name
-        res["profile_summary"] = {k: v for k, v in summary.items() if k != "top_cpu_ops"}
-    except Exception as exc:
-        res["profiles"]["boundgen"] = f"failed: {type(exc).__name__}: {exc}"
-    save(spec.name)
-
-
-def _diagnostic(engine, tokenizer, res, save, spec) -> None:
-    from boundgen.bench.diagnostic import fixed_request, run_diagnostic
-
-    _progress(f"{spec.name}: diagnostic, fixed 1,024-token request, engine vs model node")
-    try:
-        res["diagnostic"] = run_diagnostic(engine, fixed_request(tokenizer))
-    except Exception as exc:
-        res["diagnostic"] = {"error": f"{type(exc).__name__}: {exc}"}
-    save(spec.name)
-
-
-def _run_peer(args, mode, tok_dir, specs, results, out, save) -> None:
-    from boundgen.bench.peer_process import run_in_subprocess
-
-    _progress(f"{','.join(s.name for s in specs)}: peer {mode} from {args.peer}, in its own process")
-    argv = ["--peer", args.peer, "--mode", mode, "--workload", ",".join(s.name for s in specs),
-            "--tokenizer", str(tok_dir), "--pool", str(args.pool), "--seed", str(args.seed),
-            "--concurrency", args.concurrency, "--duration", str(args.duration), "--warmup", str(args.warmup),
-            "--max-requests", str(args.max_requests), "--max-batch", str(args.peer_max_batch),
-            "--compile-mode", args.peer_compile_mode]
-    for flag, value in (("--open-loop-rate", args.open_loop_rate), ("--device", args.device),
-                        ("--dtype", args.dtype), ("--pads", args.peer_pads)):
-        if value is not None:
-            argv += [flag, str(value)]
-    data = run_in_subprocess(argv, out / f"peer_{mode}_{'_'.join(s.name for s in specs)}.json")
-    for spec in specs:
-        system = data["workloads"].get(spec.name) or {"target": args.peer, "error": data.get("error")
-                                                      or "the peer process ended before this workload"}
-        if data.get("interrupted"):
-            system = {**system, "error": data["error"]}
-        results[spec.name]["systems"][f"peer_{mode}"] = {**system, "process": data["command"]}
-        save(spec.name)
-    if data.get("interrupted"):
-        raise KeyboardInterrupt
+    plan = orchestrate.Plan(specs=tuple(specs), config=cfg, out=Path(args.out), tokenizer_dir=tok_dir,
+                            client_procs=procs, peer_modes=tuple(modes), command=command)
+    return orchestrate.run(args, plan, load_engine=_engine)
 
 
 def main(argv=None) -> int:
@@ -377,20 +197,9 @@ def main(argv=None) -> int:
         return 2
 
 
-def abandon_stuck_threads(code: int) -> None:
-    """If a load-generator thread is still inside the target (a hung request, an interrupt), exit
-    now with `code`, skipping interpreter teardown, which would abort in native code under that
-    thread. Results are on disk by then. Returns when no such thread is alive."""
-    import os
-    import threading
-
-    if any(t.name.startswith("bench-") and t.is_alive() for t in threading.enumerate()):
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
-
-
 if __name__ == "__main__":
+    from boundgen.bench.orchestrate import abandon_stuck_threads
+
     exit_code = main()
     abandon_stuck_threads(exit_code)
     sys.exit(exit_code)

@@ -60,7 +60,7 @@ def _wait_ready(proc, http_port, timeout_s=300):
 
 
 def run(args):
-    from boundgen.server.launch import free_port  # lazy: `boundgen --help` must not import the server
+    from boundgen.server.deploy.launch import free_port  # lazy: `boundgen --help` must not import the server
 
     out = Path(args.out)
     model, score_art, beam_art = out / "tiny-qwen3", out / "score-art", out / "beam-art"

@@ -186,7 +186,7 @@ def run(args, engine_factory=None, worker_command=None):
     if used or args.cpus_per_replica != 1.0:
         flag = "--" + (used[0] if used else "cpus_per_replica").replace("_", "-")
         raise ConfigError(f"{flag} applies to Ray Serve only; add --ray")
-    from boundgen.server.replicas import exit_with_parent, parse_gpus, serve_replicas
+    from boundgen.server.deploy.replicas import exit_with_parent, parse_gpus, serve_replicas
 
     exit_with_parent()  # a --replicas / --gpus worker: exit with its front end
     if args.replicas is None and args.gpus is None:
@@ -275,7 +275,7 @@ def _frontends(args, default_factory: bool) -> int:
 
 
 def _serve_on_ray(args, config, factory):
-    from boundgen.server.ray_serve import RayOptions, import_ray, serve_on_ray
+    from boundgen.server.deploy.ray_serve import RayOptions, import_ray, serve_on_ray
 
     import_ray()  # not installed: one line saying how, before anything starts
     if args.gpus is not None:

@@ -109,7 +109,7 @@ def resolve(model_dir, out, options_: dict, base_dir: Path | None = None) -> Bui
     task = o.get("task")
     if task not in SPECS:
         raise ConfigError(f"--task must be score or beam, got {task!r}")
-    other = set(task_keys("beam" if task == "score" else "score")) - set(task_keys(task))
+    other = {key for name in SPECS for key in task_keys(name)} - set(task_keys(task))  # other tasks' keys
     misplaced = sorted(k for k in other if k in o)
     if misplaced:
         raise ConfigError(f"options {', '.join(misplaced)} do not apply to a {task} build")
@@ -146,15 +146,21 @@ def resolve(model_dir, out, options_: dict, base_dir: Path | None = None) -> Bui
 
 def _spec(task: str, o: dict, model_dir: Path, base_dir: Path | None) -> ScoreSpec | BeamSpec:
     values = _values(SPECS[task], o)
-    if task == "beam":
-        required = [o_.key for o_ in options(BeamSpec) if o_.required]
-        missing = [key for key in required if key not in o]
-        if missing:
-            raise ConfigError(f"a beam build needs {' and '.join('--' + k for k in required)} "
-                              f"(missing: {', '.join('--' + k for k in missing)})")
-        if "stop_token_ids" not in values:
-            values["stop_token_ids"] = default_stop_tokens(model_dir)
-        return BeamSpec(**values)
+    required = [o_.key for o_ in options(SPECS[task]) if o_.required]
+    missing = [key for key in required if key not in o]
+    if missing:
+        raise ConfigError(f"a {task} build needs {' and '.join('--' + k for k in required)} "
+                          f"(missing: {', '.join('--' + k for k in missing)})")
+    return SPEC_BUILDERS[task](values, model_dir, base_dir)
+
+
+def _beam_spec(values: dict, model_dir: Path, base_dir: Path | None) -> BeamSpec:
+    if "stop_token_ids" not in values:
+        values["stop_token_ids"] = default_stop_tokens(model_dir)
+    return BeamSpec(**values)
+
+
+def _score_spec(values: dict, model_dir: Path, base_dir: Path | None) -> ScoreSpec:
     head = values.get("head_path")
     if head is not None and base_dir is not None and not Path(head).is_absolute():
         head = values["head_path"] = str(base_dir / head)
@@ -166,6 +172,11 @@ def _spec(task: str, o: dict, model_dir: Path, base_dir: Path | None) -> ScoreSp
     except InvalidInput as exc:  # a build option, not a request
         raise ConfigError(f"--labels: {exc}") from None
     return ScoreSpec(label_token_ids=ids, **values)
+
+
+# What a build needs beyond the given options, by task (artifact/tasks.py): the checkpoint's stop
+# tokens (beam), the labels' token ids and the head file's place (score).
+SPEC_BUILDERS = {"score": _score_spec, "beam": _beam_spec}
 
 
 def _values(cls, o: dict) -> dict:

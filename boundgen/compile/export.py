@@ -27,16 +27,15 @@ import numpy as np
 import torch
 
 from boundgen.artifact.program import BeamSpec, ScoreSpec
-from boundgen.artifact.tensors import BEAM_STATE, TRIE
+from boundgen.artifact.tasks import task_of
+from boundgen.artifact.tensors import BEAM_STATE, SCORE_PACKAGE, TRIE
 from boundgen.text import catalogue_search
 from boundgen.text.catalogue import Catalogue
 
 
 def dim_bounds(spec: ScoreSpec | BeamSpec) -> dict[str, tuple[int, int]]:
     """The named dynamic dims of the program's inputs and their [min, max] (the manifest records these)."""
-    if spec.task == "score":
-        return {"T": (1, spec.max_total_tokens), "B": (1, spec.max_samples + 1)}
-    return {"L": (1, spec.call_max_tokens), "R": (1, spec.max_requests)}
+    return task_of(spec).dim_bounds(spec)
 
 
 def packed_example(lengths: list[int], device, vocab_size: int, seed: int = 0, tail: int = 0):
@@ -52,28 +51,14 @@ def packed_example(lengths: list[int], device, vocab_size: int, seed: int = 0, t
 
 
 def example_lengths(spec: ScoreSpec | BeamSpec) -> list[int]:
-    """Sample lengths of the example the program is traced on.
+    """Sample lengths of the example the program is traced on (its task's, artifact/tasks.py).
 
     The example's sizes are also the size hints Inductor tunes its kernels for (block sizes of
     pointwise and reduction kernels), so score examples are representative of real calls (up
     to 15 samples of half the per-sample bound), not tiny; beam examples are up to 3 short
-    prompts (below). Two dims never take equal sizes (export would be free to assume them
+    prompts. Two dims never take equal sizes (export would be free to assume them
     equal), and R, B >= 2 (export specialises a dim whose example size is 1)."""
-    if spec.task == "score":
-        samples = max(2, min(15, spec.max_samples))  # <= max_samples + 1: the filler's slot
-        samples = min(samples, spec.max_total_tokens)
-        per_sample = max(1, min(max(1, spec.max_tokens_per_sample // 2), spec.max_total_tokens // samples))
-        if per_sample * samples in (samples, samples + 1) and per_sample > 1:
-            per_sample -= 1
-        return [per_sample] * samples
-    # Beam prompts stay short, as in the first H200 beam build that compiled (2026-11-29): the build
-    # with ~100-token prompts failed, later traced to a codegen race (compile/aoti.py), not to
-    # the sizes, so longer examples are untried. The decode step, where beam time goes, is
-    # tuned for R x W rows either way.
-    if spec.max_requests == 1:
-        return [min(5, spec.max_prompt_tokens)]
-    requests = min(3, spec.max_requests)  # R equal to no other size (K, W): nothing specialises
-    return [max(1, min(3 + i, spec.max_prompt_tokens)) for i in range(requests)]
+    return task_of(spec).example_lengths(spec)
 
 
 def named_dims(spec: ScoreSpec | BeamSpec) -> dict[str, "torch.export.Dim | None"]:
@@ -92,7 +77,8 @@ def dynamic_shapes(spec: ScoreSpec | BeamSpec, dims: dict | None = None) -> dict
     """The dynamic shapes of the packed inputs (score program, beam prefill), by argument name;
     `dims` from named_dims, when the caller uses the same Dim objects elsewhere."""
     dims = dims or named_dims(spec)
-    tokens_dim, seqs_dim = (dims["T"], dims["B"]) if spec.task == "score" else (dims["L"], dims["R"])
+    task = task_of(spec)
+    tokens_dim, seqs_dim = dims[task.tokens_dim], dims[task.sequences_dim]
     tokens = {0: tokens_dim} if tokens_dim is not None else None
     cu = {0: seqs_dim + 1} if seqs_dim is not None else None
     return {"tokens": tokens, "positions": tokens, "cu_seqlens": cu}
@@ -125,12 +111,11 @@ def export_programs(program: torch.nn.Module, spec: ScoreSpec | BeamSpec, device
     package name: {"model": ...} for score, the three beam stages for beam."""
     inputs = packed_example(example_lengths(spec), device, vocab_size)
     with torch.no_grad():
-        if spec.task == "score":
-            return {"model": torch.export.export(program, inputs, dynamic_shapes=dynamic_shapes(spec), strict=False)}
-        trie = ()
-        if spec.constrained:
-            trie = trie_tensors(catalogue_search.arrays(example_catalogue(spec, vocab_size), vocab_size), device)
-        return _export_beam_stages(program, spec, inputs, trie)
+        return EXPORTS[spec.task](program, spec, inputs)
+
+
+def _export_score(program, spec: ScoreSpec, inputs) -> dict[str, torch.export.ExportedProgram]:
+    return {SCORE_PACKAGE: torch.export.export(program, inputs, dynamic_shapes=dynamic_shapes(spec), strict=False)}
 
 
 def _trie_shapes() -> tuple[dict, ...]:
@@ -138,7 +123,12 @@ def _trie_shapes() -> tuple[dict, ...]:
     return ({0: nodes},) * len(TRIE)
 
 
-def _export_beam_stages(program, spec: BeamSpec, inputs, trie=()) -> dict[str, torch.export.ExportedProgram]:
+def _export_beam_stages(program, spec: BeamSpec, inputs) -> dict[str, torch.export.ExportedProgram]:
+    """The three stages; a constrained program's also take the trie (traced on `example_catalogue`)."""
+    trie = ()
+    if spec.constrained:
+        vocab = program.model.cfg.vocab_size
+        trie = trie_tensors(catalogue_search.arrays(example_catalogue(spec, vocab), vocab), inputs[0].device)
     stages = program.stages()
     dims = named_dims(spec)
     r = dims["R"]  # None where static
@@ -158,3 +148,6 @@ def _export_beam_stages(program, spec: BeamSpec, inputs, trie=()) -> dict[str, t
               "finish": (finish_inputs, trie_shapes + state_dims)}
     return {name: torch.export.export(stages[name], args, dynamic_shapes=(shape,), strict=False)
             for name, (args, shape) in shapes.items()}
+
+
+EXPORTS = {"score": _export_score, "beam": _export_beam_stages}  # by task name (artifact/tasks.py)

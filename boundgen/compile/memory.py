@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from boundgen.artifact.tasks import task_of
 from boundgen.errors import ConfigError
 
 GIB = 1 << 30
@@ -39,12 +40,7 @@ def estimate_bytes(model_config: dict, spec, dtype: str) -> dict[str, int]:
     head_dim, vocab = c.get("head_dim") or hidden // num_q, c["vocab_size"]
     per_layer = hidden * head_dim * (2 * num_q + 2 * num_kv) + 3 * hidden * inter
     params = layers * per_layer + vocab * hidden * (1 if c.get("tie_word_embeddings", True) else 2)
-    if spec.task == "score":
-        tokens, longest, rows = spec.max_total_tokens, spec.max_tokens_per_sample, spec.max_samples
-    else:
-        rows = spec.width * spec.max_requests
-        tokens = spec.max_prompt_tokens * spec.max_requests + rows * spec.steps
-        longest = spec.max_prompt_tokens + spec.steps
+    tokens, longest, rows = task_of(spec).memory_shape(spec)
     width = head_dim * (2 * num_q + 2 * num_kv) + 3 * inter + 4 * hidden
     return {
         "weights": 3 * params * DTYPE_BYTES.get(dtype, 4),
@@ -80,10 +76,8 @@ def check_fits(cfg, available: int | None = None) -> None:
         return
     if parts["weights"] + parts["overhead"] > available:  # no bound on requests can help
         lower = "--dtype bfloat16, or build on a machine with more memory"
-    elif cfg.spec.task == "score":
-        lower = "--max-total-tokens (or --max-samples, --max-tokens-per-sample)"
     else:
-        lower = "--max-prompt-tokens or --max-requests"
+        lower = task_of(cfg.spec).bounds_to_lower
     detail = ", ".join(f"{k} {v / GIB:.1f}" for k, v in parts.items())
     raise ConfigError(f"this build needs about {need / GIB:.1f} GiB of memory ({detail} GiB), more than the "
                       f"{available / GIB:.1f} GiB available; lower {lower}")

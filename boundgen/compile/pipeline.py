@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from boundgen.artifact.manifest import MANIFEST_FILE, CompileRecord, Manifest, write_manifest
-from boundgen.artifact.tensors import output_names, tensor_interface
+from boundgen.artifact.tasks import task_of
 from boundgen.compile import aoti, export, memory, validate
 from boundgen.compile.config import BuildConfig
 from boundgen.errors import ConfigError
@@ -116,14 +116,14 @@ def build(cfg: BuildConfig, progress: Progress | None = None, force: bool = Fals
         # The reference lowering, not the one under test; FP32 judges bf16 beams and FP8 builds.
         ref_model = model if cfg.lowering == REFERENCE else fp8.quantize(load_model(cfg.model_dir, dtype, device),
                                                                          cfg.fp8)
-        judged_by_fp32 = cfg.dtype != "float32" and (cfg.task == "beam" or cfg.fp8 != "none")
+        judged_by_fp32 = cfg.dtype != "float32" and task_of(cfg.spec).judged_by(False, cfg.fp8 != "none") is not None
         fp32_model = load_model(cfg.model_dir, torch.float32, device) if judged_by_fp32 else None
         num_classes = _num_classes(program, cfg.spec)
         report = None
         for suffix, allow_items, trie in _validation_catalogues(cfg.spec, vocab, device):
             part = validate.validate(compiled, _reference(ref_model, cfg.spec, allow_items), cfg.spec,
-                                     output_names(cfg.spec), cfg.dtype, cfg.device, vocab, cfg.tolerances,
-                                     fp32_reference=_reference(fp32_model, cfg.spec, allow_items),
+                                     task_of(cfg.spec).output_names(cfg.spec), cfg.dtype, cfg.device, vocab,
+                                     cfg.tolerances, fp32_reference=_reference(fp32_model, cfg.spec, allow_items),
                                      token_bucket=cfg.runtime.token_bucket, fp8=cfg.fp8, trie=trie, suffix=suffix)
             report = part if report is None else validate.merge(report, part)
         for case in report["cases"]:
@@ -182,7 +182,7 @@ def _manifest(cfg: BuildConfig, model_cfg: dict, num_classes: int, packages: dic
         created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         model={"source": str(cfg.model_dir.resolve()), "family": model_cfg["family"], "config": model_cfg},
         program=spec,
-        interface={"tensors": tensor_interface(spec, num_classes),
+        interface={"tensors": task_of(spec).tensor_interface(spec, num_classes),
                    "dims": {k: list(v) for k, v in export.dim_bounds(spec).items()}},
         runtime=cfg.runtime,
         compile=CompileRecord(device=cfg.device, dtype=cfg.dtype, lowering=cfg.lowering.to_dict(), weights=cfg.weights,

@@ -3,7 +3,7 @@
 Per artifact, one markdown table row: task, device and GPU, dtype, lowering, weights mode,
 build seconds (export / compile / total), size, load seconds in this process (manifest and
 hash checks included), first and warm request latency, and validation's worst error per
-output. Used by scripts/gpu_build_check.sh to fill docs/build.md. Re-executes itself with the
+output. Used by scripts/gpu_served.sh (REPORT=1) and to fill docs/build.md. Re-executes itself with the
 system libstdc++ preloaded where loading would crash (runtime/libstdcxx.py), like the CLI.
 """
 
@@ -15,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 
+from boundgen.artifact.tasks import task_of
 from boundgen.ops.lowering import describe
 
 HEADER = ("| artifact | task | target | dtype | lowering | weights | export s | compile s | build s | size MiB "
@@ -55,13 +56,13 @@ def measure(artifact: Path, requests: int = 5) -> dict:
     start = time.perf_counter()
     engine = boundgen.load(artifact)
     load_s = time.perf_counter() - start
-    spec = engine.spec
-    call = (lambda: engine.score(["query: running shoes | item: trail shoe"] * min(spec.max_samples, 15))) \
-        if spec.task == "score" else (lambda: engine.beam("query: running shoes -> item:"))
+    program = engine.spec.program
+    task = task_of(program)
+    texts = task.sample_texts(program)
     times = []
     for _ in range(requests):
         start = time.perf_counter()
-        call()
+        task.call(engine, texts)
         if cuda:
             torch.cuda.synchronize()
         times.append(time.perf_counter() - start)

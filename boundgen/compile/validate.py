@@ -57,11 +57,10 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
-
 import torch
 
 from boundgen.artifact.manifest import RuntimeConfig
+from boundgen.artifact.tasks import Case, task_of
 from boundgen.compile.export import packed_example
 from boundgen.errors import BoundgenError
 
@@ -95,62 +94,15 @@ class ValidationFailed(BoundgenError):
     """The compiled program disagrees with the eager reference beyond tolerance."""
 
 
-@dataclass(frozen=True)
-class Case:
-    name: str
-    lengths: tuple[int, ...]  # tokens per sample (beam: the prompt)
-    tail: int = 0  # tokens after the last sample, of no sample (beam padding, runtime/graphs.py)
-
-
 def cases(spec, token_bucket: int = DEFAULT_TOKEN_BUCKET) -> list[Case]:
-    """The validation cases of `spec`; `token_bucket` is the padding granule of CUDA-graph shapes
-    (a score call's filler sequence is shorter than it, runtime/graphs.py)."""
-    if spec.task == "beam":
-        longest = spec.max_prompt_tokens
-        typical = min(64, max(1, longest // 2))
-        out = [Case("one_token_prompt", (1,)), Case("representative", (typical,)), Case("max_prompt", (longest,))]
-        if spec.max_requests > 1:  # several prompts in one call, each request's rows as if alone
-            out += [Case("several_requests", (typical, 1, longest)[: spec.max_requests]),
-                    Case("max_requests_max_prompt", (longest,) * spec.max_requests)]
-        padded = (typical, 1)[: spec.max_requests]
-        tail = min(7, spec.call_max_tokens - sum(padded))
-        if tail > 0:
-            out.append(Case("padded_for_cuda_graphs", padded, tail))
-    else:
-        per, total, most = spec.max_tokens_per_sample, spec.max_total_tokens, spec.max_samples
-        mixed = [max(1, min(per, n)) for n in (per // 2, 1, per, per // 3)[: min(most, 4)]]
-        while sum(mixed) > total:  # shrink the longest sample, then drop samples
-            longest = mixed.index(max(mixed))
-            if mixed[longest] > 1:
-                mixed[longest] //= 2
-            else:
-                mixed.pop()
-        # Bucketed padding for CUDA graphs (runtime/graphs.py): one filler sequence shorter than a
-        # bucket (a longer one is never made, and would cost the eager reference its length squared),
-        # then empty ones.
-        filler = min(total - sum(mixed), max(1, token_bucket - 1))
-        padded = tuple(mixed) + (filler,) + (0,) * (most - len(mixed))
-        out = [Case("one_sample_one_token", (1,)), Case("representative", tuple(mixed)),
-               Case("max_samples_max_tokens", _fill(most, per, total)),
-               Case("one_sample_max_tokens", (min(per, total),)), Case("padded_for_cuda_graphs", padded)]
+    """The validation cases of `spec` (its task's, artifact/tasks.py); `token_bucket` is the padding
+    granule of CUDA-graph shapes (a score call's filler sequence is shorter than it, runtime/graphs.py)."""
     unique, seen = [], set()
-    for case in out:  # tiny bounds make some cases coincide
+    for case in task_of(spec).validation_cases(spec, token_bucket):  # tiny bounds make some cases coincide
         if (case.lengths, case.tail) not in seen:
             unique.append(case)
             seen.add((case.lengths, case.tail))
     return unique
-
-
-def _fill(samples: int, per_sample: int, total: int) -> tuple[int, ...]:
-    """As many samples (<= `samples`) as fit, as long as possible, within `total` tokens."""
-    samples = min(samples, total)
-    lengths = [1] * samples
-    budget = total - samples
-    for i in range(samples):
-        add = min(per_sample - 1, budget)
-        lengths[i] += add
-        budget -= add
-    return tuple(lengths)
 
 
 def validate(compiled, reference, spec, output_names: tuple[str, ...], dtype: str, device: str, vocab_size: int,
@@ -163,8 +115,8 @@ def validate(compiled, reference, spec, output_names: tuple[str, ...], dtype: st
     quantized = fp8 != "none"
     tolerances = {**TOLERANCES[dtype], **(FP8_TOLERANCES if quantized else {}), **(overrides or {})}
     exact_required = dtype == "float32"
-    by_candidates = spec.task == "beam" and not exact_required
-    by_labels = spec.task == "score" and quantized
+    judged_by = task_of(spec).judged_by(exact_required, quantized)
+    by_candidates, by_labels = judged_by == "candidates", judged_by == "labels"
     if (by_candidates or by_labels) and fp32_reference is not None:
         reference, against = fp32_reference, "float32 eager"
     else:

@@ -12,6 +12,8 @@ import torch
 
 from boundgen.artifact.manifest import RuntimeConfig
 from boundgen.artifact.program import BeamSpec, ScoreSpec
+from boundgen.artifact.tasks import task_of
+from boundgen.artifact.tensors import VOCAB_OUTPUTS
 from boundgen.errors import ConfigError
 from boundgen.model.loader import load_model, parse_dtype
 from boundgen.ops.lowering import OpLowering
@@ -43,8 +45,9 @@ def eager_engine(model_dir, spec: ScoreSpec | BeamSpec, dtype: str = "float32", 
         raise ConfigError("--device cuda was asked for, but no CUDA device is available")
     if catalogue is None and allow_items is not None:
         raise ConfigError("an allow-list of items needs a catalogue (--catalogue)")
-    if catalogue is not None and spec.task != "beam":
-        raise ConfigError("a catalogue restricts beam search; a score model takes none")
+    task = task_of(spec)
+    if catalogue is not None and not task.takes_catalogue:
+        raise ConfigError(f"a catalogue restricts beam search; a {task.name} model takes none")
     tokenizer = Tokenizer.from_dir(model_dir)
     model = load_model(model_dir, parse_dtype(dtype), device, (lowering or OpLowering()).resolve())
     constraint = None
@@ -54,6 +57,6 @@ def eager_engine(model_dir, spec: ScoreSpec | BeamSpec, dtype: str = "float32", 
         constraint = CatalogueConstraint(cat, model.cfg.vocab_size, spec.steps, spec.stop_token_ids, allow_items)
     program = make_program(model, spec, constraint)
     runtime = RuntimeConfig(contexts=contexts, cuda_graphs=cuda_graphs, batching=batching, batch_wait_ms=batch_wait_ms)
-    extra = {"vocab_outputs": spec.task == "score" and not spec.head_path}  # lse, label_logits (programs/score.py)
+    vocab_outputs = set(VOCAB_OUTPUTS) <= set(task.output_names(spec))  # lse, label_logits (programs/score.py)
     return make_engine(name or Path(model_dir).name, spec, tokenizer, EagerRunner(program), device, dtype, runtime,
-                       extra, item_ids=constraint is not None)
+                       vocab_outputs=vocab_outputs, item_ids=constraint is not None)

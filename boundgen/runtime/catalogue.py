@@ -1,6 +1,6 @@
 """A catalogue served with a constrained beam artifact: its trie on the device, per-request allow-lists.
 
-    load_catalogue(cat_dir, spec, vocab, tokenizer_dir, device)  -> ServedCatalogue (checked against the artifact)
+    load_catalogue(cat_dir, artifact_dir, device)                -> ServedCatalogue (checked against the artifact)
     ServedCatalogue.trie(allow_items)                            -> Trie (artifact/tensors.py) of one request
 
 A constrained artifact takes the trie as program inputs (programs/beam.py), so the engine holds
@@ -24,6 +24,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from boundgen.artifact.manifest import read_manifest
 from boundgen.artifact.tensors import TRIE, Trie
 from boundgen.errors import ConfigError, InvalidInput
 from boundgen.text import catalogue_search
@@ -50,19 +51,16 @@ class ServedCatalogue:
         device = self.full.reach.device
         return self.full._replace(reach=torch.from_numpy(reach).to(device), ends=torch.from_numpy(ends).to(device))
 
-    def describe(self) -> dict:
-        return {"catalogue": Path(self.path).name, "catalogue_items": self.meta.get("items"),
-                "catalogue_nodes": self.meta.get("nodes"), "catalogue_sha256": self.meta.get("sha256")}
 
-
-def load_catalogue(cat_dir: str | Path, spec, vocab: int, tokenizer_dir: str | Path,
-                   device: str | torch.device) -> ServedCatalogue:
+def load_catalogue(cat_dir: str | Path, artifact_dir: str | Path, device: str | torch.device) -> ServedCatalogue:
     """Read CAT_DIR and check it against a constrained beam artifact (its tokenizer, N_gen, stop
-    tokens, vocabulary and children bound): a ConfigError says what differs."""
+    tokens, the model's vocabulary and the children bound): a ConfigError says what differs."""
+    manifest = read_manifest(artifact_dir)
+    spec, vocab = manifest.program, manifest.model["config"]["vocab_size"]
     if not getattr(spec, "constrained", False):
         raise ConfigError(f"a catalogue ({cat_dir}) was given for a model that was not built with --constrained")
     cat = Catalogue.load(cat_dir)
-    check_tokenizer(cat, tokenizer_dir, cat_dir)
+    check_tokenizer(cat, artifact_dir, cat_dir)
     catalogue_search.check(cat, vocab, spec.steps, spec.stop_token_ids, spec.catalogue_max_degree)
     arrays = catalogue_search.arrays(cat, vocab)
     full = Trie(*(torch.from_numpy(arrays[name]).to(device) for name in TRIE))

@@ -1,4 +1,4 @@
-"""The model node's runner for a built artifact: its AOTInductor packages plus their weights.
+"""The program's runner for a built artifact: its AOTInductor packages plus their weights.
 
 `CompiledRunner(package, weights, device, executors)` loads one package once (`weights`: the
 tensors `load_weights` read from the weights file); `executors`

@@ -1,4 +1,4 @@
-"""CUDA graphs per shape bucket for the model node.
+"""CUDA graphs per shape bucket for the program.
 
 Small models at our sizes are launch-bound: a request is hundreds of short kernels. A graph
 per input shape, captured on first use and replayed afterwards, removes the launch cost.

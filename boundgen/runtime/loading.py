@@ -24,7 +24,8 @@ from boundgen.artifact.tensors import has_vocab_outputs
 from boundgen.errors import ArtifactError
 from boundgen.runtime import libstdcxx
 from boundgen.runtime.compiled import load_runner
-from boundgen.runtime.local_engine import LocalEngine, make_engine
+from boundgen.runtime.engine import Provenance
+from boundgen.runtime.local_engine import LocalEngine, make_engine, settings_in_effect
 from boundgen.text.tokenizer import Tokenizer
 from boundgen.version import __version__
 
@@ -49,23 +50,22 @@ def load_artifact_engine(path, contexts: int | None = None, executors: int | Non
     device = _check_device(manifest)
     check_versions(manifest, {"torch": torch.__version__, "cuda": torch.version.cuda})
     _check_libstdcxx(libstdcxx_check)
-    runtime = manifest.runtime.replace(contexts=contexts, executors=executors, cuda_graphs=cuda_graphs,
-                                       batching=batching, token_bucket=token_bucket, batch_wait_ms=batch_wait_ms)
     compiled, spec = manifest.compile, manifest.program
+    runtime = settings_in_effect(manifest.runtime.replace(
+        contexts=contexts, executors=executors, cuda_graphs=cuda_graphs, batching=batching,
+        token_bucket=token_bucket, batch_wait_ms=batch_wait_ms), spec, str(device))
     tokenizer = Tokenizer.from_dir(root, fast=fast_tokenizer, joined=joined_tokenizing)
     try:
         runner = load_runner(root, compiled.packages, compiled.weights_file, device, getattr(spec, "steps", 0),
                              runtime.executors, compiled.ops_to_register,
-                             single_threaded=runtime.cuda_graphs and device.type == "cuda")
+                             single_threaded=runtime.cuda_graphs)
     except (RuntimeError, KeyError) as exc:
         raise ArtifactError(f"could not load the compiled package of {manifest.name}: {exc!s}") from None
-    extra = {"artifact_dir": str(root.resolve()), "lowering": compiled.lowering, "weights": compiled.weights,
-             "gpu_name": compiled.gpu_name, "validation_passed": manifest.validation.get("passed"),
-             "boundgen": __version__, "tokenizer": tokenizer.encoder_name,
-             "fp8_groups": [] if compiled.fp8 == "none" else [compiled.fp8],  # counted at the FP8 peak (bench/mfu.py)
-             "vocab_outputs": has_vocab_outputs(manifest.interface),  # lse, label_logits (artifact/tensors.py)
-             "vocab_size": manifest.model["config"]["vocab_size"]}  # a catalogue's check (runtime/catalogue.py)
-    engine = make_engine(manifest.name, spec, tokenizer, runner, str(device), compiled.dtype, runtime, extra)
+    provenance = Provenance(str(root.resolve()), compiled.lowering, compiled.weights, compiled.gpu_name,
+                            manifest.validation.get("passed"), __version__, tokenizer.encoder_name)
+    engine = make_engine(manifest.name, spec, tokenizer, runner, str(device), compiled.dtype, runtime,
+                         vocab_outputs=has_vocab_outputs(manifest.interface),  # lse, label_logits (artifact/tensors.py)
+                         fp8_groups=[] if compiled.fp8 == "none" else [compiled.fp8], provenance=provenance)
     if catalogue is not None:
         engine.load_catalogue(catalogue)
     return engine

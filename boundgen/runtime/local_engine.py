@@ -6,7 +6,7 @@
       (one per      -> RequestPacker.stage (pad for CUDA graphs, copy into its context)
        context)     -> program call on the context's stream (GraphRunner replays a graph)
                     -> to_host -> each request's rows                         "model"
-    caller thread:  rows -> ScoreEncoder / BeamEncoder -> result              "post"
+    caller thread:  rows -> ScoreResultBuilder / BeamResultBuilder -> result  "post"
 
 A batch of one is the unbatched case: without batching, the batcher's `fits` admits no second
 request, so each call holds one request, exactly as a batched engine's lone request. Programs
@@ -28,25 +28,23 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 import torch
 
 from boundgen.artifact.manifest import RuntimeConfig
+from boundgen.artifact.tasks import task_of
 from boundgen.artifact.tensors import Trie
 from boundgen.errors import ConfigError, InvalidInput
 from boundgen.runtime.batcher import Batcher, Ticket
 from boundgen.runtime.catalogue import ServedCatalogue, load_catalogue
 from boundgen.runtime.context import RequestContext
-from boundgen.runtime.engine import Engine, EngineSpec
+from boundgen.runtime.engine import Engine, EngineSpec, Provenance
 from boundgen.runtime.graphs import GraphRunner
-from boundgen.runtime.requests import BeamEncoder, RequestPacker, ScoreEncoder, concat_packed, to_host
+from boundgen.runtime.requests import RequestPacker, concat_packed, make_builder, to_host
 from boundgen.runtime.results import BeamResult, ScoreResult
 from boundgen.text.tokenizer import PackedBatch
-
-SCORE_REQUESTS_PER_CALL = 8  # admission's room per context when score requests share calls
-
 
 @dataclass(frozen=True)
 class Queued:
@@ -59,7 +57,7 @@ class Queued:
 
 @dataclass(frozen=True)
 class CallShare:
-    """A request's part of a call's host outputs (batch worker -> caller): the rows its encoder
+    """A request's part of a call's host outputs (batch worker -> caller): the rows its result builder
     turns into a result, and what the call cost it."""
 
     rows: list  # [np.ndarray]: the program's outputs, this request's rows
@@ -72,13 +70,15 @@ class CallShare:
 
 
 class LocalEngine(Engine):
-    def __init__(self, spec: EngineSpec, packer: RequestPacker, runner, encoder, contexts: list[RequestContext],
+    def __init__(self, spec: EngineSpec, packer: RequestPacker, runner, builder, contexts: list[RequestContext],
                  executors: int = 1, batching: bool = False, batch_wait_ms: float = 0.0):
-        self.spec, self.packer, self.runner, self.encoder = spec, packer, runner, encoder
+        self.spec, self.packer, self.runner, self.builder = spec, packer, runner, builder
+        self.task = task_of(spec)
+        self.graph_shapes = 0  # CUDA graphs captured by `warmup`, per context
         self.contexts = contexts  # owned by the batcher's workers, one each
         self.batching = batching
         self.catalogue: ServedCatalogue | None = None  # a constrained beam artifact's (set_catalogue)
-        self._slots = threading.Semaphore(max(1, executors))  # program calls running at once
+        self._executors = threading.Semaphore(max(1, executors))  # program calls running at once
         self._batcher = Batcher(contexts, self._run_batch, self._fits if batching else _alone, name=spec.name,
                                 linger_s=batch_wait_ms / 1e3 if batching else 0.0)
 
@@ -86,26 +86,19 @@ class LocalEngine(Engine):
 
     def score(self, texts: Sequence[str], deadline: float | None = None,
               cancelled: threading.Event | None = None) -> ScoreResult:
-        if self.spec.task != "score":
-            return super().score(texts, deadline, cancelled)
-        if isinstance(texts, str):
-            raise InvalidInput("score takes a list of texts, got a single string")
-        return self._request(list(texts), deadline, cancelled)
+        return self._request(self.task.texts("score", texts, self.spec.name), deadline, cancelled)
 
     def score_ids(self, samples: Sequence[Sequence[int]], deadline: float | None = None,
                   cancelled: threading.Event | None = None) -> ScoreResult:
-        if self.spec.task != "score":
+        if not self.task.takes_token_ids:
             return super().score_ids(samples, deadline, cancelled)
-        return self._request(samples, deadline, cancelled, self.packer.encode_ids)
+        return self._request(samples, deadline, cancelled, self.packer.pack_ids)
 
     def beam(self, text: str, deadline: float | None = None, cancelled: threading.Event | None = None,
              allow_items: Sequence[int] | None = None) -> BeamResult:
         """allow_items: item ids a constrained search may return (None: every item of the catalogue)."""
-        if self.spec.task != "beam":
-            return super().beam(text, deadline, cancelled)
-        if not isinstance(text, str):
-            raise InvalidInput(f"beam takes one prompt text, got {type(text).__name__}")
-        return self._request([text], deadline, cancelled, allow_items=allow_items)
+        return self._request(self.task.texts("beam", text, self.spec.name), deadline, cancelled,
+                             allow_items=allow_items)
 
     @property
     def constrained(self) -> bool:
@@ -117,15 +110,12 @@ class LocalEngine(Engine):
         if not self.constrained:
             raise ConfigError(f"model {self.spec.name} was not built with --constrained: it takes no catalogue")
         self.catalogue = catalogue
-        self.spec.extra.update(catalogue.describe())
 
     def load_catalogue(self, cat_dir) -> None:
         """Read a catalogue directory, check it against this artifact and serve later requests with it."""
-        if not self.constrained:
+        if not self.constrained or self.spec.provenance is None:
             raise ConfigError(f"model {self.spec.name} was not built with --constrained: it takes no catalogue")
-        extra = self.spec.extra
-        self.set_catalogue(load_catalogue(cat_dir, self.spec.program, extra["vocab_size"], extra["artifact_dir"],
-                                          self.contexts[0].device))
+        self.set_catalogue(load_catalogue(cat_dir, self.spec.provenance.artifact_dir, self.contexts[0].device))
 
     def _trie(self, allow_items: Sequence[int] | None) -> Trie | None:
         """The trie inputs of a request (None: an unconstrained program)."""
@@ -146,7 +136,7 @@ class LocalEngine(Engine):
         t1 = time.perf_counter()
         share: CallShare = self._batcher.submit(Queued(packed, t1, trie), deadline, cancelled)
         t2 = time.perf_counter()
-        result = self.encoder.encode(*share.rows)
+        result = self.builder.build(*share.rows)
         end = time.perf_counter()
         result.timings = {"pre": t1 - t0, **share.timings(), "post": end - t2, "total": end - t0,
                           "input_tokens": packed.num_tokens}
@@ -181,36 +171,34 @@ class LocalEngine(Engine):
 
     def _call(self, ctx: RequestContext, tokens, positions, cu_seqlens, trie: Trie | None = None) -> list[torch.Tensor]:
         """The program on staged inputs, on the context's stream; its outputs stay on the device."""
-        with self._slots, ctx.stream_scope():
+        with self._executors, ctx.stream_scope():
             return self.runner(tokens, positions, cu_seqlens, *(trie or ()))
 
     def _run_batch(self, ctx: RequestContext, items: list[Queued]) -> list[CallShare]:
         start = time.perf_counter()
         batches = [queued.packed for queued in items]
         out = self._call(ctx, *self.packer.stage(ctx, concat_packed(batches)), trie=items[0].trie)
-        host = to_host(ctx, out[:self.encoder.outputs])
+        host = to_host(ctx, out[:self.builder.outputs])
         seconds = time.perf_counter() - start
         return [CallShare(rows, start - queued.submitted, seconds, len(items))
-                for rows, queued in zip(self.encoder.split(host, batches), items)]
+                for rows, queued in zip(self.builder.split(host, batches), items)]
 
     # -- lifecycle ---------------------------------------------------------------------------
 
     def warmup(self) -> None:
         """One request through the whole path, then every CUDA graph captured on every context
         (nothing to capture without graphs). Call before serving: the workers are idle."""
-        if self.spec.task == "score":
-            self.score(["warm up"])
-        elif not self.constrained or self.catalogue is not None:
-            self.beam("warm up")
+        if not self.constrained or self.catalogue is not None:  # a constrained one has nothing to run yet
+            self._request(["warm up"], None, None)
         batches = self.packer.warm_batches() if isinstance(self.runner, GraphRunner) else []
         for ctx in self.contexts:
             for tokens, positions, cu_seqlens in batches:
                 self._call(ctx, *ctx.stage(tokens, positions, cu_seqlens))
                 if ctx.stream is not None:  # the host buffers are rewritten by the next stage
                     ctx.stream.synchronize()
-        self.spec.extra["graph_shapes"] = len(batches)
+        self.graph_shapes = len(batches)
 
-    def model_call(self, texts: Sequence[str], copies: int = 1):
+    def program_call(self, texts: Sequence[str], copies: int = 1):
         """The program alone on `copies` copies of the request `texts` in one call, staged once on a
         context of its own (the framework-overhead diagnostic, bench/diagnostic.py; the cost of a
         call against the requests it holds, bench/calls.py): a zero-argument callable that returns
@@ -246,31 +234,36 @@ def _alone(batch: list, item) -> bool:
     return False  # without batching a call holds one request
 
 
-def make_engine(name: str, spec, tokenizer, runner, device: str, dtype: str, runtime: RuntimeConfig,
-                extra: dict | None = None, item_ids: bool = False) -> LocalEngine:
+def settings_in_effect(runtime: RuntimeConfig, spec, device: str) -> RuntimeConfig:
+    """The runtime settings as they take effect for program `spec` on `device`; the one place that
+    decides: CUDA graphs only on a CUDA device, batching only where one call may hold more than one
+    request (artifact/tasks.py), and its wait only with batching; no graphs for a constrained beam
+    program (a graph would replay the trie addresses of its capture)."""
+    batching = runtime.batching and task_of(spec).max_requests(spec) > 1
+    graphs = runtime.cuda_graphs and str(device).startswith("cuda") and not getattr(spec, "constrained", False)
+    return replace(runtime, cuda_graphs=graphs, batching=batching,
+                   batch_wait_ms=runtime.batch_wait_ms if batching else 0.0)
+
+
+def make_engine(name: str, spec, tokenizer, runner, device: str, dtype: str, runtime: RuntimeConfig, *,
+                vocab_outputs: bool, fp8_groups: Sequence[str] = (), provenance: Provenance | None = None,
+                item_ids: bool = False) -> LocalEngine:
     """Assemble the engine around a runner (a compiled artifact's, or the eager program's).
 
-    With `runtime.cuda_graphs` on a CUDA device the runner is wrapped in a GraphRunner and calls
-    are padded to multiples of `runtime.token_bucket` tokens (runtime/graphs.py). `item_ids`: the
-    runner is a beam search under a catalogue, whose candidates carry item ids."""
+    With CUDA graphs in effect (`settings_in_effect`) the runner is wrapped in a GraphRunner and
+    calls are padded to multiples of `runtime.token_bucket` tokens (runtime/graphs.py). `item_ids`:
+    the runner is a beam search under a catalogue, whose candidates carry item ids."""
+    runtime = settings_in_effect(runtime, spec, device)
     item_ids = item_ids or bool(getattr(spec, "constrained", False))
-    # A graph would replay the trie addresses of its capture (module docstring).
-    use_graphs = runtime.cuda_graphs and device.startswith("cuda") and not getattr(spec, "constrained", False)
-    if use_graphs:
+    if runtime.cuda_graphs:
         runner = GraphRunner(runner)
-    packer = RequestPacker(tokenizer, spec, runtime.token_bucket if use_graphs else 0)
-    if spec.task == "score":
-        encoder = ScoreEncoder(spec.label_token_ids, spec.topk)
-        per_call = SCORE_REQUESTS_PER_CALL
-    else:
-        encoder = BeamEncoder(tokenizer, spec.stop_token_ids, spec.width, items=item_ids)
-        per_call = spec.max_requests
-    batching = runtime.batching and per_call > 1
+    packer = RequestPacker(tokenizer, spec, runtime.token_bucket if runtime.cuda_graphs else 0)
+    builder = make_builder(spec, tokenizer, items=item_ids)
     dev = torch.device(device)
     contexts = [RequestContext(spec.call_max_tokens, spec.call_max_samples, dev) for _ in range(runtime.contexts)]
-    extra = {**(extra or {}), "contexts": runtime.contexts, "executors": runtime.executors, "cuda_graphs": use_graphs,
-             "batching": batching, "batch_wait_ms": runtime.batch_wait_ms if batching else 0.0,
-             # Requests the server should let in at once: one per context, more when they share calls.
-             "concurrency": runtime.contexts * (per_call if batching else 1)}
-    return LocalEngine(EngineSpec(name, spec, device, dtype, extra), packer, runner, encoder, contexts,
-                       runtime.executors, batching, runtime.batch_wait_ms)
+    # Requests the server should let in at once: one per context, more when they share calls.
+    concurrency = runtime.contexts * (task_of(spec).max_requests(spec) if runtime.batching else 1)
+    engine_spec = EngineSpec(name, spec, device, dtype, runtime, concurrency, vocab_outputs, tuple(fp8_groups),
+                             provenance=provenance)
+    return LocalEngine(engine_spec, packer, runner, builder, contexts, runtime.executors, runtime.batching,
+                       runtime.batch_wait_ms)

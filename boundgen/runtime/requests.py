@@ -3,7 +3,7 @@
     texts -> RequestPacker.encode (CPU: bounds, template, tokens)   -> PackedBatch
     PackedBatch x R -> concat_packed -> RequestPacker.stage (pad for CUDA graphs, write into a
                        request context's buffers)                  -> tokens, positions, cu_seqlens
-    program outputs -> to_host -> each request's rows -> ScoreEncoder / BeamEncoder -> result
+    program outputs -> to_host -> each request's rows -> ScoreResultBuilder / BeamResultBuilder -> result
 
 The engine (runtime/local_engine.py) runs these in that order for every request, batched or not.
 """
@@ -15,6 +15,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from boundgen.artifact.tasks import task_of
 from boundgen.errors import InvalidInput
 from boundgen.runtime.graphs import bucket_size, pad_batch
 from boundgen.runtime.results import BeamResult, ScoreResult
@@ -31,7 +32,7 @@ class RequestPacker:
 
     def __init__(self, tokenizer, spec, token_bucket: int = 0):
         self.tokenizer, self.bounds = tokenizer, spec
-        self.single = spec.task == "beam"  # one prompt per request; errors speak of "the prompt"
+        self.one_prompt = task_of(spec).one_prompt  # a request is one prompt, not N samples
         self.token_bucket = token_bucket
 
     def encode(self, texts: list[str]) -> PackedBatch:
@@ -41,7 +42,7 @@ class RequestPacker:
             raise InvalidInput("the request has no samples")
         if len(texts) > b.max_samples:
             raise InvalidInput(f"the request has {len(texts)} samples; this model accepts at most {b.max_samples}")
-        if self.single:
+        if self.one_prompt:
             batch = self.tokenizer.encode_one(texts[0], b.max_tokens_per_sample, template=b.template)
         else:
             batch = self.tokenizer.encode_packed(texts, max_tokens_per_sample=b.max_tokens_per_sample,
@@ -51,7 +52,7 @@ class RequestPacker:
             raise InvalidInput(f"the request has {total} tokens in all; this model accepts at most {b.max_total_tokens}")
         return batch
 
-    def encode_ids(self, samples: list) -> PackedBatch:
+    def pack_ids(self, samples: list) -> PackedBatch:
         """Check samples given as token ids against the bounds and the vocabulary, and pack them
         (no template: the ids are the model's input, as SGLang's pre-tokenized /v1/score sends them)."""
         b = self.bounds
@@ -76,7 +77,7 @@ class RequestPacker:
             return None
         b = self.bounds
         tokens = bucket_size(num_tokens, self.token_bucket, b.call_max_tokens)
-        return (tokens, b.max_samples + 1) if not self.single else (tokens, num_sequences)
+        return (tokens, b.max_samples + 1) if not self.one_prompt else (tokens, num_sequences)
 
     def warm_batches(self) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
         """One synthetic padded batch per shape that `stage` can produce (CPU tensors), to capture
@@ -85,7 +86,7 @@ class RequestPacker:
             return []
         b, bucket = self.bounds, self.token_bucket
         # (tokens, one-token sequences before the padding, sequences in all)
-        if not self.single:
+        if not self.one_prompt:
             shapes = {(t, 1, b.max_samples + 1) for t in _multiples(bucket, b.call_max_tokens)}
         else:
             shapes = set()
@@ -117,7 +118,7 @@ def to_host(ctx, tensors: Sequence[torch.Tensor]) -> list[np.ndarray]:
     return [h.numpy() for h in host]
 
 
-class ScoreEncoder:
+class ScoreResultBuilder:
     """A score call's host outputs -> one result per request.
 
     The outputs are artifact/tensors.py's score_outputs: probs, then lse and label_logits (label
@@ -139,7 +140,7 @@ class ScoreEncoder:
             row += packed.num_samples
         return shares
 
-    def encode(self, probs: np.ndarray, *rest: np.ndarray) -> ScoreResult:
+    def build(self, probs: np.ndarray, *rest: np.ndarray) -> ScoreResult:
         """probs [N, C], then (lse [N], label_logits [N, C]) when present, (topk_ids, topk_probs)
         when built with top-k, and last the samples' token counts [N] (from `split`)."""
         *outputs, lengths = rest
@@ -154,7 +155,7 @@ class ScoreEncoder:
         return result
 
 
-class BeamEncoder:
+class BeamResultBuilder:
     """A beam call's host outputs (token_ids, scores, finished: R x W rows) -> one result per request.
     `items`: a search constrained to a catalogue, whose program also returns beam_indices and
     item_ids (programs/constraint.py): each candidate's item id comes with it (-1: none)."""
@@ -171,12 +172,28 @@ class BeamEncoder:
         w = self.width
         return [[h[i * w:(i + 1) * w] for h in host] for i in range(len(batches))]
 
-    def encode(self, ids: np.ndarray, scores: np.ndarray, finished: np.ndarray, beam_indices: np.ndarray | None = None,
+    def build(self, ids: np.ndarray, scores: np.ndarray, finished: np.ndarray, beam_indices: np.ndarray | None = None,
                item_ids: np.ndarray | None = None) -> BeamResult:
         texts = self.tokenizer.decode_array(ids, self.stop)  # padding (-1) and stop tokens are not text
         return BeamResult(token_ids=ids.astype(np.int32), scores=scores.astype(np.float32, copy=False),
                           finished=finished.astype(bool), texts=texts,
                           item_ids=None if item_ids is None else item_ids.astype(np.int64))
+
+
+def _score_builder(spec, tokenizer, items: bool = False) -> ScoreResultBuilder:
+    return ScoreResultBuilder(spec.label_token_ids, spec.topk)
+
+
+def _beam_builder(spec, tokenizer, items: bool = False) -> BeamResultBuilder:
+    return BeamResultBuilder(tokenizer, spec.stop_token_ids, spec.width, items=items)
+
+
+BUILDERS = {"score": _score_builder, "beam": _beam_builder}  # by task name (artifact/tasks.py)
+
+
+def make_builder(spec, tokenizer, items: bool = False) -> ScoreResultBuilder | BeamResultBuilder:
+    """The result builder of `spec`'s task; `items`: a beam search under a catalogue (its item ids come back)."""
+    return BUILDERS[spec.task](spec, tokenizer, items)
 
 
 def _multiples(step: int, most: int) -> list[int]:

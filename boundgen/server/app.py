@@ -13,6 +13,10 @@ With `config.model_repository`, a repository load replaces a served model while 
 `serve()` runs all of it until SIGTERM or SIGINT and returns the exit code (0 after a drain);
 the CLI calls it. `BackgroundServer` runs the same in a thread of the calling process.
 Engines come from an injectable factory (default `boundgen.load`) so tests can serve fakes.
+
+This module joins the server's parts (server/__init__.py): the core's ModelSet behind kserve/'s
+HTTP and gRPC listeners. It owns that wiring so that the core imports no protocol; deploy/'s
+topologies build on its Server.
 """
 
 from __future__ import annotations
@@ -35,12 +39,12 @@ from boundgen.runtime.engine import Engine
 from boundgen.server import connections
 from boundgen.server import logs
 from boundgen.server.config import ServerConfig
-from boundgen.server.kserve_grpc import GrpcFrontend
-from boundgen.server.kserve_http import HttpFrontend
+from boundgen.server.kserve.grpc_api import GrpcFrontend
+from boundgen.server.kserve.http_api import HttpFrontend
 from boundgen.server.metrics import ServerMetrics
 from boundgen.server.models import ModelSet
-from boundgen.server.repository import Repository
-from boundgen.server.shared_memory import SharedMemory
+from boundgen.server.kserve.repository import Repository
+from boundgen.server.kserve.shared_memory import SharedMemory
 
 log = logging.getLogger("boundgen.server")
 _HANDLER_CANCELLATION = "handler_cancellation" in inspect.signature(web_server.Server.__init__).parameters

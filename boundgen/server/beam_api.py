@@ -1,6 +1,6 @@
 """`POST /v1/beam`: a JSON convenience route for beam artifacts, beside `/v1/score` (score_api.py)
-for clients that would rather not build KServe tensors. KServe v2 `infer` stays the fast path:
-each prompt here is one KServe request of TEXT [1], through the same admission and engine.
+for clients that would rather not build KServe tensors. Each prompt here is one engine call, as
+a KServe v2 `infer` of TEXT [1] would be (the same checks, admission and engine), without tensors.
 
     request   {"prompt": "..."}  or  {"prompts": ["...", ...]},  "model": "name" (optional),
               "allow_items": [item_id, ...] (optional; a constrained model's allow-list, ALLOW_ITEMS)
@@ -33,13 +33,12 @@ import asyncio
 import numpy as np
 
 from boundgen.errors import InvalidInput
+from boundgen.runtime.results import BeamResult
 from boundgen.server.models import LOADING, ModelSet
 from boundgen.server.score_api import utf8
 from boundgen.server.status import Unavailable
-from boundgen.server.tensors import Tensor
 
 ROUTE = "/v1/beam"
-OUTPUTS = ["TOKEN_IDS", "SCORES", "TEXT_OUT"]
 
 
 def parse(obj) -> dict:
@@ -76,18 +75,15 @@ def pick_model(models: ModelSet, requested: str | None) -> str:
     return models.pick(requested, "beam", ROUTE)
 
 
-def candidates(outputs: list[Tensor]) -> list[dict]:
-    """KServe outputs TOKEN_IDS [W, N_gen], SCORES [W], TEXT_OUT [W] (and ITEM_IDS [W]) -> `boundgen
-    beam`'s candidates (a score of -inf, a missing candidate, is null)."""
-    by_name = {t.name: t for t in outputs}
-    ids = np.asarray(by_name["TOKEN_IDS"].data).reshape(by_name["TOKEN_IDS"].shape)
-    scores = np.asarray(by_name["SCORES"].data, dtype=np.float32)
-    texts = [t.decode("utf-8") for t in by_name["TEXT_OUT"].data]
+def candidates(result: BeamResult) -> list[dict]:
+    """A beam result -> `boundgen beam`'s candidates, as the KServe outputs TOKEN_IDS [W, N_gen],
+    SCORES [W] (FP32), TEXT_OUT [W] carry them."""
+    scores = np.asarray(result.scores, dtype=np.float32)
     out = [{"token_ids": [int(t) for t in row if t >= 0], "text": text,
-            "score": float(score) if np.isfinite(score) else None}
-           for row, text, score in zip(ids, texts, scores)]
-    if "ITEM_IDS" in by_name:
-        for cand, item in zip(out, np.asarray(by_name["ITEM_IDS"].data).tolist()):
+            "score": float(score) if np.isfinite(score) else None}  # -inf: a missing candidate
+           for row, text, score in zip(np.asarray(result.token_ids), result.texts, scores)]
+    if result.item_ids is not None:  # ITEM_IDS of a constrained model
+        for cand, item in zip(out, result.item_ids.tolist()):
             cand["item_id"] = int(item)
     return out
 
@@ -103,18 +99,18 @@ def check_count(models: ModelSet, name: str, prompts: list[str]) -> None:
 
 async def run(models: ModelSet, name: str, prompts: list[str], deadline: float,
               allow_items: list[int] | None = None) -> list[list[dict]]:
-    """Each prompt as one KServe request, side by side; the candidates per prompt, in order.
+    """Each prompt as one engine call, side by side; the candidates per prompt, in order.
     allow_items: ALLOW_ITEMS of every prompt (a constrained model's)."""
     check_count(models, name, prompts)
     encoded = [utf8(p, f"prompts[{i}]" if len(prompts) > 1 else "prompt") for i, p in enumerate(prompts)]
-    outputs = OUTPUTS + [t.name for t in models.get(name).signature.outputs if t.name == "ITEM_IDS"]
-    extra = [] if allow_items is None else [Tensor("ALLOW_ITEMS", "INT64", (len(allow_items),),
-                                                   np.asarray(allow_items, dtype=np.int64))]
+    signature = models.get(name).signature
 
     async def one(i: int, prompt: bytes) -> list[dict]:
-        tensor = Tensor("TEXT", "BYTES", (1,), [prompt])
         try:
-            return candidates(await models.infer(name, "", [tensor, *extra], outputs, deadline))
+            call = signature.call([prompt])
+            if allow_items is not None:
+                call = signature.allowing(call, allow_items)
+            return candidates(await models.run(name, call, deadline))
         except InvalidInput as exc:
             raise InvalidInput(f"prompts[{i}]: {exc}" if len(prompts) > 1 else str(exc)) from None
 

@@ -28,11 +28,11 @@ class ServerConfig:
     log_format: str = "text"  # "text" | "json": server log lines (server/logs.py)
     log_level: str = "info"  # least severe log record written: debug | info | warning | error
     access_log: bool = False  # one log line per inference request (model, protocol, outcome, ms)
-    model_repository: str | None = None  # load may replace a model from DIR/name (server/repository.py)
+    model_repository: str | None = None  # load may replace a model from DIR/name (server/kserve/repository.py)
     # A front-end process encodes a request's texts on this many threads (--frontends > 1). 4: served W1 on the
     # H200 host, c=1 9.9 -> 7.8 ms, within the budget 228.0 -> 230.0 QPS (2026-12-02, 8a966e5, docs/benchmarks.md).
     tokenize_threads: int = 4
-    allow_client_shm: bool = False  # clients may register system shared memory regions (server/shared_memory.py)
+    allow_client_shm: bool = False  # clients may register system shared memory regions (server/kserve/shared_memory.py)
     shm_prefix: str = SHM_PREFIX  # ... only of objects whose key starts with this ("/": any object)
 
     def __post_init__(self):

@@ -13,7 +13,7 @@
 
 Errors found before a request reaches a route (a malformed request line or header, a line over
 8190 bytes) are answered like every other error: JSON `{"error": ...}`, not aiohttp's text/plain.
-gRPC connections get the idle timeout as `grpc.max_connection_idle_ms` (kserve_grpc.py).
+gRPC connections get the idle timeout as `grpc.max_connection_idle_ms` (kserve/grpc_api.py).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ log = logging.getLogger("boundgen.server")
 
 
 def _json_error(status: int, message: str) -> web.Response:
-    """`{"error": message}` typed exactly `application/json`, as the application's errors (kserve_http.py)."""
+    """`{"error": message}` typed exactly `application/json`, as the application's errors (kserve/http_api.py)."""
     response = web.json_response({"error": message}, status=status)
     response.charset = None
     response.force_close()

@@ -1,51 +1,24 @@
-"""The bodies of KServe v2 over HTTP: reading a request's within the server's limits, an
-inference request's JSON and binary tensor data into Tensors, the outputs into a response, and
-the JSON error body. The aiohttp application, its routes and handlers: kserve_http.py.
-
-Binary extension: the header `Inference-Header-Content-Length: N` says the body is N bytes of
-JSON followed by raw tensor data; each input with `parameters.binary_data_size` takes its bytes
-from there in order. Outputs come back binary when requested (`parameters.binary_data` per
-output, or request-level `parameters.binary_data_output`), JSON otherwise; an input or output
-with `parameters.shared_memory_region` is read from or written to a registered region
-(shared_memory.py). Errors are `{"error": "..."}` with the status of status.py.
+"""HTTP request bodies and error answers, for every route (KServe v2's and the JSON routes):
+a body read whole within the server's limits (--max-body-bytes, inflated for a compressed one;
+--read-timeout-s), a JSON body, and the JSON error body `{"error": "..."}` with the status of
+status.py. KServe v2's inference bodies (JSON and binary tensor data, shared memory
+references): kserve/http_messages.py.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-from dataclasses import dataclass, field
-from typing import Any, Callable
 
 from aiohttp import web
 
 from boundgen.errors import InvalidInput
 from boundgen.server import json_values
 from boundgen.server.config import ServerConfig
-from boundgen.server.served import VERSION
-from boundgen.server.shared_memory import SharedMemory, Slice, tensor_ref
 from boundgen.server.status import ReadTimeout, answer_status
-from boundgen.server.tensors import Tensor, check_header, from_json, from_raw, to_json, to_raw
 
 
-HEADER_LENGTH = "Inference-Header-Content-Length"
 UNREAD = web.ResponseKey("unread_body", bool)  # part of the request body was left unread (see `error_response`)
-
-
-ShapeCheck = Callable[[str, str, tuple], None]  # (input name, datatype, shape); raises InvalidInput
-
-
-MAX_RANK = 64  # dimensions a tensor may have (numpy's own limit); a shape with more is refused by its length
-
-
-def check_rank(name: Any, shape: Any) -> None:
-    """Refuse a shape of more than MAX_RANK dimensions by its length alone, before its dimensions
-    are looked at one by one (40,000 of them cost the event loop ~30 ms, and a message echoing
-    them 120 KB)."""
-    if isinstance(shape, list) or hasattr(shape, "__len__") and not isinstance(shape, (str, bytes, dict)):
-        if len(shape) > MAX_RANK:  # a JSON list, or gRPC's repeated field (another type: check_header's error)
-            raise InvalidInput(f"tensor {str(name)[:80]}: shape has {len(shape)} dimensions, more than the "
-                               f"{MAX_RANK} a tensor may have")
 
 
 class BodyTooLarge(InvalidInput):
@@ -85,7 +58,7 @@ def _json_part(header_length: str | None) -> int | None:
     if header_length is None:
         return None
     try:
-        return max(0, int(header_length))  # as parse_infer_body reads it
+        return max(0, int(header_length))  # as kserve/http_messages.parse_infer_body reads it
     except ValueError:
         return 0
 
@@ -108,7 +81,8 @@ async def _read_within(request: web.Request, limit: int, count: json_values.Valu
     return bytes(body)
 
 
-def _loads(body: bytes, what: str):
+def parse_json(body: bytes, what: str):
+    """`body` as JSON, or InvalidInput saying why not, naming `what`."""
     try:
         return json.loads(body)
     except UnicodeDecodeError:
@@ -120,140 +94,16 @@ def _loads(body: bytes, what: str):
 async def read_json(request: web.Request, config: ServerConfig, budget: int = json_values.ENVELOPE):
     """The body (within the limits of `read_body`, `budget` JSON values among them) as JSON, or
     InvalidInput saying why not."""
-    return _loads(await read_body(request, config, budget), "the request body")
+    return parse_json(await read_body(request, config, budget), "the request body")
 
 
 async def read_options(request: web.Request, config: ServerConfig, what: str, example: str) -> dict:
     """An optional JSON object body (none: {}), else InvalidInput naming `what` with an `example`."""
     body = await read_body(request, config)
-    options = _loads(body, what) if body.strip() else {}
+    options = parse_json(body, what) if body.strip() else {}
     if not isinstance(options, dict):
         raise InvalidInput(f"{what} must be a JSON object like {example}")
     return options
-
-
-@dataclass
-class HttpInferRequest:
-    id: str | None
-    tensors: list[Tensor]
-    outputs: list[str] | None  # requested names; None: all
-    binary: dict[str, bool] = field(default_factory=dict)  # per requested output: raw bytes, not JSON?
-    binary_default: bool = False  # for outputs not in `binary`
-    parameters: dict[str, Any] = field(default_factory=dict)
-    shared_memory: dict[str, Slice] = field(default_factory=dict)  # outputs to write to shared memory
-
-
-def _params(obj: dict, where: str) -> dict:
-    params = obj.get("parameters", {})
-    if not isinstance(params, dict):
-        raise InvalidInput(f"{where}: 'parameters' must be a JSON object")
-    return params
-
-
-def parse_infer_body(body: bytes, header_length: str | None, shared_memory: SharedMemory | None = None,
-                     limit: int | None = None, check_shape: ShapeCheck | None = None) -> HttpInferRequest:
-    """An inference request from an HTTP body (JSON, or JSON + binary tensor data), its tensors
-    in shared memory read from `shared_memory`'s regions. `limit` (--max-body-bytes) bounds each
-    shape before anything is allocated for it, and each input read from shared memory;
-    `check_shape(name, datatype, shape)` (the model's own bounds, kserve_http.shape_check) runs
-    on each input's header before its data is converted: a TEXT [1000000] of one-character
-    strings, within the body limit, is refused by its shape, not after a million conversions."""
-    shared_memory = shared_memory or SharedMemory()
-    binary = memoryview(b"")
-    if header_length is not None:
-        try:
-            n = int(header_length)
-        except ValueError:
-            raise InvalidInput(f"header {HEADER_LENGTH} must be an integer, got {header_length!r}") from None
-        if not 0 <= n <= len(body):
-            raise InvalidInput(f"header {HEADER_LENGTH} says {n} bytes of JSON, the body has {len(body)}")
-        body, binary = body[:n], memoryview(body)[n:]
-    obj = _loads(body, "the request body")
-    if not isinstance(obj, dict):
-        raise InvalidInput("the request body must be a JSON object with 'inputs'")
-    inputs = obj.get("inputs")
-    if not isinstance(inputs, list):
-        raise InvalidInput("the request needs 'inputs', a list of tensors")
-    tensors, offset = [], 0
-    for i, inp in enumerate(inputs):
-        if not isinstance(inp, dict):
-            raise InvalidInput(f"inputs[{i}] must be a JSON object")
-        check_rank(inp.get("name"), inp.get("shape"))
-        name, datatype, shape = check_header(inp.get("name"), inp.get("datatype"), inp.get("shape"), limit)
-        if check_shape is not None:
-            check_shape(name, datatype, shape)
-        params = _params(inp, f"input {name}")
-        size, ref = params.get("binary_data_size"), tensor_ref(name, params)
-        if ref is not None:
-            if size is not None or "data" in inp:
-                raise InvalidInput(f"input {name} has shared_memory_region and also "
-                                   f"{'data' if 'data' in inp else 'binary_data_size'}; send one")
-            tensors.append(shared_memory.slice(name, ref).read_tensor(name, datatype, shape, limit))
-        elif size is not None:
-            if not isinstance(size, int) or isinstance(size, bool) or size < 0:
-                raise InvalidInput(f"input {name}: binary_data_size must be a non-negative integer, got {size!r}")
-            if "data" in inp:
-                raise InvalidInput(f"input {name} has both 'data' and binary_data_size; send one")
-            if offset + size > len(binary):
-                raise InvalidInput(f"input {name}: binary_data_size {size} runs past the end of the binary data "
-                                   f"({len(binary) - offset} bytes left)")
-            tensors.append(from_raw(name, datatype, shape, binary[offset:offset + size]))
-            offset += size
-        elif "data" in inp:
-            tensors.append(from_json(name, datatype, shape, inp["data"]))
-        else:
-            raise InvalidInput(f"input {name} has none of 'data', parameters.binary_data_size, "
-                               "parameters.shared_memory_region")
-    if offset != len(binary):
-        raise InvalidInput(f"{len(binary) - offset} bytes of binary data are not claimed by any input")
-    parameters = _params(obj, "request")
-    default_binary = parameters.get("binary_data_output", False) is True
-    outputs, flags, slices = None, {}, {}
-    if obj.get("outputs") is not None:
-        if not isinstance(obj["outputs"], list):
-            raise InvalidInput("'outputs' must be a list of {\"name\": ...} objects")
-        outputs = []
-        for i, out in enumerate(obj["outputs"]):
-            if not isinstance(out, dict) or not isinstance(out.get("name"), str):
-                raise InvalidInput(f"outputs[{i}] must be an object with a string 'name'")
-            out_params = _params(out, f"output {out['name']}")
-            if "classification" in out_params:
-                raise InvalidInput(f"output {out['name']}: the classification extension is not supported")
-            outputs.append(out["name"])
-            ref = tensor_ref(out["name"], out_params)
-            if ref is not None:
-                if out_params.get("binary_data") is True:
-                    raise InvalidInput(f"output {out['name']} asks for shared memory and binary_data; ask for one")
-                slices[out["name"]] = shared_memory.slice(out["name"], ref)
-            flags[out["name"]] = out_params.get("binary_data", default_binary) is True
-    request_id = obj.get("id")
-    if request_id is not None and not isinstance(request_id, str):
-        raise InvalidInput("'id' must be a string")
-    return HttpInferRequest(request_id, tensors, outputs, flags, default_binary, parameters, slices)
-
-
-def encode_infer_response(model: str, request: HttpInferRequest, outputs: list[Tensor]) -> web.Response:
-    """`outputs` as `request` asked for each: into its shared memory region, binary after the JSON, or JSON."""
-    entries, chunks = [], []
-    for t in outputs:
-        entry = {"name": t.name, "datatype": t.datatype, "shape": list(t.shape)}
-        if t.name in request.shared_memory:
-            entry["parameters"] = request.shared_memory[t.name].write_tensor(t)
-        elif request.binary.get(t.name, request.binary_default):
-            raw = to_raw(t)
-            entry["parameters"] = {"binary_data_size": len(raw)}
-            chunks.append(raw)
-        else:
-            entry["data"] = to_json(t)
-        entries.append(entry)
-    head = {"model_name": model, "model_version": VERSION, "outputs": entries}
-    if request.id is not None:
-        head["id"] = request.id
-    head_bytes = json.dumps(head, separators=(",", ":")).encode()
-    if not chunks:
-        return web.Response(body=head_bytes, content_type="application/json")
-    return web.Response(body=head_bytes + b"".join(chunks), content_type="application/octet-stream",
-                        headers={HEADER_LENGTH: str(len(head_bytes))})
 
 
 def error_response(exc: BaseException) -> web.Response:

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import json
 
+from boundgen.artifact.tasks import task_named, task_of
 from boundgen.errors import InvalidInput
 
 ENVELOPE = 1024  # values a request may hold besides its texts, token ids or prompts (names, shapes, parameters)
@@ -97,16 +98,11 @@ def budget(models, name: str | None = None, task: str | None = None) -> int:
     most generous served model of `task` (any task when None): `models` is a server.models.ModelSet."""
     served = models.models
     chosen = ([served[name]] if name in served else
-              [m for m in served.values() if task is None or m.engine.spec.task == task])
+              [m for m in served.values() if task is None or task_of(m.engine.spec) is task_named(task)])
     return ENVELOPE + max((_needs(m) for m in chosen), default=0)
 
 
 def _needs(model) -> int:
     """Values a request for `model` (a ServedModel) needs on any route besides the envelope."""
-    program = model.engine.spec.program
-    if program.task == "score":
-        # texts (TEXT, /v1/score items, /v1/rerank documents as {"text": ...}: 3 values each, vLLM's
-        # text_1 and text_2) or token ids (/v1/score: the query's, and every item's)
-        return 3 * program.max_samples + program.max_tokens_per_sample + program.max_total_tokens
-    admission = model.admission  # /v1/beam: prompts, as many as the model admits at once (beam_api.check_count)
-    return admission.max_inflight + admission.max_queue
+    program, admission = model.engine.spec.program, model.admission
+    return task_of(program).json_values(program, admission.max_inflight + admission.max_queue)

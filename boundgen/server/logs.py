@@ -2,7 +2,7 @@
 
 Two streams:
 - status lines on stdout (`Server.say`): "boundgen serve: listening http=H:P grpc=H:P", models
-  loaded, draining, stopped. Tools wait for them (server/launch.py waits for LISTENING);
+  loaded, draining, stopped. Tools wait for them (server/deploy/launch.py waits for LISTENING);
 - log records on stderr (`logging`, logger "boundgen.server"): warnings, errors, and with
   `--access-log` one INFO record per inference request (logger "boundgen.access").
 

@@ -15,13 +15,15 @@ import contextlib
 import time
 from typing import Any, Callable, Iterator, Sequence
 
+from boundgen.artifact.tasks import task_named, task_of
 from boundgen.errors import ConfigError, InvalidInput
 from boundgen.runtime.engine import Engine
+from boundgen.runtime.results import BeamResult, ScoreResult
 from boundgen.server.config import ServerConfig
 from boundgen.server.metrics import ServerMetrics
 from boundgen.server.served import VERSION, ServedModel
+from boundgen.server.signature import EngineCall, Tensor
 from boundgen.server.status import Unavailable, status_of
-from boundgen.server.tensors import Tensor
 
 LOADING, READY, DRAINING = "loading", "ready", "draining"
 MAX_TIMEOUT_US = (1 << 63) - 1  # the gRPC int64_param's range; HTTP JSON integers are unbounded
@@ -114,7 +116,7 @@ class ModelSet:
     def pick(self, requested: str | None, task: str, route: str) -> str:
         """The model a route of one task runs (/v1/score, /v1/beam): the one named, else the server's
         only model of that task; 400 naming the problem otherwise."""
-        of_task = sorted(name for name, m in self.models.items() if m.engine.spec.task == task)
+        of_task = sorted(name for name, m in self.models.items() if task_of(m.engine.spec) is task_named(task))
         if requested is not None and requested in self.models:
             if requested not in of_task:
                 raise InvalidInput(f"model {requested} is a {self.models[requested].engine.spec.task} model; "
@@ -149,11 +151,11 @@ class ModelSet:
             raise Unavailable("the server is shutting down and admits no new requests")
         return await self.get(name, version).infer(tensors, requested, deadline)
 
-    async def run(self, name: str, call, requested: Sequence[str] | None, deadline: float) -> list[Tensor]:
-        """As `infer`, for a request a JSON route checked itself (served.ServedModel.run)."""
+    async def run(self, name: str, call: EngineCall, deadline: float) -> ScoreResult | BeamResult:
+        """As `infer`, in the engine's terms: a request a JSON route built (served.ServedModel.run)."""
         if self.state == DRAINING:
             raise Unavailable("the server is shutting down and admits no new requests")
-        return await self.get(name).run(call, requested, deadline)
+        return await self.get(name).run(call, deadline)
 
     @contextlib.contextmanager
     def observe(self, protocol: str, name: str, expired: Callable[[], bool] = lambda: False) -> Iterator[None]:

@@ -2,9 +2,9 @@
 and who sent the request (its client key), whose turn in a model's queue it takes.
 
     HTTP   request header `X-Request-ID`        -> response header `X-Request-ID` on every answer,
-                                                   errors included (kserve_http.py's middleware)
+                                                   errors included (kserve/http_api.py's middleware)
     gRPC   metadata `x-request-id`              -> trailing metadata `x-request-id` on every call,
-                                                   errors included (kserve_grpc.py)
+                                                   errors included (kserve/grpc_api.py)
 
 A client's id is kept when it is 1 to MAX_LENGTH printable ASCII characters without spaces (what
 proxies such as Envoy and nginx send: a UUID or similar); anything else, or none, is replaced by

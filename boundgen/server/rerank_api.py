@@ -1,7 +1,7 @@
 """The reranking routes that existing clients call, on a score artifact: Cohere / Jina / vLLM's
 `POST /v1/rerank` (also `/rerank`), vLLM's `POST /score`, and OpenAI's `GET /v1/models`, so a
-client written for those servers works unchanged. KServe v2 `infer` stays the fast path: each
-request here is one KServe request of TEXT [N], through the same admission and engine.
+client written for those servers works unchanged. Each request here is one engine call of its
+N samples, as a KServe v2 `infer` of TEXT [N] would be (the same checks, admission and engine).
 
     POST /v1/rerank, /rerank
       request   {"query": "...", "documents": ["..." | {"text": "..."}, ...], "top_n": k,
@@ -25,7 +25,7 @@ text_1 with every text_2, or the i-th with the i-th. The token counts of `usage`
 to the server (the engine tokenizes), so they are null, as in `/v1/score`. Unknown fields, more
 pairs than the model's max_samples (checked before anything is tokenized), an empty list or a
 beam model are 400 with a message saying so. `model` may be left out when the server holds one
-score model. The API key applies as on every route (kserve_http.py's middleware).
+score model. The API key applies as on every route (kserve/http_api.py's middleware).
 """
 
 from __future__ import annotations
@@ -42,7 +42,6 @@ from boundgen.server.config import ServerConfig
 from boundgen.server.http_bodies import error_response, read_json
 from boundgen.server.models import LOADING, ModelSet
 from boundgen.server.status import Unavailable
-from boundgen.server.tensors import Tensor
 
 RERANK_ROUTES = ("/v1/rerank", "/rerank")
 PAIRS_ROUTE = "/score"
@@ -136,11 +135,11 @@ def pick_model(models: ModelSet, requested: str | None, route: str, pairs: int) 
     return name
 
 
-async def relevance(models: ModelSet, name: str, texts: list[bytes], deadline: float) -> list[float]:
-    """Each text's probability of the model's first label, from one KServe request of TEXT [N]."""
-    text = Tensor("TEXT", "BYTES", (len(texts),), [score_api.utf8(t, f"documents[{i}]") for i, t in enumerate(texts)])
-    (probs,) = await models.infer(name, "", [text], ["SCORES"], deadline)
-    return [float(p) for p in np.asarray(probs.data, dtype=np.float32).reshape(probs.shape)[:, 0]]
+async def relevance(models: ModelSet, name: str, texts: list[str], deadline: float) -> list[float]:
+    """Each text's probability of the model's first label, from one engine call of them all."""
+    call = models.get(name).signature.call([score_api.utf8(t, f"documents[{i}]") for i, t in enumerate(texts)])
+    result = await models.run(name, call, deadline)
+    return [float(p) for p in np.asarray(result.scores, dtype=np.float32)[:, 0]]
 
 
 def rerank_response(name: str, parsed: dict, scores: list[float]) -> dict:
@@ -166,7 +165,7 @@ def models_response(models: ModelSet, created: int) -> dict:
 
 
 def add_routes(app: web.Application, models: ModelSet, config: ServerConfig) -> None:
-    """Register this module's routes on the HTTP application (kserve_http.py; its middlewares,
+    """Register this module's routes on the HTTP application (kserve/http_api.py; its middlewares,
     the API key among them, apply to them as to every route)."""
     created = int(time.time())  # OpenAI's "created": when this server began serving its models
 

@@ -1,6 +1,7 @@
 """`POST /v1/score`: SGLang's score request shape on a score artifact, the migration path for
-users of SGLang's (and vLLM's) scoring route. KServe v2 `infer` stays the fast path: this route
-builds the same request and runs it through the same admission and engine.
+users of SGLang's (and vLLM's) scoring route. Its samples go to the engine as KServe v2 `infer`'s
+would (the same checks, admission and engine: signature.Signature.call, models.ModelSet.run),
+without being made into tensors.
 
     request   {"query": "...", "items": ["...", ...] | "...", "label_token_ids": [id, ...],
                "apply_softmax": false, "item_first": false, "model": "name"}
@@ -39,7 +40,6 @@ from boundgen.server import http_bodies
 from boundgen.server.models import LOADING
 from boundgen.server.signature import REBUILD, EngineCall
 from boundgen.server.status import Unavailable, status_of
-from boundgen.server.tensors import Tensor
 
 ROUTE = "/v1/score"
 FIELDS = ("query", "items", "label_token_ids", "apply_softmax", "item_first", "model")
@@ -102,8 +102,8 @@ def pick_model(models, requested: str | None) -> str:
     return models.pick(requested, "score", ROUTE)
 
 
-def text_tensor(parsed: dict, model: str, max_samples: int) -> Tensor:
-    """TEXT [N] of a parsed request: its items (at most `max_samples`, model `model`'s bound,
+def text_items(parsed: dict, model: str, max_samples: int) -> list[bytes]:
+    """The samples of a parsed request: its items (at most `max_samples`, model `model`'s bound,
     checked before any text is built), each joined with the query, as UTF-8."""
     items, query = parsed["items"], parsed["query"]
     if len(items) > max_samples:
@@ -111,8 +111,7 @@ def text_tensor(parsed: dict, model: str, max_samples: int) -> Tensor:
                            f"(max_samples of model {model})")
     query_bytes = utf8(query, "query")
     parts = [utf8(item, f"items[{i}]") for i, item in enumerate(items)]
-    texts = [part + query_bytes if parsed["item_first"] else query_bytes + part for part in parts]
-    return Tensor("TEXT", "BYTES", (len(texts),), texts)
+    return [part + query_bytes if parsed["item_first"] else query_bytes + part for part in parts]
 
 
 def token_call(parsed: dict, model: str, max_samples: int) -> EngineCall:
@@ -135,31 +134,31 @@ def utf8(text: str, where: str) -> bytes:
                            f"({text[exc.start]!r} at character {exc.start})") from None
 
 
-def outputs(parsed: dict) -> list[str]:
-    """The KServe outputs a parsed request needs."""
-    return ["LABEL_LOGPROBS" if not parsed["apply_softmax"] else "SCORES", "NUM_TOKENS"]
-
-
 async def run(models, name: str, parsed: dict, deadline: float) -> dict:
-    """The response body of a parsed request on score model `name`: one KServe request of TEXT [N]
-    through `models.infer` (admission, deadline, engine), its outputs turned into SGLang's answer."""
-    model = models.get(name, "")  # the one infer runs on: no await between (repository.py)
-    names = outputs(parsed)
-    if names[0] not in [t.name for t in model.signature.outputs]:
+    """The response body of a parsed request on score model `name`: one engine call of its samples
+    through `models.run` (admission, deadline, engine), its result turned into SGLang's answer."""
+    model = models.get(name, "")  # the one run() runs on: no await between (repository.py)
+    vocab = not parsed["apply_softmax"]
+    if vocab and "LABEL_LOGPROBS" not in [t.name for t in model.signature.outputs]:
         raise InvalidInput(f"apply_softmax false (probabilities over the whole vocabulary) is not available on "
                            f"model {name}: {REBUILD}; or send apply_softmax true")
+    max_samples = model.signature.max_samples
     if parsed["tokenized"]:
-        values, counts = await models.run(name, token_call(parsed, name, model.signature.max_samples), names, deadline)
+        call = token_call(parsed, name, max_samples)
     else:
-        values, counts = await models.infer(name, "", [text_tensor(parsed, name, model.signature.max_samples)], names,
-                                            deadline)
-    array = np.asarray(values.data, dtype=np.float32).reshape(values.shape)
+        call = model.signature.call(text_items(parsed, name, max_samples))
+    result = await models.run(name, call, deadline)
+    if result.num_tokens is None:
+        raise InvalidInput(f"model {name} does not report token counts")
+    if vocab and result.label_logprobs is None:
+        raise InvalidInput(f"model {name} gave no vocabulary log-probabilities: {REBUILD}")
+    values = np.asarray(result.label_logprobs if vocab else result.scores, dtype=np.float32)
     labels = list(model.engine.spec.program.label_token_ids)
-    if parsed["apply_softmax"]:
-        table = scores(array, labels, parsed["label_token_ids"])
+    if vocab:
+        table = vocab_scores(values, labels, parsed["label_token_ids"])
     else:
-        table = vocab_scores(array, labels, parsed["label_token_ids"])
-    return response(name, table, int(np.asarray(counts.data, dtype=np.int64).sum()))
+        table = scores(values, labels, parsed["label_token_ids"])
+    return response(name, table, int(np.asarray(result.num_tokens, dtype=np.int64).sum()))
 
 
 def _columns(values: np.ndarray, artifact_ids: list[int], wanted: list[int]) -> np.ndarray:

@@ -8,14 +8,14 @@ from functools import partial
 from typing import Sequence
 
 from boundgen.runtime.engine import Engine
+from boundgen.runtime.results import BeamResult, ScoreResult
 from boundgen.server import request_ids
 from boundgen.server.admission import Admission, Passage
 from boundgen.server.metrics import ServerMetrics
-from boundgen.server.signature import EngineCall, Signature
-from boundgen.server.tensors import Tensor
+from boundgen.server.signature import EngineCall, Signature, Tensor
 
 # The stage timings (seconds) of the request this task is answering: set by ServedModel.infer, read
-# by a protocol handler that was asked for them (request parameter kserve_pb.TIMINGS_PARAMETER).
+# by a protocol handler that was asked for them (request parameter kserve/pb.py TIMINGS_PARAMETER).
 REQUEST_TIMINGS: contextvars.ContextVar[dict | None] = contextvars.ContextVar("boundgen_request_timings", default=None)
 
 PLATFORM = "boundgen"
@@ -26,15 +26,12 @@ def engine_concurrency(engine: Engine) -> int:
     """How many requests the engine works on at once: one per request context, times the requests
     one call holds when batching (more would wait inside the engine, unseen by the queue metrics;
     the engine still checks their deadlines and cancellations)."""
-    extra = engine.spec.extra
-    value = extra.get("concurrency") or extra.get("contexts") or getattr(getattr(engine, "pool", None), "size", None)
-    return int(value) if value else 1
+    return engine.spec.concurrency
 
 
 def engine_contexts(engine: Engine) -> int:
-    """The engine's request contexts (Triton's instance count); 1 when it does not say."""
-    value = engine.spec.extra.get("contexts") or getattr(getattr(engine, "pool", None), "size", None)
-    return int(value) if value else 1
+    """The engine's request contexts (Triton's instance count)."""
+    return engine.spec.runtime.contexts
 
 
 class ServedModel:
@@ -62,12 +59,13 @@ class ServedModel:
 
     async def infer(self, tensors: Sequence[Tensor], requested: Sequence[str] | None, deadline: float) -> list[Tensor]:
         """Check, admit, run and encode one request; raises InvalidInput or a status.ServeError."""
-        return await self.run(self.signature.parse(tensors), requested, deadline)
-
-    async def run(self, call: EngineCall, requested: Sequence[str] | None, deadline: float) -> list[Tensor]:
-        """Admit, run and encode a checked request (what `infer` parsed from tensors, or a JSON route's
-        token ids)."""
+        call = self.signature.parse(tensors)
         names = self.signature.check_outputs(requested)
+        return self.signature.encode(await self.run(call, deadline), names)
+
+    async def run(self, call: EngineCall, deadline: float) -> ScoreResult | BeamResult:
+        """Admit and run a checked request (what `infer` parsed from tensors, or what a JSON route
+        built); the engine's result, its timings in REQUEST_TIMINGS for the protocol handler."""
         tag = request_ids.current()
         client = tag.client if tag is not None else ""  # whose turn in the queue (runtime/fair_queue.py)
         # The engine gets the deadline and the cancelled event (set by the admission when the
@@ -76,15 +74,13 @@ class ServedModel:
         # client is gone, nothing is sent).
         if isinstance(self.admission, Passage):
             result = await self.admission.run_async(partial(self.engine.run, call, deadline, client), deadline)
-            REQUEST_TIMINGS.set(result.timings)
-            self.metrics.observe_result(self.name, result)
-            return self.signature.encode(result, names)
-        cancelled = threading.Event()
-        engine_call = partial(call, self.engine, deadline=deadline, cancelled=cancelled)
-        result = await self.admission.run(engine_call, deadline, cancelled, client)
+        else:
+            cancelled = threading.Event()
+            engine_call = partial(call, self.engine, deadline=deadline, cancelled=cancelled)
+            result = await self.admission.run(engine_call, deadline, cancelled, client)
         REQUEST_TIMINGS.set(result.timings)
         self.metrics.observe_result(self.name, result)
-        return self.signature.encode(result, names)
+        return result
 
     def close(self) -> None:
         self.admission.shutdown()

@@ -9,7 +9,7 @@ artifact/program.py): metadata, input checks, engine results to output tensors.
                                                        LABEL_LOGPROBS FP32 [N, num_labels], each label's
                                                        log-probability over the whole vocabulary, on
                                                        label models whose artifact has it
-                                                       (spec.extra["vocab_outputs"])
+                                                       (spec.vocab_outputs)
     beam:   TEXT BYTES [1]                         ->  TOKEN_IDS INT32 [W, N_gen], SCORES FP32 [W],
                                                        TEXT_OUT BYTES [W]
             constrained to a catalogue (built with --constrained, served with --catalogue):
@@ -28,28 +28,40 @@ bytes, so the bound holds for the templated text too. A text whose byte length p
 refused in O(1) per text, before they can spend seconds in a tokenizer holding a model's
 in-flight slot. (The converse does not hold: B bytes can be up to B tokens, so shorter texts
 still go to the engine's exact check.) An engine with another vocabulary can give its own
-bound as `spec.extra["max_token_bytes"]`.
+bound as `spec.max_token_bytes`.
+
+What differs between the tasks (tensors, shapes, defaults, result arrays) is the task's
+(artifact/tasks.py); this module turns it into tensors and checks.
 """
 
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
-from typing import Sequence
-
-import numpy as np
+from dataclasses import dataclass, replace
+from typing import Any, Sequence
 
 from boundgen.artifact.program import spec_to_dict
-from boundgen.errors import InvalidInput
+from boundgen.artifact.tasks import REBUILD, task_named, task_of  # noqa: F401 (REBUILD: score_api says it too)
+from boundgen.errors import ConfigError, InvalidInput
 from boundgen.runtime.engine import Engine, EngineSpec
 from boundgen.runtime.results import BeamResult, ScoreResult
-from boundgen.server.tensors import Tensor
 
-# Why an artifact has no LABEL_LOGPROBS, and what to do, in the words of those who asked for it.
-REBUILD = ("its artifact was built without the vocabulary log-sum-exp (before it existed, or with an MLP head); "
-           "rebuild it from its checkpoint with this boundgen (`boundgen build ... --task score --labels ...`) "
-           "to get probabilities over the whole vocabulary")
 MAX_TOKEN_BYTES = 128  # the Qwen vocabulary's longest token, in bytes (see the docstring)
+
+
+@dataclass
+class Tensor:
+    """A named array of a served model's inputs or outputs, whichever protocol carried it (its wire
+    forms: kserve/tensors.py)."""
+
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+    data: Any  # flat: a numpy array of the datatype's dtype (kserve/tensors.py NUMPY_DTYPES), or list[bytes] for BYTES
+
+    @property
+    def size(self) -> int:
+        return len(self.data)
 
 
 @dataclass(frozen=True)
@@ -72,35 +84,22 @@ class EngineCall:
                  cancelled: threading.Event | None = None) -> ScoreResult | BeamResult:
         if self.token_ids is not None:
             return engine.score_ids([list(ids) for ids in self.token_ids], deadline, cancelled)
-        if self.task == "score":
-            return engine.score(list(self.texts), deadline, cancelled)
-        if self.allow_items is not None:
+        if self.allow_items is not None:  # a constrained beam request's allow-list
             return engine.beam(self.texts[0], deadline, cancelled, allow_items=self.allow_items)
-        return engine.beam(self.texts[0], deadline, cancelled)
+        return task_named(self.task).call(engine, self.texts, deadline, cancelled)
 
 
 class Signature:
     def __init__(self, spec: EngineSpec):
-        if spec.task not in ("score", "beam"):
-            raise ValueError(f"model {spec.name}: unknown task {spec.task!r}")
+        try:
+            self.task = task_of(spec)
+        except ConfigError:
+            raise ValueError(f"model {spec.name}: unknown task {spec.task!r}") from None
         self.spec = program = spec.program
-        self.name, self.extra = spec.name, spec.extra
-        if spec.task == "score":
-            self.inputs = (TensorSpec("TEXT", "BYTES", (-1,)),)
-            labels = len(program.label_token_ids)
-            self.outputs = (TensorSpec("SCORES", "FP32", (-1, labels)), TensorSpec("NUM_TOKENS", "INT32", (-1,)))
-            if spec.extra.get("vocab_outputs") and not getattr(program, "head_path", None):
-                self.outputs += (TensorSpec("LABEL_LOGPROBS", "FP32", (-1, labels)),)
-            self.defaults = ("SCORES",)
-        else:
-            self.inputs = (TensorSpec("TEXT", "BYTES", (1,)),)
-            self.outputs = (TensorSpec("TOKEN_IDS", "INT32", (program.width, program.steps)),
-                            TensorSpec("SCORES", "FP32", (program.width,)),
-                            TensorSpec("TEXT_OUT", "BYTES", (program.width,)))
-            if getattr(program, "constrained", False):
-                self.inputs += (TensorSpec("ALLOW_ITEMS", "INT64", (-1,)),)
-                self.outputs += (TensorSpec("ITEM_IDS", "INT64", (program.width,)),)
-            self.defaults = tuple(t.name for t in self.outputs)
+        self.name, self.max_token_bytes = spec.name, spec.max_token_bytes or MAX_TOKEN_BYTES
+        self.inputs = tuple(TensorSpec(*t) for t in self.task.inputs(program))
+        self.outputs = tuple(TensorSpec(*t) for t in self.task.outputs(program, spec.vocab_outputs))
+        self.defaults = self.task.default_outputs([t.name for t in self.outputs])
 
     @property
     def max_samples(self) -> int:
@@ -139,31 +138,44 @@ class Signature:
         if text.datatype != "BYTES":
             raise InvalidInput(f"input TEXT must be BYTES, got {text.datatype}")
         self._check_shape(text.shape)
-        self._check_byte_lengths(text.data)
+        call = self._texts_call(text.data)
+        allow = by_name.get("ALLOW_ITEMS")
+        if allow is not None:
+            if allow.datatype != "INT64":
+                raise InvalidInput(f"input ALLOW_ITEMS must be INT64 (item ids), got {allow.datatype}")
+            if len(allow.shape) != 1:
+                raise InvalidInput(f"input ALLOW_ITEMS must have shape [K] (a list of item ids), got {list(allow.shape)}")
+            call = self.allowing(call, allow.data)
+        return call
+
+    def allowing(self, call: EngineCall, allow_items: Sequence[int]) -> EngineCall:
+        """`call` restricted to the allow-list (ALLOW_ITEMS; whether the ids are the catalogue's is
+        the engine's check): a model without that input refuses it."""
+        if "ALLOW_ITEMS" not in [t.name for t in self.inputs]:
+            raise InvalidInput(f"model {self.name} has no input 'ALLOW_ITEMS': it was not built with --constrained")
+        if len(allow_items) == 0:
+            raise InvalidInput("input ALLOW_ITEMS is empty: it allows no item (leave it out to allow every item)")
+        return replace(call, allow_items=tuple(int(i) for i in allow_items))
+
+    def call(self, items: Sequence[bytes]) -> EngineCall:
+        """The engine call of a JSON route's texts (UTF-8), checked as the same texts in a TEXT
+        input are: their count, their byte lengths against the token bounds, UTF-8."""
+        self._check_shape((len(items),))
+        return self._texts_call(items)
+
+    def _texts_call(self, items: Sequence[bytes]) -> EngineCall:
+        self._check_byte_lengths(items)
         texts = []
-        for i, item in enumerate(text.data):
+        for i, item in enumerate(items):
             try:
                 texts.append(item.decode("utf-8"))
             except UnicodeDecodeError as exc:
                 raise InvalidInput(f"TEXT[{i}] is not valid UTF-8 (byte {item[exc.start]:#04x} at offset {exc.start})") from None
-        allow_items = self._allow_items(by_name.get("ALLOW_ITEMS"))
-        return EngineCall(self.spec.task, tuple(texts), allow_items=allow_items)
-
-    def _allow_items(self, tensor: Tensor | None) -> tuple[int, ...] | None:
-        """ALLOW_ITEMS INT64 [K] -> the item ids (whether they are in the catalogue is the engine's check)."""
-        if tensor is None:
-            return None
-        if tensor.datatype != "INT64":
-            raise InvalidInput(f"input ALLOW_ITEMS must be INT64 (item ids), got {tensor.datatype}")
-        if len(tensor.shape) != 1:
-            raise InvalidInput(f"input ALLOW_ITEMS must have shape [K] (a list of item ids), got {list(tensor.shape)}")
-        if tensor.shape[0] == 0:
-            raise InvalidInput("input ALLOW_ITEMS is empty: it allows no item (leave it out to allow every item)")
-        return tuple(int(i) for i in tensor.data)
+        return EngineCall(self.spec.task, tuple(texts))
 
     def _check_byte_lengths(self, items: Sequence[bytes]) -> None:
         """Refuse texts whose byte length alone proves them over the token bounds (module docstring)."""
-        per_token = int(self.extra.get("max_token_bytes") or MAX_TOKEN_BYTES)
+        per_token = self.max_token_bytes
         limit, total = self.spec.max_tokens_per_sample, 0
         for i, item in enumerate(items):
             at_least = -(-len(item) // per_token)
@@ -171,51 +183,20 @@ class Signature:
                 raise InvalidInput(f"TEXT[{i}] is {len(item)} bytes, so at least {at_least} tokens (a token is at most "
                                    f"{per_token} bytes), more than the limit of {limit} tokens per sample")
             total += at_least
-        if self.spec.task == "score" and total > self.spec.max_total_tokens:
+        if total > self.spec.max_total_tokens:  # a beam prompt's total is its one text's, checked above
             raise InvalidInput(f"the {len(items)} texts are {sum(map(len, items))} bytes, so at least {total} tokens "
                                f"(a token is at most {per_token} bytes), more than the limit of "
                                f"{self.spec.max_total_tokens} tokens per request")
 
     def _check_shape(self, shape: tuple[int, ...]) -> None:
-        if self.spec.task == "beam":
-            if shape != (1,):
-                raise InvalidInput(f"input TEXT of beam model {self.name} must have shape [1] (one prompt), "
-                                   f"got {list(shape)}")
-            return
-        if len(shape) != 1:
-            raise InvalidInput(f"input TEXT must have shape [N] (one text per sample), got {list(shape)}")
-        n, limit = shape[0], self.spec.max_samples
-        if n == 0:
-            raise InvalidInput(f"input TEXT is empty: a score request needs 1 to {limit} samples")
-        if n > limit:
-            raise InvalidInput(f"input TEXT has {n} samples, over the limit of {limit} for model {self.name}")
+        self.task.check_text_shape(shape, self.spec, self.name)
 
     def encode(self, result: ScoreResult | BeamResult, names: Sequence[str]) -> list[Tensor]:
         """The requested output tensors of an engine result."""
-        if isinstance(result, ScoreResult):
-            scores = np.ascontiguousarray(result.scores, dtype=np.float32)
-            all_outputs = {"SCORES": Tensor("SCORES", "FP32", tuple(scores.shape), scores.reshape(-1))}
-            if "NUM_TOKENS" in names:
-                if result.num_tokens is None:
-                    raise InvalidInput(f"model {self.name} does not report token counts")
-                counts = np.ascontiguousarray(result.num_tokens, dtype=np.int32)
-                all_outputs["NUM_TOKENS"] = Tensor("NUM_TOKENS", "INT32", tuple(counts.shape), counts)
-            if "LABEL_LOGPROBS" in names:
-                if result.label_logprobs is None:
-                    raise InvalidInput(f"model {self.name} gave no vocabulary log-probabilities: {REBUILD}")
-                logprobs = np.ascontiguousarray(result.label_logprobs, dtype=np.float32)
-                all_outputs["LABEL_LOGPROBS"] = Tensor("LABEL_LOGPROBS", "FP32", tuple(logprobs.shape),
-                                                       logprobs.reshape(-1))
-        else:
-            ids = np.ascontiguousarray(result.token_ids, dtype=np.int32)
-            scores = np.ascontiguousarray(result.scores, dtype=np.float32)
-            texts = [t.encode("utf-8") for t in result.texts]
-            all_outputs = {
-                "TOKEN_IDS": Tensor("TOKEN_IDS", "INT32", tuple(ids.shape), ids.reshape(-1)),
-                "SCORES": Tensor("SCORES", "FP32", tuple(scores.shape), scores.reshape(-1)),
-                "TEXT_OUT": Tensor("TEXT_OUT", "BYTES", (len(texts),), texts),
-            }
-            if "ITEM_IDS" in names:
-                items = np.ascontiguousarray(result.item_ids, dtype=np.int64)
-                all_outputs["ITEM_IDS"] = Tensor("ITEM_IDS", "INT64", tuple(items.shape), items)
+        all_outputs = {}
+        for name, (datatype, data) in self.task.output_arrays(result, names, self.name).items():
+            if datatype == "BYTES":
+                all_outputs[name] = Tensor(name, datatype, (len(data),), data)
+            else:
+                all_outputs[name] = Tensor(name, datatype, tuple(data.shape), data.reshape(-1))
         return [all_outputs[n] for n in names]

@@ -3,8 +3,8 @@
 `InvalidInput` (boundgen/errors.py) is raised by the tensor decoding, the model signature and
 the engine alike; the server maps it here to 400 / INVALID_ARGUMENT. The engine raises
 `boundgen.errors.DeadlineExceeded` for a request whose deadline passed while it waited inside
-the engine (runtime/batcher.py): 504 / DEADLINE_EXCEEDED, like the server's
-own `DeadlineExceeded` below, which is a subclass of it. `boundgen.errors.Cancelled` is raised
+the engine (runtime/batcher.py), and the server raises the same class where a deadline passes
+in admission or after the call: 504 / DEADLINE_EXCEEDED. `boundgen.errors.Cancelled` is raised
 only for a request whose client has gone (admission.py sets its `cancelled` event), so no answer
 reaches anyone; it maps to outcome `cancelled` (gRPC CANCELLED; HTTP 499, nginx's "client closed
 request") without a log line. Everything else a request can hit is a `ServeError` below. The
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import grpc
 
 from boundgen import errors
-from boundgen.errors import InvalidInput
+from boundgen.errors import DeadlineExceeded, InvalidInput  # DeadlineExceeded: the one class, server's and engine's
 
 log = logging.getLogger("boundgen.server")
 
@@ -36,12 +36,6 @@ class Overloaded(ServeError, errors.Overloaded):
     than its share of the queue gave its place to another client's (runtime/fair_queue.py)."""
 
     outcome = "rejected"
-
-
-class DeadlineExceeded(ServeError, errors.DeadlineExceeded):
-    """The request's deadline passed before it could be answered."""
-
-    outcome = "deadline_exceeded"
 
 
 def check_deadline(deadline: float, model: str) -> None:

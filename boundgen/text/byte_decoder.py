@@ -1,7 +1,7 @@
 """A faster decoder for byte-level BPE tokenizers: each id's bytes from a table, joined, UTF-8.
 
 A beam request returns W candidates of up to N_gen tokens each, decoded to text on the caller's
-thread while the next call waits for its clients (runtime/requests.py BeamEncoder): `tokenizers`'
+thread while the next call waits for its clients (runtime/requests.py BeamResultBuilder): `tokenizers`'
 `decode_batch` took ~130 us for 100 x 5 ids on a 2-core CPU, this table ~45 us.
 
     ids -> [bytes of each id] -> joined -> .decode("utf-8", "replace")
@@ -13,8 +13,8 @@ with a character outside that table contributes its UTF-8 text. Invalid UTF-8 (a
 split between candidates' last tokens) becomes U+FFFD as Rust's `from_utf8_lossy` makes it
 (one per maximal invalid subsequence, as Python's "replace" does).
 
-`byte_decoder(spec, reference)` returns a decoder only for a tokenizer.json of that shape, and only
-if it decodes a probe set (every added token, alone and between others; seeded random rows,
+`byte_decoder(tokenizer_json, reference)` returns a decoder only for a tokenizer.json of that shape,
+and only if it decodes a probe set (every added token, alone and between others; seeded random rows,
 which split multi-byte characters) as `reference` (the `tokenizers` object) does, with and
 without skip_special_tokens; otherwise None and the caller keeps `tokenizers`.
 tests/text/test_byte_decoder.py checks parity on more rows.
@@ -59,14 +59,15 @@ class ByteDecoder:
         return [b"".join(map(get, row)).decode("utf-8", "replace") for row in rows]
 
 
-def byte_decoder(spec: dict, reference) -> ByteDecoder | None:
-    """A ByteDecoder for the parsed tokenizer.json `spec` if its decoder is ByteLevel and it decodes
-    the probes exactly as `reference` does."""
-    if (spec.get("decoder") or {}).get("type") != "ByteLevel" or (spec.get("model") or {}).get("type") != "BPE":
+def byte_decoder(tokenizer_json: dict, reference) -> ByteDecoder | None:
+    """A ByteDecoder for the parsed tokenizer.json if its decoder is ByteLevel and it decodes the probes
+    exactly as `reference` does."""
+    decoder, model = tokenizer_json.get("decoder") or {}, tokenizer_json.get("model") or {}
+    if decoder.get("type") != "ByteLevel" or model.get("type") != "BPE":
         return None
     to_byte = {c: b for b, c in bytes_to_unicode().items()}
-    vocab = spec["model"].get("vocab") or {}
-    added = spec.get("added_tokens") or ()
+    vocab = tokenizer_json["model"].get("vocab") or {}
+    added = tokenizer_json.get("added_tokens") or ()
     size = max([*vocab.values(), *(a["id"] for a in added)], default=-1) + 1
     kept = [b""] * size
     for token, i in vocab.items():

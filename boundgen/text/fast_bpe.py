@@ -58,16 +58,16 @@ def bytes_to_unicode() -> dict[int, str]:
     return chars
 
 
-def _eligible(spec: dict) -> str | None:
+def _eligible(tokenizer_json: dict) -> str | None:
     """The split regex if the tokenizer.json is of the shape this encoder reproduces, else None."""
-    model = spec.get("model") or {}
+    model = tokenizer_json.get("model") or {}
     if model.get("type") != "BPE" or not model.get("ignore_merges") or model.get("dropout") \
             or model.get("continuing_subword_prefix") or model.get("end_of_word_suffix") or model.get("byte_fallback"):
         return None
-    normalizer = spec.get("normalizer")
+    normalizer = tokenizer_json.get("normalizer")
     if normalizer is not None and normalizer.get("type") != "NFC":
         return None
-    pre = spec.get("pre_tokenizer") or {}
+    pre = tokenizer_json.get("pre_tokenizer") or {}
     steps = pre.get("pretokenizers") if pre.get("type") == "Sequence" else None
     if not steps or len(steps) != 2:
         return None
@@ -77,7 +77,7 @@ def _eligible(spec: dict) -> str | None:
             or byte_level.get("type") != "ByteLevel" or byte_level.get("add_prefix_space")
             or byte_level.get("use_regex")):
         return None
-    for added in spec.get("added_tokens") or ():
+    for added in tokenizer_json.get("added_tokens") or ():
         if added.get("lstrip") or added.get("rstrip") or added.get("single_word") or added.get("normalized"):
             return None
     return pattern
@@ -154,10 +154,10 @@ def _pool(threads: int) -> ThreadPoolExecutor:
     return _POOLS[threads]
 
 
-def fast_encoder(spec: dict, reference) -> FastEncoder | None:
-    """A FastEncoder for the parsed tokenizer.json `spec` if it has the shape above, tiktoken is
+def fast_encoder(tokenizer_json: dict, reference) -> FastEncoder | None:
+    """A FastEncoder for the parsed tokenizer.json if it has the shape above, tiktoken is
     installed and it encodes PROBES exactly as `reference` (the `tokenizers` object) does."""
-    pattern = _eligible(spec)
+    pattern = _eligible(tokenizer_json)
     if pattern is None:
         return None
     try:
@@ -166,19 +166,20 @@ def fast_encoder(spec: dict, reference) -> FastEncoder | None:
         return None
     to_byte = {c: b for b, c in bytes_to_unicode().items()}
     try:
-        ranks = {bytes(to_byte[c] for c in token): rank for token, rank in spec["model"]["vocab"].items()}
+        ranks = {bytes(to_byte[c] for c in token): rank for token, rank in tokenizer_json["model"]["vocab"].items()}
     except KeyError:  # a token outside the byte-level alphabet: not this kind of vocabulary
         return None
-    if len(ranks) != len(spec["model"]["vocab"]) or sorted(ranks.values()) != list(range(len(ranks))):
+    if len(ranks) != len(tokenizer_json["model"]["vocab"]) or sorted(ranks.values()) != list(range(len(ranks))):
         return None  # tiktoken needs ranks 0..n-1, one per byte string
-    added = {a["content"]: a["id"] for a in spec.get("added_tokens") or ()}
+    added = {a["content"]: a["id"] for a in tokenizer_json.get("added_tokens") or ()}
     separator_id = max([len(ranks) - 1, *added.values()]) + 1
     try:
         encoding = tiktoken.Encoding("boundgen", pat_str=pattern, mergeable_ranks=ranks,
                                      special_tokens={**added, SEPARATOR: separator_id})
     except Exception:  # a regex tiktoken's engine does not take: keep `tokenizers`
         return None
-    encoder = FastEncoder(encoding, added, nfc=spec.get("normalizer") is not None, separator_id=separator_id)
+    nfc = tokenizer_json.get("normalizer") is not None
+    encoder = FastEncoder(encoding, added, nfc=nfc, separator_id=separator_id)
     want = [e.ids for e in reference.encode_batch(list(PROBES), add_special_tokens=False)]
     joinable = [i for i, probe in enumerate(PROBES) if encoder._joinable(probe)]  # the joined call too
     joined = encoder.encode_batch([PROBES[i] for i in joinable])

@@ -106,8 +106,8 @@ class Tokenizer:
         stat = file.stat()  # one version of one file gets its encoder and decoder built once per process (~1-2 s)
         key = (str(file.resolve()), stat.st_mtime_ns, stat.st_size)
         if key not in _FAST_PATHS:
-            spec = json.loads(text)
-            _FAST_PATHS[key] = fast_encoder(spec, backend), byte_decoder(spec, backend)
+            tokenizer_json = json.loads(text)
+            _FAST_PATHS[key] = fast_encoder(tokenizer_json, backend), byte_decoder(tokenizer_json, backend)
         encoder, decoder = _FAST_PATHS[key]
         tokenizer = cls._from(path, {"fast": True, "joined": joined, "threads": threads}, backend,
                               encoder if joined or encoder is None else encoder.text_by_text(), decoder)

@@ -16,6 +16,6 @@ def test_call_curve_stops_at_the_call_bounds(tiny_qwen2_dir):
         assert rows[0]["speedup"] == pytest.approx(1.0)
         assert "| 4 |" in markdown(rows, "W2")
         with pytest.raises(ValueError, match="exceed one call's bounds"):
-            engine.model_call(["x"], copies=5)
+            engine.program_call(["x"], copies=5)
     finally:
         engine.close()

@@ -18,7 +18,7 @@ from tests.bench.fake_kserve_http import FakeServer
 class FakeScoreEngine(Engine):
     def __init__(self):
         program = ScoreSpec(labels=(" yes", " no"), label_token_ids=(9693, 902), max_samples=15)
-        self.spec = EngineSpec("fake", program, extra={"fp8_groups": ["mlp"]})
+        self.spec = EngineSpec("fake", program, fp8_groups=("mlp",))
         self.calls, self.closed = 0, False
 
     def score(self, texts, deadline=None, cancelled=None):

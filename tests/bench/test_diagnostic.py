@@ -1,15 +1,15 @@
-"""Diagnostic: the fixed 1,024-token request, and the model node reached through a DagEngine."""
+"""Diagnostic: the fixed 1,024-token request, and the program alone reached through the engine."""
 
 import numpy as np
 import torch
 
-from boundgen.bench.diagnostic import fixed_request, node_call, run_diagnostic
+from boundgen.bench.diagnostic import fixed_request, program_alone, run_diagnostic
 from boundgen.artifact.program import ScoreSpec
 from boundgen.programs.eager import eager_engine
 from boundgen.text.tokenizer import Tokenizer
 
 
-def test_fixed_request_and_node_matches_engine(tiny_qwen3_dir):
+def test_fixed_request_and_program_alone_match_engine(tiny_qwen3_dir):
     tokenizer = Tokenizer.from_dir(tiny_qwen3_dir)
     request = fixed_request(tokenizer)
     assert request.tokens == 1024 and request.samples == 4
@@ -20,8 +20,8 @@ def test_fixed_request_and_node_matches_engine(tiny_qwen3_dir):
     spec = ScoreSpec(labels=labels, label_token_ids=tokenizer.label_token_ids(labels), max_samples=4,
                      max_tokens_per_sample=256, max_total_tokens=1024)
     engine = eager_engine(tiny_qwen3_dir, spec)
-    node = node_call(engine, request.texts)
-    out = node()
+    program = program_alone(engine, request.texts)
+    out = program()
     np.testing.assert_allclose(torch.as_tensor(out[0]).numpy(), engine.score(list(request.texts)).scores,
                                atol=1e-6)
     diag = run_diagnostic(engine, request, iterations=1, warmup=0)

@@ -9,7 +9,7 @@ import pytest
 
 from boundgen.bench.grpc_client import GrpcTarget, decode_bytes, encode_bytes
 from boundgen.bench.loadgen import closed_loop
-from boundgen.server import kserve_pb as pb
+from boundgen.server.kserve import pb
 
 
 @dataclass

@@ -9,7 +9,7 @@ import pytest
 from boundgen.bench.grpc_client import GrpcTarget
 from boundgen.bench.http_client import HttpError, HttpTarget, parse_outputs, split_address
 from boundgen.bench.loadgen import closed_loop, error_name
-from boundgen.server.launch import ServerProcess
+from boundgen.server.deploy.launch import ServerProcess
 
 from tests.bench.fake_kserve_http import FakeServer
 from tests.server.conftest import BEAM_SPEC, FAKE_SERVE, REPO, SCORE_SPEC

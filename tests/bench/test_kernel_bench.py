@@ -25,7 +25,7 @@ def test_prefix_work_counts_the_prefix_once():
 def test_markdown_table_reports_time_throughput_and_bandwidth():
     row = kernels.KernelTiming("case", "triton", time_us=10.0, flops=1e9, bytes=4e7, max_abs_err=0.01)
     assert row.tflops == pytest.approx(100.0) and row.gbps == pytest.approx(4000.0)
-    table = kernels.markdown_table([row]).splitlines()
+    table = kernel_timing.markdown_table([row]).splitlines()
     assert len(table) == 3 and table[2].startswith("| case | triton | 10.0 | 100.0 | 10.1 | 4000 | 97.6 |")
 
 
@@ -52,9 +52,9 @@ def test_gpu_kernel_benchmark_runs_small():
     rows += kernels.bench_packed([48, 100], calls=2, replays=2)
     elementwise = kernels.bench_elementwise(calls=2, replays=2)
     assert all(r.time_us > 0 for r in rows + elementwise)
-    assert all(r.max_abs_err < 2e-2 for r in rows), kernels.markdown_table(rows)
+    assert all(r.max_abs_err < 2e-2 for r in rows), kernel_timing.markdown_table(rows)
     # bf16 outputs reach ~25 (silu_mul of randn): two ulp there are 0.25
-    assert all(r.max_abs_err <= 0.25 for r in elementwise), kernels.markdown_table(elementwise)
+    assert all(r.max_abs_err <= 0.25 for r in elementwise), kernel_timing.markdown_table(elementwise)
 
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="needs TRITON_INTERPRET=1")
@@ -69,7 +69,7 @@ def test_every_implementation_agrees_with_the_reference_on_cpu(monkeypatch):
     # D=16's default launch config is not in the one-head sweep: every entry runs; of the packed-heads
     # sweep, the first is D=16's default with pack 2 (the `triton_gqa` row)
     assert len(rows) == 4 + len(kernels.PACKED_SWEEP) + len(kernels.PACKED_GQA_SWEEP) - 1 + 5 + 3
-    assert all(r.max_abs_err < 1e-5 for r in rows), kernels.markdown_table(rows)
+    assert all(r.max_abs_err < 1e-5 for r in rows), kernel_timing.markdown_table(rows)
 
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="needs TRITON_INTERPRET=1")
@@ -83,7 +83,7 @@ def test_elementwise_benchmarks_agree_with_the_reference_on_cpu(monkeypatch):
             + kernels.bench_rope(5, 3, 16, strided=False, **kw)
             + kernels.bench_silu_mul(5, 40, **kw))
     assert [r.impl for r in rows] == ["triton", "torch reference"] * 5
-    assert all(r.max_abs_err < 1e-5 for r in rows), kernels.markdown_table(rows)
+    assert all(r.max_abs_err < 1e-5 for r in rows), kernel_timing.markdown_table(rows)
 
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="needs TRITON_INTERPRET=1")
@@ -99,7 +99,7 @@ def test_selection_benchmark_agrees_with_the_reference_on_cpu(monkeypatch):
                                       + [f"chunks {vocab_topk.chunk_size(1024, 10, c)} tile {t} seg {sg} w{w}"
                                          for c, t, sg, w in selection.CHUNKS_SWEEP]
                                       + ["chunk_max kernel alone", "lm-head GEMM (scale)"])
-    assert all(r.max_abs_err < 1e-5 for r in rows[:-2]), kernels.markdown_table(rows)
+    assert all(r.max_abs_err < 1e-5 for r in rows[:-2]), kernel_timing.markdown_table(rows)
     rows = [kernels.KernelTiming(r.case, r.impl, times.get(r.impl, 4.0), r.flops, r.bytes, r.max_abs_err)
             for r in rows]
     table = selection.selection_table(rows).splitlines()
@@ -115,7 +115,7 @@ def test_qk_norm_rope_benchmark_agrees_with_the_reference_on_cpu(monkeypatch):
     assert [r.impl for r in rows] == (["torch reference", "inductor (reference compiled)",
                                        "triton rmsnorm + rope (4 launches)", "fused triton"]
                                       + [f"fused block_t {b} w{w}" for b, w in kernels.QK_NORM_ROPE_SWEEP])
-    assert all(r.max_abs_err <= 0.04 for r in rows), kernels.markdown_table(rows)
+    assert all(r.max_abs_err <= 0.04 for r in rows), kernel_timing.markdown_table(rows)
 
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="needs TRITON_INTERPRET=1")
@@ -127,7 +127,7 @@ def test_rope_kv_write_benchmark_agrees_with_the_reference_on_cpu(monkeypatch):
     assert [r.impl for r in rows] == ["torch reference", "inductor (reference compiled)", "fused triton",
                                       "fused triton, BLOCK_T=1", "fused triton, BLOCK_T=4"]
     errors = [r.max_abs_err for r in rows]
-    assert errors[0] == errors[2] == errors[3] == errors[4] == 0 and errors[1] <= 0.04, kernels.markdown_table(rows)
+    assert errors[0] == errors[2] == errors[3] == errors[4] == 0 and errors[1] <= 0.04, kernel_timing.markdown_table(rows)
 
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="needs TRITON_INTERPRET=1")
@@ -138,7 +138,7 @@ def test_silu_quant_benchmark_agrees_with_the_reference_on_cpu(monkeypatch):
     rows = kernels.bench_silu_quant(4, inter=64, device="cpu", configs=((1, 4), (2, 4)))
     assert [r.impl for r in rows] == ["torch reference", "inductor (reference compiled)", "triton, IEEE divisions",
                                       "triton, fast divisions, BLOCK_T=1 w4", "triton, fast divisions, BLOCK_T=2 w4"]
-    assert rows[0].max_abs_err == 0 and all(r.max_abs_err < 1.0 for r in rows), kernels.markdown_table(rows)
+    assert rows[0].max_abs_err == 0 and all(r.max_abs_err < 1.0 for r in rows), kernel_timing.markdown_table(rows)
 
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="needs TRITON_INTERPRET=1")

@@ -115,7 +115,7 @@ def test_score_engine_equals_eager(score_artifact, tiny_qwen3_dir):
     compiled, reference = engine.score(TEXTS), eager.score(TEXTS)
     np.testing.assert_allclose(compiled.scores, reference.scores, rtol=0, atol=1e-5)
     np.testing.assert_allclose(compiled.label_logprobs, reference.label_logprobs, rtol=0, atol=1e-4)
-    assert engine.spec.extra["vocab_outputs"]
+    assert engine.spec.vocab_outputs
     assert engine.spec.program.labels == (" yes", " no") and engine.spec.program.max_samples == 4
 
 
@@ -134,7 +134,7 @@ def test_batched_beam_artifact_equals_one_call_per_request(beam_artifact):
     rows, equal to running it alone. The artifact was built with batching: load() batches by default."""
     single = boundgen.load(beam_artifact, batching=False)
     batched = boundgen.load(beam_artifact)
-    assert batched.spec.extra["batching"] and not single.spec.extra["batching"]
+    assert batched.spec.runtime.batching and not single.spec.runtime.batching
     assert_batched_beams_equal_single(single, batched, [PROMPT, "x"], most=2)
 
 
@@ -164,7 +164,7 @@ def test_beam_prompt_beyond_bound_is_invalid_input(beam_artifact):
 def test_concurrency_settings_come_from_the_manifest_and_can_be_overridden(score_artifact):
     assert len(boundgen.load(score_artifact).contexts) == 2
     engine = boundgen.load(score_artifact, contexts=3, executors=2)
-    assert len(engine.contexts) == 3 and engine.spec.extra["executors"] == 2
+    assert len(engine.contexts) == 3 and engine.spec.runtime.executors == 2
     np.testing.assert_array_equal(engine.score(TEXTS).scores, boundgen.load(score_artifact).score(TEXTS).scores)
 
 

@@ -28,7 +28,7 @@ import numpy as np
 import pytest
 
 import boundgen
-from boundgen.server.launch import ServerProcess
+from boundgen.server.deploy.launch import ServerProcess
 from boundgen.version import __version__
 
 pytestmark = pytest.mark.slow  # a pip install of torch into a new venv

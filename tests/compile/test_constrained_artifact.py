@@ -17,7 +17,6 @@ from boundgen.artifact.program import BeamSpec
 from boundgen.artifact.tensors import TRIE
 from boundgen.errors import ConfigError, InvalidInput
 from boundgen.programs.eager import eager_engine
-from boundgen.runtime.catalogue import load_catalogue
 from boundgen.text.catalogue import Catalogue
 from tests.conftest import CONSTRAINED_ITEMS
 
@@ -111,8 +110,7 @@ def _catalogue(tmp_path, codes, tokenizer=None):
     return tmp_path / "cat"
 
 
-def test_catalogues_that_do_not_fit_the_artifact_are_refused(compiled, constrained_build, tmp_path):
-    art = constrained_build["artifact"]
+def test_catalogues_that_do_not_fit_the_artifact_are_refused(compiled, constrained_build, tiny_qwen2_dir, tmp_path):
     with pytest.raises(ConfigError, match="has 4 tokens; this beam search generates 3"):
         compiled.load_catalogue(_catalogue(tmp_path / "deep", [[40, 50, 60, 70]]))
     with pytest.raises(ConfigError, match="outside the model's vocabulary"):
@@ -120,7 +118,7 @@ def test_catalogues_that_do_not_fit_the_artifact_are_refused(compiled, constrain
     with pytest.raises(ConfigError, match="another tokenizer"):
         compiled.load_catalogue(_catalogue(tmp_path / "tok", [[40, 50, 60]], {"sha256": "0" * 64}))
     with pytest.raises(ConfigError, match="not built with --constrained"):
-        load_catalogue(constrained_build["catalogue"], SPEC, 151936, art, "cpu")
+        eager_engine(tiny_qwen2_dir, SPEC).load_catalogue(constrained_build["catalogue"])
     assert compiled.beam(PROMPTS[0]).item_ids is not None  # the served catalogue is still the first one
 
 

@@ -213,6 +213,6 @@ def test_an_fp8_score_artifact_records_its_gate_and_serves_close_to_fp32(score_a
     texts = ["is this relevant?", "a query and a document about something else", "x"]
     fp8_engine, fp32_engine = boundgen.load(built), boundgen.load(score_artifact)
     # the bench counts these groups' FLOPs at the FP8 peak (bench/mfu.py)
-    assert fp8_engine.spec.extra["fp8_groups"] == ["mlp"] and fp32_engine.spec.extra["fp8_groups"] == []
+    assert fp8_engine.spec.fp8_groups == ("mlp",) and fp32_engine.spec.fp8_groups == ()
     quantized, exact = fp8_engine.score(texts).scores, fp32_engine.score(texts).scores
     assert np.abs(quantized - exact).max() <= FP8_TOLERANCES["probs"] and not np.array_equal(quantized, exact)

@@ -41,11 +41,11 @@ def test_batched_equals_single(engines):
     assert batched._batcher.items == len(TEXTS)
 
 
-def test_model_call_for_the_diagnostic(engines):
-    from boundgen.bench.diagnostic import node_call
+def test_program_call_for_the_diagnostic(engines):
+    from boundgen.bench.diagnostic import program_alone
 
     single, batched = engines
-    probs = node_call(batched, TEXTS[2])()[0]
+    probs = program_alone(batched, TEXTS[2])()[0]
     np.testing.assert_allclose(probs[:3].numpy(), single.score(TEXTS[2]).scores, rtol=1e-5, atol=1e-6)
 
 
@@ -84,5 +84,5 @@ def test_calls_that_wait_for_company_give_the_same_beams(tiny_qwen2_dir):
     spec = BeamSpec(width=4, steps=3, max_prompt_tokens=16, max_requests=3)
     single = eager_engine(tiny_qwen2_dir, spec)
     waiting = eager_engine(tiny_qwen2_dir, spec, contexts=1, batching=True, batch_wait_ms=20)
-    assert waiting.spec.extra["batch_wait_ms"] == 20 and single.spec.extra["batch_wait_ms"] == 0.0
+    assert waiting.spec.runtime.batch_wait_ms == 20 and single.spec.runtime.batch_wait_ms == 0.0
     assert_batched_beams_equal_single(single, waiting, PROMPTS, most=3)

@@ -17,7 +17,7 @@ from boundgen.runtime.context import RequestContext
 from boundgen.runtime.engine import EngineSpec
 from boundgen.runtime.graphs import bucket_size, pad_batch
 from boundgen.runtime.local_engine import LocalEngine
-from boundgen.runtime.requests import BeamEncoder, RequestPacker
+from boundgen.runtime.requests import BeamResultBuilder, RequestPacker
 from boundgen.text.tokenizer import Tokenizer
 from tests.hf_reference import make_hf_model, save
 from tests.model.test_parity import packed
@@ -87,7 +87,7 @@ def test_padded_single_beam_engine_equals_unpadded(tiny_qwen2_dir):
     def engine(bucket: int) -> LocalEngine:
         ctx = RequestContext(spec.call_max_tokens, spec.call_max_samples, torch.device("cpu"))
         return LocalEngine(EngineSpec("padding", spec), RequestPacker(tokenizer, spec, bucket), runner,
-                           BeamEncoder(tokenizer, spec.stop_token_ids, spec.width), [ctx])
+                           BeamResultBuilder(tokenizer, spec.stop_token_ids, spec.width), [ctx])
 
     plain, padded = engine(0), engine(16)
     try:

@@ -16,7 +16,7 @@ import pytest
 
 from boundgen.artifact.program import BeamSpec, ScoreSpec
 from boundgen.runtime.engine import EngineSpec
-from boundgen.server.launch import ServerProcess
+from boundgen.server.deploy.launch import ServerProcess
 from tests.server.fake_engine import write_fake_artifact
 
 REPO = Path(__file__).resolve().parents[2]

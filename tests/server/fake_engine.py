@@ -33,6 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
+from boundgen.artifact.manifest import RuntimeConfig
 from boundgen.artifact.program import spec_from_dict, spec_to_dict
 from boundgen.errors import ArtifactError, Cancelled, DeadlineExceeded, InvalidInput
 from boundgen.runtime.engine import Engine, EngineSpec
@@ -70,11 +71,12 @@ class FakeEngine(Engine):
     @classmethod
     def from_dir(cls, path, **runtime) -> "FakeEngine":
         """`runtime`: boundgen.load's RuntimeConfig overrides (serve's --contexts, ...): recorded in
-        the spec's extra (so `contexts` is the engine's concurrency, as a real engine's) and logged."""
+        the spec's runtime (so `contexts` is the engine's concurrency, as a real engine's) and logged."""
         config = json.loads((Path(path) / "fake.json").read_text())
         if config.get("load_error"):
             raise ArtifactError(config["load_error"])
-        spec = EngineSpec(config["spec"]["name"], spec_from_dict(config["spec"]["program"]), extra=dict(runtime))
+        spec = EngineSpec(config["spec"]["name"], spec_from_dict(config["spec"]["program"]),
+                          runtime=RuntimeConfig().replace(**runtime), concurrency=runtime.get("contexts") or 1)
         engine = cls(spec, config["sleep_s"], config["log"], config["gate"], config.get("workers"),
                      config.get("tokenize_s_per_mb", 0.0))
         engine._write({"event": "loaded", "model": spec.name, "runtime": runtime})

@@ -11,7 +11,7 @@ import pytest
 import tritonclient.grpc as tgrpc
 import tritonclient.http as thttp
 
-from boundgen.server import kserve_pb as pb
+from boundgen.server.kserve import pb
 from tests.server.conftest import BEAM_SPEC, SCORE_SPEC
 from tests.server.fake_engine import FakeEngine
 
@@ -163,7 +163,7 @@ def test_server_needs_neither_tritonclient_nor_torch():
     import sys
 
     code = ("import sys; sys.modules['tritonclient'] = None\n"
-            "import boundgen.server.app, boundgen.server.launch, boundgen.cli.serve\n"
+            "import boundgen.server.app, boundgen.server.deploy.launch, boundgen.cli.serve\n"
             "assert 'torch' not in sys.modules, 'torch imported'\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr

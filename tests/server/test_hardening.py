@@ -19,8 +19,8 @@ import grpc
 import numpy as np
 import pytest
 
-from boundgen.server import kserve_pb as pb
-from boundgen.server.tensors import serialize_bytes
+from boundgen.server.kserve import pb
+from boundgen.server.kserve.tensors import serialize_bytes
 from tests.server.conftest import BEAM_SPEC, SCORE_SPEC
 from tests.server.fake_engine import write_fake_artifact
 from tests.server.test_reliability import http, json_body, read_until_closed
@@ -357,10 +357,11 @@ def test_beam_overload_leaves_no_unretrieved_task_exception():
 
     class Models:
         def get(self, name):
-            return SimpleNamespace(admission=SimpleNamespace(max_inflight=1, max_queue=4))
+            return SimpleNamespace(admission=SimpleNamespace(max_inflight=1, max_queue=4),
+                                   signature=SimpleNamespace(call=lambda items: items))
 
-        async def infer(self, name, version, tensors, outputs, deadline):
-            if tensors[0].data == [b"refused"]:
+        async def run(self, name, call, deadline):
+            if call == [b"refused"]:
                 raise Overloaded("model fbeam is at capacity")
             try:
                 await asyncio.sleep(10)
@@ -391,7 +392,7 @@ def late_models():
     from boundgen.server.config import ServerConfig
     from boundgen.server.metrics import ServerMetrics
     from boundgen.server.models import ModelSet
-    from boundgen.server.tensors import Tensor
+    from boundgen.server.kserve.tensors import Tensor
 
     models = ModelSet(ServerConfig(http_port=0, grpc_port=0), ServerMetrics())
     models.set_ready()
@@ -409,7 +410,7 @@ def test_http_sends_no_success_after_the_deadline():
 
     from aiohttp.test_utils import TestClient, TestServer
 
-    from boundgen.server.kserve_http import HttpFrontend
+    from boundgen.server.kserve.http_api import HttpFrontend
 
     models = late_models()
 
@@ -425,7 +426,7 @@ def test_http_sends_no_success_after_the_deadline():
 def test_grpc_sends_no_success_after_the_deadline():
     import asyncio
 
-    from boundgen.server.kserve_grpc import GrpcFrontend
+    from boundgen.server.kserve.grpc_api import GrpcFrontend
     from boundgen.server.status import DeadlineExceeded
 
     models = late_models()
@@ -445,7 +446,7 @@ def test_the_router_skips_a_worker_whose_channel_failed():
     its supervisor has not yet seen the exit; with none left, 503."""
     from prometheus_client import CollectorRegistry
 
-    from boundgen.server.replicas import WorkerPool
+    from boundgen.server.deploy.replicas import WorkerPool
     from boundgen.server.status import Unavailable
 
     pool = WorkerPool([], [None, None], [], None, CollectorRegistry(), lambda line: None)

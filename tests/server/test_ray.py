@@ -22,7 +22,7 @@ import tritonclient.grpc as tgrpc
 import tritonclient.http as thttp
 from tritonclient.utils import InferenceServerException
 
-from boundgen.server.launch import free_port
+from boundgen.server.deploy.launch import free_port
 from tests.server.conftest import REPO
 from tests.server.fake_engine import read_events, read_log
 
@@ -247,8 +247,8 @@ def test_deployment_options_follow_admission_and_flags(fake_dirs):
     from ray import serve
 
     from boundgen.server.config import ServerConfig
-    from boundgen.server.ray_replica import Replica
-    from boundgen.server.ray_serve import RayOptions, deployment_options
+    from boundgen.server.deploy.ray_replica import Replica
+    from boundgen.server.deploy.ray_serve import RayOptions, deployment_options
 
     dirs = [fake_dirs["score"], fake_dirs["beam"]]
     fixed = deployment_options(dirs, ServerConfig(max_inflight=2, max_queue=3), RayOptions(replicas=3))
@@ -289,6 +289,6 @@ def test_without_ray_installed_is_one_line_error(fake_dirs, tmp_path):
 
 def test_plain_serve_does_not_import_ray():
     code = ("import sys; from boundgen.cli.main import make_parser; import boundgen.server.app, "
-            "boundgen.server.replicas; make_parser(); print('ray' in sys.modules)")
+            "boundgen.server.deploy.replicas; make_parser(); print('ray' in sys.modules)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert proc.stdout.strip() == "False", proc.stderr

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as tgrpc
 
-from boundgen.server import kserve_pb as pb
+from boundgen.server.kserve import pb
 from tests.server.conftest import SCORE_SPEC
 from tests.server.fake_engine import write_fake_artifact
 from tests.server.test_endpoints import NO_PROXY

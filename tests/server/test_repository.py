@@ -1,4 +1,4 @@
-"""Repository load (server/repository.py): with --model-repository DIR, tritonclient's load_model
+"""Repository load (server/kserve/repository.py): with --model-repository DIR, tritonclient's load_model
 replaces a served model by the artifact in DIR/NAME without a restart, under concurrent load over
 HTTP and gRPC, and no request is lost: a request the old engine admitted finishes there, and the
 load answers only once it has; everything else the policy refuses is a clean 400 / error status.

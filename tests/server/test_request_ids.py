@@ -17,8 +17,8 @@ import tritonclient.grpc as tgrpc
 import tritonclient.http as thttp
 from tritonclient.utils import InferenceServerException
 
-from boundgen.server import kserve_pb as pb
 from boundgen.server import request_ids
+from boundgen.server.kserve import pb
 from tests.server.conftest import SCORE_SPEC
 from tests.server.fake_engine import write_fake_artifact
 

@@ -7,8 +7,8 @@ import pytest
 from tritonclient.utils import deserialize_bytes_tensor, serialize_byte_tensor
 
 from boundgen.errors import InvalidInput
-from boundgen.server import kserve_pb as pb
-from boundgen.server.tensors import (Tensor, check_header, from_grpc_contents, from_json, from_raw, serialize_bytes,
+from boundgen.server.kserve import pb
+from boundgen.server.kserve.tensors import (Tensor, check_header, from_grpc_contents, from_json, from_raw, serialize_bytes,
                                      to_json, to_raw)
 
 

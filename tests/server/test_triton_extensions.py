@@ -12,7 +12,7 @@ from google.protobuf.descriptor import FieldDescriptor
 from tritonclient.grpc import model_config_pb2, service_pb2
 from tritonclient.utils import InferenceServerException
 
-from boundgen.server import kserve_pb as pb
+from boundgen.server.kserve import pb
 from tests.server.conftest import SCORE_SPEC
 from tests.server.fake_engine import write_fake_artifact
 from tests.server.test_endpoints import NO_PROXY, client, text_input

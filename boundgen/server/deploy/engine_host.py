@@ -27,7 +27,6 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from boundgen.artifact.program import spec_to_dict
 from boundgen.errors import BoundgenError, Cancelled, DeadlineExceeded, InvalidInput, Overloaded
 from boundgen.runtime.local_engine import CallShare, LocalEngine
 from boundgen.server.deploy import link
@@ -236,11 +235,5 @@ def _describe(model: HostedModel) -> dict:
     if tokenizer.source is None:
         raise BoundgenError(f"model {model.name}: its tokenizer was not loaded from a directory, so the "
                             "front-end processes cannot load it; serve it with --frontends 1")
-    return {"name": model.name, "source": model.source, "program": spec_to_dict(spec.program), "device": spec.device,
-            "dtype": spec.dtype, "tokenizer_dir": str(tokenizer.source), "tokenizer_options": tokenizer.options,
-            "extra": _plain(spec.extra)}
-
-
-def _plain(extra: dict) -> dict:
-    """The JSON-able part of an engine's load-time facts (what the front ends' model config shows)."""
-    return {k: v for k, v in extra.items() if isinstance(v, (str, int, float, bool, list, type(None)))}
+    return {"name": model.name, "source": model.source, "spec": spec.to_dict(),
+            "tokenizer_dir": str(tokenizer.source), "tokenizer_options": tokenizer.options}

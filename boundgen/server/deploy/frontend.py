@@ -20,7 +20,7 @@ import sys
 from boundgen.server.app import Server, serve_until_signal
 from boundgen.server.config import ServerConfig
 from boundgen.server.deploy.linked_engine import EngineGone, EngineLink, LinkedEngine
-from boundgen.server.replicas import exit_with_parent
+from boundgen.server.deploy.replicas import exit_with_parent
 
 ENGINE_GONE_EXIT = 3  # the engine process closed the link
 

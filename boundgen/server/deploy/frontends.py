@@ -35,7 +35,7 @@ from boundgen.server import logs
 from boundgen.server.app import LISTENING
 from boundgen.server.config import ServerConfig
 from boundgen.server.deploy.engine_host import EngineHost
-from boundgen.server.replicas import LIFELINE_ENV
+from boundgen.server.deploy.replicas import LIFELINE_ENV
 
 START_TIMEOUT_S = 120.0  # a front end must listen (and later be ready) within this long
 RESTART_BACKOFF_S = 0.5

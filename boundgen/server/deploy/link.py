@@ -3,7 +3,7 @@
     front end -> engine   SUBMIT  {id, model, deadline, client, tokens, positions, cu_seqlens, lengths}
                           CANCEL  {id}                 (client gone, or its deadline passed)
                           STATE   {state}              (the front end is listening / ready)
-    engine -> front end   MODELS  {state, models: [{name, source, extra}]}  (on connect, on change)
+    engine -> front end   MODELS  {state, models: [{name, source, spec, ...}]}  (on connect, on change)
                           RESULT  {id, rows, queue_s, model_s, requests_in_call}
                           ERROR   {id, kind, message}  (kind: a status name, see ERROR_KINDS)
 

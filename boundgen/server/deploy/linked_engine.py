@@ -1,11 +1,11 @@
-"""A front-end process's engines: tokenize here, call the engine process over the link, encode here.
+"""A front-end process's engines: tokenize here, call the engine process over the link, build results here.
 
     ServedModel.infer (event loop)
       -> LinkedEngine.run: RequestPacker.encode (bounds, template, token ids)        "pre"
       -> EngineLink.call: SUBMIT on the link; await RESULT or ERROR                  "queue" + "model"
            deadline passes first, or the client goes away: CANCEL (the engine withdraws it,
            unrun, if it still waits), 504 / nothing
-      -> ScoreEncoder / BeamEncoder: rows -> result (candidate texts decoded here)   "post"
+      -> ScoreResultBuilder / BeamResultBuilder: rows -> result (candidate texts decoded here)   "post"
 
 The engine process does only batching, staging, program calls and copying rows back
 (engine_host.py); everything that grows with text, and every protocol, runs in the N front-end
@@ -19,11 +19,10 @@ import itertools
 import logging
 import time
 
-from boundgen.artifact.program import spec_from_dict
 from boundgen.errors import Cancelled, DeadlineExceeded, InvalidInput
 from boundgen.runtime.engine import Engine, EngineSpec
 from boundgen.runtime.local_engine import CallShare
-from boundgen.runtime.requests import BeamEncoder, RequestPacker, ScoreEncoder
+from boundgen.runtime.requests import RequestPacker, make_builder
 from boundgen.server.deploy import link
 from boundgen.server.signature import EngineCall
 from boundgen.server.status import Overloaded, Unavailable
@@ -44,7 +43,7 @@ class EngineLink:
     def __init__(self, path: str, frontend: int):
         self.path, self.frontend = path, frontend
         self.state = "connecting"
-        self.models: dict[str, dict] = {}  # name -> {"source", "extra"} from the engine's MODELS
+        self.models: dict[str, dict] = {}  # name -> {"source", "spec", ...} from the engine's MODELS
         self._pending: dict[int, asyncio.Future] = {}
         self._ids = itertools.count()
         self._writer = None
@@ -130,7 +129,7 @@ class EngineLink:
 
 
 class LinkedEngine(Engine):
-    """An artifact served from this front end: its tokenizer and encoders here, its program in the
+    """An artifact served from this front end: its tokenizer and result builder here, its program in the
     engine process. `run` is a coroutine (ServedModel awaits it on the event loop: no thread hop)."""
 
     runs_async = True
@@ -138,25 +137,24 @@ class LinkedEngine(Engine):
     def __init__(self, engine_link: EngineLink, hosted: dict, tokenize_threads: int = 1):
         """`hosted`: the engine process's description of the model (engine_host._describe);
         `tokenize_threads`: threads a request's texts are encoded on (serve --tokenize-threads)."""
-        program = spec_from_dict(hosted["program"])
         self.link = engine_link
-        self.spec = EngineSpec(hosted["name"], program, hosted["device"], hosted["dtype"], dict(hosted["extra"]))
+        self.spec = EngineSpec.from_dict(hosted["spec"])
+        program = self.spec.program
         options = {**hosted["tokenizer_options"], "threads": tokenize_threads}
         tokenizer = Tokenizer.from_dir(hosted["tokenizer_dir"], **options)
         self.packer = RequestPacker(tokenizer, program)  # tokens only: the engine pads and stages
-        self.encoder = (ScoreEncoder(program.label_token_ids, program.topk) if program.task == "score"
-                        else BeamEncoder(tokenizer, program.stop_token_ids, program.width))
+        self.builder = make_builder(program, tokenizer)
 
     async def run(self, call: EngineCall, deadline: float, client: str = ""):
         t0 = time.perf_counter()
-        packed = (self.packer.encode_ids([list(ids) for ids in call.token_ids]) if call.token_ids is not None
+        packed = (self.packer.pack_ids([list(ids) for ids in call.token_ids]) if call.token_ids is not None
                   else self.packer.encode(list(call.texts)))
         t1 = time.perf_counter()
         answer = await self.link.call(self.spec.name, packed, deadline, client)
         t2 = time.perf_counter()
         share = CallShare([link.unpack_array(r) for r in answer["rows"]], answer["queue_s"], answer["model_s"],
                           answer["requests_in_call"])
-        result = self.encoder.encode(*share.rows)
+        result = self.builder.build(*share.rows)
         end = time.perf_counter()
         result.timings = {"pre": t1 - t0, **share.timings(), "post": end - t2, "total": end - t0,
                           "input_tokens": packed.num_tokens,

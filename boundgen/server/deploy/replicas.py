@@ -49,10 +49,10 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from boundgen.errors import BoundgenError
 from boundgen.runtime.waiting import CANCEL_POLL_S
-from boundgen.server import kserve_pb as pb
+from boundgen.server.kserve import pb
 from boundgen.server.config import API_KEY_ENV
-from boundgen.server.launch import ServerProcess
-from boundgen.server.replica_engine import ReplicaEngine, spec_from_metadata
+from boundgen.server.deploy.launch import ServerProcess
+from boundgen.server.deploy.replica_engine import ReplicaEngine, spec_from_metadata
 from boundgen.server.status import Unavailable
 
 BACKOFF_S, BACKOFF_MAX_S = 0.5, 10.0

@@ -34,9 +34,9 @@ from boundgen.artifact.program import spec_from_dict
 from boundgen.errors import Cancelled, InvalidInput
 from boundgen.runtime.engine import Engine, EngineSpec
 from boundgen.runtime.results import BeamResult, ScoreResult
-from boundgen.server import kserve_pb as pb
+from boundgen.server.kserve import pb
 from boundgen.server.status import DeadlineExceeded, Overloaded, Unavailable
-from boundgen.server.tensors import from_raw, serialize_bytes
+from boundgen.server.kserve.tensors import from_raw, serialize_bytes
 
 WORKER_CALL_TIMEOUT_S = 600.0  # bound on a forwarded call that brings no deadline
 WORKER_GRACE_S = 0.2  # a forwarded call's own timeout: the request's time left plus this
@@ -58,8 +58,7 @@ _OUTCOMES = {  # of boundgen_worker_requests_total; anything else is "error"
 def spec_from_metadata(meta: dict, concurrency: int) -> EngineSpec:
     """The EngineSpec a worker's HTTP model metadata describes (signature.py's `parameters()`)."""
     vocab = any(o.get("name") == "LABEL_LOGPROBS" for o in meta.get("outputs", []))
-    return EngineSpec(meta["name"], spec_from_dict(meta["parameters"]),
-                      extra={"concurrency": concurrency, "vocab_outputs": vocab})
+    return EngineSpec(meta["name"], spec_from_dict(meta["parameters"]), concurrency=concurrency, vocab_outputs=vocab)
 
 
 class ReplicaEngine(Engine):
@@ -68,7 +67,7 @@ class ReplicaEngine(Engine):
 
     def score(self, texts: Sequence[str], deadline: float | None = None,
               cancelled: threading.Event | None = None) -> ScoreResult:
-        wanted = ("SCORES", "NUM_TOKENS") + (("LABEL_LOGPROBS",) if self.spec.extra.get("vocab_outputs") else ())
+        wanted = ("SCORES", "NUM_TOKENS") + (("LABEL_LOGPROBS",) if self.spec.vocab_outputs else ())
         out = self._forward(texts, deadline, cancelled, wanted)
         return ScoreResult(out["SCORES"], list(self.spec.program.label_token_ids), {},
                            label_logprobs=out.get("LABEL_LOGPROBS"), num_tokens=out.get("NUM_TOKENS"))

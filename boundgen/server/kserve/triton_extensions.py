@@ -69,7 +69,7 @@ def model_config(model: ServedModel) -> dict:
     spec = model.engine.spec
     kind = "KIND_GPU" if spec.device.startswith("cuda") else "KIND_CPU"
     # The program's bounds, then how this server serves it: its admission bounds (a replica front
-    # end sizes its own from them, server/replicas.py) and the artifact it was loaded from, by its
+    # end sizes its own from them, server/deploy/replicas.py) and the artifact it was loaded from, by its
     # directory's name only: where the server keeps its files is no client's business.
     served = {"max_inflight": model.admission.max_inflight, "max_queue": model.admission.max_queue}
     if model.source:
@@ -85,7 +85,7 @@ def model_config(model: ServedModel) -> dict:
         "instance_group": [{"name": model.name, "kind": kind, "count": engine_contexts(model.engine)}],
         "parameters": parameters,
     }
-    if spec.extra.get("batching"):  # concurrent requests share model calls; a free context never waits
+    if spec.runtime.batching:  # concurrent requests share model calls; a free context never waits
         config["dynamic_batching"] = {"max_queue_delay_microseconds": 0}
     return config
 

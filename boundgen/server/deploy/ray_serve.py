@@ -44,10 +44,10 @@ from boundgen.server.app import LISTENING, EngineFactory
 from boundgen.server.config import ServerConfig
 
 APP_NAME = "boundgen"
-GRPC_SERVICER = "boundgen.server.kserve_grpc.add_GRPCInferenceServiceServicer_to_server"
+GRPC_SERVICER = "boundgen.server.kserve.grpc_api.add_GRPCInferenceServiceServicer_to_server"
 INSTALL_HINT = "pip install boundgen[ray]"
 PROXY_CALLBACK_ENV = "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH"  # read by Ray's HTTP proxy where it starts
-PROXY_CALLBACK = "boundgen.server.ray_proxy.middlewares"
+PROXY_CALLBACK = "boundgen.server.deploy.ray_proxy.middlewares"
 
 
 @dataclass(frozen=True)
@@ -148,7 +148,7 @@ def serve_on_ray(artifact_dirs: Sequence[str | Path], config: ServerConfig, opti
     ray, serve = import_ray()
     from ray.serve.config import HTTPOptions, gRPCOptions  # --ray path only
 
-    from boundgen.server.ray_replica import Replica  # imports ray: --ray path only
+    from boundgen.server.deploy.ray_replica import Replica  # imports ray: --ray path only
 
     logs.configure(config.log_format, config.log_level)
     if config.http_port == 0 or config.grpc_port == 0:

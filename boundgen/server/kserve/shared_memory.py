@@ -51,7 +51,7 @@ from typing import Any, Mapping
 from boundgen.errors import InvalidInput
 from boundgen.server.config import SHM_PREFIX
 from boundgen.server.status import Unsupported
-from boundgen.server.tensors import Tensor, from_raw, to_raw
+from boundgen.server.kserve.tensors import Tensor, from_raw, to_raw
 
 SHM_DIR = "/dev/shm"  # where Linux keeps POSIX shared memory objects (shm_open's namespace)
 DISABLED = ("client shared memory is off on this server: start it with --allow-client-shm to let clients on its "

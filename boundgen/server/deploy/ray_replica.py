@@ -2,9 +2,9 @@
 same ModelSet, admission and KServe v2 handlers as plain `boundgen serve` (app.py).
 
     HTTP client -> Ray Serve's HTTP proxy -> Replica.__call__(starlette Request)
-                     -> kserve_http.HttpFrontend's aiohttp application (routes, API key, JSON errors)
+                     -> kserve/http_api.HttpFrontend's aiohttp application (routes, API key, JSON errors)
     gRPC client -> Ray Serve's gRPC proxy -> Replica.ModelInfer(request, grpc_context), one method
-                     per kserve_grpc.METHODS entry -> GrpcFrontend's handler of that method
+                     per kserve/grpc_api.METHODS entry -> GrpcFrontend's handler of that method
                  -> ModelSet -> Admission -> engine
 
 Nothing of the protocol is restated here: an HTTP request is handed to the aiohttp application
@@ -44,8 +44,8 @@ from starlette.responses import Response
 from boundgen.server import logs
 from boundgen.server.app import EngineFactory
 from boundgen.server.config import ServerConfig
-from boundgen.server.kserve_grpc import METHODS, GrpcFrontend
-from boundgen.server.kserve_http import HttpFrontend
+from boundgen.server.kserve.grpc_api import METHODS, GrpcFrontend
+from boundgen.server.kserve.http_api import HttpFrontend
 from boundgen.server.metrics import ServerMetrics
 from boundgen.server.models import ModelSet
 
@@ -168,7 +168,7 @@ def _grpc_method(method: str):
         return await self._grpc_call(method, request, grpc_context)
 
     call.__name__ = call.__qualname__ = method
-    call.__doc__ = f"gRPC {method} from Ray Serve's gRPC proxy (kserve_grpc.GrpcFrontend)."
+    call.__doc__ = f"gRPC {method} from Ray Serve's gRPC proxy (kserve/grpc_api.GrpcFrontend)."
     return call
 
 

@@ -29,84 +29,39 @@ Every call's trailing metadata carries its request id, `x-request-id` (the clien
 of that name when valid, else a new one: request_ids.py), on success and error alike; the access
 log records it. The requests of a ModelStreamInfer stream are logged as the stream's id, a dot
 and their place in the stream (1, 2, ...).
+
+Messages to and from tensors and plain values: grpc_messages.py; this module is the service.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
-import json
 import time
 
 import grpc
 
-from boundgen.version import __version__
 from boundgen.errors import InvalidInput
-from boundgen.server import kserve_pb as pb
 from boundgen.server import request_ids
-from boundgen.server import shared_memory as shm
 from boundgen.server.auth import check_api_key
 from boundgen.server.config import ServerConfig
-from boundgen.server.http_bodies import check_rank
-from boundgen.server.kserve_http import extensions, shape_check
 from boundgen.server.logs import LogSettings
 from boundgen.server.models import LOADING, ModelSet
-from boundgen.server.repository import Repository, control
-from boundgen.server.served import REQUEST_TIMINGS, VERSION
-from boundgen.server.shared_memory import SharedMemory, Slice, tensor_ref
+from boundgen.server.served import REQUEST_TIMINGS
 from boundgen.server.status import answer_status, check_deadline
-from boundgen.server.tensors import Tensor, check_header, from_grpc_contents, from_raw, to_raw
-from boundgen.server.triton_extensions import (log_settings, model_config, model_statistics, repository_index,
-                                               to_message, trace_settings, update_log_settings)
+from boundgen.server.kserve import pb
+from boundgen.server.kserve import shared_memory as shm
+from boundgen.server.kserve.grpc_messages import (Undecodable, decoder, infer_response, param_value, params,
+                                                  parse_infer_request, set_param)
+from boundgen.server.kserve.http_api import extensions, shape_check
+from boundgen.server.kserve.repository import Repository, control
+from boundgen.server.kserve.shared_memory import SharedMemory
+from boundgen.server.kserve.triton_extensions import (log_settings, model_config, model_statistics, repository_index,
+                                                      to_message, trace_settings, update_log_settings)
+from boundgen.version import __version__
 
 
 PUBLIC_METHODS = frozenset({"ServerLive", "ServerReady"})
-
-
-class _Undecodable:
-    """What the request deserializer hands the handler instead of a message it refused."""
-
-    def __init__(self, reason: str):
-        self.reason = reason
-        self.model_name = ""
-
-
-def parse_infer_request(request, shared_memory: SharedMemory | None = None, limit: int | None = None,
-                        check_shape=None) -> tuple[list[Tensor], dict[str, Slice]]:
-    """The request's input tensors (those in shared memory read from `shared_memory`'s regions),
-    and the shared memory places of the outputs that ask for one. `limit` (--max-body-bytes)
-    bounds each shape before anything is allocated for it, and each input read from shared memory;
-    `check_shape(name, datatype, shape)` (kserve_http.shape_check) runs before each input's data
-    is converted."""
-    shared_memory = shared_memory or SharedMemory()
-    refs = [tensor_ref(inp.name, _params(inp.parameters)) for inp in request.inputs]
-    raw, inline = request.raw_input_contents, sum(ref is None for ref in refs)
-    if raw and len(raw) != inline:
-        raise InvalidInput(f"raw_input_contents has {len(raw)} entries for {inline} inputs not in shared memory; "
-                           "send one per such input, in order")
-    tensors, next_raw = [], 0
-    for inp, ref in zip(request.inputs, refs):
-        check_rank(inp.name, inp.shape)
-        name, datatype, shape = check_header(inp.name, inp.datatype, list(inp.shape), limit)
-        if check_shape is not None:
-            check_shape(name, datatype, shape)
-        if ref is not None:
-            if inp.HasField("contents"):
-                raise InvalidInput(f"input {name} has contents and shared_memory_region; send one")
-            tensors.append(shared_memory.slice(name, ref).read_tensor(name, datatype, shape, limit))
-        elif raw:
-            if inp.HasField("contents"):
-                raise InvalidInput(f"input {name} has contents and raw_input_contents; send one")
-            tensors.append(from_raw(name, datatype, shape, raw[next_raw]))
-            next_raw += 1
-        else:
-            tensors.append(from_grpc_contents(name, datatype, shape, inp.contents))
-    slices = {}
-    for out in request.outputs:
-        ref = tensor_ref(out.name, _params(out.parameters))
-        if ref is not None:
-            slices[out.name] = shared_memory.slice(out.name, ref)
-    return tensors, slices
 
 
 def _current_task() -> asyncio.Task | None:
@@ -160,29 +115,6 @@ def _expired(context) -> bool:
     return remaining is not None and remaining <= 0
 
 
-def _param_value(p):
-    kind = p.WhichOneof("parameter_choice")
-    return None if kind is None else getattr(p, kind)
-
-
-def _params(parameters) -> dict:
-    """A protobuf map of InferParameter (or Triton's SettingValue) as plain values."""
-    return {key: _param_value(value) for key, value in parameters.items()}
-
-
-def _set_param(p, value) -> None:
-    if isinstance(value, bool):
-        p.bool_param = value
-    elif isinstance(value, int):
-        p.int64_param = value
-    elif isinstance(value, float):
-        p.double_param = value
-    elif isinstance(value, str):
-        p.string_param = value
-    else:
-        p.string_param = json.dumps(value)
-
-
 # Method -> (GrpcFrontend method, request message); the one list of what the service answers.
 METHODS = {
     "ServerLive": ("server_live", pb.ServerLiveRequest),
@@ -219,18 +151,6 @@ def method_handlers(servicer) -> grpc.GenericRpcHandler:
                                                             response_serializer=_serialize)
                 for method, (attr, request_cls) in METHODS.items()}
     return grpc.method_handlers_generic_handler(pb.SERVICE, handlers)
-
-
-def _decoder(request_cls):
-    """`request_cls.FromString`, handing the handler an `_Undecodable` instead of raising (which gRPC
-    would answer INTERNAL)."""
-    def decode(data: bytes):
-        try:
-            return request_cls.FromString(data)
-        except Exception as exc:  # protobuf's DecodeError
-            return _Undecodable(f"the request is not a valid {request_cls.DESCRIPTOR.name}: {exc}")
-
-    return decode
 
 
 class _Arrivals(grpc.GenericRpcHandler):
@@ -270,7 +190,7 @@ class GrpcFrontend:
         through `_decoder` and `_refusing_undecodable`."""
         handlers = {}
         for method, (attr, request_cls) in METHODS.items():
-            behaviour, decode = getattr(self, attr), _decoder(request_cls)
+            behaviour, decode = getattr(self, attr), decoder(request_cls)
             if method == "ModelInfer":
                 decode = self._decode_infer
             else:
@@ -287,7 +207,7 @@ class GrpcFrontend:
         API key check, on every method that needs the key)."""
         @functools.wraps(behaviour)
         async def call(request, context):
-            if isinstance(request, _Undecodable):
+            if isinstance(request, Undecodable):
                 try:
                     if method not in PUBLIC_METHODS:
                         self._check_key(context)
@@ -334,18 +254,18 @@ class GrpcFrontend:
 
     def _decode_infer_message(self, data: bytes):
         if len(data) > self.config.max_body_bytes:
-            return _Undecodable(f"the request is {len(data)} bytes, over the server's limit of "
+            return Undecodable(f"the request is {len(data)} bytes, over the server's limit of "
                                 f"{self.config.max_body_bytes} (--max-body-bytes)")
         try:
             return pb.ModelInferRequest.FromString(data)
         except Exception as exc:  # protobuf's DecodeError
-            return _Undecodable(f"the request is not a valid ModelInferRequest: {exc}")
+            return Undecodable(f"the request is not a valid ModelInferRequest: {exc}")
 
     def refuse_oversized(self, request):
         """A ModelInferRequest decoded elsewhere (Ray Serve's proxy), refused as `_decode_infer` does when too big."""
         size = request.ByteSize()
         if size > self.config.max_body_bytes:
-            return _Undecodable(f"the request is {size} bytes, over the server's limit of "
+            return Undecodable(f"the request is {size} bytes, over the server's limit of "
                                 f"{self.config.max_body_bytes} (--max-body-bytes)")
         return request
 
@@ -399,7 +319,7 @@ class GrpcFrontend:
             for t in specs:
                 field.add(name=t["name"], datatype=t["datatype"], shape=t["shape"])
         for key, value in meta["parameters"].items():
-            _set_param(response.parameters[key], value)
+            set_param(response.parameters[key], value)
         return response
 
     async def model_config(self, request, context):
@@ -420,7 +340,7 @@ class GrpcFrontend:
         load = isinstance(request, pb.RepositoryModelLoadRequest)
         try:
             self._check_key(context)
-            parameters = _params(request.parameters)
+            parameters = params(request.parameters)
             await control(self.models, self.repository, "load" if load else "unload", request.model_name, parameters)
         except Exception as exc:
             await self._abort(context, exc)
@@ -465,7 +385,7 @@ class GrpcFrontend:
 
     async def log_settings(self, request, context):
         def answer():
-            update = _params(request.settings)
+            update = params(request.settings)
             return update_log_settings(self.logs, update) if update else log_settings(self.logs)
 
         settings = await self._call(context, answer)
@@ -530,25 +450,17 @@ class GrpcFrontend:
 
     async def _infer(self, request, context, arrived: float):
         self._check_key(context)
-        if isinstance(request, _Undecodable):
+        if isinstance(request, Undecodable):
             raise InvalidInput(request.reason)
         tensors, slices = parse_infer_request(request, self.shared_memory, self.config.max_body_bytes,
                                               shape_check(self.models, request.model_name, request.model_version))
         timeout = request.parameters["timeout"] if "timeout" in request.parameters else None
-        deadline = self.models.deadline(arrived, None if timeout is None else _param_value(timeout),
+        deadline = self.models.deadline(arrived, None if timeout is None else param_value(timeout),
                                         context.time_remaining())
         requested = [o.name for o in request.outputs] or None
         outputs = await self.models.infer(request.model_name, request.model_version, tensors, requested, deadline)
-        response = pb.ModelInferResponse(model_name=request.model_name, model_version=VERSION, id=request.id)
-        for t in outputs:
-            out = response.outputs.add(name=t.name, datatype=t.datatype, shape=list(t.shape))
-            if t.name in slices:
-                for key, value in slices[t.name].write_tensor(t).items():
-                    _set_param(out.parameters[key], value)
-                response.raw_output_contents.append(b"")
-            else:
-                response.raw_output_contents.append(to_raw(t))
-        if pb.TIMINGS_PARAMETER in request.parameters and _param_value(request.parameters[pb.TIMINGS_PARAMETER]) is True:
+        response = infer_response(request, outputs, slices)
+        if pb.TIMINGS_PARAMETER in request.parameters and param_value(request.parameters[pb.TIMINGS_PARAMETER]) is True:
             for stage, value in (REQUEST_TIMINGS.get() or {}).items():
                 response.parameters[f"timing_{stage}_ms"].double_param = value * (1e3 if stage != "batch_requests" else 1)
             response.parameters["timing_handler_ms"].double_param = (time.monotonic() - arrived) * 1e3

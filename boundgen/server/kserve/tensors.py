@@ -1,5 +1,5 @@
 """KServe v2 tensors on the wire: JSON `data`, raw bytes (HTTP binary extension, gRPC raw
-contents) and gRPC typed contents, to and from one protocol-neutral `Tensor`.
+contents) and gRPC typed contents, to and from one protocol-neutral `Tensor` (signature.py).
 
 Raw layout (both protocols): elements flattened row-major, little-endian, no padding. A
 BYTES element is a 4-byte little-endian unsigned length followed by that many bytes.
@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import math
 import struct
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from boundgen.errors import InvalidInput
+from boundgen.server.signature import Tensor  # the served model's tensor type; its wire forms are here
 
 # KServe datatype -> numpy dtype (little-endian); BYTES is a list of `bytes` instead.
 NUMPY_DTYPES = {
@@ -37,18 +37,6 @@ GRPC_CONTENTS_FIELD = {
 _LEN = struct.Struct("<I")
 
 
-@dataclass
-class Tensor:
-    name: str
-    datatype: str
-    shape: tuple[int, ...]
-    data: Any  # flat: np.ndarray of NUMPY_DTYPES[datatype], or list[bytes] for BYTES
-
-    @property
-    def size(self) -> int:
-        return len(self.data)
-
-
 MAX_DIM = (1 << 63) - 1  # a shape dimension is an int64 in gRPC; JSON's unbounded integers are held to it too
 
 
@@ -57,6 +45,19 @@ def _shown(shape) -> str:
     dims = [str(d) if not isinstance(d, int) or d.bit_length() <= 64 else f"<{len(str(d))}-digit number>"
             for d in list(shape)[:8]]
     return "[" + ", ".join(dims) + (", ...]" if len(shape) > 8 else "]")
+
+
+MAX_RANK = 64  # dimensions a tensor may have (numpy's own limit); a shape with more is refused by its length
+
+
+def check_rank(name: Any, shape: Any) -> None:
+    """Refuse a shape of more than MAX_RANK dimensions by its length alone, before its dimensions
+    are looked at one by one (40,000 of them cost the event loop ~30 ms, and a message echoing
+    them 120 KB)."""
+    if isinstance(shape, list) or hasattr(shape, "__len__") and not isinstance(shape, (str, bytes, dict)):
+        if len(shape) > MAX_RANK:  # a JSON list, or gRPC's repeated field (another type: check_header's error)
+            raise InvalidInput(f"tensor {str(name)[:80]}: shape has {len(shape)} dimensions, more than the "
+                               f"{MAX_RANK} a tensor may have")
 
 
 def check_header(name: Any, datatype: Any, shape: Any, max_elements: int | None = None) -> tuple[str, str, tuple[int, ...]]:

@@ -29,11 +29,12 @@ Deadlines count from a request's arrival: the outermost middleware notes the tim
 handed over (`ARRIVED`), before anything of its body is read, and a success encoded after the
 model returned is checked against the deadline once more before it is sent (504 if late).
 
-Request and response bodies (the JSON body, the binary tensor extension, shared memory
-references, errors as `{"error": "..."}` with the status of status.py): http_bodies.py. aiohttp's
-own answers (404 unknown route, 405 wrong method, 413) are JSON errors too; protocol-level
-errors as well (connections.py). Every error is typed exactly `application/json`, which KServe's
-Python SDK needs to show its message (`_plain_json_type`).
+Inference bodies (the JSON body, the binary tensor extension, shared memory references):
+http_messages.py; reading a body within the limits, and errors as `{"error": "..."}` with the
+status of status.py: server/http_bodies.py. aiohttp's own answers (404 unknown route, 405 wrong
+method, 413) are JSON errors too; protocol-level errors as well (server/connections.py). Every
+error is typed exactly `application/json`, which KServe's Python SDK needs to show its message
+(`_plain_json_type`).
 """
 
 from __future__ import annotations
@@ -43,22 +44,22 @@ import time
 
 from aiohttp import web
 
-from boundgen.version import __version__
 from boundgen.errors import InvalidInput
 from boundgen.server import beam_api, json_values, request_ids, rerank_api, score_api
-from boundgen.server import shared_memory as shm
 from boundgen.server.auth import check_api_key
 from boundgen.server.config import ServerConfig
-from boundgen.server.http_bodies import (HEADER_LENGTH, UNREAD, encode_infer_response, error_response,
-                                         parse_infer_body, read_body, read_json, read_options)
+from boundgen.server.http_bodies import UNREAD, error_response, read_body, read_json, read_options
 from boundgen.server.logs import LogSettings
 from boundgen.server.metrics import CONTENT_TYPE
 from boundgen.server.models import ModelSet
-from boundgen.server.shared_memory import SharedMemory
 from boundgen.server.status import check_deadline, status_of
-from boundgen.server.repository import Repository, control
-from boundgen.server.triton_extensions import (log_settings, model_config, model_statistics, repository_index,
-                                               trace_settings, update_log_settings)
+from boundgen.server.kserve import shared_memory as shm
+from boundgen.server.kserve.http_messages import HEADER_LENGTH, encode_infer_response, parse_infer_body
+from boundgen.server.kserve.repository import Repository, control
+from boundgen.server.kserve.shared_memory import SharedMemory
+from boundgen.server.kserve.triton_extensions import (log_settings, model_config, model_statistics, repository_index,
+                                                      trace_settings, update_log_settings)
+from boundgen.version import __version__
 
 PUBLIC_PATHS = frozenset({"/v2/health/live", "/v2/health/ready"})
 ARRIVED = web.RequestKey("arrived", float)  # time.monotonic() when the request's head was handed to the app
