@@ -160,7 +160,7 @@ def beam_nodes(codes: np.ndarray, constraint: CatalogueConstraint, beams: int, s
     seq = np.full((beams, codes.shape[1] + 1), -1, dtype=np.int64)
     seq[:, :step] = codes[rng.integers(0, len(codes), size=beams), :step]
     seq = torch.from_numpy(seq).to(device)
-    return seq, constraint.nodes(seq)
+    return seq, constraint.nodes(constraint.own_trie(), seq)
 
 
 def bench_steps(codes: np.ndarray, constraint: CatalogueConstraint, beams: int, vocab: int, device: torch.device,
@@ -168,7 +168,10 @@ def bench_steps(codes: np.ndarray, constraint: CatalogueConstraint, beams: int, 
     """One catalogue at B beams: the walk, the mask at every step, in each implementation (the
     Triton ones checked equal to the reference first; `left_out` collects those that cannot run)."""
     c, items, rows = constraint, len(codes), []
-    trie = (c.row_ptr, c.child_token, c.reach, c.ends, c.stop_token_ids[:1])
+    # The program's trie arrays (CatalogueConstraint.own_trie) are padded to one length M past the
+    # catalogue's nodes; the mask ops take nodes + 1 row offsets, so the last padded node is dropped.
+    own = c.own_trie()
+    trie = (own.row_ptr, own.child_token[:-2], own.reach[:-1], own.ends[:-1], c.stop_token_ids[:1])
     gen = torch.Generator(device=device).manual_seed(seed)
     for step in range(codes.shape[1] + 1):
         if step == 0:
@@ -203,7 +206,7 @@ def bench_steps(codes: np.ndarray, constraint: CatalogueConstraint, beams: int, 
         rows += timed(items, case, count, impls, device, repeats, left_out)
         if step == codes.shape[1] - 1:
             rows += timed(items, f"walk, {seq.shape[1]} columns", beams,
-                          {"torch": (lambda s=seq: c.nodes(s), 0.0, None)}, device, repeats, left_out)
+                          {"torch": (lambda s=seq: c.nodes(own, s), 0.0, None)}, device, repeats, left_out)
     return rows
 
 
@@ -226,15 +229,16 @@ def bench_allow_list(cat: Catalogue, constraint: CatalogueConstraint, allow: int
     """A request's allow-list of `allow` random item ids: its ends / reach, three ways."""
     rng = np.random.default_rng(seed)
     ids = rng.choice(cat.node_item[cat.node_item >= 0], size=min(allow, cat.num_items), replace=False)
-    keys, item_nodes = trie_reach.item_index(constraint.node_item)
+    n = cat.num_nodes  # the constraint's arrays are padded past the catalogue's nodes: its own part
+    node_item, row_ptr = constraint.node_item[:n], constraint.row_ptr[:n + 1]
+    keys, item_nodes = trie_reach.item_index(node_item)
     allow_items = torch.from_numpy(ids).to(device)
-    ends = trie_reach.reach_from_allowed(allow_items, keys, item_nodes, constraint.row_ptr, cat.depth)[0]
+    ends = trie_reach.reach_from_allowed(allow_items, keys, item_nodes, row_ptr, cat.depth)[0]
     levels = cat.level_ptr.tolist()
-    n = cat.num_nodes
     case = f"allow-list of {len(ids)} items"
     want_ends, want_reach = cat.reachable(ids)
-    from_ids = (lambda: trie_reach.reach_from_allowed(allow_items, keys, item_nodes, constraint.row_ptr, cat.depth))
-    from_bitmap = (lambda: trie_reach.reach_from_ends(ends, constraint.row_ptr, levels))
+    from_ids = (lambda: trie_reach.reach_from_allowed(allow_items, keys, item_nodes, row_ptr, cat.depth))
+    from_bitmap = (lambda: trie_reach.reach_from_ends(ends, row_ptr, levels))
     impls = {"reach from ids": (from_ids, 2.0 * n, lambda: same_rows(from_ids()[:2], (want_ends, want_reach))),
              "reach from bitmap": (from_bitmap, 6.0 * n, lambda: same_rows((from_bitmap(),), (want_reach,)))}
     rows = timed(cat.num_items, case, 1, impls, device, repeats, left_out)
