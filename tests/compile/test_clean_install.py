@@ -86,8 +86,14 @@ def test_installed_package_is_the_venv_own(venv):
 
 
 def test_installed_serve_answers_kserve(venv, score_artifact):
-    server = ServerProcess([score_artifact], command=[str(venv / "boundgen"), "serve"], env=_clean_env(),
-                           cwd=venv, ready_timeout_s=300)
+    assert_serves_like_in_process(venv, score_artifact, _clean_env())
+
+
+def assert_serves_like_in_process(venv_bin: Path, score_artifact, env: dict) -> None:
+    """The venv's `boundgen serve` (venv_bin: its bin/) answers a KServe infer on the score artifact with
+    the in-process engine's scores (a refused artifact, "built for another runtime", exits before ready)."""
+    server = ServerProcess([score_artifact], command=[str(venv_bin / "boundgen"), "serve"], env=env,
+                           cwd=venv_bin, ready_timeout_s=300)
     try:
         server.start()
         body = {"inputs": [{"name": "TEXT", "datatype": "BYTES", "shape": [len(TEXTS)], "data": TEXTS}]}

@@ -38,14 +38,12 @@ import urllib.request
 from pathlib import Path
 from types import SimpleNamespace
 
-import numpy as np
 import pytest
 
-import boundgen
 from boundgen.artifact.manifest import check_versions
 from boundgen.errors import ArtifactError
-from boundgen.server.launch import ServerProcess
 from boundgen.version import __version__
+from tests.compile.test_clean_install import assert_serves_like_in_process
 
 pytestmark = [pytest.mark.slow, pytest.mark.network]
 REPO = Path(__file__).resolve().parents[2]
@@ -53,7 +51,6 @@ DOCS = REPO / "docs" / "serving.md"
 CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 PYPI = "https://pypi.org/simple"
 INSTALL_TIMEOUT_S = 900
-TEXTS = ["query: running shoes | item: trail running shoe", "hi"]
 # pip's environment variables that name where packages come from; the rest (certificates, timeout) stay.
 PIP_SOURCES = ("PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_FIND_LINKS", "PIP_NO_INDEX", "PIP_CONSTRAINT",
                "PIP_REQUIREMENT", "PIP_PRE", "PIP_ONLY_BINARY", "PIP_NO_BINARY", "PIP_CONFIG_FILE")
@@ -215,21 +212,7 @@ def test_cpu_route_installs_the_cpu_torch(cpu_venv):
 
 def test_cpu_route_serves_this_tree_artifact(cpu_venv, score_artifact):
     env = {k: v for k, v in clean_env().items() if k != "PIP_CONFIG_FILE"}
-    server = ServerProcess([score_artifact], command=[str(cpu_venv / "boundgen"), "serve"], env=env,
-                           cwd=cpu_venv, ready_timeout_s=300)
-    try:
-        server.start()  # a refused artifact ("built for another runtime") exits before it is ready
-        body = {"inputs": [{"name": "TEXT", "datatype": "BYTES", "shape": [len(TEXTS)], "data": TEXTS}]}
-        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback: never via a proxy
-        request = urllib.request.Request(f"http://{server.http_url}/v2/models/tiny-score/infer",
-                                         data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
-        with opener.open(request, timeout=60) as answer:
-            outputs = {o["name"]: o for o in json.loads(answer.read())["outputs"]}
-        assert server.stop() == 0, server.tail()
-    finally:
-        server.kill()
-    scores = np.array(outputs["SCORES"]["data"], dtype=np.float32).reshape(outputs["SCORES"]["shape"])
-    np.testing.assert_allclose(scores, boundgen.load(score_artifact).score(TEXTS).scores, rtol=1e-5, atol=1e-7)
+    assert_serves_like_in_process(cpu_venv, score_artifact, env)
 
 
 DOWNLOAD = re.compile(r"^\s*Downloading (\S+) \(([\d.]+) (kB|MB|GB)\)", re.M)
