@@ -227,9 +227,8 @@ def test_enqueue_without_waiting_and_withdraw_while_queued():
     assert (batcher.cancelled, batcher.expired) == (1, 1)
 
 
-def test_a_burst_from_one_client_does_not_delay_another_behind_all_of_it():
-    """One worker, one request a call: A queues 10 while the worker is busy, then B queues 1; B's
-    request is in the next call but one (after one of A's), not after all ten."""
+def _held_batcher():
+    """One worker, one request a call, whose first call waits for `gate`: (batcher, gate, calls)."""
     gate, calls = threading.Event(), []
 
     def run_batch(ctx, items):
@@ -238,7 +237,13 @@ def test_a_burst_from_one_client_does_not_delay_another_behind_all_of_it():
             assert gate.wait(10), "the test never opened the gate"
         return items
 
-    batcher = Batcher(["ctx"], run_batch, fits=lambda batch, item: False)
+    return Batcher(["ctx"], run_batch, fits=lambda batch, item: False), gate, calls
+
+
+def test_a_burst_from_one_client_does_not_delay_another_behind_all_of_it():
+    """One worker, one request a call: A queues 10 while the worker is busy, then B queues 1; B's
+    request is in the next call but one (after one of A's), not after all ten."""
+    batcher, gate, calls = _held_batcher()
     try:
         first = batcher.enqueue("a-first", client="A")
         wait_until(lambda: calls == [["a-first"]], "the worker is busy")
@@ -259,15 +264,7 @@ def test_a_full_queue_refuses_the_greedy_client_not_the_newcomer():
     """At max_queue, a request of a client with fewer waiting takes the place of the newest request
     of the client with the most (that one fails Overloaded, never run); a request of the greedy
     client itself is refused at once."""
-    gate, calls = threading.Event(), []
-
-    def run_batch(ctx, items):
-        calls.append(list(items))
-        if len(calls) == 1:
-            assert gate.wait(10), "the test never opened the gate"
-        return items
-
-    batcher = Batcher(["ctx"], run_batch, fits=lambda batch, item: False)
+    batcher, gate, calls = _held_batcher()
     try:
         first = batcher.enqueue("a-first", client="A")
         wait_until(lambda: calls == [["a-first"]], "the worker is busy")
