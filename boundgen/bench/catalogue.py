@@ -168,10 +168,8 @@ def bench_steps(codes: np.ndarray, constraint: CatalogueConstraint, beams: int, 
     """One catalogue at B beams: the walk, the mask at every step, in each implementation (the
     Triton ones checked equal to the reference first; `left_out` collects those that cannot run)."""
     c, items, rows = constraint, len(codes), []
-    # The program's trie arrays (CatalogueConstraint.own_trie) are padded to one length M past the
-    # catalogue's nodes; the mask ops take nodes + 1 row offsets, so the last padded node is dropped.
-    own = c.own_trie()
-    trie = (own.row_ptr, own.child_token[:-2], own.reach[:-1], own.ends[:-1], c.stop_token_ids[:1])
+    own = c.own_trie()  # the program's trie arrays, one length M, as the mask ops take them
+    trie = (own.row_ptr, own.child_token, own.reach, own.ends, c.stop_token_ids[:1])
     gen = torch.Generator(device=device).manual_seed(seed)
     for step in range(codes.shape[1] + 1):
         if step == 0:
