@@ -38,7 +38,8 @@ def make_trie(seed=0, items=60, lengths=(1, 2, 3), tokens=40, allow_every=3, pad
                 for i, t in enumerate(trie)]
     if junk:
         edges = cat.num_nodes - 1
-        trie[1][edges:] = torch.randint(0, VOCAB, (len(trie[1]) - edges,), generator=torch.Generator().manual_seed(seed))
+        gen = torch.Generator().manual_seed(seed)
+        trie[1][edges:] = torch.randint(0, VOCAB, (len(trie[1]) - edges,), generator=gen)
         trie[2][edges + 1:] = True
     return cat, tuple(trie)
 
