@@ -1,6 +1,7 @@
 """A served catalogue's allow-lists: derived on the device (ops/trie_reach.py, CUDA's way) they
 equal the host's numpy derivation (the reference, the CPU's way), array for array, and both refuse
-the same bad lists with the same words. On the CPU the device path runs on CPU tensors."""
+the same bad lists with the same words. On the CPU the device path runs on CPU tensors. Last,
+why a constrained artifact runs without CUDA graphs."""
 
 import random
 
@@ -8,8 +9,11 @@ import numpy as np
 import pytest
 import torch
 
+from boundgen.artifact.manifest import RuntimeConfig
+from boundgen.artifact.program import BeamSpec
 from boundgen.errors import InvalidInput
 from boundgen.runtime.catalogue import ServedCatalogue
+from boundgen.runtime.local_engine import settings_in_effect
 from boundgen.text.catalogue import Catalogue
 
 VOCAB = 64
@@ -85,3 +89,28 @@ def test_gpu_device_path_equals_host_path():
     assert dev.index is not None and dev.index.stream is not None
     allow = rng.choice(len(codes), size=10_000, replace=False).tolist()
     assert_same_trie(dev.trie(allow), host.trie(allow))
+
+
+# Why a constrained artifact runs without CUDA graphs (runtime/local_engine.py `settings_in_effect`):
+# a graph replays the input addresses and shapes of its capture, and the trie inputs keep neither.
+
+def test_graphs_are_off_for_a_constrained_beam_program():
+    runtime = RuntimeConfig(cuda_graphs=True)
+    plain = BeamSpec(width=4, steps=3, stop_token_ids=(1,))
+    constrained = BeamSpec(width=4, steps=3, stop_token_ids=(1,), constrained=True)
+    assert settings_in_effect(runtime, plain, "cuda").cuda_graphs
+    assert not settings_in_effect(runtime, constrained, "cuda").cuda_graphs
+
+
+def test_trie_inputs_change_address_per_allow_list_and_shape_per_catalogue():
+    """Padding to one M fixes the trie's shapes for one catalogue only (another has its own M),
+    and an allow-list brings new reach / ends tensors to every request, on either path: a graph
+    captured with one request's trie would read that trie again for the next."""
+    cat, ids, host, dev = served_pair(4)
+    small = ServedCatalogue.on_device(Catalogue.from_sequences([1, 2], [[3], [4, 5]]), VOCAB, "cpu")
+    assert small.full.row_ptr.shape != host.full.row_ptr.shape
+    for served in (host, dev):
+        first, second = served.trie(ids[:3]), served.trie(ids[:3])
+        assert first.row_ptr.data_ptr() == served.full.row_ptr.data_ptr()  # the catalogue's four arrays: shared
+        assert len({t.reach.data_ptr() for t in (served.full, first, second)}) == 3
+        assert len({t.ends.data_ptr() for t in (served.full, first, second)}) == 3
