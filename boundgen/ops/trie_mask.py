@@ -219,14 +219,14 @@ def apply_launch(scores: torch.Tensor, nodes: torch.Tensor, row_ptr: torch.Tenso
                  block: int | None = None, child_block: int | None = None, num_warps: int | None = None) -> None:
     """Run the Triton kernel in place on scores [B, V] (rows of any stride); as `apply_reference`."""
     if scores.dim() != 2 or scores.dtype not in SCORE_DTYPES or (scores.numel() and scores.stride(1) != 1):
-        raise ValueError(f"trie_mask_apply: scores must be [B, V] FP32, bf16 or fp16 with contiguous rows; got "
+        raise ValueError(f"trie_mask in place: scores must be [B, V] FP32, bf16 or fp16 with contiguous rows; got "
                          f"{scores.dtype} {tuple(scores.shape)}, strides {scores.stride()}")
     if scores.shape[0] != nodes.shape[0]:
-        raise ValueError(f"trie_mask_apply: scores has {scores.shape[0]} rows, nodes {nodes.shape[0]} beams")
-    _check("trie_mask_apply", nodes, row_ptr, child_token, reach, ends, stop_token_ids, scores.shape[1],
+        raise ValueError(f"trie_mask in place: scores has {scores.shape[0]} rows, nodes {nodes.shape[0]} beams")
+    _check("trie_mask in place", nodes, row_ptr, child_token, reach, ends, stop_token_ids, scores.shape[1],
            max_degree)
     if scores.device != nodes.device:
-        raise ValueError(f"trie_mask_apply: scores on {scores.device}, the trie on {nodes.device}")
+        raise ValueError(f"trie_mask in place: scores on {scores.device}, the trie on {nodes.device}")
     _launch(scores, nodes, row_ptr, child_token, reach, ends, stop_token_ids, scores.shape[1], max_degree, True,
             block, child_block, num_warps)
 
