@@ -130,11 +130,11 @@ if [[ -n "${CATALOGUE:-}" ]]; then
   # shellcheck disable=SC2086
   (cd "$RES" && step 200 catalogue 12-15 python3 -m boundgen.bench.catalogue $CATALOGUE)
 fi
-# the floor of one Python gRPC round trip with W2-sized messages on these cores (bench/grpc_floor.py): the
+wait ${builds[@]+"${builds[@]}"}
+# the floor of one Python gRPC round trip with W2-sized messages on these cores (after the builds, on idle cores) (bench/grpc_floor.py): the
 # least a served request's rpc stage can be, next to what the served lanes measure
 [[ "${SERVED:-1}" == 1 ]] && step 60 grpc_floor "$CLIENT_CORES" python3 -m boundgen.bench.grpc_floor \
   --server-cores "$SERVER_CORES"
-wait ${builds[@]+"${builds[@]}"}
 
 # served NAME ART MODEL_DIR WORKLOADS FRONTENDS SWEEP [SERVE FLAGS]: serve ART on SERVER_CORES, bench it over gRPC.
 served() {
