@@ -36,6 +36,17 @@
 #                 (e.g. "--contexts 1", "--tokenizer tokenizers"): inproc_ab_1_TAG, _2, ...
 #   REPLICAS      GPU counts (e.g. "1 2"): one more served lane per count, `serve --gpus N --frontends 1`
 #                 (one worker process per GPU behind one front end): served_gpus_N_TAG.
+#   CONSTRAINED   constrained beam (issue 32): flags of `python -m boundgen.bench.constrained --make-catalogue`
+#                 (e.g. "--items 1000000": a random catalogue of 4-token codes over 32k tokens, $WORK/catalogue,
+#                 kept while its flags stay), and two constrained artifacts of the beam checkpoint built beside
+#                 the others on the cores they leave: $BEAM_DEFAULT + --constrained with --lowering trie_mask=torch
+#                 ($WORK/art/cbeam_torch) and =triton (cbeam_triton), less --cuda-graphs (a constrained artifact
+#                 runs without graphs: they would replay the trie inputs' addresses of their capture) and with
+#                 --min-new-tokens 0 (BEAM_ARGS' 5 would bar the stop token that ends a 4-token code at step 5:
+#                 no item could come back). After the builds, the harness on each (c=1, W2 prompts, the whole
+#                 catalogue and a 10k-item allow-list; --plain the beam artifact where there is one, with and
+#                 without its CUDA graphs): constrained_torch.md, constrained_triton.md. CONSTRAINED_S (420) the
+#                 builds' limit: validation runs every beam case twice.
 #   REPORT=1      per artifact: `python -m boundgen.compile.report` (build seconds, size, load, first and
 #                 warm call, validation) in a fresh process, and the C++ wrapper of each package (which
 #                 kernels and copies a call launches) under $RES/wrapper_ART/.
@@ -87,29 +98,51 @@ Q3="$WORK/models/qwen3-0.6b"; Q2="$WORK/models/qwen2.5-0.5b"
 [[ -f "$Q2/config.json" ]] || step 150 demo_qwen2 0-15 python3 -m boundgen demo-model "$Q2" --preset qwen2.5-0.5b --seed 0 &
 [[ -f "$Q3/config.json" ]] || step 150 demo_qwen3 0-15 python3 -m boundgen demo-model "$Q3" --preset qwen3-0.6b --seed 0 &
 wait
-builds=()
+builds=(); builds_on=()  # their pids, and the cores of each
 wants_w1=0; wants_beam=0
 [[ ",${WORKLOADS//;/,}," == *,W1,* ]] && wants_w1=1
 [[ "${WORKLOADS:-}" == *W2* || "${WORKLOADS:-}" == *W3* ]] && wants_beam=1
 if [[ $wants_w1 == 1 && ! -f "$WORK/art/w1/manifest.json" ]]; then
   # shellcheck disable=SC2086
   step 300 build_w1 0-7 python3 -m boundgen build "$Q3" "${W1_ARGS[@]}" --out "$WORK/art/w1" $W1_DEFAULT &
-  builds+=($!)
+  builds+=($!); builds_on+=(0-7)
 fi
 if [[ $wants_w1 == 1 && -n "${W1_B:-}" && ! -f "$WORK/art/w1b/manifest.json" ]]; then
   # shellcheck disable=SC2086
   step 300 build_w1b 8-15 python3 -m boundgen build "$Q3" "${W1_ARGS[@]}" --out "$WORK/art/w1b" $W1_B &
-  builds+=($!)
+  builds+=($!); builds_on+=(8-15)
 fi
 if [[ $wants_beam == 1 && ! -f "$WORK/art/beam/manifest.json" ]]; then
   # shellcheck disable=SC2086
   step 300 build_beam 8-15 python3 -m boundgen build "$Q2" "${BEAM_ARGS[@]}" --out "$WORK/art/beam" $BEAM_DEFAULT &
-  builds+=($!)
+  builds+=($!); builds_on+=(8-15)
 fi
 if [[ $wants_beam == 1 && -n "${BEAM_B:-}" && ! -f "$WORK/art/beamb/manifest.json" ]]; then
   # shellcheck disable=SC2086
   step 300 build_beamb 0-7 python3 -m boundgen build "$Q2" "${BEAM_ARGS[@]}" --out "$WORK/art/beamb" $BEAM_B &
-  builds+=($!)
+  builds+=($!); builds_on+=(0-7)
+fi
+if [[ -n "${CONSTRAINED:-}" ]]; then  # on the 8-core half no build above took (both halves taken: shared)
+  cfree=(0-3 4-7)
+  [[ " ${builds_on[*]:-} " == *" 0-7 "* ]] && cfree=(8-11 12-15)
+  [[ " ${builds_on[*]:-} " == *" 0-7 "* && " ${builds_on[*]:-} " == *" 8-15 "* ]] && cfree=(0-15 0-15)
+  k=0
+  for mask in torch triton; do
+    if [[ ! -f "$WORK/art/cbeam_$mask/manifest.json" ]]; then
+      # shellcheck disable=SC2086
+      step "${CONSTRAINED_S:-420}" "build_cbeam_$mask" "${cfree[$k]}" python3 -m boundgen build "$Q2" "${BEAM_ARGS[@]}" \
+        --out "$WORK/art/cbeam_$mask" --name "cbeam_$mask" ${BEAM_DEFAULT//--cuda-graphs/} --constrained \
+        --min-new-tokens 0 --lowering "trie_mask=$mask" &
+      builds+=($!)
+    fi
+    k=$(( k + 1 ))
+  done
+  if [[ "$(cat "$WORK/catalogue/flags" 2>/dev/null)" != "$CONSTRAINED" ]]; then
+    rm -rf "$WORK/catalogue"
+    # shellcheck disable=SC2086
+    step 150 make_catalogue 12-15 python3 -m boundgen.bench.constrained --make-catalogue "$WORK/catalogue" \
+      --model-dir "$Q2" $CONSTRAINED && echo "$CONSTRAINED" > "$WORK/catalogue/flags"
+  fi
 fi
 if [[ -n "${GPU_TESTS:-}" ]]; then
   # shellcheck disable=SC2086
@@ -131,6 +164,16 @@ if [[ -n "${CATALOGUE:-}" ]]; then
   (cd "$RES" && step 200 catalogue 12-15 python3 -m boundgen.bench.catalogue $CATALOGUE)
 fi
 wait ${builds[@]+"${builds[@]}"}
+if [[ -n "${CONSTRAINED:-}" && -f "$WORK/catalogue/flags" ]]; then  # each constrained artifact, beside the plain one
+  plain=(); [[ -f "$WORK/art/beam/manifest.json" ]] && plain=(--plain "$WORK/art/beam")
+  for mask in torch triton; do
+    [[ -f "$WORK/art/cbeam_$mask/manifest.json" ]] || { log "no artifact $WORK/art/cbeam_$mask"; continue; }
+    cp "$WORK/art/cbeam_$mask/manifest.json" "$RES/manifest_cbeam_$mask.json"
+    step 240 "constrained_$mask" "$BENCH_CORES" python3 -m boundgen.bench.constrained "$WORK/art/cbeam_$mask" \
+      --catalogue "$WORK/catalogue" ${plain[@]+"${plain[@]}"} --json "$RES/constrained_$mask.json"
+    sed -n '/^W[0-9]/,/^$/p; /^|/p' "$RES/constrained_$mask.log" > "$RES/constrained_$mask.md"  # its table
+  done
+fi
 # the floor of one Python gRPC round trip with W2-sized messages on these cores (after the builds, on idle cores) (bench/grpc_floor.py): the
 # least a served request's rpc stage can be, next to what the served lanes measure
 [[ "${SERVED:-1}" == 1 ]] && step 60 grpc_floor "$CLIENT_CORES" python3 -m boundgen.bench.grpc_floor \
@@ -257,7 +300,7 @@ shopt -s nullglob
   for f in "$RES"/*/summary.md "$RES"/*/*.md; do echo "## $f"; cat "$f"; echo; done
   for f in "$RES"/calls_*.log; do echo "## $f"; cat "$f"; done
   for f in "$RES"/bench_*.log "$RES"/inproc_*.log; do echo "## $f"; grep -E "c=|client_check|WARNING|host" "$f" | tail -n 30; done
-  for f in "$RES"/kernels_*.log "$RES"/catalogue.log "$RES"/gpu_tests.log "$RES"/grpc_floor.log; do echo "## $f"; tail -n 60 "$f"; done
+  for f in "$RES"/kernels_*.log "$RES"/catalogue.log "$RES"/make_catalogue.log "$RES"/gpu_tests.log "$RES"/grpc_floor.log; do echo "## $f"; tail -n 60 "$f"; done
   for f in "$RES"/report_*.log "$RES"/build_*.log; do echo "## $f"; grep -E '^\| |validat|FAILED|error' "$f" | tail -n 14; done
   for f in "$RES"/*.md; do echo "## $f"; cat "$f"; done
 } > "$OUT/summary.md" 2>&1
