@@ -167,6 +167,8 @@ class FastEncoder:
         tokens) take `encode_batch`'s lists instead. Each call lets go of the GIL once; getting it
         back may wait behind another thread running Python, so fewer calls keep a loaded server's
         `pre` flat."""
+        if not texts:
+            return np.empty(0, dtype=np.int64), []
         if self.separator_id is None or not all(self._joinable(t) for t in texts):
             ids = self.encode_batch(texts, threads)
             lengths = [len(i) for i in ids]

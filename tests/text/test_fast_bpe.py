@@ -160,6 +160,8 @@ def test_token_arrays_equal_the_reference_lists_and_tokenizers(tiny_qwen3_dir, t
         want = [e.ids for e in slow.backend.encode_batch(batch, add_special_tokens=False)]
         assert tokens.dtype == ref_tokens.dtype and lengths == ref_lengths == [len(w) for w in want], batch
         assert tokens.tolist() == ref_tokens.tolist() == [t for w in want for t in w], batch
+    tokens, lengths = fast.token_array([])
+    assert tokens.shape == (0,) and lengths == []
 
 
 def test_a_joinable_request_is_one_call_into_an_array(tokenizers, joined, monkeypatch):
