@@ -17,7 +17,9 @@ special token (tiktoken runs its regex and BPE on each stretch between special t
 separate calls would). tiktoken lets go of the GIL for each call, and getting it back waits for
 whatever Python code another thread runs (up to the 5 ms switch interval): beside a thread
 running Python, a W1 request's 15 calls took 80 ms and one call 6 ms (0.50 against 0.55 ms on
-an idle 2-core CPU). Off by default until a loaded server says which pays. A batch whose texts
+an idle 2-core CPU). An engine loads its tokenizer joined (runtime/loading.py: under load the
+H200 measured W1's `pre` 2.22 against 3.35 ms at c=6); `Tokenizer.from_dir` itself keeps text by
+text unless asked (`boundgen bench --tokenizer fast-text-by-text` for an A/B). A batch whose texts
 could encode otherwise joined (one holds the separator, a piece NFC would change, added tokens
 of which one starts another) is encoded text by text.
 
@@ -156,7 +158,6 @@ class FastEncoder:
             return unicodedata.is_normalized("NFC", text)
         pieces = self._split.split(text) if self._split else [text]
         return all(unicodedata.is_normalized("NFC", piece) for piece in pieces[::2])
-
 
     def encode_array(self, texts: Sequence[str], threads: int = 1) -> tuple[np.ndarray, list[int]]:
         """The ids `encode_batch` gives, back to back: (tokens [T] int64, each text's count).
