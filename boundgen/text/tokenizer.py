@@ -91,8 +91,8 @@ class Tokenizer:
     def from_dir(cls, path: str | Path, fast: bool = True, joined: bool = False, threads: int = 1) -> "Tokenizer":
         """Load `tokenizer.json` from a model or artifact directory; `fast`: encode with tiktoken and
         decode from a byte table where the file allows it (text/fast_bpe.py, text/byte_decoder.py);
-        `joined`: a request's texts in one tiktoken call (same ids; off until measured on a loaded
-        server); `threads` > 1: a request's texts encoded on that many threads (text by text)."""
+        `joined`: a request's texts in one tiktoken call (same ids; engines load it so, runtime/loading.py);
+        `threads` > 1: a request's texts encoded on that many threads (joined: one call a thread)."""
         file = Path(path) / "tokenizer.json"
         if not file.is_file():
             raise ConfigError(f"{path} has no tokenizer.json")
