@@ -40,7 +40,7 @@ class Attention(nn.Module):
         """x [T, H] -> q [T, Nq, D], k [T, Nkv, D], v [T, Nkv, D] with qk-norm and RoPE applied.
         With `x_scale` [T, 1], x is already in E4M3 rows (`norm_for`)."""
         cfg = self.cfg
-        qkv = project(self.qkv_proj, x, x_scale)
+        qkv = apply_linear(self.qkv_proj, x, x_scale)
         q, k, v = split_heads(qkv, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
         if cfg.qk_norm and ops.qk_norm_rope is not None:  # fused
             q, k = ops.qk_norm_rope(qkv, self.q_norm, self.k_norm, cos, sin, cfg.rms_norm_eps, cfg.num_heads,
@@ -62,7 +62,7 @@ class MLP(nn.Module):
         """The MLP's output [T, H]; in a decode step with `swiglu_down` lowered, its FP32 split-K
         partial products [S, T, H] instead (ops/swiglu_down.py), which `add_norm` sums. With
         `x_scale`, x is already in E4M3 rows (an FP8 MLP's input, ops/add_rmsnorm_quant.py)."""
-        gate_up = project(self.gate_up_proj, x, x_scale)
+        gate_up = apply_linear(self.gate_up_proj, x, x_scale)
         if isinstance(self.down_proj, fp8.FP8Linear):  # its input in E4M3 rows (model/fp8.py)
             if ops.silu_quant is not None:
                 return self.down_proj.quantized(*ops.silu_quant(gate_up))
@@ -100,7 +100,7 @@ class Layer(nn.Module):
             return h, q
         qkv_proj = self.self_attn.qkv_proj
         h, x, x_scale = norm_for(qkv_proj, h, delta, self.input_layernorm, cfg.rms_norm_eps, ops)
-        return h, ops.rope_kv_write(project(qkv_proj, x, x_scale), cos, sin, suffix_k, suffix_v, step, layer,
+        return h, ops.rope_kv_write(apply_linear(qkv_proj, x, x_scale), cos, sin, suffix_k, suffix_v, step, layer,
                                     cfg.num_heads, cfg.num_kv_heads)
 
     def attn_out(self, h, attn, ops: Ops, decoding: bool = False):
@@ -134,7 +134,7 @@ def norm_for(linear: nn.Module, h: torch.Tensor, delta: torch.Tensor | None, wei
     return (*add_norm(h, delta, weight, eps, ops), None)
 
 
-def project(linear: nn.Module, x: torch.Tensor, x_scale: torch.Tensor | None) -> torch.Tensor:
+def apply_linear(linear: nn.Module, x: torch.Tensor, x_scale: torch.Tensor | None) -> torch.Tensor:
     """linear(x), or with `x_scale` the FP8 product of x already in E4M3 rows (`norm_for`)."""
     return linear(x) if x_scale is None else linear.quantized(x, x_scale)
 
