@@ -66,7 +66,8 @@ def load_artifact_engine(path, contexts: int | None = None, executors: int | Non
                             manifest.validation.get("passed"), __version__, tokenizer.encoder_name)
     engine = make_engine(manifest.name, spec, tokenizer, runner, str(device), compiled.dtype, runtime,
                          vocab_outputs=has_vocab_outputs(manifest.interface),  # lse, label_logits (artifact/tensors.py)
-                         fp8_groups=[] if compiled.fp8 == "none" else [compiled.fp8], provenance=provenance)
+                         fp8_groups=[] if compiled.fp8 == "none" else compiled.fp8.split(","),  # bench/mfu.py groups
+                         provenance=provenance)
     if catalogue is not None:
         engine.load_catalogue(catalogue)
     return engine
