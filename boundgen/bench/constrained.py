@@ -161,6 +161,8 @@ def bench(artifact: str | Path, cat_dir: str | Path, texts: Sequence[str], allow
         before = torch.cuda.memory_allocated(device) if on_cuda else 0
         start = time.perf_counter()
         engine.load_catalogue(cat_dir)  # what boundgen.load(artifact, catalogue=cat_dir) does last
+        if on_cuda:
+            torch.cuda.synchronize(device)
         load_s = time.perf_counter() - start
         device_mb = (torch.cuda.memory_allocated(device) - before) / 1e6 if on_cuda else None
         program = engine.spec.program
