@@ -141,7 +141,7 @@ if [[ -n "${CONSTRAINED:-}" ]]; then  # on the 8-core half no build above took (
   if [[ "$(cat "$WORK/catalogue/flags" 2>/dev/null)" != "$CONSTRAINED" ]]; then
     rm -rf "$WORK/catalogue"
     # shellcheck disable=SC2086
-    step 150 make_catalogue 12-15 python3 -m boundgen.bench.constrained --make-catalogue "$WORK/catalogue" \
+    step 300 make_catalogue 12-15 python3 -m boundgen.bench.constrained --make-catalogue "$WORK/catalogue" \
       --model-dir "$Q2" $CONSTRAINED && echo "$CONSTRAINED" > "$WORK/catalogue/flags"
   fi
 fi
