@@ -196,7 +196,8 @@ def _launch(out, nodes, row_ptr, child_token, reach, ends, stop_token_ids, vocab
         return
     stops = stop_token_ids if stop_token_ids.numel() else nodes  # no stop: an int64 tensor the kernel never reads
     wrap_triton(_trie_mask_kernel)[(nodes.shape[0], triton.cdiv(vocab, block))](
-        nodes, row_ptr, child_token, reach.view(torch.uint8), ends.view(torch.uint8), stops, out,
+        nodes, row_ptr, child_token, reach, ends, stops, out,  # bool vectors: *i1 pointers (a dtype view here
+        # is an aten.view.dtype that Inductor of torch 2.11 cannot lower for bool)
         row_ptr.shape[0] - 1, vocab, out.stride(0), max(max_degree, 1), stop_token_ids.shape[0],
         BLOCK=block, CHILD_BLOCK=child_block, IN_PLACE=in_place, num_warps=num_warps or DEFAULT_WARPS)
 

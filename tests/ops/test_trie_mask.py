@@ -295,3 +295,26 @@ def test_gpu_qwen_vocabulary(beams):
         op.apply_reference(want, *args[:-2], degree)
         op.apply_launch(scores, *args[:-2], degree)
         assert torch.equal(scores, want)
+
+
+@pytest.mark.gpu
+@needs_compiled_kernel
+def test_gpu_registered_op_compiles_under_inductor():
+    """The registered in-place op inside a graph Inductor compiles (as a constrained build lowers it
+    with --lowering trie_mask=triton): its launcher, bool reach / ends included, must lower, and the
+    compiled graph must bar what the reference bars."""
+    cat, trie = make_trie(seed=3, pad=5)
+    nodes = pick_nodes(cat, trie[2], 16).cuda()
+    trie, stops = on("cuda", *trie), torch.tensor(STOPS, device="cuda")
+    degree = max(cat.max_degree())
+
+    def masked(scores, nodes, row_ptr, child_token, reach, ends, stops):
+        scores = scores * 2.0  # a graph around the op, as in the beam program
+        torch.ops.boundgen.trie_mask(scores, nodes, row_ptr, child_token, reach, ends, stops, degree)
+        return scores
+
+    scores = torch.randn(16, VOCAB, device="cuda")
+    want = scores * 2.0
+    op.apply_reference(want, nodes, *trie, stops, degree)
+    got = torch.compile(masked, fullgraph=True, dynamic=False)(scores, nodes, *trie, stops)
+    assert torch.equal(got, want)
