@@ -152,7 +152,7 @@ def worker_args(args) -> list[str]:
 
 def run(args, engine_factory=None, worker_command=None):
     """Serve until SIGTERM / SIGINT; `engine_factory(path, **runtime) -> Engine` replaces `boundgen.load`
-    (tests; `runtime`: the --contexts / --batching / --cuda-graphs / --token-bucket given);
+    (tests; `runtime`: the RuntimeConfig fields given as flags, `runtime_overrides`);
     `worker_command` replaces `python -m boundgen serve` for --replicas / --gpus workers (tests)."""
     import dataclasses
 

@@ -70,17 +70,18 @@ class CallShare:
 
 
 class LocalEngine(Engine):
-    def __init__(self, spec: EngineSpec, packer: RequestPacker, runner, builder, contexts: list[RequestContext],
-                 executors: int = 1, batching: bool = False, batch_wait_ms: float = 0.0):
+    def __init__(self, spec: EngineSpec, packer: RequestPacker, runner, builder, contexts: list[RequestContext]):
+        """Runs with `spec.runtime`, the settings in effect (`settings_in_effect`): executors,
+        batching and its wait reach the semaphore and the batcher from there."""
         self.spec, self.packer, self.runner, self.builder = spec, packer, runner, builder
         self.task = task_of(spec)
         self.graph_shapes = 0  # CUDA graphs captured by `warmup`, per context
         self.contexts = contexts  # owned by the batcher's workers, one each
-        self.batching = batching
         self.catalogue: ServedCatalogue | None = None  # a constrained beam artifact's (set_catalogue)
-        self._executors = threading.Semaphore(max(1, executors))  # program calls running at once
-        self._batcher = Batcher(contexts, self._run_batch, self._fits if batching else _alone, name=spec.name,
-                                linger_s=batch_wait_ms / 1e3 if batching else 0.0)
+        runtime = spec.runtime
+        self._executors = threading.Semaphore(runtime.executors)  # program calls running at once
+        self._batcher = Batcher(contexts, self._run_batch, self._fits if runtime.batching else _alone, name=spec.name,
+                                linger_s=runtime.batch_wait_ms / 1e3 if runtime.batching else 0.0)
 
     # -- the calls ---------------------------------------------------------------------------
 
@@ -265,5 +266,4 @@ def make_engine(name: str, spec, tokenizer, runner, device: str, dtype: str, run
     concurrency = runtime.contexts * (task_of(spec).max_requests(spec) if runtime.batching else 1)
     engine_spec = EngineSpec(name, spec, device, dtype, runtime, concurrency, vocab_outputs, tuple(fp8_groups),
                              provenance=provenance)
-    return LocalEngine(engine_spec, packer, runner, builder, contexts, runtime.executors, runtime.batching,
-                       runtime.batch_wait_ms)
+    return LocalEngine(engine_spec, packer, runner, builder, contexts)
