@@ -215,6 +215,7 @@ def _catalogues(args) -> dict[str, str]:
     manifests before anything loads: every NAME an artifact's, each of them built with
     --constrained, and every constrained artifact given one."""
     from boundgen.artifact.manifest import read_manifest  # torch-free
+    from boundgen.artifact.tasks import task_of  # torch-free
 
     catalogues = {}
     for value in args.catalogue or ():
@@ -232,7 +233,7 @@ def _catalogues(args) -> dict[str, str]:
             manifest = read_manifest(path)
         except Exception:  # noqa: BLE001 - not an artifact: the load says so in its own words
             continue
-        constrained[manifest.name] = bool(getattr(manifest.program, "constrained", False))
+        constrained[manifest.name] = task_of(manifest.program).constrained(manifest.program)
     for name in catalogues:
         if name not in constrained:
             raise ConfigError(f"--catalogue {name}=...: no artifact is named {name} (models: "

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from boundgen.artifact.manifest import read_manifest
+from boundgen.artifact.tasks import task_of
 from boundgen.artifact.tensors import TRIE, Trie
 from boundgen.errors import ConfigError, InvalidInput
 from boundgen.text import catalogue_search
@@ -57,7 +58,7 @@ def load_catalogue(cat_dir: str | Path, artifact_dir: str | Path, device: str | 
     tokens, the model's vocabulary and the children bound): a ConfigError says what differs."""
     manifest = read_manifest(artifact_dir)
     spec, vocab = manifest.program, manifest.model["config"]["vocab_size"]
-    if not getattr(spec, "constrained", False):
+    if not task_of(spec).constrained(spec):
         raise ConfigError(f"a catalogue ({cat_dir}) was given for a model that was not built with --constrained")
     cat = Catalogue.load(cat_dir)
     check_tokenizer(cat, artifact_dir, cat_dir)

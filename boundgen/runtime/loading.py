@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from boundgen.artifact.manifest import Manifest, check_versions, read_manifest, verify_files as verify_artifact_files
+from boundgen.artifact.tasks import task_of
 from boundgen.artifact.tensors import has_vocab_outputs
 from boundgen.errors import ArtifactError
 from boundgen.runtime import libstdcxx
@@ -53,7 +54,7 @@ def load_artifact_engine(path, verify_files: bool = True, libstdcxx_check: str =
     runtime = settings_in_effect(manifest.runtime.replace(**runtime), spec, str(device))
     tokenizer = Tokenizer.from_dir(root, fast=fast_tokenizer, joined=joined_tokenizing)
     try:
-        runner = load_runner(root, compiled.packages, compiled.weights_file, device, getattr(spec, "steps", 0),
+        runner = load_runner(root, compiled.packages, compiled.weights_file, device, task_of(spec).steps(spec),
                              runtime.executors, compiled.ops_to_register,
                              single_threaded=runtime.cuda_graphs)
     except (RuntimeError, KeyError) as exc:

@@ -104,7 +104,7 @@ class LocalEngine(Engine):
     @property
     def constrained(self) -> bool:
         """Whether the program takes a catalogue's trie as inputs (a constrained beam artifact)."""
-        return bool(getattr(self.spec.program, "constrained", False))
+        return self.task.constrained(self.spec.program)
 
     def set_catalogue(self, catalogue: ServedCatalogue) -> None:
         """Serve later requests with this catalogue (requests already tokenized keep theirs)."""
@@ -241,7 +241,7 @@ def settings_in_effect(runtime: RuntimeConfig, spec, device: str) -> RuntimeConf
     request (artifact/tasks.py), and its wait only with batching; no graphs for a constrained beam
     program (a graph would replay the trie addresses of its capture)."""
     batching = runtime.batching and task_of(spec).max_requests(spec) > 1
-    graphs = runtime.cuda_graphs and str(device).startswith("cuda") and not getattr(spec, "constrained", False)
+    graphs = runtime.cuda_graphs and str(device).startswith("cuda") and not task_of(spec).constrained(spec)
     return replace(runtime, cuda_graphs=graphs, batching=batching,
                    batch_wait_ms=runtime.batch_wait_ms if batching else 0.0)
 
@@ -255,7 +255,7 @@ def make_engine(name: str, spec, tokenizer, runner, device: str, dtype: str, run
     calls are padded to multiples of `runtime.token_bucket` tokens (runtime/graphs.py). `item_ids`:
     the runner is a beam search under a catalogue, whose candidates carry item ids."""
     runtime = settings_in_effect(runtime, spec, device)
-    item_ids = item_ids or bool(getattr(spec, "constrained", False))
+    item_ids = item_ids or task_of(spec).constrained(spec)
     if runtime.cuda_graphs:
         runner = GraphRunner(runner)
     packer = RequestPacker(tokenizer, spec, runtime.token_bucket if runtime.cuda_graphs else 0)

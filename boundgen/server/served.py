@@ -79,7 +79,7 @@ class ServedModel:
             engine_call = partial(call, self.engine, deadline=deadline, cancelled=cancelled)
             result = await self.admission.run(engine_call, deadline, cancelled, client)
         REQUEST_TIMINGS.set(result.timings)
-        self.metrics.observe_result(self.name, result)
+        self.metrics.observe_result(self.name, result, self.signature.task)
         return result
 
     def close(self) -> None:
