@@ -169,6 +169,18 @@ def test_server_parts_import_only_downward():
     assert outside == []
 
 
+def test_the_core_speaks_engine_calls_not_kserve_tensors():
+    """KServe's tensors (kserve/tensors.py Tensor) are parsed into EngineCalls and built from results
+    in kserve/ (inference.py): no module of the core names a Tensor, in code or annotations."""
+    bad = []
+    for module, path in modules().items():
+        if server_part(module) == "core":
+            names = {node.id for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.Name)}
+            names |= {node.name for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.ClassDef)}
+            bad += [module] if "Tensor" in names else []
+    assert bad == []
+
+
 def test_server_parts_are_told_apart():
     assert [server_part(m) for m in ("boundgen.server.models", "boundgen.server.kserve.grpc_api",
                                      "boundgen.server.app", "boundgen.server.deploy.replicas",

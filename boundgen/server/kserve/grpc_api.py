@@ -47,9 +47,8 @@ from boundgen.server.auth import check_api_key
 from boundgen.server.config import ServerConfig
 from boundgen.server.logs import LogSettings
 from boundgen.server.models import LOADING, ModelSet
-from boundgen.server.served import REQUEST_TIMINGS
 from boundgen.server.status import answer_status, check_deadline
-from boundgen.server.kserve import pb
+from boundgen.server.kserve import inference, pb
 from boundgen.server.kserve import shared_memory as shm
 from boundgen.server.kserve.grpc_messages import (Undecodable, decoder, infer_response, param_value, params,
                                                   parse_infer_request, set_param)
@@ -458,10 +457,11 @@ class GrpcFrontend:
         deadline = self.models.deadline(arrived, None if timeout is None else param_value(timeout),
                                         context.time_remaining())
         requested = [o.name for o in request.outputs] or None
-        outputs = await self.models.infer(request.model_name, request.model_version, tensors, requested, deadline)
-        response = infer_response(request, outputs, slices)
+        answer = await inference.infer(self.models, request.model_name, request.model_version, tensors, requested,
+                                       deadline)
+        response = infer_response(request, answer.outputs, slices)
         if pb.TIMINGS_PARAMETER in request.parameters and param_value(request.parameters[pb.TIMINGS_PARAMETER]) is True:
-            for stage, value in (REQUEST_TIMINGS.get() or {}).items():
+            for stage, value in answer.timings.items():
                 response.parameters[f"timing_{stage}_ms"].double_param = value * (1e3 if stage != "batch_requests" else 1)
             response.parameters["timing_handler_ms"].double_param = (time.monotonic() - arrived) * 1e3
         check_deadline(deadline, request.model_name)
