@@ -44,7 +44,7 @@ from boundgen.server.app import LISTENING, EngineFactory
 from boundgen.server.config import ServerConfig
 
 APP_NAME = "boundgen"
-GRPC_SERVICER = "boundgen.server.kserve.grpc_api.add_GRPCInferenceServiceServicer_to_server"
+GRPC_SERVICER = "boundgen.server.kserve.grpc_service.add_GRPCInferenceServiceServicer_to_server"
 INSTALL_HINT = "pip install boundgen[ray]"
 PROXY_CALLBACK_ENV = "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH"  # read by Ray's HTTP proxy where it starts
 PROXY_CALLBACK = "boundgen.server.deploy.ray_proxy.middlewares"
