@@ -285,7 +285,7 @@ def _serve_on_ray(args, config, factory):
     options = RayOptions(address=args.ray or None, replicas=args.replicas or 1, min_replicas=args.min_replicas,
                          max_replicas=args.max_replicas, target_ongoing_requests=args.target_ongoing_requests,
                          gpus_per_replica=args.gpus_per_replica, cpus_per_replica=args.cpus_per_replica)
-    return serve_on_ray(args.artifacts, config, options, factory, contexts=args.contexts)
+    return serve_on_ray(args.artifacts, config, options, factory, runtime=runtime_overrides(args))
 
 
 def _verified(factory, trust_key: str):
