@@ -55,8 +55,7 @@ def load_artifact_engine(path, verify_files: bool = True, libstdcxx_check: str =
     tokenizer = Tokenizer.from_dir(root, fast=fast_tokenizer, joined=joined_tokenizing)
     try:
         runner = load_runner(root, compiled.packages, compiled.weights_file, device, task_of(spec).steps(spec),
-                             runtime.executors, compiled.ops_to_register,
-                             single_threaded=runtime.cuda_graphs)
+                             runtime, compiled.ops_to_register)
     except (RuntimeError, KeyError) as exc:
         raise ArtifactError(f"could not load the compiled package of {manifest.name}: {exc!s}") from None
     provenance = Provenance(str(root.resolve()), compiled.lowering, compiled.weights, compiled.gpu_name,
