@@ -32,17 +32,17 @@ from boundgen.version import __version__
 
 
 def load_artifact_engine(path, verify_files: bool = True, libstdcxx_check: str = "auto", fast_tokenizer: bool = True,
-                         joined_tokenizing: bool = False, catalogue: str | Path | None = None,
+                         joined_tokenizing: bool = True, catalogue: str | Path | None = None,
                          **runtime) -> LocalEngine:
     """The engine for an artifact directory. `runtime`: RuntimeConfig fields (artifact/manifest.py:
     contexts, batching, ...) that override the manifest's settings (None: as built), checked by
     RuntimeConfig's own rules; libstdcxx_check is "auto" (refuse where the load would crash), "require"
     (refuse unless preloaded, on any Linux) or "skip"; fast_tokenizer=False encodes and decodes with
-    `tokenizers` even where tiktoken and the byte table could, joined_tokenizing=True a request's texts
-    in one tiktoken call (text/fast_bpe.py, text/byte_decoder.py; the same ids and texts every way).
-    catalogue: the catalogue directory a constrained beam artifact serves (runtime/catalogue.py; given
-    to any other artifact it is refused; a constrained engine without one refuses requests until
-    `set_catalogue`)."""
+    `tokenizers` even where tiktoken and the byte table could; joined_tokenizing (the default) encodes a
+    request's texts in one tiktoken call, False one call a text (text/fast_bpe.py, text/byte_decoder.py;
+    the same ids and texts every way). catalogue: the catalogue directory a constrained beam artifact
+    serves (runtime/catalogue.py; given to any other artifact it is refused; a constrained engine
+    without one refuses requests until `set_catalogue`)."""
     root = Path(path)
     manifest = read_manifest(root)
     if verify_files:
@@ -62,7 +62,8 @@ def load_artifact_engine(path, verify_files: bool = True, libstdcxx_check: str =
                             manifest.validation.get("passed"), __version__, tokenizer.encoder_name)
     engine = make_engine(manifest.name, spec, tokenizer, runner, str(device), compiled.dtype, runtime,
                          vocab_outputs=has_vocab_outputs(manifest.interface),  # lse, label_logits (artifact/tensors.py)
-                         fp8_groups=[] if compiled.fp8 == "none" else [compiled.fp8], provenance=provenance)
+                         fp8_groups=[] if compiled.fp8 == "none" else compiled.fp8.split(","),  # bench/mfu.py groups
+                         provenance=provenance)
     if catalogue is not None:
         engine.load_catalogue(catalogue)
     return engine
