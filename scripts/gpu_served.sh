@@ -132,8 +132,8 @@ if [[ -n "${CATALOGUE:-}" ]]; then
   (cd "$RES" && step 200 catalogue 12-15 python3 -m boundgen.bench.catalogue $CATALOGUE)
 fi
 wait ${builds[@]+"${builds[@]}"}
-# the floor of one Python gRPC round trip with W2-sized messages on these cores (after the builds, on idle cores) (bench/grpc_floor.py): the
-# least a served request's rpc stage can be, next to what the served lanes measure
+# After the builds, on idle cores: the floor of one Python gRPC round trip with W2-sized messages
+# (bench/grpc_floor.py), the least a served request's rpc stage can be, next to what the served lanes measure
 [[ "${SERVED:-1}" == 1 ]] && step 60 grpc_floor "$CLIENT_CORES" python3 -m boundgen.bench.grpc_floor \
   --server-cores "$SERVER_CORES"
 # W1's pre stage by stage on the bench's cores, both tokenizer modes, 1-8 threads and beside a busy thread
