@@ -7,8 +7,8 @@ Schema "boundgen.artifact/3", top-level keys:
 - schema, name, task, created (UTC ISO time), model {source, family, config}
 - program: the spec (artifact/program.py; an MLP head path is relative to the artifact)
 - interface: tensors (the program's I/O: dtype and shape, dims by name), dims ({name: [min, max]})
-- runtime: RuntimeConfig (contexts, executors, cuda_graphs, batching, token_bucket): defaults
-  that `boundgen serve` and `boundgen.load` may override without a rebuild
+- runtime: RuntimeConfig (below; every engine knob is one of its fields): defaults that
+  `boundgen serve`, `boundgen bench` and `boundgen.load` may override without a rebuild
 - compile: CompileRecord (device, dtype, lowering, weights, packages, weights file, GPU, seconds)
 - validation: the build's validation report (compile/validate.py)
 - versions: boundgen, torch, triton, cuda, python at build time
@@ -62,7 +62,11 @@ class RuntimeConfig:
                 raise ConfigError(f"{name} must be true or false, got {getattr(self, name)!r}")
 
     def replace(self, **overrides) -> "RuntimeConfig":
-        """A copy with the overrides that are not None."""
+        """A copy with the overrides that are not None; a name that is no field here is a TypeError."""
+        known = [f.name for f in fields(self)]
+        unknown = sorted(set(overrides) - set(known))
+        if unknown:
+            raise TypeError(f"unknown runtime settings {', '.join(unknown)}; the settings are {', '.join(known)}")
         return RuntimeConfig(**{**asdict(self), **{k: v for k, v in overrides.items() if v is not None}})
 
 

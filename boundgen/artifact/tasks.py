@@ -50,6 +50,7 @@ class Task:
     one_prompt: bool  # a request is one prompt (errors speak of "the prompt"), not N samples
     takes_token_ids: bool  # samples may come as token ids (`Engine.score_ids`)
     takes_catalogue: bool  # a catalogue may restrict its outputs (programs/constraint.py)
+    result_rows: str  # what a result's rows are, as the server's metrics count them
 
     def __repr__(self) -> str:
         return f"<task {self.name}>"
@@ -78,6 +79,19 @@ class Task:
     def max_requests(self, spec) -> int:
         """Requests one program call may hold when requests are batched."""
         raise NotImplementedError
+
+    def steps(self, spec) -> int:
+        """Tokens the program generates, N_gen (its compiled stages run the decode step N_gen - 1
+        times); 0: a prefill-only program."""
+        return 0
+
+    def constrained(self, spec) -> bool:
+        """Whether the program takes a catalogue's trie as inputs (built with --constrained)."""
+        return False
+
+    def head_path(self, spec) -> str | None:
+        """The MLP head file the program's outputs come from; None: it has none."""
+        return None
 
     # -- requests --------------------------------------------------------------------------
     def texts(self, call: str, payload, model: str) -> list[str]:
@@ -150,6 +164,7 @@ class ScoreTask(Task):
     name, spec_class = "score", ScoreSpec
     tokens_dim, sequences_dim = "T", "B"
     one_prompt, takes_token_ids, takes_catalogue = False, True, False
+    result_rows = "samples"
     bounds_to_lower = "--max-total-tokens (or --max-samples, --max-tokens-per-sample)"
 
     def output_names(self, spec: ScoreSpec) -> tuple[str, ...]:
@@ -171,6 +186,9 @@ class ScoreTask(Task):
 
     def max_requests(self, spec: ScoreSpec) -> int:
         return SCORE_MAX_REQUESTS
+
+    def head_path(self, spec: ScoreSpec) -> str | None:
+        return spec.head_path or None
 
     def _texts(self, payload) -> list[str]:
         if isinstance(payload, str):
@@ -259,6 +277,7 @@ class BeamTask(Task):
     name, spec_class = "beam", BeamSpec
     tokens_dim, sequences_dim = "L", "R"  # prompt tokens, requests (of W beams each)
     one_prompt, takes_token_ids, takes_catalogue = True, False, True
+    result_rows = "candidates"
     bounds_to_lower = "--max-prompt-tokens or --max-requests"
 
     def output_names(self, spec: BeamSpec) -> tuple[str, ...]:
@@ -285,6 +304,12 @@ class BeamTask(Task):
 
     def max_requests(self, spec: BeamSpec) -> int:
         return spec.max_requests
+
+    def steps(self, spec: BeamSpec) -> int:
+        return spec.steps
+
+    def constrained(self, spec: BeamSpec) -> bool:
+        return spec.constrained
 
     def _texts(self, payload) -> list[str]:
         if not isinstance(payload, str):

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
+from boundgen.artifact.manifest import RuntimeConfig
 from boundgen.artifact.tasks import task_of
 from boundgen.bench import mfu, report, runner, workloads
 from boundgen.bench.clients import ClientSetup
@@ -139,16 +140,16 @@ def _run_boundgen(args, plan: Plan, results, save, tokenizer, load_engine: Calla
         close()
 
 
-def eager_engine(model_dir: str, specs: Sequence[WorkloadSpec], dtype: str, device: str, lowering, *,
-                 contexts: int, cuda_graphs: bool, batching: bool):
-    """The eager (uncompiled) engine over an HF model dir, sized for every workload in `specs`."""
+def eager_engine(model_dir: str, specs: Sequence[WorkloadSpec], dtype: str, device: str, lowering,
+                 runtime: RuntimeConfig):
+    """The eager (uncompiled) engine over an HF model dir, sized for every workload in `specs`,
+    with the engine settings `runtime`."""
     # torch and the model: imported only when an eager engine is asked for
     from boundgen.programs import eager
 
     spec, max_tokens = specs[0], max(s.max_tokens for s in specs)
-    pspec = _PROGRAM_SPECS[spec.task](spec, model_dir, max_tokens, batching)
-    return eager.eager_engine(model_dir, pspec, dtype, device, contexts=contexts, cuda_graphs=cuda_graphs,
-                              lowering=lowering, batching=batching)
+    pspec = _PROGRAM_SPECS[spec.task](spec, model_dir, max_tokens, runtime.batching)
+    return eager.eager_engine(model_dir, pspec, dtype, device, lowering=lowering, runtime=runtime)
 
 
 def _score_program_spec(spec: WorkloadSpec, model_dir: str, max_tokens: int, batching: bool):

@@ -13,6 +13,7 @@ import shlex
 import sys
 from pathlib import Path
 
+from boundgen.artifact.manifest import RuntimeConfig
 from boundgen.cli.common import add_runtime_flags, runtime_overrides
 from boundgen.errors import BoundgenError, ConfigError
 
@@ -122,10 +123,14 @@ def _engine(args, specs):
     device = _default_device(args)
     dtype = args.dtype or ("bfloat16" if device.startswith("cuda") else "float32")
     lowering = _lowering(args.lowering, device)
-    engine = eager_engine(args.artifact, specs, dtype, device, lowering, contexts=args.contexts or 4,
-                          cuda_graphs=bool(args.cuda_graphs), batching=bool(args.batching))
+    engine = eager_engine(args.artifact, specs, dtype, device, lowering, eager_runtime(args))
     chosen = lowering.describe()
     return engine, f"boundgen eager {args.artifact} {dtype} {device} lowering {chosen}{described}"
+
+
+def eager_runtime(args):
+    """The eager engine's settings: 4 contexts, no batching, no graphs, unless the flags say otherwise."""
+    return RuntimeConfig(contexts=4).replace(**runtime_overrides(args))
 
 
 def _lowering(pairs, device: str):

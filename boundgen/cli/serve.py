@@ -152,7 +152,7 @@ def worker_args(args) -> list[str]:
 
 def run(args, engine_factory=None, worker_command=None):
     """Serve until SIGTERM / SIGINT; `engine_factory(path, **runtime) -> Engine` replaces `boundgen.load`
-    (tests; `runtime`: the --contexts / --batching / --cuda-graphs / --token-bucket given);
+    (tests; `runtime`: the RuntimeConfig fields given as flags, `runtime_overrides`);
     `worker_command` replaces `python -m boundgen serve` for --replicas / --gpus workers (tests)."""
     import dataclasses
 
@@ -215,6 +215,7 @@ def _catalogues(args) -> dict[str, str]:
     manifests before anything loads: every NAME an artifact's, each of them built with
     --constrained, and every constrained artifact given one."""
     from boundgen.artifact.manifest import read_manifest  # torch-free
+    from boundgen.artifact.tasks import task_of  # torch-free
 
     catalogues = {}
     for value in args.catalogue or ():
@@ -232,7 +233,7 @@ def _catalogues(args) -> dict[str, str]:
             manifest = read_manifest(path)
         except Exception:  # noqa: BLE001 - not an artifact: the load says so in its own words
             continue
-        constrained[manifest.name] = bool(getattr(manifest.program, "constrained", False))
+        constrained[manifest.name] = task_of(manifest.program).constrained(manifest.program)
     for name in catalogues:
         if name not in constrained:
             raise ConfigError(f"--catalogue {name}=...: no artifact is named {name} (models: "
@@ -284,7 +285,7 @@ def _serve_on_ray(args, config, factory):
     options = RayOptions(address=args.ray or None, replicas=args.replicas or 1, min_replicas=args.min_replicas,
                          max_replicas=args.max_replicas, target_ongoing_requests=args.target_ongoing_requests,
                          gpus_per_replica=args.gpus_per_replica, cpus_per_replica=args.cpus_per_replica)
-    return serve_on_ray(args.artifacts, config, options, factory, contexts=args.contexts)
+    return serve_on_ray(args.artifacts, config, options, factory, runtime=runtime_overrides(args))
 
 
 def _verified(factory, trust_key: str):

@@ -6,8 +6,8 @@ them (`deploy_keys()`):
 - the program's bounds: ScoreSpec / BeamSpec (artifact/program.py), e.g. labels, head, topk,
   max_samples, max_tokens_per_sample, max_total_tokens; width, steps, max_prompt_tokens,
   max_requests, stop_token_ids, length_penalty, min_new_tokens; template;
-- runtime settings recorded in the manifest: RuntimeConfig (artifact/manifest.py): contexts,
-  executors, cuda_graphs, batching, token_bucket;
+- runtime settings recorded in the manifest: every field of RuntimeConfig (artifact/manifest.py),
+  e.g. contexts, batching;
 - compilation: name, task, device, dtype, lowering ({"packed_attention": "triton"}), fp8
   ("none" | "mlp": the MLP projections in E4M3 | "mlp,attn": the attention's qkv and output
   projections too; bf16 builds only, model/fp8.py), weights

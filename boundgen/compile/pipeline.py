@@ -112,13 +112,14 @@ def build(cfg: BuildConfig, progress: Progress | None = None, force: bool = Fals
         del eps
 
         progress.stage("validate", "compiled package vs eager reference")
-        compiled = load_runner(tmp, packages, weights, device, getattr(cfg.spec, "steps", 0), custom_ops=custom_ops)
+        compiled = load_runner(tmp, packages, weights, device, task_of(cfg.spec).steps(cfg.spec),
+                               custom_ops=custom_ops)
         # The reference lowering, not the one under test; FP32 judges bf16 beams and FP8 builds.
         ref_model = model if cfg.lowering == REFERENCE else fp8.quantize(load_model(cfg.model_dir, dtype, device),
                                                                          cfg.fp8)
         judged_by_fp32 = cfg.dtype != "float32" and task_of(cfg.spec).judged_by(False, cfg.fp8 != "none") is not None
         fp32_model = load_model(cfg.model_dir, torch.float32, device) if judged_by_fp32 else None
-        num_classes = _num_classes(program, cfg.spec)
+        num_classes = program.num_classes
         report = None
         for suffix, allow_items, trie in _validation_catalogues(cfg.spec, vocab, device):
             part = validate.validate(compiled, _reference(ref_model, cfg.spec, allow_items), cfg.spec,
@@ -143,9 +144,9 @@ def build(cfg: BuildConfig, progress: Progress | None = None, force: bool = Fals
         for name in TOKENIZER_FILES:
             if (cfg.model_dir / name).is_file():
                 shutil.copy2(cfg.model_dir / name, tmp / name)
-        spec = cfg.spec
-        if getattr(spec, "head_path", None):
-            shutil.copy2(spec.head_path, tmp / HEAD_FILE)
+        head = task_of(cfg.spec).head_path(cfg.spec)
+        if head:
+            shutil.copy2(head, tmp / HEAD_FILE)
         written = write_manifest(tmp, _manifest(cfg, asdict(read_config(cfg.model_dir)), num_classes, packages,
                                                 weights, custom_ops, report, seconds))
         put_in_place(tmp, cfg.out, force)
@@ -170,7 +171,7 @@ def versions() -> dict:
 def _manifest(cfg: BuildConfig, model_cfg: dict, num_classes: int, packages: dict[str, str], weights: str | None,
               custom_ops: list[str], report: dict, seconds: dict) -> Manifest:
     spec = cfg.spec
-    if getattr(spec, "head_path", None):
+    if task_of(spec).head_path(spec):
         spec = dataclasses.replace(spec, head_path=HEAD_FILE)  # relative to the artifact
     gpu_name = gpu_capability = None
     if cfg.device.startswith("cuda"):
@@ -199,7 +200,7 @@ def _validation_catalogues(spec, vocab: int, device):
     """(case-name suffix, allow-list, TRIE inputs) to validate with: for a constrained beam
     artifact the example catalogue whole and under an allow-list of every third item; else one
     round without."""
-    if not getattr(spec, "constrained", False):
+    if not task_of(spec).constrained(spec):
         return [("", None, ())]
     cat = export.example_catalogue(spec, vocab)
     allow = [int(i) for i in np.unique(cat.node_item[cat.node_item >= 0])[::3]]
@@ -216,17 +217,11 @@ def _reference(model, spec, allow_items) -> EagerRunner | None:
     if model is None:
         return None
     constraint = None
-    if getattr(spec, "constrained", False):
+    if task_of(spec).constrained(spec):
         vocab = model.cfg.vocab_size
         constraint = CatalogueConstraint(export.example_catalogue(spec, vocab), vocab, spec.steps,
                                          spec.stop_token_ids, allow_items)
     return EagerRunner(make_program(model, spec, constraint))
-
-
-def _num_classes(program, spec) -> int:
-    """Score: columns of `probs` (labels, or the MLP head's classes); beam: 0."""
-    head = getattr(program, "head", None)
-    return head.num_classes if head is not None else len(getattr(spec, "labels", ()))
 
 
 def _check_device(device: str) -> torch.device:

@@ -70,6 +70,8 @@ NEG = -1.0e9  # HF's "impossible" score offset; kept identical so ties and sums 
 
 
 class BeamProgram(nn.Module):
+    num_classes = 0  # no `probs` columns: candidates, not classes (ScoreProgram.num_classes)
+
     def __init__(self, model: QwenModel, width: int, steps: int, stop_token_ids: list[int] = (),
                  length_penalty: float = 0.0, min_new_tokens: int = 0, max_prompt_tokens: int | None = None,
                  constraint: CatalogueConstraint | None = None):

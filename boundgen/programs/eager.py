@@ -36,10 +36,10 @@ class EagerRunner:
 
 
 def eager_engine(model_dir, spec: ScoreSpec | BeamSpec, dtype: str = "float32", device: str = "cpu",
-                 name: str | None = None, lowering: OpLowering | None = None, contexts: int = 1,
-                 cuda_graphs: bool = False, batching: bool = False, batch_wait_ms: float = 0.0,
+                 name: str | None = None, lowering: OpLowering | None = None, runtime: RuntimeConfig = RuntimeConfig(),
                  catalogue: str | Path | None = None, allow_items: Sequence[int] | None = None) -> LocalEngine:
-    """catalogue: a catalogue directory (`boundgen catalogue build`) a beam search is restricted
+    """runtime: the engine's settings (artifact/manifest.py), as an artifact's manifest would give them;
+    catalogue: a catalogue directory (`boundgen catalogue build`) a beam search is restricted
     to, each candidate with its item id; allow_items: the item ids allowed (None: all)."""
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise ConfigError("--device cuda was asked for, but no CUDA device is available")
@@ -56,7 +56,6 @@ def eager_engine(model_dir, spec: ScoreSpec | BeamSpec, dtype: str = "float32", 
         check_tokenizer(cat, model_dir, catalogue)
         constraint = CatalogueConstraint(cat, model.cfg.vocab_size, spec.steps, spec.stop_token_ids, allow_items)
     program = make_program(model, spec, constraint)
-    runtime = RuntimeConfig(contexts=contexts, cuda_graphs=cuda_graphs, batching=batching, batch_wait_ms=batch_wait_ms)
     vocab_outputs = set(VOCAB_OUTPUTS) <= set(task.output_names(spec))  # lse, label_logits (programs/score.py)
     return make_engine(name or Path(model_dir).name, spec, tokenizer, EagerRunner(program), device, dtype, runtime,
                        vocab_outputs=vocab_outputs, item_ids=constraint is not None)

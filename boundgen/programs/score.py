@@ -39,6 +39,11 @@ class ScoreProgram(nn.Module):
         ids = torch.tensor(list(label_token_ids or []), dtype=torch.int64)
         self.register_buffer("label_token_ids", ids, persistent=False)
 
+    @property
+    def num_classes(self) -> int:
+        """Columns of `probs`: the MLP head's classes, else the labels."""
+        return self.head.num_classes if self.head is not None else len(self.label_token_ids)
+
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, cu_seqlens: torch.Tensor):
         hidden, _ = self.model.prefill(tokens, positions, cu_seqlens, max_seqlen=self.max_tokens_per_sample)  # [T, H]
         last = hidden[cu_seqlens[1:].to(torch.int64) - 1]  # [B, H]

@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 from boundgen.artifact.manifest import read_manifest
+from boundgen.artifact.tasks import task_of
 from boundgen.artifact.tensors import TRIE, Trie
 from boundgen.errors import ConfigError, InvalidInput
 from boundgen.ops import trie_reach
@@ -113,7 +114,7 @@ def load_catalogue(cat_dir: str | Path, artifact_dir: str | Path, device: str | 
     reach_on_device: derive allow-lists with tensor code on `device` (None: on CUDA, not on the CPU)."""
     manifest = read_manifest(artifact_dir)
     spec, vocab = manifest.program, manifest.model["config"]["vocab_size"]
-    if not getattr(spec, "constrained", False):
+    if not task_of(spec).constrained(spec):
         raise ConfigError(f"a catalogue ({cat_dir}) was given for a model that was not built with --constrained")
     cat = Catalogue.load(cat_dir)
     check_tokenizer(cat, artifact_dir, cat_dir)

@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
+from boundgen.artifact.manifest import RuntimeConfig
 from boundgen.artifact.tensors import SCORE_PACKAGE, STAGES, run_stages
 from boundgen.ops.custom import import_custom_ops
 
@@ -42,14 +43,15 @@ def load_weights(path: str | Path, device: torch.device) -> dict[str, torch.Tens
 
 
 def load_runner(root: str | Path, packages: dict[str, str], weights_file: str | None, device: str | torch.device,
-                steps: int = 0, executors: int = 1, custom_ops: list[str] = (), single_threaded: bool = False):
+                steps: int = 0, runtime: RuntimeConfig = RuntimeConfig(), custom_ops: list[str] = ()):
     """The runner for an artifact's packages ({name: file} under root): a CompiledRunner for one
-    "model" package, a BeamStagesRunner for the beam stages. One copy of the weights serves all."""
+    "model" package, a BeamStagesRunner for the beam stages. One copy of the weights serves all.
+    `runtime`: the settings in effect; `executors` model instances, single-threaded with CUDA graphs."""
     root, device = Path(root), torch.device(device)
     import_custom_ops(custom_ops)
     weights = load_weights(root / weights_file, device) if weights_file else None
-    runners = {name: CompiledRunner(root / file, weights, device, executors, single_threaded=single_threaded,
-                                    weights_name=weights_file)
+    runners = {name: CompiledRunner(root / file, weights, device, runtime.executors,
+                                    single_threaded=runtime.cuda_graphs, weights_name=weights_file)
                for name, file in packages.items()}
     if set(runners) == {SCORE_PACKAGE}:
         return runners[SCORE_PACKAGE]

@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from boundgen.artifact.manifest import Manifest, check_versions, read_manifest, verify_files as verify_artifact_files
+from boundgen.artifact.tasks import task_of
 from boundgen.artifact.tensors import has_vocab_outputs
 from boundgen.errors import ArtifactError
 from boundgen.runtime import libstdcxx
@@ -30,20 +31,18 @@ from boundgen.text.tokenizer import Tokenizer
 from boundgen.version import __version__
 
 
-def load_artifact_engine(path, contexts: int | None = None, executors: int | None = None,
-                         cuda_graphs: bool | None = None, verify_files: bool = True, batching: bool | None = None,
-                         token_bucket: int | None = None, libstdcxx_check: str = "auto",
-                         fast_tokenizer: bool = True, joined_tokenizing: bool = True,
-                         batch_wait_ms: float | None = None, catalogue: str | Path | None = None) -> LocalEngine:
-    """The engine for an artifact directory. contexts / executors / cuda_graphs / batching /
-    token_bucket / batch_wait_ms override the manifest's runtime settings (None: as built);
-    libstdcxx_check is "auto" (refuse where the load would crash), "require" (refuse unless
-    preloaded, on any Linux) or "skip"; fast_tokenizer=False encodes and decodes with `tokenizers` even where
-    tiktoken and the byte table could; joined_tokenizing (the default) encodes a request's texts in one
-    tiktoken call, False one call a text (text/fast_bpe.py, text/byte_decoder.py; the same ids and texts
-    every way). catalogue: the catalogue directory a constrained beam artifact serves (runtime/catalogue.py;
-    given to any other artifact it is refused; a constrained engine without one refuses requests until
-    `set_catalogue`)."""
+def load_artifact_engine(path, verify_files: bool = True, libstdcxx_check: str = "auto", fast_tokenizer: bool = True,
+                         joined_tokenizing: bool = True, catalogue: str | Path | None = None,
+                         **runtime) -> LocalEngine:
+    """The engine for an artifact directory. `runtime`: RuntimeConfig fields (artifact/manifest.py:
+    contexts, batching, ...) that override the manifest's settings (None: as built), checked by
+    RuntimeConfig's own rules; libstdcxx_check is "auto" (refuse where the load would crash), "require"
+    (refuse unless preloaded, on any Linux) or "skip"; fast_tokenizer=False encodes and decodes with
+    `tokenizers` even where tiktoken and the byte table could; joined_tokenizing (the default) encodes a
+    request's texts in one tiktoken call, False one call a text (text/fast_bpe.py, text/byte_decoder.py;
+    the same ids and texts every way). catalogue: the catalogue directory a constrained beam artifact
+    serves (runtime/catalogue.py; given to any other artifact it is refused; a constrained engine
+    without one refuses requests until `set_catalogue`)."""
     root = Path(path)
     manifest = read_manifest(root)
     if verify_files:
@@ -52,14 +51,11 @@ def load_artifact_engine(path, contexts: int | None = None, executors: int | Non
     check_versions(manifest, {"torch": torch.__version__, "cuda": torch.version.cuda})
     _check_libstdcxx(libstdcxx_check)
     compiled, spec = manifest.compile, manifest.program
-    runtime = settings_in_effect(manifest.runtime.replace(
-        contexts=contexts, executors=executors, cuda_graphs=cuda_graphs, batching=batching,
-        token_bucket=token_bucket, batch_wait_ms=batch_wait_ms), spec, str(device))
+    runtime = settings_in_effect(manifest.runtime.replace(**runtime), spec, str(device))
     tokenizer = Tokenizer.from_dir(root, fast=fast_tokenizer, joined=joined_tokenizing)
     try:
-        runner = load_runner(root, compiled.packages, compiled.weights_file, device, getattr(spec, "steps", 0),
-                             runtime.executors, compiled.ops_to_register,
-                             single_threaded=runtime.cuda_graphs)
+        runner = load_runner(root, compiled.packages, compiled.weights_file, device, task_of(spec).steps(spec),
+                             runtime, compiled.ops_to_register)
     except (RuntimeError, KeyError) as exc:
         raise ArtifactError(f"could not load the compiled package of {manifest.name}: {exc!s}") from None
     provenance = Provenance(str(root.resolve()), compiled.lowering, compiled.weights, compiled.gpu_name,

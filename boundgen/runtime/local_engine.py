@@ -70,17 +70,18 @@ class CallShare:
 
 
 class LocalEngine(Engine):
-    def __init__(self, spec: EngineSpec, packer: RequestPacker, runner, builder, contexts: list[RequestContext],
-                 executors: int = 1, batching: bool = False, batch_wait_ms: float = 0.0):
+    def __init__(self, spec: EngineSpec, packer: RequestPacker, runner, builder, contexts: list[RequestContext]):
+        """Runs with `spec.runtime`, the settings in effect (`settings_in_effect`): executors,
+        batching and its wait reach the semaphore and the batcher from there."""
         self.spec, self.packer, self.runner, self.builder = spec, packer, runner, builder
         self.task = task_of(spec)
         self.graph_shapes = 0  # CUDA graphs captured by `warmup`, per context
         self.contexts = contexts  # owned by the batcher's workers, one each
-        self.batching = batching
         self.catalogue: ServedCatalogue | None = None  # a constrained beam artifact's (set_catalogue)
-        self._executors = threading.Semaphore(max(1, executors))  # program calls running at once
-        self._batcher = Batcher(contexts, self._run_batch, self._fits if batching else _alone, name=spec.name,
-                                linger_s=batch_wait_ms / 1e3 if batching else 0.0)
+        runtime = spec.runtime
+        self._executors = threading.Semaphore(runtime.executors)  # program calls running at once
+        self._batcher = Batcher(contexts, self._run_batch, self._fits if runtime.batching else _alone, name=spec.name,
+                                linger_s=runtime.batch_wait_ms / 1e3 if runtime.batching else 0.0)
 
     # -- the calls ---------------------------------------------------------------------------
 
@@ -103,7 +104,7 @@ class LocalEngine(Engine):
     @property
     def constrained(self) -> bool:
         """Whether the program takes a catalogue's trie as inputs (a constrained beam artifact)."""
-        return bool(getattr(self.spec.program, "constrained", False))
+        return self.task.constrained(self.spec.program)
 
     def set_catalogue(self, catalogue: ServedCatalogue) -> None:
         """Serve later requests with this catalogue (requests already tokenized keep theirs)."""
@@ -240,7 +241,7 @@ def settings_in_effect(runtime: RuntimeConfig, spec, device: str) -> RuntimeConf
     request (artifact/tasks.py), and its wait only with batching; no graphs for a constrained beam
     program (a graph would replay the trie addresses of its capture)."""
     batching = runtime.batching and task_of(spec).max_requests(spec) > 1
-    graphs = runtime.cuda_graphs and str(device).startswith("cuda") and not getattr(spec, "constrained", False)
+    graphs = runtime.cuda_graphs and str(device).startswith("cuda") and not task_of(spec).constrained(spec)
     return replace(runtime, cuda_graphs=graphs, batching=batching,
                    batch_wait_ms=runtime.batch_wait_ms if batching else 0.0)
 
@@ -254,7 +255,7 @@ def make_engine(name: str, spec, tokenizer, runner, device: str, dtype: str, run
     calls are padded to multiples of `runtime.token_bucket` tokens (runtime/graphs.py). `item_ids`:
     the runner is a beam search under a catalogue, whose candidates carry item ids."""
     runtime = settings_in_effect(runtime, spec, device)
-    item_ids = item_ids or bool(getattr(spec, "constrained", False))
+    item_ids = item_ids or task_of(spec).constrained(spec)
     if runtime.cuda_graphs:
         runner = GraphRunner(runner)
     packer = RequestPacker(tokenizer, spec, runtime.token_bucket if runtime.cuda_graphs else 0)
@@ -265,5 +266,4 @@ def make_engine(name: str, spec, tokenizer, runner, device: str, dtype: str, run
     concurrency = runtime.contexts * (task_of(spec).max_requests(spec) if runtime.batching else 1)
     engine_spec = EngineSpec(name, spec, device, dtype, runtime, concurrency, vocab_outputs, tuple(fp8_groups),
                              provenance=provenance)
-    return LocalEngine(engine_spec, packer, runner, builder, contexts, runtime.executors, runtime.batching,
-                       runtime.batch_wait_ms)
+    return LocalEngine(engine_spec, packer, runner, builder, contexts)

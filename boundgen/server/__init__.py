@@ -9,12 +9,14 @@
        |      HTTP and gRPC listeners to it (lifecycle: listen, load, ready, drain, stop)
        v
     kserve/   KServe v2 / Open Inference Protocol: HTTP (http_api, http_messages), gRPC (grpc_api,
-       |      grpc_messages, pb built from ../kserve.proto), wire tensors, shared memory, Triton's
-       v      extensions, the model repository; it also mounts the core's JSON routes on its HTTP app
+       |      grpc_messages, pb built from ../kserve.proto), wire tensors (tensors) and what they
+       |      mean to the core (inference: tensors -> EngineCall, result -> tensors), shared memory,
+       |      Triton's extensions, the model repository; it also mounts the core's JSON routes on
+       v      its HTTP app
     core      admission, served models (served, models), signature (a model's inputs, outputs and
               checks; the engine call), metrics, config, auth, logs, status, request ids, HTTP
               bodies, JSON value budgets and connections, and the JSON routes (score_api, beam_api,
-              rerank_api), which call the engine through ModelSet.run without KServe tensors
+              rerank_api); it speaks EngineCalls and results (ModelSet.run), never KServe tensors
 
 app.py owns the wiring because it is the one place that needs both the core's models and the
 protocols: the core stays protocol-free, kserve/ never learns how it is hosted, and deploy/

@@ -55,8 +55,8 @@ MAX_INT_DIGITS = 640  # the least Python accepts; a serving process parses no lo
 
 
 def default_engine_factory(artifact_dir: Path, **runtime) -> Engine:
-    """`boundgen.load`; `runtime` overrides the manifest's RuntimeConfig (contexts, batching,
-    cuda_graphs, token_bucket: `boundgen serve`'s flags) without a rebuild."""
+    """`boundgen.load`; `runtime`: RuntimeConfig fields (`boundgen serve`'s flags, generated from
+    them) that override the manifest's settings without a rebuild."""
     return boundgen.load(artifact_dir, **runtime)
 
 

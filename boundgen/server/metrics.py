@@ -44,6 +44,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
+from boundgen.artifact.tasks import Task
+
 # Seconds; dense around the latency budget (mean < 20 ms, P99 < 80 ms).
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.04, 0.05, 0.08, 0.1,
                    0.15, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -166,11 +168,11 @@ class ServerMetrics:
     def compute_observer(self, model: str) -> Callable[[float], None]:
         return self.compute_seconds.labels(model).observe
 
-    def observe_result(self, model: str, result) -> None:
-        """What a successful engine call reports (a ScoreResult or BeamResult): its timings by
-        stage (the seconds; `batch_requests` and `input_tokens` to their own metrics), and the
-        samples or candidates it returns."""
-        timings = getattr(result, "timings", None) or {}
+    def observe_result(self, model: str, result, task: Task) -> None:
+        """What a successful engine call of `task` reports (a ScoreResult or BeamResult): its
+        timings by stage (the seconds; `batch_requests` and `input_tokens` to their own metrics),
+        and its rows: the samples or candidates it returns (`task.result_rows`)."""
+        timings = result.timings
         for stage, seconds in timings.items():
             if stage != "total" and stage not in COUNTS:
                 self.stage_seconds.labels(model, stage).observe(seconds)
@@ -178,10 +180,8 @@ class ServerMetrics:
             self.requests_per_call.labels(model).observe(timings["batch_requests"])
         if "input_tokens" in timings:
             self.input_tokens.labels(model).inc(timings["input_tokens"])
-        rows = getattr(result, "scores", None)
-        if rows is not None and hasattr(rows, "shape") and rows.shape:
-            counter = self.candidates if hasattr(result, "token_ids") else self.samples
-            counter.labels(model).inc(rows.shape[0])
+        rows = {"samples": self.samples, "candidates": self.candidates}[task.result_rows]
+        rows.labels(model).inc(len(result.scores))
 
     def add_constant_labels(self, **labels: str) -> None:
         """Labels every rendered sample gets, e.g. frontend="2" in a front-end process of

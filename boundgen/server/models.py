@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator
 
 from boundgen.artifact.tasks import task_named, task_of
 from boundgen.errors import ConfigError, InvalidInput
@@ -22,7 +22,7 @@ from boundgen.runtime.results import BeamResult, ScoreResult
 from boundgen.server.config import ServerConfig
 from boundgen.server.metrics import ServerMetrics
 from boundgen.server.served import VERSION, ServedModel
-from boundgen.server.signature import EngineCall, Tensor
+from boundgen.server.signature import EngineCall
 from boundgen.server.status import Unavailable, status_of
 
 LOADING, READY, DRAINING = "loading", "ready", "draining"
@@ -145,17 +145,16 @@ class ModelSet:
             budgets.append(self.config.default_timeout_ms / 1e3)
         return arrived + min(budgets)
 
-    async def infer(self, name: str, version: str, tensors: Sequence[Tensor], requested: Sequence[str] | None,
-                    deadline: float) -> list[Tensor]:
+    def admitting(self, name: str, version: str = "") -> ServedModel:
+        """The model a new request names (`get`), refused with 503 once the server is draining."""
         if self.state == DRAINING:
             raise Unavailable("the server is shutting down and admits no new requests")
-        return await self.get(name, version).infer(tensors, requested, deadline)
+        return self.get(name, version)
 
     async def run(self, name: str, call: EngineCall, deadline: float) -> ScoreResult | BeamResult:
-        """As `infer`, in the engine's terms: a request a JSON route built (served.ServedModel.run)."""
-        if self.state == DRAINING:
-            raise Unavailable("the server is shutting down and admits no new requests")
-        return await self.get(name).run(call, deadline)
+        """Run a checked request on model `name` (served.ServedModel.run): what a JSON route built
+        (KServe's tensors take the same path: kserve/inference.py)."""
+        return await self.admitting(name).run(call, deadline)
 
     @contextlib.contextmanager
     def observe(self, protocol: str, name: str, expired: Callable[[], bool] = lambda: False) -> Iterator[None]:

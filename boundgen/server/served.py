@@ -2,21 +2,15 @@
 
 from __future__ import annotations
 
-import contextvars
 import threading
 from functools import partial
-from typing import Sequence
 
 from boundgen.runtime.engine import Engine
 from boundgen.runtime.results import BeamResult, ScoreResult
 from boundgen.server import request_ids
 from boundgen.server.admission import Admission, Passage
 from boundgen.server.metrics import ServerMetrics
-from boundgen.server.signature import EngineCall, Signature, Tensor
-
-# The stage timings (seconds) of the request this task is answering: set by ServedModel.infer, read
-# by a protocol handler that was asked for them (request parameter kserve/pb.py TIMINGS_PARAMETER).
-REQUEST_TIMINGS: contextvars.ContextVar[dict | None] = contextvars.ContextVar("boundgen_request_timings", default=None)
+from boundgen.server.signature import EngineCall, Signature
 
 PLATFORM = "boundgen"
 VERSION = "1"  # every model has exactly one version
@@ -57,15 +51,9 @@ class ServedModel:
                 "inputs": tensors(self.signature.inputs), "outputs": tensors(self.signature.outputs),
                 "parameters": self.signature.parameters()}
 
-    async def infer(self, tensors: Sequence[Tensor], requested: Sequence[str] | None, deadline: float) -> list[Tensor]:
-        """Check, admit, run and encode one request; raises InvalidInput or a status.ServeError."""
-        call = self.signature.parse(tensors)
-        names = self.signature.check_outputs(requested)
-        return self.signature.encode(await self.run(call, deadline), names)
-
     async def run(self, call: EngineCall, deadline: float) -> ScoreResult | BeamResult:
-        """Admit and run a checked request (what `infer` parsed from tensors, or what a JSON route
-        built); the engine's result, its timings in REQUEST_TIMINGS for the protocol handler."""
+        """Admit and run a checked request (what kserve/inference.py made of a request's tensors,
+        or what a JSON route built); the engine's result, its stage timings in `result.timings`."""
         tag = request_ids.current()
         client = tag.client if tag is not None else ""  # whose turn in the queue (runtime/fair_queue.py)
         # The engine gets the deadline and the cancelled event (set by the admission when the
@@ -78,8 +66,7 @@ class ServedModel:
             cancelled = threading.Event()
             engine_call = partial(call, self.engine, deadline=deadline, cancelled=cancelled)
             result = await self.admission.run(engine_call, deadline, cancelled, client)
-        REQUEST_TIMINGS.set(result.timings)
-        self.metrics.observe_result(self.name, result)
+        self.metrics.observe_result(self.name, result, self.signature.task)
         return result
 
     def close(self) -> None:

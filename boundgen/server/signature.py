@@ -1,5 +1,8 @@
-"""A served model's tensor interface, derived from its `EngineSpec` (its program's bounds,
-artifact/program.py): metadata, input checks, engine results to output tensors.
+"""A served model's interface, derived from its `EngineSpec` (its program's bounds,
+artifact/program.py): its inputs and outputs as metadata lists them, the checks of a request's
+texts, and the `EngineCall` they become. KServe tensors are kserve/inference.py's: it turns a
+request's tensors into an EngineCall with these checks, and a result into output tensors; the
+JSON routes build their EngineCall here from texts (`Signature.call`).
 
     score:  TEXT BYTES [N], 1 <= N <= max_samples  ->  SCORES FP32 [N, num_labels]
                                                        and, when asked for by name (not returned
@@ -31,14 +34,14 @@ still go to the engine's exact check.) An engine with another vocabulary can giv
 bound as `spec.max_token_bytes`.
 
 What differs between the tasks (tensors, shapes, defaults, result arrays) is the task's
-(artifact/tasks.py); this module turns it into tensors and checks.
+(artifact/tasks.py); this module turns it into the model's interface and checks.
 """
 
 from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, replace
-from typing import Any, Sequence
+from typing import Sequence
 
 from boundgen.artifact.program import spec_to_dict
 from boundgen.artifact.tasks import REBUILD, task_named, task_of  # noqa: F401 (REBUILD: score_api says it too)
@@ -47,21 +50,6 @@ from boundgen.runtime.engine import Engine, EngineSpec
 from boundgen.runtime.results import BeamResult, ScoreResult
 
 MAX_TOKEN_BYTES = 128  # the Qwen vocabulary's longest token, in bytes (see the docstring)
-
-
-@dataclass
-class Tensor:
-    """A named array of a served model's inputs or outputs, whichever protocol carried it (its wire
-    forms: kserve/tensors.py)."""
-
-    name: str
-    datatype: str
-    shape: tuple[int, ...]
-    data: Any  # flat: a numpy array of the datatype's dtype (kserve/tensors.py NUMPY_DTYPES), or list[bytes] for BYTES
-
-    @property
-    def size(self) -> int:
-        return len(self.data)
 
 
 @dataclass(frozen=True)
@@ -109,45 +97,6 @@ class Signature:
         """The program's task and bounds (its spec's dict form), as listed in the model metadata."""
         return spec_to_dict(self.spec)
 
-    def check_outputs(self, requested: Sequence[str] | None) -> tuple[str, ...]:
-        """The output names to return, in order; the default ones (`defaults`) when none were requested."""
-        known = [t.name for t in self.outputs]
-        if not requested:
-            return self.defaults
-        for name in requested:
-            if name not in known:
-                raise InvalidInput(f"model {self.name} has no output {name!r}; its outputs are {', '.join(known)}")
-        if len(set(requested)) != len(requested):
-            raise InvalidInput(f"an output was requested twice: {list(requested)}")
-        return tuple(requested)
-
-    def parse(self, tensors: Sequence[Tensor]) -> EngineCall:
-        name = self.name
-        by_name = {}
-        known = [t.name for t in self.inputs]
-        for t in tensors:
-            if t.name not in known:
-                raise InvalidInput(f"model {name} has no input {t.name!r}; its inputs are "
-                                   + ", ".join(f"{s.name} ({s.datatype})" for s in self.inputs))
-            if t.name in by_name:
-                raise InvalidInput(f"input {t.name} was given twice")
-            by_name[t.name] = t
-        text = by_name.get("TEXT")
-        if text is None:
-            raise InvalidInput(f"model {name} needs input TEXT (BYTES), the request has none")
-        if text.datatype != "BYTES":
-            raise InvalidInput(f"input TEXT must be BYTES, got {text.datatype}")
-        self._check_shape(text.shape)
-        call = self._texts_call(text.data)
-        allow = by_name.get("ALLOW_ITEMS")
-        if allow is not None:
-            if allow.datatype != "INT64":
-                raise InvalidInput(f"input ALLOW_ITEMS must be INT64 (item ids), got {allow.datatype}")
-            if len(allow.shape) != 1:
-                raise InvalidInput(f"input ALLOW_ITEMS must have shape [K] (a list of item ids), got {list(allow.shape)}")
-            call = self.allowing(call, allow.data)
-        return call
-
     def allowing(self, call: EngineCall, allow_items: Sequence[int]) -> EngineCall:
         """`call` restricted to the allow-list (ALLOW_ITEMS; whether the ids are the catalogue's is
         the engine's check): a model without that input refuses it."""
@@ -157,10 +106,11 @@ class Signature:
             raise InvalidInput("input ALLOW_ITEMS is empty: it allows no item (leave it out to allow every item)")
         return replace(call, allow_items=tuple(int(i) for i in allow_items))
 
-    def call(self, items: Sequence[bytes]) -> EngineCall:
-        """The engine call of a JSON route's texts (UTF-8), checked as the same texts in a TEXT
-        input are: their count, their byte lengths against the token bounds, UTF-8."""
-        self._check_shape((len(items),))
+    def call(self, items: Sequence[bytes], shape: Sequence[int] | None = None) -> EngineCall:
+        """The engine call of texts (UTF-8), checked as a TEXT input of `shape` is (None: one
+        dimension, their count, as a JSON route's texts): the shape, the texts' byte lengths
+        against the token bounds, UTF-8."""
+        self.check_text_shape(tuple(shape) if shape is not None else (len(items),))
         return self._texts_call(items)
 
     def _texts_call(self, items: Sequence[bytes]) -> EngineCall:
@@ -188,15 +138,6 @@ class Signature:
                                f"(a token is at most {per_token} bytes), more than the limit of "
                                f"{self.spec.max_total_tokens} tokens per request")
 
-    def _check_shape(self, shape: tuple[int, ...]) -> None:
+    def check_text_shape(self, shape: tuple[int, ...]) -> None:
+        """Refuse a TEXT shape the model's task does not take (the sample count against its bound)."""
         self.task.check_text_shape(shape, self.spec, self.name)
-
-    def encode(self, result: ScoreResult | BeamResult, names: Sequence[str]) -> list[Tensor]:
-        """The requested output tensors of an engine result."""
-        all_outputs = {}
-        for name, (datatype, data) in self.task.output_arrays(result, names, self.name).items():
-            if datatype == "BYTES":
-                all_outputs[name] = Tensor(name, datatype, (len(data),), data)
-            else:
-                all_outputs[name] = Tensor(name, datatype, tuple(data.shape), data.reshape(-1))
-        return [all_outputs[n] for n in names]

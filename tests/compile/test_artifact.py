@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import boundgen
-from boundgen.artifact.manifest import MANIFEST_FILE, sha256_file
+from boundgen.artifact.manifest import MANIFEST_FILE, RuntimeConfig, sha256_file
 from boundgen.errors import InvalidInput
 from boundgen.artifact.program import spec_from_dict
 from boundgen.runtime.compiled import load_runner
@@ -171,8 +171,8 @@ def test_concurrency_settings_come_from_the_manifest_and_can_be_overridden(score
 def test_single_threaded_runner_for_cuda_graphs_gives_the_same_bytes(score_artifact):
     manifest = json.loads((score_artifact / MANIFEST_FILE).read_text())
     compiled = manifest["compile"]
-    single = load_runner(score_artifact, compiled["packages"], compiled["weights_file"], "cpu", executors=4,
-                         single_threaded=True)
+    single = load_runner(score_artifact, compiled["packages"], compiled["weights_file"], "cpu",
+                         runtime=RuntimeConfig(executors=4, cuda_graphs=True))  # single-threaded, as for graphs
     batch = Tokenizer.from_dir(score_artifact).encode_packed(TEXTS, 16)
     inputs = (batch.tokens, batch.positions, batch.cu_seqlens)
     assert single(*inputs)[0].numpy().tobytes() == direct_runner(score_artifact)(*inputs)[0].numpy().tobytes()

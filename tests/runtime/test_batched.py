@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 
+from boundgen.artifact.manifest import RuntimeConfig
 from boundgen.artifact.program import ScoreSpec
 from boundgen.programs.eager import eager_engine
 from boundgen.runtime.requests import concat_packed
@@ -18,7 +19,7 @@ def engines(tiny_qwen3_dir):
     spec = ScoreSpec(labels=(" yes", " no"), label_token_ids=ids, max_samples=6, max_tokens_per_sample=32,
                      max_total_tokens=64)
     single = eager_engine(tiny_qwen3_dir, spec)
-    batched = eager_engine(tiny_qwen3_dir, spec, contexts=1, batching=True)
+    batched = eager_engine(tiny_qwen3_dir, spec, runtime=RuntimeConfig(batching=True))
     yield single, batched
     batched.close()
 
@@ -33,7 +34,7 @@ def test_concat_packed(tiny_qwen3_dir):
 
 def test_batched_equals_single(engines):
     single, batched = engines
-    assert batched.batching and not single.batching
+    assert batched.spec.runtime.batching and not single.spec.runtime.batching
     expected = [single.score(t).scores for t in TEXTS]
     results = call_together(batched.score, TEXTS)
     for exp, res in zip(expected, results):
@@ -73,8 +74,8 @@ def test_batched_beams_equal_single(tiny_qwen2_dir):
 
     spec = BeamSpec(width=4, steps=3, max_prompt_tokens=16, max_requests=3)
     single = eager_engine(tiny_qwen2_dir, spec)
-    batched = eager_engine(tiny_qwen2_dir, spec, contexts=1, batching=True)
-    assert batched.batching and not single.batching
+    batched = eager_engine(tiny_qwen2_dir, spec, runtime=RuntimeConfig(batching=True))
+    assert batched.spec.runtime.batching and not single.spec.runtime.batching
     assert_batched_beams_equal_single(single, batched, PROMPTS, most=3)
 
 
@@ -83,6 +84,6 @@ def test_calls_that_wait_for_company_give_the_same_beams(tiny_qwen2_dir):
 
     spec = BeamSpec(width=4, steps=3, max_prompt_tokens=16, max_requests=3)
     single = eager_engine(tiny_qwen2_dir, spec)
-    waiting = eager_engine(tiny_qwen2_dir, spec, contexts=1, batching=True, batch_wait_ms=20)
+    waiting = eager_engine(tiny_qwen2_dir, spec, runtime=RuntimeConfig(batching=True, batch_wait_ms=20))
     assert waiting.spec.runtime.batch_wait_ms == 20 and single.spec.runtime.batch_wait_ms == 0.0
     assert_batched_beams_equal_single(single, waiting, PROMPTS, most=3)

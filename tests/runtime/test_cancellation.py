@@ -10,6 +10,7 @@ import threading
 
 import pytest
 
+from boundgen.artifact.manifest import RuntimeConfig
 from boundgen.errors import Cancelled
 from boundgen.artifact.program import BeamSpec
 from boundgen.programs.eager import eager_engine
@@ -30,7 +31,7 @@ def cancelled_event() -> threading.Event:
 
 @pytest.mark.parametrize("batching", [True, False], ids=["batched", "contexts"])
 def test_cancelled_while_waiting_never_runs(tiny_qwen3_dir, score_spec, batching):
-    engine = eager_engine(tiny_qwen3_dir, score_spec, contexts=1, batching=batching)
+    engine = eager_engine(tiny_qwen3_dir, score_spec, runtime=RuntimeConfig(batching=batching))
     names = ("first holds the worker", "cancelled while waiting", "cancelled before", "not cancelled")
     tokens = {name: tokens_of(engine, name) for name in names}
     waiting = waiting_callers(engine, batching)
@@ -59,7 +60,7 @@ def test_cancelled_while_waiting_never_runs(tiny_qwen3_dir, score_spec, batching
 
 def test_batched_beam_cancelled_while_queued_never_runs(tiny_qwen2_dir):
     engine = eager_engine(tiny_qwen2_dir, BeamSpec(width=2, steps=2, max_prompt_tokens=16, max_requests=3),
-                          contexts=1, batching=True)
+                          runtime=RuntimeConfig(batching=True))
     with held(engine) as runner:
         first, first_out = in_thread(engine.beam, "first holds the worker")
         assert runner.started.wait(30)

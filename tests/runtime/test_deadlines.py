@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from boundgen.artifact.manifest import RuntimeConfig
 from boundgen.errors import DeadlineExceeded
 from boundgen.artifact.program import BeamSpec
 from boundgen.programs.eager import eager_engine
@@ -20,7 +21,7 @@ LATER = 60.0  # a deadline no test reaches
 
 @pytest.mark.parametrize("batching", [True, False], ids=["batched", "contexts"])
 def test_expired_while_waiting_never_runs(tiny_qwen3_dir, score_spec, batching):
-    engine = eager_engine(tiny_qwen3_dir, score_spec, contexts=1, batching=batching)
+    engine = eager_engine(tiny_qwen3_dir, score_spec, runtime=RuntimeConfig(batching=batching))
     names = ("first holds the worker", "expires while queued", "already late", "has time left")
     tokens = {name: tokens_of(engine, name) for name in names}
     waited_for = "waiting for model"  # batched or not: every request waits in the batcher
@@ -44,7 +45,7 @@ def test_expired_while_waiting_never_runs(tiny_qwen3_dir, score_spec, batching):
 def test_expired_waiting_requests_take_no_room_in_the_batch(tiny_qwen3_dir, score_spec):
     """A worker taking a batch drops what expired in the queue: the batch is the live requests."""
     clock = [0.0]
-    engine = eager_engine(tiny_qwen3_dir, score_spec, contexts=1, batching=True)
+    engine = eager_engine(tiny_qwen3_dir, score_spec, runtime=RuntimeConfig(batching=True))
     engine._batcher._clock = lambda: clock[0]  # the deadline check's clock, moved by the test
     with held(engine) as runner:
         first, _ = in_thread(engine.score, ["first holds the worker"])
@@ -67,7 +68,7 @@ def test_expired_waiting_requests_take_no_room_in_the_batch(tiny_qwen3_dir, scor
 
 def test_batched_beam_past_deadline_never_runs(tiny_qwen2_dir):
     engine = eager_engine(tiny_qwen2_dir, BeamSpec(width=2, steps=2, max_prompt_tokens=16, max_requests=3),
-                          contexts=1, batching=True)
+                          runtime=RuntimeConfig(batching=True))
     with held(engine) as runner:
         first, first_out = in_thread(engine.beam, "first holds the worker")
         assert runner.started.wait(30)

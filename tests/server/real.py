@@ -14,8 +14,10 @@ def write_eager_artifact(directory: Path, model_dir: Path, spec: dict, name: str
 
 
 def eager_engine_from_config(config: dict, **runtime):
-    """`runtime`: eager_engine's contexts / cuda_graphs / batching (serve's flags)."""
+    """`runtime`: RuntimeConfig fields (serve's runtime flags) over its defaults."""
+    from boundgen.artifact.manifest import RuntimeConfig
     from boundgen.artifact.program import spec_from_dict
     from boundgen.programs.eager import eager_engine
 
-    return eager_engine(config["model_dir"], spec_from_dict(config["spec"]), name=config["name"], **runtime)
+    return eager_engine(config["model_dir"], spec_from_dict(config["spec"]), name=config["name"],
+                        runtime=RuntimeConfig().replace(**runtime))

@@ -384,12 +384,13 @@ def test_beam_overload_leaves_no_unretrieved_task_exception():
 
 # ---- 3. no success after its deadline -------------------------------------------------------
 
-def late_models():
+def late_models(monkeypatch):
     """A ModelSet whose model answers 100 ms after it was asked, whatever the deadline (as when the
     answer is encoded after the engine returned): the front end must not send it as a success."""
     import asyncio
 
     from boundgen.server.config import ServerConfig
+    from boundgen.server.kserve import inference
     from boundgen.server.metrics import ServerMetrics
     from boundgen.server.models import ModelSet
     from boundgen.server.kserve.tensors import Tensor
@@ -397,22 +398,22 @@ def late_models():
     models = ModelSet(ServerConfig(http_port=0, grpc_port=0), ServerMetrics())
     models.set_ready()
 
-    async def infer(name, version, tensors, requested, deadline):
+    async def infer(models, name, version, tensors, requested, deadline):
         await asyncio.sleep(0.1)
-        return [Tensor("SCORES", "FP32", (1, 2), np.zeros(2, dtype=np.float32))]
+        return inference.Answer([Tensor("SCORES", "FP32", (1, 2), np.zeros(2, dtype=np.float32))], {})
 
-    models.infer = infer
+    monkeypatch.setattr(inference, "infer", infer)
     return models
 
 
-def test_http_sends_no_success_after_the_deadline():
+def test_http_sends_no_success_after_the_deadline(monkeypatch):
     import asyncio
 
     from aiohttp.test_utils import TestClient, TestServer
 
     from boundgen.server.kserve.http_api import HttpFrontend
 
-    models = late_models()
+    models = late_models(monkeypatch)
 
     async def main():
         async with TestClient(TestServer(HttpFrontend(models, models.config).app())) as client:
@@ -423,13 +424,13 @@ def test_http_sends_no_success_after_the_deadline():
     assert status == 504 and "after the request's deadline" in answer["error"], answer
 
 
-def test_grpc_sends_no_success_after_the_deadline():
+def test_grpc_sends_no_success_after_the_deadline(monkeypatch):
     import asyncio
 
     from boundgen.server.kserve.grpc_api import GrpcFrontend
     from boundgen.server.status import DeadlineExceeded
 
-    models = late_models()
+    models = late_models(monkeypatch)
     request = pb.ModelInferRequest(model_name="fscore")
     request.inputs.add(name="TEXT", datatype="BYTES", shape=[1])
     request.raw_input_contents.append(serialize_bytes([b"a"]))

@@ -12,6 +12,7 @@ import numpy as np
 import tritonclient.http as thttp
 from prometheus_client.parser import text_string_to_metric_families
 
+from boundgen.artifact.tasks import TASKS
 from boundgen.runtime.results import BeamResult, ScoreResult
 from boundgen.server.metrics import ServerMetrics
 from tests.server.test_endpoints import text_input
@@ -58,9 +59,9 @@ def test_observe_result_routes_each_timing():
     result = ScoreResult(np.zeros((3, 2), np.float32), [1, 2], {"pre": 0.001, "queue": 0.002, "model": 0.004,
                                                                 "batch_requests": 6, "input_tokens": 40,
                                                                 "post": 0.0005, "total": 0.008})
-    m.observe_result("s", result)
+    m.observe_result("s", result, TASKS["score"])
     m.observe_result("b", BeamResult(np.zeros((4, 2), np.int32), np.zeros(4, np.float32), np.zeros(4, bool),
-                                     ["x"] * 4, {}))
+                                     ["x"] * 4, {}), TASKS["beam"])
     got = samples(m.render().decode())
     stages = {dict(labels)["stage"] for name, labels in got if name == "boundgen_engine_stage_seconds_count"}
     assert stages == {"pre", "queue", "model", "post"}

@@ -255,7 +255,7 @@ def test_deployment_options_follow_admission_and_flags(fake_dirs):
     assert fixed["max_ongoing_requests"] == 2 * (2 + 3) and fixed["max_queued_requests"] == 3 * 3
     assert fixed["num_replicas"] == 3 and fixed["ray_actor_options"] == {"num_cpus": 1.0, "num_gpus": 0.0}
     scaled = deployment_options(dirs, ServerConfig(max_queue=4), RayOptions(min_replicas=2, max_replicas=5),
-                                contexts=3)
+                                runtime={"contexts": 3})
     assert "num_replicas" not in scaled and scaled["max_ongoing_requests"] == 2 * (3 + 4)
     assert scaled["autoscaling_config"] == {"min_replicas": 2, "max_replicas": 5, "initial_replicas": 2,
                                             "target_ongoing_requests": 6}

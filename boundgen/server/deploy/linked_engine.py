@@ -1,6 +1,6 @@
 """A front-end process's engines: tokenize here, call the engine process over the link, build results here.
 
-    ServedModel.infer (event loop)
+    ServedModel.run (event loop)
       -> LinkedEngine.run: RequestPacker.encode (bounds, template, token ids)        "pre"
       -> EngineLink.call: SUBMIT on the link; await RESULT or ERROR                  "queue" + "model"
            deadline passes first, or the client goes away: CANCEL (the engine withdraws it,

@@ -4,7 +4,7 @@ same ModelSet, admission and KServe v2 handlers as plain `boundgen serve` (app.p
     HTTP client -> Ray Serve's HTTP proxy -> Replica.__call__(starlette Request)
                      -> kserve/http_api.HttpFrontend's aiohttp application (routes, API key, JSON errors)
     gRPC client -> Ray Serve's gRPC proxy -> Replica.ModelInfer(request, grpc_context), one method
-                     per kserve/grpc_api.METHODS entry -> GrpcFrontend's handler of that method
+                     per kserve/grpc_service.METHODS entry -> GrpcFrontend's handler of that method
                  -> ModelSet -> Admission -> engine
 
 Nothing of the protocol is restated here: an HTTP request is handed to the aiohttp application
@@ -44,7 +44,8 @@ from starlette.responses import Response
 from boundgen.server import logs
 from boundgen.server.app import EngineFactory
 from boundgen.server.config import ServerConfig
-from boundgen.server.kserve.grpc_api import METHODS, GrpcFrontend
+from boundgen.server.kserve.grpc_api import GrpcFrontend
+from boundgen.server.kserve.grpc_service import METHODS
 from boundgen.server.kserve.http_api import HttpFrontend
 from boundgen.server.metrics import ServerMetrics
 from boundgen.server.models import ModelSet

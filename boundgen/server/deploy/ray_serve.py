@@ -37,14 +37,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from boundgen.artifact.manifest import read_manifest
+from boundgen.artifact.manifest import RuntimeConfig, read_manifest
 from boundgen.errors import ArtifactError, BoundgenError, ConfigError
 from boundgen.server import logs
 from boundgen.server.app import LISTENING, EngineFactory
 from boundgen.server.config import ServerConfig
 
 APP_NAME = "boundgen"
-GRPC_SERVICER = "boundgen.server.kserve.grpc_api.add_GRPCInferenceServiceServicer_to_server"
+GRPC_SERVICER = "boundgen.server.kserve.grpc_service.add_GRPCInferenceServiceServicer_to_server"
 INSTALL_HINT = "pip install boundgen[ray]"
 PROXY_CALLBACK_ENV = "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH"  # read by Ray's HTTP proxy where it starts
 PROXY_CALLBACK = "boundgen.server.deploy.ray_proxy.middlewares"
@@ -93,17 +93,19 @@ def import_ray():
     return ray, serve
 
 
-def models_inflight(artifact_dirs: Sequence[str | Path], config: ServerConfig, contexts: int | None) -> list[int]:
+def models_inflight(artifact_dirs: Sequence[str | Path], config: ServerConfig, runtime: dict) -> list[int]:
     """Per artifact, the requests a replica runs at once: --max-inflight, else its request
-    contexts (--contexts, else the manifest's; 1 when a directory has no manifest)."""
+    contexts (the manifest's RuntimeConfig with `runtime`, serve's runtime flags, over it; the
+    defaults when a directory has no manifest)."""
     if config.max_inflight is not None:
         return [config.max_inflight] * len(artifact_dirs)
     out = []
     for path in artifact_dirs:
         try:
-            out.append(contexts or read_manifest(Path(path)).runtime.contexts)
+            built = read_manifest(Path(path)).runtime
         except (ArtifactError, OSError):
-            out.append(contexts or 1)
+            built = RuntimeConfig()
+        out.append(built.replace(**runtime).contexts)
     return out
 
 
@@ -119,11 +121,11 @@ def default_gpus(artifact_dirs: Sequence[str | Path]) -> float:
 
 
 def deployment_options(artifact_dirs: Sequence[str | Path], config: ServerConfig, options: RayOptions,
-                       contexts: int | None = None) -> dict:
+                       runtime: dict | None = None) -> dict:
     """`serve.deployment` options: replicas, resources, and Ray's bounds derived from admission's."""
     from ray.serve.config import BackpressureConfig  # --ray path only (import_ray has checked it)
 
-    inflight = models_inflight(artifact_dirs, config, contexts)
+    inflight = models_inflight(artifact_dirs, config, runtime or {})
     capacity = sum(n + config.max_queue for n in inflight)
     gpus = default_gpus(artifact_dirs) if options.gpus_per_replica is None else options.gpus_per_replica
     replicas = options.max_replicas if options.autoscaling else options.replicas
@@ -143,8 +145,10 @@ def deployment_options(artifact_dirs: Sequence[str | Path], config: ServerConfig
 
 
 def serve_on_ray(artifact_dirs: Sequence[str | Path], config: ServerConfig, options: RayOptions,
-                 engine_factory: EngineFactory, contexts: int | None = None, out=sys.stdout) -> int:
-    """Deploy on Ray and serve until SIGTERM / SIGINT; the exit code (0 after a clean stop)."""
+                 engine_factory: EngineFactory, runtime: dict | None = None, out=sys.stdout) -> int:
+    """Deploy on Ray and serve until SIGTERM / SIGINT; the exit code (0 after a clean stop).
+    runtime: the RuntimeConfig fields given as serve's flags (they size Ray's bounds; the engine
+    factory applies them)."""
     ray, serve = import_ray()
     from ray.serve.config import HTTPOptions, gRPCOptions  # --ray path only
 
@@ -159,7 +163,7 @@ def serve_on_ray(artifact_dirs: Sequence[str | Path], config: ServerConfig, opti
         out.write(logs.status_line(message, config.log_format) + "\n")
         out.flush()
 
-    deploy = deployment_options(artifact_dirs, config, options, contexts)
+    deploy = deployment_options(artifact_dirs, config, options, runtime)
     local = options.address is None
     if local:  # Ray's own HTTP errors as JSON too; its proxy reads this where it starts (ray_proxy.py)
         os.environ.setdefault(PROXY_CALLBACK_ENV, PROXY_CALLBACK)

@@ -30,7 +30,9 @@ of that name when valid, else a new one: request_ids.py), on success and error a
 log records it. The requests of a ModelStreamInfer stream are logged as the stream's id, a dot
 and their place in the stream (1, 2, ...).
 
-Messages to and from tensors and plain values: grpc_messages.py; this module is the service.
+Messages to and from tensors and plain values: grpc_messages.py; the method table, request ids in
+trailers, arrivals and message limits every method shares: grpc_service.py; this module is what
+each method answers (the servicer).
 """
 
 from __future__ import annotations
@@ -47,10 +49,11 @@ from boundgen.server.auth import check_api_key
 from boundgen.server.config import ServerConfig
 from boundgen.server.logs import LogSettings
 from boundgen.server.models import LOADING, ModelSet
-from boundgen.server.served import REQUEST_TIMINGS
 from boundgen.server.status import answer_status, check_deadline
-from boundgen.server.kserve import pb
+from boundgen.server.kserve import inference, pb
 from boundgen.server.kserve import shared_memory as shm
+from boundgen.server.kserve.grpc_service import (METHODS, PUBLIC_METHODS, Arrivals, current_task, expired,
+                                                 identified, identify, route, serialize, short)
 from boundgen.server.kserve.grpc_messages import (Undecodable, decoder, infer_response, param_value, params,
                                                   parse_infer_request, set_param)
 from boundgen.server.kserve.http_api import extensions, shape_check
@@ -59,120 +62,6 @@ from boundgen.server.kserve.shared_memory import SharedMemory
 from boundgen.server.kserve.triton_extensions import (log_settings, model_config, model_statistics, repository_index,
                                                       to_message, trace_settings, update_log_settings)
 from boundgen.version import __version__
-
-
-PUBLIC_METHODS = frozenset({"ServerLive", "ServerReady"})
-
-
-def _current_task() -> asyncio.Task | None:
-    """The task running now; None outside one (or outside an event loop)."""
-    try:
-        return asyncio.current_task()
-    except RuntimeError:
-        return None
-
-
-MAX_MESSAGE_BYTES = 2048  # of an error message's UTF-8, sent as grpc-message (trailing metadata)
-
-
-def _short(message: str) -> str:
-    """`message` cut to MAX_MESSAGE_BYTES: grpc-message travels in the trailers, percent-encoded
-    (a non-ASCII byte takes 3), and a client refuses trailers over 8 KiB (16 KiB hard) with
-    RESOURCE_EXHAUSTED in place of the status sent (a message echoing a shape of 40,000
-    dimensions was 120 KB)."""
-    data = message.encode("utf-8", "replace")
-    if len(data) <= MAX_MESSAGE_BYTES:
-        return message
-    return data[:MAX_MESSAGE_BYTES].decode("utf-8", "ignore") + f"... ({len(data)} bytes, cut)"
-
-
-def _route(method: str) -> str:
-    return f"/{pb.SERVICE}/{method}"
-
-
-def _identify(context, method: str) -> request_ids.RequestTag:
-    """Tag the call being handled with its request id and echo it in its trailing metadata."""
-    metadata = context.invocation_metadata()
-    client = request_ids.client_key(request_ids.from_metadata(metadata, request_ids.CLIENT_METADATA_KEY),
-                                    request_ids.grpc_peer_host(context.peer()))
-    tag = request_ids.begin(request_ids.from_metadata(metadata), _route(method), "grpc", client)
-    context.set_trailing_metadata(((request_ids.METADATA_KEY, tag.id),))
-    return tag
-
-
-def _identified(method: str, behaviour):
-    """`behaviour` with the call tagged and its id echoed first (`_identify`)."""
-    @functools.wraps(behaviour)
-    async def call(request, context):
-        _identify(context, method)
-        return await behaviour(request, context)
-
-    return call
-
-
-def _expired(context) -> bool:
-    remaining = context.time_remaining()
-    return remaining is not None and remaining <= 0
-
-
-# Method -> (GrpcFrontend method, request message); the one list of what the service answers.
-METHODS = {
-    "ServerLive": ("server_live", pb.ServerLiveRequest),
-    "ServerReady": ("server_ready", pb.ServerReadyRequest),
-    "ModelReady": ("model_ready", pb.ModelReadyRequest),
-    "ServerMetadata": ("server_metadata", pb.ServerMetadataRequest),
-    "ModelMetadata": ("model_metadata", pb.ModelMetadataRequest),
-    "ModelInfer": ("model_infer", pb.ModelInferRequest),
-    "ModelConfig": ("model_config", pb.ModelConfigRequest),
-    "ModelStatistics": ("model_statistics", pb.ModelStatisticsRequest),
-    "RepositoryIndex": ("repository_index", pb.RepositoryIndexRequest),
-    "RepositoryModelLoad": ("repository_control", pb.RepositoryModelLoadRequest),
-    "RepositoryModelUnload": ("repository_control", pb.RepositoryModelUnloadRequest),
-    "SystemSharedMemoryStatus": ("system_shared_memory_status", pb.SystemSharedMemoryStatusRequest),
-    "SystemSharedMemoryRegister": ("system_shared_memory_register", pb.SystemSharedMemoryRegisterRequest),
-    "SystemSharedMemoryUnregister": ("system_shared_memory_unregister", pb.SystemSharedMemoryUnregisterRequest),
-    "CudaSharedMemoryStatus": ("cuda_shared_memory_status", pb.CudaSharedMemoryStatusRequest),
-    "CudaSharedMemoryRegister": ("cuda_shared_memory_register", pb.CudaSharedMemoryRegisterRequest),
-    "CudaSharedMemoryUnregister": ("cuda_shared_memory_unregister", pb.CudaSharedMemoryUnregisterRequest),
-    "TraceSetting": ("trace_setting", pb.TraceSettingRequest),
-    "LogSettings": ("log_settings", pb.LogSettingsRequest),
-}
-
-
-def _serialize(message) -> bytes:
-    return message.SerializeToString()
-
-
-def method_handlers(servicer) -> grpc.GenericRpcHandler:
-    """The unary methods of METHODS, calling `servicer`'s methods of those names (Ray Serve's
-    proxy learns the service's methods and messages from it)."""
-    handlers = {method: grpc.unary_unary_rpc_method_handler(getattr(servicer, attr),
-                                                            request_deserializer=request_cls.FromString,
-                                                            response_serializer=_serialize)
-                for method, (attr, request_cls) in METHODS.items()}
-    return grpc.method_handlers_generic_handler(pb.SERVICE, handlers)
-
-
-class _Arrivals(grpc.GenericRpcHandler):
-    """The service's handlers; notes each ModelInfer call as gRPC looks up its method, on the
-    call's own task, so that a call ended before its handler ran is still counted (GrpcFrontend)."""
-
-    def __init__(self, frontend: "GrpcFrontend", handlers: grpc.GenericRpcHandler):
-        self.frontend, self.handlers = frontend, handlers
-
-    def service(self, handler_call_details):
-        handler = self.handlers.service(handler_call_details)
-        if handler is not None and handler_call_details.method == _route("ModelInfer"):
-            self.frontend.arriving(handler_call_details.invocation_metadata)
-        return handler
-
-
-def add_GRPCInferenceServiceServicer_to_server(servicer, server) -> None:
-    """Register the service on `server`, as grpcio-tools' generated function of this name does.
-    Ray Serve's gRPC proxy takes it by import path (gRPCOptions.grpc_servicer_functions) to learn
-    the methods and their message types; it then sends each call to a replica's method of the
-    same name (ray_replica.py). ModelStreamInfer is left out: Ray's proxy carries no client stream."""
-    server.add_generic_rpc_handlers((method_handlers(servicer),))
 
 
 class GrpcFrontend:
@@ -195,12 +84,12 @@ class GrpcFrontend:
                 decode = self._decode_infer
             else:
                 behaviour = self._refusing_undecodable(method, behaviour)
-            handlers[method] = grpc.unary_unary_rpc_method_handler(_identified(method, behaviour),
+            handlers[method] = grpc.unary_unary_rpc_method_handler(identified(method, behaviour),
                                                                    request_deserializer=decode,
-                                                                   response_serializer=_serialize)
+                                                                   response_serializer=serialize)
         handlers["ModelStreamInfer"] = grpc.stream_stream_rpc_method_handler(
-            self.model_stream_infer, request_deserializer=self._decode_infer, response_serializer=_serialize)
-        return _Arrivals(self, grpc.method_handlers_generic_handler(pb.SERVICE, handlers))
+            self.model_stream_infer, request_deserializer=self._decode_infer, response_serializer=serialize)
+        return Arrivals(self, grpc.method_handlers_generic_handler(pb.SERVICE, handlers))
 
     def _refusing_undecodable(self, method: str, behaviour):
         """`behaviour`, except that an undecodable message is answered INVALID_ARGUMENT (after the
@@ -221,11 +110,11 @@ class GrpcFrontend:
     def arriving(self, metadata=()) -> None:
         """A ModelInfer call was looked up, on its own task: count it when that task ends unless
         its handler ran (which counts it itself). `metadata`: the call's, for its request id."""
-        task = _current_task()
+        task = current_task()
         if task is not None:
             self._unseen[task] = ""
             self._unseen_tags[task] = request_ids.RequestTag(
-                request_ids.request_id(request_ids.from_metadata(metadata)), _route("ModelInfer"), "grpc")
+                request_ids.request_id(request_ids.from_metadata(metadata)), route("ModelInfer"), "grpc")
             task.add_done_callback(self._count_unseen)
 
     def _count_unseen(self, task: asyncio.Task) -> None:
@@ -247,7 +136,7 @@ class GrpcFrontend:
 
     def _decode_infer(self, data: bytes):
         request = self._decode_infer_message(data)
-        task = _current_task()
+        task = current_task()
         if task in self._unseen:  # decoded on the call's task, before its handler: note the model
             self._unseen[task] = request.model_name
         return request
@@ -271,13 +160,13 @@ class GrpcFrontend:
 
     async def _abort(self, context, exc: BaseException):
         status = answer_status(exc)
-        if _expired(context):  # the client's deadline has ended the call: gRPC could send nothing (and would log it)
+        if expired(context):  # the client's deadline has ended the call: gRPC could send nothing (and would log it)
             raise asyncio.CancelledError(status.message)
         tag = request_ids.current()
         if tag is None:  # not a call of ours (Ray Serve's proxy): its context, its metadata
-            await context.abort(status.grpc, _short(status.message))
+            await context.abort(status.grpc, short(status.message))
         else:  # abort replaces the trailing metadata set so far: the id again
-            await context.abort(status.grpc, _short(status.message),
+            await context.abort(status.grpc, short(status.message),
                                 trailing_metadata=((request_ids.METADATA_KEY, tag.id),))
 
     def _check_key(self, context) -> None:
@@ -397,10 +286,10 @@ class GrpcFrontend:
 
     async def model_infer(self, request, context):
         arrived = time.monotonic()
-        self._unseen.pop(_current_task(), None)  # counted by observe() below
-        self._unseen_tags.pop(_current_task(), None)
+        self._unseen.pop(current_task(), None)  # counted by observe() below
+        self._unseen_tags.pop(current_task(), None)
         try:
-            with self.models.observe("grpc", request.model_name, lambda: _expired(context)):
+            with self.models.observe("grpc", request.model_name, lambda: expired(context)):
                 return await self._infer(request, context, arrived)
         except Exception as exc:
             await self._abort(context, exc)
@@ -408,7 +297,7 @@ class GrpcFrontend:
     async def model_stream_infer(self, requests, context):
         """ModelStreamInfer (see the module docstring): a task per request as it arrives, answers
         in request order."""
-        stream = _identify(context, "ModelStreamInfer")
+        stream = identify(context, "ModelStreamInfer")
         await self._call(context, lambda: None)
         order: asyncio.Queue = asyncio.Queue()  # each request's task, in arrival order; None ends
         tasks: set[asyncio.Task] = set()
@@ -442,7 +331,7 @@ class GrpcFrontend:
         arrived = time.monotonic()
         request_ids.enter(tag)  # this task's own context
         try:
-            with self.models.observe("grpc", request.model_name, lambda: _expired(context)):
+            with self.models.observe("grpc", request.model_name, lambda: expired(context)):
                 return pb.ModelStreamInferResponse(infer_response=await self._infer(request, context, arrived))
         except Exception as exc:
             return pb.ModelStreamInferResponse(error_message=answer_status(exc).message,
@@ -458,10 +347,11 @@ class GrpcFrontend:
         deadline = self.models.deadline(arrived, None if timeout is None else param_value(timeout),
                                         context.time_remaining())
         requested = [o.name for o in request.outputs] or None
-        outputs = await self.models.infer(request.model_name, request.model_version, tensors, requested, deadline)
-        response = infer_response(request, outputs, slices)
+        answer = await inference.infer(self.models, request.model_name, request.model_version, tensors, requested,
+                                       deadline)
+        response = infer_response(request, answer.outputs, slices)
         if pb.TIMINGS_PARAMETER in request.parameters and param_value(request.parameters[pb.TIMINGS_PARAMETER]) is True:
-            for stage, value in (REQUEST_TIMINGS.get() or {}).items():
+            for stage, value in answer.timings.items():
                 response.parameters[f"timing_{stage}_ms"].double_param = value * (1e3 if stage != "batch_requests" else 1)
             response.parameters["timing_handler_ms"].double_param = (time.monotonic() - arrived) * 1e3
         check_deadline(deadline, request.model_name)

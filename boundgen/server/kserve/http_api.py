@@ -53,6 +53,7 @@ from boundgen.server.logs import LogSettings
 from boundgen.server.metrics import CONTENT_TYPE
 from boundgen.server.models import ModelSet
 from boundgen.server.status import check_deadline, status_of
+from boundgen.server.kserve import inference
 from boundgen.server.kserve import shared_memory as shm
 from boundgen.server.kserve.http_messages import HEADER_LENGTH, encode_infer_response, parse_infer_body
 from boundgen.server.kserve.repository import Repository, control
@@ -83,7 +84,7 @@ def shape_check(models: ModelSet, name: str, version: str):
 
     def check(input_name: str, datatype: str, shape: tuple) -> None:
         if input_name == "TEXT" and datatype == "BYTES":
-            signature._check_shape(shape)  # the same check, and message, as Signature.parse
+            signature.check_text_shape(shape)  # the same check, and message, as inference.engine_call
 
     return check
 
@@ -328,8 +329,9 @@ class HttpFrontend:
                 parsed = parse_infer_body(body, request.headers.get(HEADER_LENGTH), self.shared_memory,
                                           self.config.max_body_bytes, shape_check(self.models, name, version))
                 deadline = self.models.deadline(arrived, parsed.parameters.get("timeout"))
-                outputs = await self.models.infer(name, version, parsed.tensors, parsed.outputs, deadline)
-                response = encode_infer_response(name, parsed, outputs)
+                answer = await inference.infer(self.models, name, version, parsed.tensors, parsed.outputs,
+                                               deadline)
+                response = encode_infer_response(name, parsed, answer.outputs)
                 check_deadline(deadline, name)
                 return response
         except Exception as exc:

@@ -22,9 +22,10 @@ load(m), one at a time (a second waits for the first):
                                                     --drain-timeout-s), then close its engine
 
 A request is never dropped by a replace: every request takes its model from the ModelSet and
-enters that model's admission in one step of the event loop (ModelSet.infer), so it is either
-admitted by the old model before the switch, and run there, or sees the new one. m not served
-yet is added the same way (no old one to retire). A load that fails (no such directory, a bad
+enters that model's admission in one step of the event loop (ModelSet.admitting, then
+ServedModel.run: kserve/inference.py, ModelSet.run), so it is either admitted by the old model
+before the switch, and run there, or sees the new one. m not served yet is added the same way
+(no old one to retire). A load that fails (no such directory, a bad
 artifact, a name that is not m, a failing warm-up) answers 400 with the reason and leaves the
 served model as it was. The load answers once the old engine is closed.
 

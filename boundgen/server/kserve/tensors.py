@@ -1,5 +1,5 @@
 """KServe v2 tensors on the wire: JSON `data`, raw bytes (HTTP binary extension, gRPC raw
-contents) and gRPC typed contents, to and from one protocol-neutral `Tensor` (signature.py).
+contents) and gRPC typed contents, to and from one protocol-neutral `Tensor` (below).
 
 Raw layout (both protocols): elements flattened row-major, little-endian, no padding. A
 BYTES element is a 4-byte little-endian unsigned length followed by that many bytes.
@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import math
 import struct
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from boundgen.errors import InvalidInput
-from boundgen.server.signature import Tensor  # the served model's tensor type; its wire forms are here
 
 # KServe datatype -> numpy dtype (little-endian); BYTES is a list of `bytes` instead.
 NUMPY_DTYPES = {
@@ -35,6 +35,21 @@ GRPC_CONTENTS_FIELD = {
 }
 
 _LEN = struct.Struct("<I")
+
+
+@dataclass
+class Tensor:
+    """A named array of a request's inputs or outputs, whichever protocol carried it (HTTP JSON or
+    binary, gRPC, shared memory); kserve/inference.py turns it into the core's EngineCall and back."""
+
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+    data: Any  # flat: a numpy array of the datatype's dtype (NUMPY_DTYPES), or list[bytes] for BYTES
+
+    @property
+    def size(self) -> int:
+        return len(self.data)
 
 
 MAX_DIM = (1 << 63) - 1  # a shape dimension is an int64 in gRPC; JSON's unbounded integers are held to it too
