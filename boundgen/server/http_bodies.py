@@ -17,6 +17,7 @@ from boundgen.errors import InvalidInput
 from boundgen.server import json_values
 from boundgen.server.config import ServerConfig
 from boundgen.server.inflation import Inflater, body_encoding
+from boundgen.server.json_worker import LARGE, JsonWorker
 from boundgen.server.status import ReadTimeout, answer_status
 
 if sys.version_info >= (3, 11):
@@ -26,6 +27,7 @@ else:  # aiohttp's own dependency before Python 3.11
 
 
 UNREAD = web.ResponseKey("unread_body", bool)  # part of the request body was left unread (see `error_response`)
+JSON_WORKER = web.AppKey("json_worker", JsonWorker)  # where an application's large bodies are parsed (`loads`)
 STEP = 1 << 16  # the most bytes of a compressed body one step of the event loop inflates
 
 
@@ -132,10 +134,19 @@ def parse_json(body: bytes, what: str):
         raise InvalidInput(f"{what} is not valid JSON: {exc}") from None
 
 
+async def loads(request: web.Request, body: bytes, what: str):
+    """`parse_json(body, what)`, in the application's JSON worker process when `body` is large
+    (json_worker.py), so that the event loop does not wait for it."""
+    worker = request.app.get(JSON_WORKER)
+    if worker is None or len(body) < LARGE:
+        return parse_json(body, what)
+    return await worker.loads(body, what, parse_json)
+
+
 async def read_json(request: web.Request, config: ServerConfig, budget: int = json_values.ENVELOPE):
     """The body (within the limits of `read_body`, `budget` JSON values among them) as JSON, or
     InvalidInput saying why not."""
-    return parse_json(await read_body(request, config, budget), "the request body")
+    return await loads(request, await read_body(request, config, budget), "the request body")
 
 
 async def read_options(request: web.Request, config: ServerConfig, what: str, example: str) -> dict:

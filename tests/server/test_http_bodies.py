@@ -1,14 +1,17 @@
-"""Reading a request body off the path other requests wait on (server/http_bodies.py,
-server/inflation.py): a compressed body inflated here a bounded step at a time, yielding to the
-event loop between steps and stopping at the limit; a body refused for its JSON values closed at
-once, its rest never read; compressed bodies within the limits served as before."""
+"""Reading and parsing a request body off the path other requests wait on (server/http_bodies.py,
+inflation.py, json_worker.py): a compressed body inflated here a bounded step at a time, yielding
+to the event loop between steps and stopping at the limit; a body over its JSON values answered at
+once, its rest dropped unparsed, then closed; a large body parsed in a worker process; compressed
+and large bodies within the limits served as before."""
 
 from __future__ import annotations
 
 import asyncio
 import gzip
 import json
+import os
 import socket
+import sys
 import zlib
 
 import brotli
@@ -18,9 +21,10 @@ from aiohttp.test_utils import make_mocked_request
 
 from boundgen.errors import InvalidInput
 from boundgen.server.config import ServerConfig
-from boundgen.server.http_bodies import STEP, BodyTooLarge, read_body
+from boundgen.server.http_bodies import STEP, BodyTooLarge, parse_json, read_body
 from boundgen.server.inflation import Inflater
 from boundgen.server.json_values import ENVELOPE, ValueCount
+from boundgen.server.json_worker import LARGE, JsonWorker
 from tests.server.conftest import BEAM_SPEC, SCORE_SPEC
 from tests.server.fake_engine import write_fake_artifact
 from tests.server.test_reliability import NOT_HUNG_S, http, json_body, read_until_closed
@@ -199,3 +203,59 @@ def test_a_utf16_body_is_counted_whole_before_it_is_refused(server):
     assert count.over and not count.final
     code, _, answer = http(server, "POST", "/v2/models/fscore/infer", body, {"Content-Type": "application/json"})
     assert code == 200, answer
+
+
+# ---- large bodies parsed in a worker process ----------------------------------------------------
+
+def worker_processes(pid: int) -> list[str]:
+    """The command lines of `pid`'s child processes that are JSON workers."""
+    found = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{task}/children") as f:
+            for child in f.read().split():
+                with open(f"/proc/{child}/cmdline", "rb") as c:
+                    line = c.read().replace(b"\0", b" ").decode()
+                if "boundgen.server.json_worker" in line:
+                    found.append(line)
+    return found
+
+
+def test_a_large_body_is_parsed_in_a_worker_process_and_answered_as_before(server):
+    """A body of LARGE bytes or more is parsed by the server's JSON worker (before, on the event
+    loop), with the same answers: served, or refused with parse_json's messages."""
+    pad = "x" * LARGE
+    body = json.dumps({"inputs": [{"name": "TEXT", "datatype": "BYTES", "shape": [2], "data": ["a", "b"]}],
+                       "parameters": {"pad": pad}}).encode()
+    code, _, answer = http(server, "POST", "/v2/models/fscore/infer", body, {"Content-Type": "application/json"})
+    assert code == 200 and json.loads(answer)["outputs"][0]["shape"] == [2, 2], answer
+    assert len(worker_processes(server.proc.pid)) == 1
+    code, _, answer = http(server, "POST", "/v1/score", json.dumps(
+        {"query": "q ", "items": ["a", "b"], "label_token_ids": [9693], "apply_softmax": True, "pad": pad}).encode(),
+        {"Content-Type": "application/json"})
+    assert code == 400 and "unknown fields 'pad'" in json.loads(answer)["message"], answer  # parsed, then checked
+    for bad, error in ((body[:-2] + b" " * 10, "is not valid JSON: Expecting"), (b"\xff" * LARGE, "not valid UTF-8")):
+        code, _, answer = http(server, "POST", "/v2/models/fscore/infer", bad, {"Content-Type": "application/json"})
+        assert code == 400 and error in json.loads(answer)["error"], answer
+    assert len(worker_processes(server.proc.pid)) == 1  # one worker, kept
+
+
+def test_the_worker_keeps_its_servers_digit_limit_and_its_pipes_in_step_when_a_caller_is_cancelled():
+    body = b'{"n": ' + b"7" * 700 + b', "pad": "' + b"x" * LARGE + b'"}'
+
+    async def main(worker):
+        with pytest.raises(InvalidInput, match="not valid JSON: Exceeds the limit"):
+            await worker.loads(body, "the request body", parse_json)
+        call = asyncio.ensure_future(worker.loads(b'["' + b"y" * (16 << 20) + b'"]', "the request body", parse_json))
+        await asyncio.sleep(0.01)
+        call.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+        assert await worker.loads(b'{"pad": "' + b"x" * LARGE + b'"}', "it", parse_json) == {"pad": "x" * LARGE}
+        await worker.close()
+
+    digits = sys.get_int_max_str_digits()
+    sys.set_int_max_str_digits(640)  # as every serving process (app.py)
+    try:
+        asyncio.run(main(JsonWorker()))
+    finally:
+        sys.set_int_max_str_digits(digits)
