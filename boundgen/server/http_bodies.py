@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sys
 
 from aiohttp import web
 
@@ -19,11 +18,6 @@ from boundgen.server.config import ServerConfig
 from boundgen.server.inflation import Inflater, body_encoding
 from boundgen.server.json_worker import LARGE, JsonWorker
 from boundgen.server.status import ReadTimeout, answer_status
-
-if sys.version_info >= (3, 11):
-    from asyncio import timeout
-else:  # aiohttp's own dependency before Python 3.11
-    from async_timeout import timeout
 
 
 UNREAD = web.ResponseKey("unread_body", bool)  # part of the request body was left unread (see `error_response`)
@@ -61,8 +55,8 @@ async def read_body(request: web.Request, config: ServerConfig, budget: int = js
         raise BodyTooLarge(f"the request body is {request.content_length} bytes, over the server's limit "
                            f"of {limit} (--max-body-bytes)")
     try:  # the whole body within --read-timeout-s: a stalled or endless one must not hold the connection
-        async with timeout(config.read_timeout_s):  # not wait_for: its task would cost two more loop steps
-            body = await _read_within(request, limit, count, whom or request.path[:80])
+        body = await asyncio.wait_for(_read_within(request, limit, count, whom or request.path[:80]),
+                                      config.read_timeout_s)
     except asyncio.TimeoutError:
         raise ReadTimeout(f"the request body did not arrive in full within {config.read_timeout_s:g} s "
                           "(--read-timeout-s)") from None
@@ -99,7 +93,7 @@ def _inflater(request: web.Request) -> Inflater | None:
 async def _read_within(request: web.Request, limit: int, count: json_values.ValueCount, whom: str) -> bytes:
     """The body a step at a time (a chunk as it arrives, or at most STEP bytes inflated of a
     compressed one), refused once past `limit`, or once its JSON values counted so far (`count`)
-    pass the budget for good. The loop yields between steps: readany does not when data is
+    pass the budget for good. The loop yields after each step: readany does not when data is
     buffered. Not
     `request.read()`: that raises the stream's buffer to the body limit first. The steps are kept
     apart and joined once at the end: a body grown in place is copied as it grows, and a refused
@@ -109,8 +103,6 @@ async def _read_within(request: web.Request, limit: int, count: json_values.Valu
     drain = request.content_length is not None  # and at most `limit` (read_body): the rest is bounded
     while data := await request.content.readany():
         for part in (inflater.steps(data, STEP) if inflater is not None else (data,)):
-            if parts:  # a step of the loop for each part; a body that came whole takes none
-                await asyncio.sleep(0)
             size += len(part)
             if size > limit:
                 raise BodyTooLarge(f"the request body is over the server's limit of {limit} bytes "
@@ -119,6 +111,7 @@ async def _read_within(request: web.Request, limit: int, count: json_values.Valu
             if count.final:
                 raise BodyRefused(count.refusal("the request body", whom), drain)
             parts.append(part)
+            await asyncio.sleep(0)
     if inflater is not None:
         inflater.finish()
     return b"".join(parts)
