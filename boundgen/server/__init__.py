@@ -13,7 +13,8 @@
        v      extensions, the model repository; it also mounts the core's JSON routes on its HTTP app
     core      admission, served models (served, models), signature (a model's inputs, outputs and
               checks; the engine call), metrics, config, auth, logs, status, request ids, HTTP
-              bodies, JSON value budgets and connections, and the JSON routes (score_api, beam_api,
+              bodies (their inflation, their JSON value budgets, a JSON worker process for large
+              ones) and connections, and the JSON routes (score_api, beam_api,
               rerank_api), which call the engine through ModelSet.run without KServe tensors
 
 app.py owns the wiring because it is the one place that needs both the core's models and the
