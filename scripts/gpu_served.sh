@@ -131,6 +131,10 @@ if [[ -n "${CATALOGUE:-}" ]]; then
   (cd "$RES" && step 200 catalogue 12-15 python3 -m boundgen.bench.catalogue $CATALOGUE)
 fi
 wait ${builds[@]+"${builds[@]}"}
+# the floor of one Python gRPC round trip with W2-sized messages on these cores (after the builds, on idle cores) (bench/grpc_floor.py): the
+# least a served request's rpc stage can be, next to what the served lanes measure
+[[ "${SERVED:-1}" == 1 ]] && step 60 grpc_floor "$CLIENT_CORES" python3 -m boundgen.bench.grpc_floor \
+  --server-cores "$SERVER_CORES"
 
 # served NAME ART MODEL_DIR WORKLOADS FRONTENDS SWEEP [SERVE FLAGS]: serve ART on SERVER_CORES, bench it over gRPC.
 served() {
@@ -253,7 +257,7 @@ shopt -s nullglob
   for f in "$RES"/*/summary.md "$RES"/*/*.md; do echo "## $f"; cat "$f"; echo; done
   for f in "$RES"/calls_*.log; do echo "## $f"; cat "$f"; done
   for f in "$RES"/bench_*.log "$RES"/inproc_*.log; do echo "## $f"; grep -E "c=|client_check|WARNING|host" "$f" | tail -n 30; done
-  for f in "$RES"/kernels_*.log "$RES"/catalogue.log "$RES"/gpu_tests.log; do echo "## $f"; tail -n 60 "$f"; done
+  for f in "$RES"/kernels_*.log "$RES"/catalogue.log "$RES"/gpu_tests.log "$RES"/grpc_floor.log; do echo "## $f"; tail -n 60 "$f"; done
   for f in "$RES"/report_*.log "$RES"/build_*.log; do echo "## $f"; grep -E '^\| |validat|FAILED|error' "$f" | tail -n 14; done
   for f in "$RES"/*.md; do echo "## $f"; cat "$f"; done
 } > "$OUT/summary.md" 2>&1

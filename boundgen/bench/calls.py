@@ -5,20 +5,30 @@ call of the engine's program (`LocalEngine.program_call`, staged once, the devic
 after each call; CUDA graphs replayed when the engine captured them), timed over `iterations`
 calls after `warmup`. Per-call time that grows sub-linearly in R is what makes batching pay.
 GPU time only: no tokenizing, no RPC, no queueing.
+
+On CUDA each R is also profiled over `profiled` more calls (torch.profiler, kernels inside CUDA
+graph replays included): kernels a call and GPU ms a call (the union of the kernels' and copies'
+intervals, bench/profile.py), so that what a call launches is published beside what it costs;
+wall ms above GPU ms is the time the GPU waits within a call.
 """
 
 from __future__ import annotations
 
+import json
 import statistics
+import tempfile
 import time
 from pathlib import Path
 from typing import Sequence
 
+from boundgen.bench.profile import analyze_trace
+
 
 def call_curve(engine, texts: Sequence[str], requests: Sequence[int] = (1, 2, 4, 8, 16), iterations: int = 20,
-               warmup: int = 3) -> list[dict]:
-    """[{requests, call_ms (median), request_ms, speedup (vs R x the one-request call)}] for each R
-    that fits one call; R past the bounds are left out."""
+               warmup: int = 3, profiled: int = 3) -> list[dict]:
+    """[{requests, call_ms (median), request_ms, speedup (vs R x the one-request call), and on CUDA
+    kernels_per_call, gpu_ms_per_call}] for each R that fits one call; R past the bounds are left
+    out. `profiled`: calls profiled a row (0: none)."""
     rows = []
     for r in requests:
         try:
@@ -33,16 +43,45 @@ def call_curve(engine, texts: Sequence[str], requests: Sequence[int] = (1, 2, 4,
             call()
             times.append((time.perf_counter() - start) * 1e3)
         ms = statistics.median(times)
-        rows.append({"requests": r, "call_ms": ms, "request_ms": ms / r})
+        rows.append({"requests": r, "call_ms": ms, "request_ms": ms / r, **profile_calls(call, profiled)})
     for row in rows:
         row["speedup"] = rows[0]["call_ms"] * row["requests"] / row["call_ms"]
     return rows
 
 
+def profile_calls(call, calls: int) -> dict:
+    """{kernels_per_call, gpu_ms_per_call} over `calls` profiled calls on CUDA; {} elsewhere."""
+    import torch
+
+    if calls <= 0 or not torch.cuda.is_available():
+        return {}
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            call()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "trace.json"
+        prof.export_chrome_trace(str(path))
+        trace = json.loads(path.read_text())
+    return per_call(analyze_trace(trace), calls)
+
+
+def per_call(summary: dict, calls: int) -> dict:
+    """A profile summary (bench/profile.py analyze_trace) of `calls` calls -> the per-call figures."""
+    return {"kernels_per_call": summary["kernels"] / calls, "gpu_ms_per_call": summary["gpu_busy_ms"] / calls}
+
+
 def markdown(rows: list[dict], title: str) -> str:
-    lines = [f"{title}", "", "| requests per call | ms per call | ms per request | vs one call each |",
-             "|---|---|---|---|"]
-    lines += [f"| {r['requests']} | {r['call_ms']:.2f} | {r['request_ms']:.2f} | {r['speedup']:.2f}x |" for r in rows]
+    kernels = all("kernels_per_call" in r for r in rows)
+    head = "| requests per call | ms per call | ms per request | vs one call each |"
+    lines = [f"{title}", "", head + (" kernels a call | GPU ms a call |" if kernels else ""),
+             "|---|---|---|---|" + ("---|---|" if kernels else "")]
+    for r in rows:
+        line = f"| {r['requests']} | {r['call_ms']:.2f} | {r['request_ms']:.2f} | {r['speedup']:.2f}x |"
+        if kernels:
+            line += f" {r['kernels_per_call']:.0f} | {r['gpu_ms_per_call']:.2f} |"
+        lines.append(line)
     return "\n".join(lines)
 
 
@@ -50,7 +89,6 @@ def main(argv=None) -> int:
     """`python -m boundgen.bench.calls ARTIFACT --workload W2 [--requests 1,2,4,8]`: the curve for
     one request of the workload (seeded), printed as markdown; --json writes the rows too."""
     import argparse
-    import json
 
     import boundgen
     from boundgen.bench.workloads import get_workload, load_tokenizer, make_requests

@@ -54,6 +54,7 @@ import torch
 from boundgen.bench.kernel_timing import HBM_PEAK_BYTES_PER_S, gpu_time_us
 from boundgen.ops import trie_mask, trie_reach
 from boundgen.programs.constraint import CatalogueConstraint
+from boundgen.text import catalogue_search
 from boundgen.text.catalogue import Catalogue
 
 QWEN_VOCAB = 151936
@@ -168,10 +169,8 @@ def bench_steps(codes: np.ndarray, constraint: CatalogueConstraint, beams: int, 
     """One catalogue at B beams: the walk, the mask at every step, in each implementation (the
     Triton ones checked equal to the reference first; `left_out` collects those that cannot run)."""
     c, items, rows = constraint, len(codes), []
-    # The program's trie arrays (CatalogueConstraint.own_trie) are padded to one length M past the
-    # catalogue's nodes; the mask ops take nodes + 1 row offsets, so the last padded node is dropped.
-    own = c.own_trie()
-    trie = (own.row_ptr, own.child_token[:-2], own.reach[:-1], own.ends[:-1], c.stop_token_ids[:1])
+    own = c.own_trie()  # the program's trie arrays, one length M, as the mask ops take them
+    trie = (own.row_ptr, own.child_token, own.reach, own.ends, c.stop_token_ids[:1])
     gen = torch.Generator(device=device).manual_seed(seed)
     for step in range(codes.shape[1] + 1):
         if step == 0:
@@ -229,14 +228,15 @@ def bench_allow_list(cat: Catalogue, constraint: CatalogueConstraint, allow: int
     """A request's allow-list of `allow` random item ids: its ends / reach, three ways."""
     rng = np.random.default_rng(seed)
     ids = rng.choice(cat.node_item[cat.node_item >= 0], size=min(allow, cat.num_items), replace=False)
-    n = cat.num_nodes  # the constraint's arrays are padded past the catalogue's nodes: its own part
-    node_item, row_ptr = constraint.node_item[:n], constraint.row_ptr[:n + 1]
-    keys, item_nodes = trie_reach.item_index(node_item)
+    n = cat.num_nodes
+    row_ptr = constraint.row_ptr  # the program's trie arrays, one length M, as trie_reach takes them
+    keys, item_nodes = trie_reach.item_index(constraint.node_item)
     allow_items = torch.from_numpy(ids).to(device)
     ends = trie_reach.reach_from_allowed(allow_items, keys, item_nodes, row_ptr, cat.depth)[0]
     levels = cat.level_ptr.tolist()
     case = f"allow-list of {len(ids)} items"
     want_ends, want_reach = cat.reachable(ids)
+    want_reach, want_ends = catalogue_search.padded(cat, (want_reach, want_ends))
     from_ids = (lambda: trie_reach.reach_from_allowed(allow_items, keys, item_nodes, row_ptr, cat.depth))
     from_bitmap = (lambda: trie_reach.reach_from_ends(ends, row_ptr, levels))
     impls = {"reach from ids": (from_ids, 2.0 * n, lambda: same_rows(from_ids()[:2], (want_ends, want_reach))),

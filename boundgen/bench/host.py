@@ -61,6 +61,18 @@ def core_ranges(cores) -> str:
     return ",".join(out)
 
 
+def parse_cores(text: str) -> set[int]:
+    """'0-3,8,10-11' -> {0, 1, 2, 3, 8, 10, 11} (core_ranges' inverse); ValueError on a malformed list."""
+    cores = set()
+    for part in text.split(","):
+        first, _, last = part.strip().partition("-")
+        lo, hi = int(first), int(last or first)
+        if lo < 0 or hi < lo:
+            raise ValueError(f"a core range must be N or N-M with 0 <= N <= M, got {part!r}")
+        cores.update(range(lo, hi + 1))
+    return cores
+
+
 def host_record(client_procs: int = 1, server_cores: str | None = None,
                 cpuinfo: str | Path = "/proc/cpuinfo") -> HostRecord:
     cores = available_cores()

@@ -2,7 +2,8 @@
 
 Each op module in `ops/` defines `reference` (the semantics, plain torch) and
 `IMPLEMENTATIONS` (lowering name -> callable with the reference's signature; a fused op's default
-is None: not fused, the model composes the ops it fuses). An `OpLowering`
+is None: not fused, the model composes the ops it fuses; trie_mask lowers its in-place form,
+`apply_reference`'s signature). An `OpLowering`
 names one lowering per op; `resolve()` turns it into the callables the model calls. The build
 records the lowering in the artifact's manifest.
 """
@@ -25,6 +26,7 @@ class OpLowering:
     prefix_attention: str = "torch"
     silu_mul: str = "torch"
     vocab_topk: str = "torch"
+    trie_mask: str = "torch"  # constrained beam search: a catalogue's mask, in place on the log-probs
     qk_norm_rope: str = "separate"  # no fused op: the model applies rmsnorm, then rope
     add_rmsnorm: str = "separate"  # no fused op: the model adds the residual, then applies rmsnorm
     rope_kv_write: str = "separate"  # no fused op: a decode step applies rope, then writes K/V with index_copy_
@@ -61,6 +63,7 @@ class Ops:
     prefix_attention: Callable
     silu_mul: Callable
     vocab_topk: Callable
+    trie_mask: Callable
     qk_norm_rope: Callable | None  # None: not fused
     add_rmsnorm: Callable | None  # None: not fused
     rope_kv_write: Callable | None  # None: not fused

@@ -1,11 +1,19 @@
 """The tokens each beam may generate next under a catalogue, as an additive mask over the vocabulary.
 
     nodes [B] int64 (each beam's trie node; -1: a beam off the catalogue), the trie in CSR form
-    (text/catalogue.py): row_ptr [nodes + 1] int64, child_token [edges] int64 (edge e leads to
-    node e + 1), reach [nodes] bool (an allowed item lies at or below the node), ends [nodes] bool
-    (an allowed item ends at the node), stop_token_ids [S] int64 (the tokens that may end an
-    item), vocab V, max_degree D (at least the children of any node given)
+    as the beam program takes it (artifact/tensors.py TRIE, text/catalogue_search.py `arrays`),
+    four arrays of one length M: row_ptr [M] int64 (the row offsets of M - 1 nodes),
+    child_token [M] int64 or int32 (edge e leads to node e + 1), reach [M] bool (an allowed item
+    lies at or below the node), ends [M] bool (an allowed item ends at the node);
+    stop_token_ids [S] int64 (the tokens that may end an item), vocab V, max_degree D (at least
+    the children of any node given)
     -> bias [B, V] FP32: 0 on the allowed tokens, -inf elsewhere.
+
+One length M for the four (one dynamic dim of a compiled program): a catalogue of `nodes` nodes
+has M = nodes + 1 or more, padded (catalogue_search) with nodes that have no children and edges
+that no node owns. Its edges (nodes - 1 <= M - 2) are all the op reads of child_token, and
+reach at edge + 1 <= M - 1; the entries past them are never read for an allowed token, node
+M - 1 has no row and no edge leads to it.
 
 Allowed after node n: each child token whose child node is `reach`able, and the stop tokens when
 an allowed item ends at n (the beam then ends as HF ends a beam on a stop token). A beam at -1,
@@ -13,10 +21,12 @@ or at a node whose subtree holds no allowed item, is allowed nothing: its candid
 Only the first max(D, 1) children of a node count (D bounds the degree; a larger node is cut).
 
 Two forms of one op:
-    reference / trie_mask (below)        -> bias [B, V] FP32, added to the log-probs by the caller
-    apply_reference / trie_mask_apply    scores [B, V] (FP32, bf16 or fp16), in place: -inf on the
+    reference / launch                   -> bias [B, V] FP32, to add to the log-probs (the semantics)
+    apply_reference / apply_launch       scores [B, V] (FP32, bf16 or fp16), in place: -inf on the
                                          tokens the bias has -inf, the allowed ones untouched
 The in-place form needs no [B, V] mask: for finite scores, apply(scores) equals scores + bias.
+It is the registered op, `trie_mask` (below), and what the beam program lowers (OpLowering's
+`trie_mask`: "torch" apply_reference, "triton" the op).
 
 Reference: gather-based and vectorised over beams (the CSR lookup of STATIC, Su et al. 2025):
 each beam's children are the D slots row_ptr[n] + 0 .. D - 1, those past its degree sent to a
@@ -46,7 +56,7 @@ log-probs, [B, D + S]). BLOCK 2048 with 4 warps: 16 columns a thread, 75 program
 (88 registers, no spill, for sm_90: tests/ops/test_sm90_compile.py).
 
 Tokens outside [0, V) are never allowed by the kernel (the reference's scatter refuses them; the
-constraint checks its tokens at construction), and nodes outside [-1, nodes) count as -1.
+constraint checks its tokens at construction), and nodes outside [-1, M - 1) count as -1.
 """
 
 from __future__ import annotations
@@ -69,7 +79,7 @@ def allowed_tokens(nodes: torch.Tensor, row_ptr: torch.Tensor, child_token: torc
     start = row_ptr[node]  # [B]
     degree = torch.where(alive, row_ptr[node + 1] - start, torch.zeros_like(start))
     slot = torch.arange(max(max_degree, 1), device=nodes.device)  # [D]
-    edge = (start[:, None] + slot[None, :]).clamp(max=max(child_token.shape[0] - 1, 0))  # [B, D]
+    edge = (start[:, None] + slot[None, :]).clamp(max=reach.shape[0] - 2)  # [B, D]; past the degree: masked
     valid = (slot[None, :] < degree[:, None]) & reach[edge + 1]
     spare = torch.full_like(edge, vocab)
     cols = torch.where(valid, child_token[edge], spare)
@@ -158,15 +168,17 @@ def _check(op: str, nodes, row_ptr, child_token, reach, ends, stop_token_ids, vo
         if t.dim() != 1 or t.dtype not in dtypes or (length is not None and t.shape[0] != length) or (
                 t.numel() and t.stride(0) != 1):
             want = " or ".join(str(d).removeprefix("torch.") for d in dtypes)
-            size = f"[{length}]" if length is not None else "[n]"
+            size = f"[{length}] (row_ptr's length: the trie's arrays have one length)" if length is not None else "[n]"
             raise ValueError(f"{op}: {name} must be a contiguous {want} vector {size}; got {t.dtype} "
                              f"{tuple(t.shape)}, strides {t.stride()}")
-    num_nodes = row_ptr.shape[0] - 1 if row_ptr.dim() == 1 else -1
     vector("nodes", nodes, (torch.int64,))
     vector("row_ptr", row_ptr, (torch.int64,))
-    vector("child_token", child_token, (torch.int64, torch.int32), max(num_nodes - 1, 0))
-    vector("reach", reach, (torch.bool,), num_nodes)
-    vector("ends", ends, (torch.bool,), num_nodes)
+    length = row_ptr.shape[0]  # M: the trie's four arrays have one length (module docstring)
+    if length < 2:
+        raise ValueError(f"{op}: row_ptr must hold at least 2 row offsets (a root and its end); got {length}")
+    vector("child_token", child_token, (torch.int64, torch.int32), length)
+    vector("reach", reach, (torch.bool,), length)
+    vector("ends", ends, (torch.bool,), length)
     vector("stop_token_ids", stop_token_ids, (torch.int64,))
     devices = {t.device for t in (nodes, row_ptr, child_token, reach, ends, stop_token_ids)}
     if len(devices) != 1:
@@ -207,52 +219,36 @@ def apply_launch(scores: torch.Tensor, nodes: torch.Tensor, row_ptr: torch.Tenso
                  block: int | None = None, child_block: int | None = None, num_warps: int | None = None) -> None:
     """Run the Triton kernel in place on scores [B, V] (rows of any stride); as `apply_reference`."""
     if scores.dim() != 2 or scores.dtype not in SCORE_DTYPES or (scores.numel() and scores.stride(1) != 1):
-        raise ValueError(f"trie_mask_apply: scores must be [B, V] FP32, bf16 or fp16 with contiguous rows; got "
+        raise ValueError(f"trie_mask in place: scores must be [B, V] FP32, bf16 or fp16 with contiguous rows; got "
                          f"{scores.dtype} {tuple(scores.shape)}, strides {scores.stride()}")
     if scores.shape[0] != nodes.shape[0]:
-        raise ValueError(f"trie_mask_apply: scores has {scores.shape[0]} rows, nodes {nodes.shape[0]} beams")
-    _check("trie_mask_apply", nodes, row_ptr, child_token, reach, ends, stop_token_ids, scores.shape[1],
+        raise ValueError(f"trie_mask in place: scores has {scores.shape[0]} rows, nodes {nodes.shape[0]} beams")
+    _check("trie_mask in place", nodes, row_ptr, child_token, reach, ends, stop_token_ids, scores.shape[1],
            max_degree)
     if scores.device != nodes.device:
-        raise ValueError(f"trie_mask_apply: scores on {scores.device}, the trie on {nodes.device}")
+        raise ValueError(f"trie_mask in place: scores on {scores.device}, the trie on {nodes.device}")
     _launch(scores, nodes, row_ptr, child_token, reach, ends, stop_token_ids, scores.shape[1], max_degree, True,
             block, child_block, num_warps)
 
 
 # ---------------------------------------------------------------------------------------------
-# Registered ops: one node each under torch.export; the kernel on CUDA, the reference on CPU.
+# The registered op: the in-place form, the one the beam program lowers (a [B, V] bias would be
+# one more [B, V] write and read a step). One node under torch.export; the kernel on CUDA, the
+# reference on CPU. Named after this module, as a package calls it by name (ops/custom.py).
 
-@triton_op("boundgen::trie_mask", mutates_args=())
-def trie_mask(nodes: torch.Tensor, row_ptr: torch.Tensor, child_token: torch.Tensor, reach: torch.Tensor,
-              ends: torch.Tensor, stop_token_ids: torch.Tensor, vocab: int, max_degree: int) -> torch.Tensor:
-    return launch(nodes, row_ptr, child_token, reach, ends, stop_token_ids, vocab, max_degree)
-
-
-@trie_mask.register_kernel("cpu")
-def _(nodes, row_ptr, child_token, reach, ends, stop_token_ids, vocab, max_degree):
-    # The reference returns a view of a [B, V + 1] row; the op's result is contiguous, as its fake says.
-    return reference(nodes, row_ptr, child_token, reach, ends, stop_token_ids, vocab, max_degree).contiguous()
-
-
-@trie_mask.register_fake
-def _(nodes, row_ptr, child_token, reach, ends, stop_token_ids, vocab, max_degree):
-    return nodes.new_empty((nodes.shape[0], vocab), dtype=torch.float32)
-
-
-@triton_op("boundgen::trie_mask_apply", mutates_args={"scores"})
-def trie_mask_apply(scores: torch.Tensor, nodes: torch.Tensor, row_ptr: torch.Tensor, child_token: torch.Tensor,
-                    reach: torch.Tensor, ends: torch.Tensor, stop_token_ids: torch.Tensor, max_degree: int) -> None:
+@triton_op("boundgen::trie_mask", mutates_args={"scores"})
+def trie_mask(scores: torch.Tensor, nodes: torch.Tensor, row_ptr: torch.Tensor, child_token: torch.Tensor,
+              reach: torch.Tensor, ends: torch.Tensor, stop_token_ids: torch.Tensor, max_degree: int) -> None:
     apply_launch(scores, nodes, row_ptr, child_token, reach, ends, stop_token_ids, max_degree)
 
 
-trie_mask_apply.register_kernel("cpu")(apply_reference)
+trie_mask.register_kernel("cpu")(apply_reference)
 
 
-@trie_mask_apply.register_fake
+@trie_mask.register_fake
 def _(scores, nodes, row_ptr, child_token, reach, ends, stop_token_ids, max_degree):
     return None
 
 
-# Lowerings by name; the build config picks one per op and records it in the manifest.
-IMPLEMENTATIONS = {"torch": reference, "triton": trie_mask}
-APPLY_IMPLEMENTATIONS = {"torch": apply_reference, "triton": trie_mask_apply}
+# Lowerings by name (`OpLowering.trie_mask`): the in-place form, `apply_reference`'s signature.
+IMPLEMENTATIONS = {"torch": apply_reference, "triton": trie_mask}

@@ -4,24 +4,27 @@ rows.
 
     allow_items [K] int64 (item ids, repeats fine), the catalogue's item index (`item_index`):
     item_keys [I] int64 (its item ids, ascending), item_nodes [I] int64 (the node each ends at),
-    row_ptr [nodes + 1] int64 (text/catalogue.py), depth (tokens of the longest code)
-    -> ends [nodes] bool   an allowed item ends at the node
-       reach [nodes] bool  an allowed item ends at or below the node
-       known [K] bool      the id names an item of the catalogue (unknown ids allow nothing)
+    row_ptr [M] int64 (the trie's arrays as the beam program takes them, all of one length M:
+    artifact/tensors.py TRIE, text/catalogue_search.py `arrays`), depth (tokens of the longest code)
+    -> ends [M] bool   an allowed item ends at the node
+       reach [M] bool  an allowed item ends at or below the node
+       known [K] bool  the id names an item of the catalogue (unknown ids allow nothing)
 
-The same as text/catalogue.py's `Catalogue.reachable(allow_items)` (numpy, on the host), which
-raises on unknown ids; here the caller decides what an unknown id means (`known`), since
-raising would need the device's answer on the host.
+ends and reach come out as the program's `ends` / `reach` inputs: M long, False past the
+catalogue's nodes (as catalogue_search pads them), so a request's allow-list replaces those two
+arrays as they are. The same as text/catalogue.py's `Catalogue.reachable(allow_items)` (numpy,
+on the host, [nodes]) padded to M, which raises on unknown ids; here the caller decides what an
+unknown id means (`known`), since raising would need the device's answer on the host.
 
 `reach_from_allowed`: from the K allowed leaves upwards, one level a step, all leaves at once:
 `depth` steps of parent(n) = searchsorted(row_ptr, n - 1, right) - 1 (edge n - 1 leads to n; the
 root is its own parent), each marking the K cursors' nodes in `reach`. Unknown ids are sent to a
-spare slot `nodes`, dropped at the end, so that every write is True (no ordering among repeats).
-Work: two [nodes + 1] bool fills (the only part that grows with the catalogue: 22 MB at 10M
+spare slot M, dropped at the end, so that every write is True (no ordering among repeats).
+Work: two [M + 1] bool fills (the only part that grows with the catalogue: 22 MB at 10M
 items) and K x (depth + 1) binary searches over row_ptr and item_keys; no host sync, static
 shapes (a CUDA graph or export can hold it).
 
-`reach_from_ends`: the same `reach` from a bitmap ends [nodes] (e.g. a subset registered with
+`reach_from_ends`: the same `reach` from a bitmap ends [M] (e.g. a subset registered with
 the catalogue), level by level from the deepest (nodes are numbered level by level, `level_ptr`,
 and a level's children are contiguous by parent): a parent reaches what its children's segment
 of the next level holds, a difference of a cumulative sum at row_ptr's offsets. Work: one pass
@@ -40,7 +43,7 @@ import torch
 
 
 def item_index(node_item: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """node_item [nodes] int64 (the item ending at each node, -1 if none) -> (item_keys [I] ascending,
+    """node_item [M] int64 (the item ending at each node, -1 if none) -> (item_keys [I] ascending,
     item_nodes [I]): built once per catalogue (one host sync, for the item count)."""
     nodes = torch.nonzero(node_item >= 0).flatten()
     keys, order = torch.sort(node_item[nodes])
@@ -57,20 +60,20 @@ def parent_of(node: torch.Tensor, row_ptr: torch.Tensor) -> torch.Tensor:
 
 def reach_from_allowed(allow_items: torch.Tensor, item_keys: torch.Tensor, item_nodes: torch.Tensor,
                        row_ptr: torch.Tensor, depth: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    num_nodes = row_ptr.shape[0] - 1
+    length = row_ptr.shape[0]  # M; node M - 1 has no row: no item ends there, no edge leads there
     at = torch.searchsorted(item_keys, allow_items).clamp(max=item_keys.shape[0] - 1)  # a catalogue has items
     known = item_keys[at] == allow_items
-    node = torch.where(known, item_nodes[at], num_nodes)  # [K]; unknown ids to the spare slot
-    ends = torch.zeros(num_nodes + 1, dtype=torch.bool, device=row_ptr.device).index_fill_(0, node, True)
+    node = torch.where(known, item_nodes[at], length)  # [K]; unknown ids to the spare slot M
+    ends = torch.zeros(length + 1, dtype=torch.bool, device=row_ptr.device).index_fill_(0, node, True)
     reach = ends.clone()
-    for _ in range(depth):  # every cursor one level up
+    for _ in range(depth):  # every cursor one level up (the spare slot stays where it is)
         node = parent_of(node, row_ptr)
         reach.index_fill_(0, node, True)
-    return ends[:num_nodes], reach[:num_nodes], known
+    return ends[:length], reach[:length], known
 
 
 def reach_from_ends(ends: torch.Tensor, row_ptr: torch.Tensor, level_ptr: Sequence[int]) -> torch.Tensor:
-    """ends [nodes] bool -> reach [nodes] bool (level_ptr: the catalogue's, as host integers)."""
+    """ends [M] bool -> reach [M] bool (level_ptr: the catalogue's, as host integers)."""
     reach = ends.clone()
     levels = len(level_ptr) - 2  # depth
     for d in range(levels - 1, -1, -1):  # parents of depth d, children of depth d + 1

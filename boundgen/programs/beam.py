@@ -39,10 +39,12 @@ beams, one set of kernels per step. Every state has a leading request dim (as HF
 request's finished set freezes on its own), so each request's rows equal running it alone.
 
 Constrained search (`constraint`, a CatalogueConstraint: programs/constraint.py; None: none of
-this runs, the program and its stages are the plain search). Step 0 adds the trie root's mask to
-the prompts' log-probs; each decode step finds every running beam's trie node from its tokens,
-adds its mask to the FP32 log-softmax of the whole vocabulary and takes each beam's top K of that
-(torch.topk: a per-beam mask does not fit vocab_topk's one [V] bias). Finish returns a fifth
+this runs, the program and its stages are the plain search). Step 0 masks the prompts' log-probs
+to the tokens the trie's root allows; each decode step finds every running beam's trie node from
+its tokens, masks the FP32 log-softmax of the whole vocabulary to the tokens that node allows
+(-inf written in place, no [B, V] bias: the model's `ops.trie_mask`, ops/trie_mask.py, lowered
+as the build chooses) and takes each beam's top K of that (torch.topk: a per-beam mask does not
+fit vocab_topk's one [V] bias). Finish returns a fifth
 output, item_ids [R*W] int64; slots with no hypothesis (fewer than W items reachable) come back
 as token ids -1, score -inf, item -1. The trie is the stages' input (TRIE tensors, after the
 packed inputs; finish's first), so that a compiled artifact takes its catalogue when served;
@@ -119,8 +121,8 @@ class BeamProgram(nn.Module):
         # Indexed, not sliced: a slice of cu_seqlens would make export guard R >= 2 (as the example).
         _, logp = self._log_probs(hidden[ends - 1], torch.zeros(1, dtype=torch.int64, device=device))  # [R, V]
         if self.constraint is not None:  # every prompt starts at the trie's root
-            logp = logp + self.constraint.bias(Trie(*trie), torch.zeros(R, dtype=torch.int64, device=device),
-                                               root=True)
+            self.constraint.mask(model.ops.trie_mask, Trie(*trie), torch.zeros(R, dtype=torch.int64, device=device),
+                                 logp, root=True)
         cand_scores, cand_tokens = torch.topk(logp, K, dim=-1)  # beam 0 only; its running score is 0
         suffix_shape = (cfg.num_layers, R * W, max(N - 1, 1), cfg.num_kv_heads, cfg.head_dim)
         seqs = [torch.full((R, W, N), -1, dtype=torch.int64, device=device) for _ in range(4)]
@@ -257,7 +259,7 @@ class BeamProgram(nn.Module):
         unmasked model's (log-softmax over the whole vocabulary), -inf on disallowed tokens: HF's
         scores under prefix_allowed_tokens_fn. Ranked by those FP32 log-probs (as HF ranks)."""
         logp = torch.log_softmax(logits.to(torch.float32), dim=-1)
-        logp = logp + self.constraint.bias(trie, self.constraint.nodes(trie, run_seq))
+        self.constraint.mask(self.model.ops.trie_mask, trie, self.constraint.nodes(trie, run_seq), logp)
         barred = self._barred(step + 1, logits)
         if barred is not None:
             logp = logp + barred

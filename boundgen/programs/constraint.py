@@ -5,8 +5,8 @@ arrays (a `Trie` of artifact/tensors.py: text/catalogue_search.py makes them fro
 
     nodes(trie, seq [B, N] int64, -1 after the end) -> [B] int64   the node each beam's tokens lead to
                                                                    (-1: not a prefix of an allowed item)
-    bias(trie, nodes [B], root: bool)               -> [B, V] FP32 0 on allowed tokens, -inf elsewhere
-                                                                   (ops/trie_mask.py)
+    mask(trie_mask, trie, nodes [B], logp, root)    logp [B, V] FP32 in place: -inf on the tokens
+                                                                   the nodes bar (ops/trie_mask.py, as lowered)
     items(trie, seq [B, N])                         -> [B] int64   the item a finished sequence names, -1 if none
 
 Where the trie comes from: built from a catalogue (`CatalogueConstraint(cat, ...)`: the eager
@@ -38,13 +38,12 @@ tokens when some code is shorter than N.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 from torch import nn
 
 from boundgen.artifact.tensors import TRIE, Trie
-from boundgen.ops import trie_mask
 from boundgen.text import catalogue_search
 from boundgen.text.catalogue import Catalogue
 
@@ -92,12 +91,13 @@ class CatalogueConstraint(nn.Module):
             node = torch.where(active, torch.where(found, at + 1, torch.full_like(at, -1)), node)
         return node
 
-    def bias(self, trie: Trie, nodes: torch.Tensor, root: bool = False) -> torch.Tensor:
-        """nodes [B] -> [B, V] FP32 additive mask of the allowed tokens (ops/trie_mask.py)."""
+    def mask(self, trie_mask: Callable, trie: Trie, nodes: torch.Tensor, logp: torch.Tensor,
+             root: bool = False) -> None:
+        """logp [B, V] FP32 in place: -inf on the tokens the beams' nodes [B] do not allow, the
+        others untouched. trie_mask: the in-place op as lowered (`Ops.trie_mask`, ops/trie_mask.py),
+        which takes the program's trie arrays as they are (one length M)."""
         degree = self.root_degree if root else max(self.max_degree, 1)
-        # child_token one shorter than reach: the op reads reach[edge + 1] for edges up to its end
-        return trie_mask.reference(nodes, trie.row_ptr, trie.child_token[:-1], trie.reach, trie.ends,
-                                   self.stop_token_ids[:1], self.vocab, degree)
+        trie_mask(logp, nodes, trie.row_ptr, trie.child_token, trie.reach, trie.ends, self.stop_token_ids[:1], degree)
 
     def items(self, trie: Trie, seq: torch.Tensor) -> torch.Tensor:
         """seq [B, N] (a finished sequence, -1 after its end) -> [B] int64 item id, -1 if it names none

@@ -1,7 +1,7 @@
 """A catalogue served with a constrained beam artifact: its trie on the device, per-request allow-lists.
 
-    load_catalogue(cat_dir, artifact_dir, device)                -> ServedCatalogue (checked against the artifact)
-    ServedCatalogue.trie(allow_items)                            -> Trie (artifact/tensors.py) of one request
+    load_catalogue(cat_dir, artifact_dir, device[, reach_on_device]) -> ServedCatalogue (checked against the artifact)
+    ServedCatalogue.trie(allow_items)                               -> Trie (artifact/tensors.py) of one request
 
 A constrained artifact takes the trie as program inputs (programs/beam.py), so the engine holds
 one `ServedCatalogue` and hands its tensors to every call (runtime/local_engine.py). Replacing the
@@ -9,14 +9,22 @@ catalogue is replacing that one reference: a request takes the catalogue of the 
 tokenized, with every tensor its call needs, so it runs on the old or the new catalogue whole,
 never a mix, and the old one lives until its last request ends.
 
-An allow-list keeps the trie's four arrays and replaces its `reach` and `ends` for that request
-(text/catalogue_search.py `allowed`: reach derived on the host from the leaves, O(nodes) per
-request); a request without one shares the catalogue's. Ids not in the catalogue, or a list
-that leaves nothing to generate, are InvalidInput (400).
+An allow-list keeps the trie's four arrays and replaces its `reach` and `ends` for that request;
+a request without one shares the catalogue's. Two ways to the same arrays ([M], as the program
+takes them; tests/runtime/test_catalogue.py checks them equal):
+- on the host (the reference, and the CPU's way): text/catalogue_search.py `allowed`, numpy,
+  O(nodes) per request (every level of the trie), then copied to the device;
+- on the device (`reach_on_device`, CUDA's way): ops/trie_reach.py from the K allowed leaves
+  upwards, K x depth binary searches and two [M] fills, on a stream of the catalogue's own,
+  which the request's thread waits for (only that stream's work, not the model's calls), so the
+  arrays are complete before any call reads them. The ids are checked on the host first, against
+  the sorted item ids (K binary searches): an unknown id is an error without asking the device.
+Ids not in the catalogue, or a list that leaves nothing to generate, are InvalidInput (400).
 """
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -27,8 +35,18 @@ import torch
 from boundgen.artifact.manifest import read_manifest
 from boundgen.artifact.tensors import TRIE, Trie
 from boundgen.errors import ConfigError, InvalidInput
+from boundgen.ops import trie_reach
 from boundgen.text import catalogue_search
 from boundgen.text.catalogue import Catalogue, check_tokenizer
+
+
+@dataclass(frozen=True)
+class ItemIndex:
+    """What deriving an allow-list on the device needs (ops/trie_reach.py), built once at load."""
+    keys: np.ndarray  # [I] int64, the item ids ascending (host: ids are checked before the device runs)
+    item_keys: torch.Tensor  # [I] int64, the same on the device
+    item_nodes: torch.Tensor  # [I] int64, the node each item ends at
+    stream: torch.cuda.Stream | None  # the derivation's own stream (None on the CPU)
 
 
 @dataclass(frozen=True)
@@ -37,24 +55,62 @@ class ServedCatalogue:
     meta: dict  # catalogue.json's counts and sha256
     catalogue: Catalogue  # the host arrays, for allow-lists
     full: Trie  # device tensors, every item allowed
+    index: ItemIndex | None = None  # set: allow-lists derived on the device; None: on the host
+
+    @classmethod
+    def on_device(cls, cat: Catalogue, vocab: int, device: str | torch.device, reach_on_device: bool | None = None,
+                  path: str = "") -> "ServedCatalogue":
+        """A checked catalogue's program inputs on `device` (load_catalogue's last step)."""
+        arrays = catalogue_search.arrays(cat, vocab)
+        full = Trie(*(torch.from_numpy(arrays[name]).to(device) for name in TRIE))
+        device = torch.device(device)
+        index = None
+        if reach_on_device if reach_on_device is not None else device.type == "cuda":
+            item_keys, item_nodes = trie_reach.item_index(full.node_item)  # one host sync, at load
+            stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+            index = ItemIndex(item_keys.cpu().numpy(), item_keys, item_nodes, stream)
+        return cls(path, cat.metadata(), cat, full, index)
 
     def trie(self, allow_items: Sequence[int] | None = None) -> Trie:
         """The program inputs of a request (allow_items None: every item)."""
         if allow_items is None:
             return self.full
         ids = _item_ids(allow_items)
+        reach, ends = self._on_device(ids) if self.index is not None else self._on_host(ids)
+        return self.full._replace(reach=reach, ends=ends)
+
+    def _on_host(self, ids: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         try:
             allow = catalogue_search.allowed(self.catalogue, ids)
         except ConfigError as exc:
             raise InvalidInput(f"ALLOW_ITEMS: {exc}") from None
         reach, ends = catalogue_search.padded(self.catalogue, allow)
         device = self.full.reach.device
-        return self.full._replace(reach=torch.from_numpy(reach).to(device), ends=torch.from_numpy(ends).to(device))
+        return torch.from_numpy(reach).to(device), torch.from_numpy(ends).to(device)
+
+    def _on_device(self, ids: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        index = self.index
+        at = np.searchsorted(index.keys, ids).clip(max=len(index.keys) - 1)
+        unknown = np.unique(ids[index.keys[at] != ids])
+        if unknown.size:  # the host path's words (Catalogue.reachable)
+            raise InvalidInput(f"ALLOW_ITEMS: allowed items {unknown[:5].tolist()} are not in the catalogue")
+        if not ids.size:  # every id known: the root reaches an allowed item unless there is none
+            raise InvalidInput("ALLOW_ITEMS: the allow-list leaves no item of the catalogue to generate")
+        device = self.full.reach.device
+        scope = torch.cuda.stream(index.stream) if index.stream is not None else contextlib.nullcontext()
+        with scope:
+            ends, reach, _ = trie_reach.reach_from_allowed(torch.from_numpy(ids).to(device), index.item_keys,
+                                                           index.item_nodes, self.full.row_ptr, self.catalogue.depth)
+        if index.stream is not None:
+            index.stream.synchronize()  # complete before a call on another stream reads them
+        return reach, ends
 
 
-def load_catalogue(cat_dir: str | Path, artifact_dir: str | Path, device: str | torch.device) -> ServedCatalogue:
+def load_catalogue(cat_dir: str | Path, artifact_dir: str | Path, device: str | torch.device,
+                   reach_on_device: bool | None = None) -> ServedCatalogue:
     """Read CAT_DIR and check it against a constrained beam artifact (its tokenizer, N_gen, stop
-    tokens, the model's vocabulary and the children bound): a ConfigError says what differs."""
+    tokens, the model's vocabulary and the children bound): a ConfigError says what differs.
+    reach_on_device: derive allow-lists with tensor code on `device` (None: on CUDA, not on the CPU)."""
     manifest = read_manifest(artifact_dir)
     spec, vocab = manifest.program, manifest.model["config"]["vocab_size"]
     if not getattr(spec, "constrained", False):
@@ -62,9 +118,7 @@ def load_catalogue(cat_dir: str | Path, artifact_dir: str | Path, device: str | 
     cat = Catalogue.load(cat_dir)
     check_tokenizer(cat, artifact_dir, cat_dir)
     catalogue_search.check(cat, vocab, spec.steps, spec.stop_token_ids, spec.catalogue_max_degree)
-    arrays = catalogue_search.arrays(cat, vocab)
-    full = Trie(*(torch.from_numpy(arrays[name]).to(device) for name in TRIE))
-    return ServedCatalogue(str(cat_dir), cat.metadata(), cat, full)
+    return ServedCatalogue.on_device(cat, vocab, device, reach_on_device, str(cat_dir))
 
 
 def _item_ids(allow_items) -> np.ndarray:

@@ -19,3 +19,18 @@ def test_call_curve_stops_at_the_call_bounds(tiny_qwen2_dir):
             engine.program_call(["x"], copies=5)
     finally:
         engine.close()
+
+
+def test_per_call_figures_come_from_the_profile_of_several_calls():
+    from boundgen.bench.calls import per_call
+    from boundgen.bench.profile import analyze_trace
+
+    # two calls of three kernels each, the second kernel of each overlapping the first by 1 us
+    events = []
+    for start in (0.0, 100.0):
+        events += [{"ph": "X", "cat": "kernel", "name": "k", "ts": start + t, "dur": d}
+                   for t, d in ((0.0, 5.0), (4.0, 6.0), (20.0, 10.0))]
+    figures = per_call(analyze_trace({"traceEvents": events}), 2)
+    assert figures == {"kernels_per_call": 3.0, "gpu_ms_per_call": pytest.approx(0.020)}  # 10 + 10 us a call
+    rows = [{"requests": 1, "call_ms": 1.0, "request_ms": 1.0, "speedup": 1.0, **figures}]
+    assert "| 1 | 1.00 | 1.00 | 1.00x | 3 | 0.02 |" in markdown(rows, "W2")

@@ -147,3 +147,25 @@ def test_cli_beam_on_the_artifact_prints_item_ids(compiled, constrained_build, t
                         (["--catalogue", cat, "--allow-items", "99"], "[99] are not in the catalogue")):
         proc = cli("beam", art, "--text", PROMPTS[0], *args)
         assert proc.returncode != 0 and words in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+
+
+def test_triton_mask_lowering_builds_calls_the_op_by_name_and_equals_the_torch_lowering(
+        compiled, tiny_qwen2_dir, constrained_build, tmp_path):
+    """--lowering trie_mask=triton: on the CPU the packages call boundgen::trie_mask by name (the
+    manifest records it, the loader registers it; its CPU kernel is the reference), and the
+    candidates equal the torch-lowered artifact's, with and without an allow-list."""
+    art = tmp_path / "cbeam_triton"
+    proc = cli("build", tiny_qwen2_dir, "--task", "beam", "--constrained", "--width", "4", "--steps", "3",
+               "--max-prompt-tokens", "32", "--max-requests", "2", "--batching", "--lowering", "trie_mask=triton",
+               "--name", "cbeam", "--out", art)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    manifest = json.loads((art / "manifest.json").read_text())
+    assert manifest["compile"]["lowering"]["trie_mask"] == "triton" and "trie_mask" in manifest["compile"]["custom_ops"]
+    assert manifest["validation"]["passed"]
+    lowered = boundgen.load(art, catalogue=constrained_build["catalogue"])
+    for allow in (None, [11, 16]):
+        for prompt in PROMPTS:
+            got, want = lowered.beam(prompt, allow_items=allow), compiled.beam(prompt, allow_items=allow)
+            np.testing.assert_array_equal(got.token_ids, want.token_ids)
+            np.testing.assert_array_equal(got.item_ids, want.item_ids)
+            np.testing.assert_allclose(got.scores, want.scores, rtol=0, atol=1e-5)

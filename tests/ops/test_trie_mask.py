@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from boundgen.ops import trie_mask as op
+from boundgen.text import catalogue_search
 from boundgen.text.catalogue import Catalogue
 from tests.ops.kernel_testing import (KERNEL_DEVICE, assert_script_prints_ok, call_targets, needs_compiled_kernel,
                                      needs_kernel, one_kernel_trace_script)
@@ -20,16 +21,27 @@ VOCAB = 47  # odd: the last block partial; tokens 0 .. 39 in codes, stops 41 and
 STOPS = [41, 45]
 
 
-def make_trie(seed=0, items=60, lengths=(1, 2, 3), tokens=40, allow_every=3):
+def make_trie(seed=0, items=60, lengths=(1, 2, 3), tokens=40, allow_every=3, pad=0, junk=False):
     """A random catalogue (shared prefixes, short codes inside longer ones), an allow-list that
-    empties some subtrees, and the trie as the op takes it."""
+    empties some subtrees, and the trie as the op takes it: the beam program's arrays
+    (catalogue_search.arrays, all of one length M), with `pad` more nodes without children;
+    `junk`: the entries past the catalogue's edges hold random tokens and reach True (the op
+    must not read them for an allowed token)."""
     rng = random.Random(seed)
     codes = sorted({tuple(rng.randrange(tokens) for _ in range(rng.choice(lengths))) for _ in range(items)})
     cat = Catalogue.from_sequences(range(len(codes)), [list(c) for c in codes])
-    ends, reach = cat.reachable(list(range(0, len(codes), allow_every)))
-    trie = (torch.from_numpy(cat.row_ptr), torch.from_numpy(cat.child_token.astype(np.int64)),
-            torch.from_numpy(reach), torch.from_numpy(ends))
-    return cat, trie
+    allow = catalogue_search.allowed(cat, list(range(0, len(codes), allow_every)))
+    arrays = {k: torch.from_numpy(v) for k, v in catalogue_search.arrays(cat, VOCAB, allow).items()}
+    trie = [arrays[name] for name in ("row_ptr", "child_token", "reach", "ends")]
+    if pad:
+        trie = [torch.cat((t, t[-1:].expand(pad) if i == 0 else torch.zeros(pad, dtype=t.dtype)))
+                for i, t in enumerate(trie)]
+    if junk:
+        edges = cat.num_nodes - 1
+        gen = torch.Generator().manual_seed(seed)
+        trie[1][edges:] = torch.randint(0, VOCAB, (len(trie[1]) - edges,), generator=gen)
+        trie[2][edges + 1:] = True
+    return cat, tuple(trie)
 
 
 def pick_nodes(cat, reach, count, seed=0):
@@ -38,7 +50,7 @@ def pick_nodes(cat, reach, count, seed=0):
     rng = random.Random(seed)
     degree = cat.degree()
     ends = (cat.node_item >= 0)
-    kinds = [degree == 0, ~reach.numpy(), ends & (degree > 0)]
+    kinds = [degree == 0, ~reach.numpy()[:cat.num_nodes], ends & (degree > 0)]
     special = [0, -1] + [int(np.flatnonzero(kind)[0]) for kind in kinds if kind.any()]
     rest = [rng.randrange(-1, cat.num_nodes) for _ in range(max(count - len(special), 0))]
     return torch.tensor((special + rest)[:count], dtype=torch.int64)
@@ -128,12 +140,28 @@ def test_catalogue_int32_tokens_and_tokens_past_the_vocabulary():
     """The catalogue's own int32 child tokens; a vocabulary smaller than the trie's tokens: the
     kernel never writes outside the row (the reference refuses such tokens)."""
     cat, trie = make_trie(seed=4)
-    narrow = (trie[0], torch.from_numpy(cat.child_token), *trie[2:])
+    narrow = (trie[0], trie[1].to(torch.int32), *trie[2:])
     nodes = pick_nodes(cat, trie[2], 5, seed=4)
     assert_bias_matches(nodes, narrow, STOPS, VOCAB, max(cat.max_degree()), block=32)
     args = (*on(KERNEL_DEVICE, nodes, *trie, torch.tensor([3])), 20, max(cat.max_degree()))
     want = op.reference(*on(KERNEL_DEVICE, nodes, *trie, torch.tensor([3])), 60, max(cat.max_degree()))[:, :20]
     assert torch.equal(op.launch(*args, block=32), want)
+
+
+@needs_kernel
+@pytest.mark.parametrize("pad,junk", [(0, True), (37, False), (37, True)], ids=["junk", "padded", "padded-junk"])
+def test_program_arrays_padded_past_the_catalogue(pad, junk):
+    """The trie as the program holds it, padded to a longer M (a served catalogue's arrays, a
+    compiled program's inputs), with junk past the catalogue's edges: both forms equal the
+    reference, and the reference equals the catalogue's own minimal arrays."""
+    cat, trie = make_trie(seed=8, pad=pad, junk=junk)
+    _, plain = make_trie(seed=8)
+    assert trie[0].shape[0] == plain[0].shape[0] + pad and len({t.shape[0] for t in trie}) == 1
+    nodes = torch.cat((pick_nodes(cat, plain[2], 8, seed=8), torch.tensor([cat.num_nodes - 1, 0])))
+    degree = max(cat.max_degree())
+    got = assert_bias_matches(nodes, trie, STOPS, VOCAB, degree, block=16, child_block=4)
+    assert torch.equal(got, op.reference(nodes, *plain, torch.tensor(STOPS), VOCAB, degree))
+    assert_apply_matches(nodes, trie, STOPS, degree, block=32, child_block=8)
 
 
 def test_reference_against_the_catalogue():
@@ -166,8 +194,14 @@ def test_launchers_reject_bad_inputs():
     nodes, stops = torch.tensor([0, 1]), torch.tensor(STOPS)
     with pytest.raises(ValueError, match="nodes must be a contiguous int64 vector"):
         op.launch(nodes.int(), *trie, stops, VOCAB, 4)
-    with pytest.raises(ValueError, match=r"reach must be a contiguous bool vector \["):
+    with pytest.raises(ValueError, match=r"reach must be a contiguous bool vector \[\d+\] \(row_ptr's length"):
         op.launch(nodes, *trie[:2], trie[2][:-1], trie[3], stops, VOCAB, 4)
+    catalogue_form = (torch.from_numpy(cat.row_ptr), torch.from_numpy(cat.child_token.astype(np.int64)),
+                      trie[2][:cat.num_nodes], trie[3][:cat.num_nodes])  # [nodes + 1], [nodes - 1], [nodes]
+    with pytest.raises(ValueError, match=r"child_token must be .* vector \[\d+\] \(row_ptr's length"):
+        op.apply_launch(torch.zeros(2, VOCAB), nodes, *catalogue_form, stops, 4)
+    with pytest.raises(ValueError, match="row_ptr must hold at least 2"):
+        op.launch(nodes, *(t[:1] for t in trie), stops, VOCAB, 4)
     with pytest.raises(ValueError, match="child_token must be a contiguous int64 or int32"):
         op.launch(nodes, trie[0], trie[1].float(), *trie[2:], stops, VOCAB, 4)
     with pytest.raises(ValueError, match="vocab must be >= 1"):
@@ -182,17 +216,14 @@ def test_launchers_reject_bad_inputs():
         op.apply_launch(torch.zeros(2, VOCAB, dtype=torch.float64), nodes, *trie, stops, 4)
 
 
-def test_registered_ops_run_the_reference_on_cpu():
+def test_registered_op_runs_the_reference_on_cpu():
     cat, trie = make_trie()
     nodes, stops = pick_nodes(cat, trie[2], 6), torch.tensor(STOPS)
-    want = op.reference(nodes, *trie, stops, VOCAB, 8)
-    got = torch.ops.boundgen.trie_mask(nodes, *trie, stops, VOCAB, 8)
-    assert torch.equal(got, want) and got.is_contiguous()  # as the fake says
     scores = torch.randn(6, VOCAB)
-    expected = scores + want
-    torch.ops.boundgen.trie_mask_apply(scores, nodes, *trie, stops, 8)
+    expected = scores + op.reference(nodes, *trie, stops, VOCAB, 8)
+    torch.ops.boundgen.trie_mask(scores, nodes, *trie, stops, 8)
     assert torch.equal(scores, expected)
-    assert op.IMPLEMENTATIONS["triton"] is op.trie_mask and op.APPLY_IMPLEMENTATIONS["triton"] is op.trie_mask_apply
+    assert op.IMPLEMENTATIONS == {"torch": op.apply_reference, "triton": op.trie_mask}
 
 
 class _Mask(torch.nn.Module):
@@ -203,34 +234,29 @@ class _Mask(torch.nn.Module):
         self.register_buffer("stops", torch.tensor(STOPS))
 
     def forward(self, scores, nodes):
-        bias = op.IMPLEMENTATIONS["triton"](nodes, self.row_ptr, self.child_token, self.reach, self.ends,
-                                            self.stops, VOCAB, 8)
         masked = scores.clone()
-        op.APPLY_IMPLEMENTATIONS["triton"](masked, nodes, self.row_ptr, self.child_token, self.reach, self.ends,
-                                           self.stops, 8)
-        return scores + bias, masked
+        op.IMPLEMENTATIONS["triton"](masked, nodes, self.row_ptr, self.child_token, self.reach, self.ends,
+                                     self.stops, 8)
+        return masked
 
 
-def test_ops_survive_export_with_dynamic_beams():
+def test_op_survives_export_with_dynamic_beams():
     cat, trie = make_trie()
     beams = torch.export.Dim("B", min=2, max=4096)
     nodes = pick_nodes(cat, trie[2], 5)
     exported = torch.export.export(_Mask(trie), (torch.randn(5, VOCAB), nodes),
                                    dynamic_shapes=({0: beams}, {0: beams}))
-    calls = call_targets(exported)
-    assert torch.ops.boundgen.trie_mask.default in calls
-    assert any("trie_mask_apply" in str(c) for c in calls)  # functionalised: the in-place op, wrapped
+    assert any("trie_mask" in str(c) for c in call_targets(exported))  # functionalised: the in-place op, wrapped
     nodes2 = pick_nodes(cat, trie[2], 9, seed=2)
     scores2 = torch.randn(9, VOCAB)
-    added, masked = exported.module()(scores2, nodes2)
     want = scores2 + op.reference(nodes2, *trie, torch.tensor(STOPS), VOCAB, 8)
-    assert torch.equal(added, want) and torch.equal(masked, want)
+    assert torch.equal(exported.module()(scores2, nodes2), want)
 
 
 _TRACE_SCRIPT = one_kernel_trace_script("""
     from boundgen.ops import trie_mask as op
-    trie = (torch.tensor([0, 2, 2, 2]), torch.tensor([4, 7]), torch.ones(3, dtype=torch.bool),
-            torch.ones(3, dtype=torch.bool), torch.tensor([9]))
+    trie = (torch.tensor([0, 2, 2, 2]), torch.tensor([4, 7, 0, 0]), torch.ones(4, dtype=torch.bool),
+            torch.ones(4, dtype=torch.bool), torch.tensor([9]))
     graph = make_fx(lambda nodes, *trie: op.launch(nodes, *trie, 151936, 2),
                     tracing_mode="symbolic")(torch.tensor([0, 1, -1, 2, 0]), *trie).graph
 """)
@@ -254,9 +280,9 @@ def test_gpu_qwen_vocabulary(beams):
     codes[: len(codes) // 2, 3] = codes[: len(codes) // 2, 2]  # some denser nodes
     codes = np.unique(codes, axis=0)
     cat = Catalogue.from_sequences(np.arange(len(codes)), codes.tolist())
-    ends, reach = cat.reachable(np.arange(0, len(codes), 7).tolist())
-    trie = (torch.from_numpy(cat.row_ptr), torch.from_numpy(cat.child_token.astype(np.int64)),
-            torch.from_numpy(reach), torch.from_numpy(ends))
+    allow = catalogue_search.allowed(cat, np.arange(0, len(codes), 7).tolist())
+    arrays = catalogue_search.arrays(cat, 151936, allow)
+    trie = tuple(torch.from_numpy(arrays[name]) for name in ("row_ptr", "child_token", "reach", "ends"))
     nodes = torch.from_numpy(rng.integers(-1, cat.num_nodes, size=beams))
     nodes[0] = 0
     trie = on("cuda", *trie)

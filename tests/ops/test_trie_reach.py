@@ -9,6 +9,7 @@ import torch
 
 from boundgen.errors import ConfigError
 from boundgen.ops import trie_reach as op
+from boundgen.text import catalogue_search
 from boundgen.text.catalogue import Catalogue
 
 
@@ -20,8 +21,17 @@ def make_catalogue(seed, items=300, lengths=(1, 2, 3, 4), tokens=7):
 
 
 def device_trie(cat):
-    keys, nodes = op.item_index(torch.from_numpy(cat.node_item))
-    return keys, nodes, torch.from_numpy(cat.row_ptr)
+    """(item_keys, item_nodes, row_ptr) from the beam program's trie arrays (one length M)."""
+    arrays = catalogue_search.arrays(cat, int(cat.child_token.max()) + 1)
+    keys, nodes = op.item_index(torch.from_numpy(arrays["node_item"]))
+    return keys, nodes, torch.from_numpy(arrays["row_ptr"])
+
+
+def host(cat, allow):
+    """(ends, reach) of `allow` on the host, padded to the program's M (what the op must equal)."""
+    ends, reach = cat.reachable(allow)
+    reach, ends = catalogue_search.padded(cat, (reach, ends))
+    return ends, reach
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -31,12 +41,13 @@ def test_matches_the_catalogue(seed, share):
     rng = random.Random(seed + 10)
     allow = rng.sample(ids, int(share * len(ids))) if share < 1 else ids
     allow = allow + allow[: len(allow) // 3]  # repeats
-    want_ends, want_reach = cat.reachable(allow)
-    ends, reach, known = op.reach_from_allowed(torch.tensor(allow, dtype=torch.int64), *device_trie(cat), cat.depth)
+    want_ends, want_reach = host(cat, allow)
+    keys, nodes, row_ptr = device_trie(cat)
+    ends, reach, known = op.reach_from_allowed(torch.tensor(allow, dtype=torch.int64), keys, nodes, row_ptr, cat.depth)
     assert known.all() and known.shape == (len(allow),)
     assert np.array_equal(ends.numpy(), want_ends) and np.array_equal(reach.numpy(), want_reach)
-    assert np.array_equal(op.reach_from_ends(torch.from_numpy(want_ends), torch.from_numpy(cat.row_ptr),
-                                             cat.level_ptr.tolist()).numpy(), want_reach)
+    assert np.array_equal(op.reach_from_ends(torch.from_numpy(want_ends), row_ptr, cat.level_ptr.tolist()).numpy(),
+                          want_reach)
 
 
 def test_unknown_ids_allow_nothing_and_are_reported():
@@ -46,26 +57,30 @@ def test_unknown_ids_allow_nothing_and_are_reported():
     allow = torch.tensor([ids[0], -5, max(ids) + 1, min(ids) - 1, ids[1]])
     ends, reach, known = op.reach_from_allowed(allow, *device_trie(cat), cat.depth)
     assert known.tolist() == [True, False, False, False, True]
-    want_ends, want_reach = cat.reachable([ids[0], ids[1]])
+    want_ends, want_reach = host(cat, [ids[0], ids[1]])
     assert np.array_equal(ends.numpy(), want_ends) and np.array_equal(reach.numpy(), want_reach)
 
 
 def test_empty_allow_list_reaches_nothing():
     cat, _ = make_catalogue(4, items=30)
-    ends, reach, known = op.reach_from_allowed(torch.zeros(0, dtype=torch.int64), *device_trie(cat), cat.depth)
-    assert known.numel() == 0 and not ends.any() and not reach.any()
-    assert not op.reach_from_ends(ends, torch.from_numpy(cat.row_ptr), cat.level_ptr.tolist()).any()
+    keys, nodes, row_ptr = device_trie(cat)
+    ends, reach, known = op.reach_from_allowed(torch.zeros(0, dtype=torch.int64), keys, nodes, row_ptr, cat.depth)
+    assert known.numel() == 0 and not ends.any() and not reach.any() and ends.shape == row_ptr.shape
+    assert not op.reach_from_ends(ends, row_ptr, cat.level_ptr.tolist()).any()
 
 
 def test_single_item_catalogue():
+    """Four nodes, M = 5: the padded node is neither an end nor reached, whatever the ids (an
+    unknown id's spare slot is M, past the arrays)."""
     cat = Catalogue.from_sequences([7], [[3, 1, 4]])
-    ends, reach, known = op.reach_from_allowed(torch.tensor([7]), *device_trie(cat), cat.depth)
-    assert known.tolist() == [True] and ends.tolist() == [False, False, False, True] and reach.all()
+    ends, reach, known = op.reach_from_allowed(torch.tensor([7, 8]), *device_trie(cat), cat.depth)
+    assert known.tolist() == [True, False]
+    assert ends.tolist() == [False, False, False, True, False] and reach.tolist() == [True] * 4 + [False]
 
 
 def test_item_index_sorts_items():
     cat, ids = make_catalogue(5, items=50)
-    keys, nodes = op.item_index(torch.from_numpy(cat.node_item))
+    keys, nodes, _ = device_trie(cat)
     assert keys.tolist() == sorted(ids)
     assert [cat.node_item[n] for n in nodes.tolist()] == keys.tolist()
 
@@ -82,7 +97,7 @@ def test_exports_without_host_sync():
     exported = torch.export.export(Reach(), (torch.tensor(ids[:5]),),
                                    dynamic_shapes=({0: torch.export.Dim("K", min=2, max=100_000)},))
     ends, reach, _ = exported.module()(torch.tensor(ids[3:20]))
-    want_ends, want_reach = cat.reachable(ids[3:20])
+    want_ends, want_reach = host(cat, ids[3:20])
     assert np.array_equal(ends.numpy(), want_ends) and np.array_equal(reach.numpy(), want_reach)
 
 
@@ -93,10 +108,9 @@ def test_gpu_large_catalogue():
     codes = np.unique(rng.integers(0, 2000, size=(200_000, 4)), axis=0)
     cat = Catalogue.from_sequences(np.arange(len(codes)), codes.tolist())
     allow = rng.choice(len(codes), size=10_000, replace=False)
-    keys, nodes = op.item_index(torch.from_numpy(cat.node_item).cuda())
-    row_ptr = torch.from_numpy(cat.row_ptr).cuda()
+    keys, nodes, row_ptr = (t.cuda() for t in device_trie(cat))
     ends, reach, known = op.reach_from_allowed(torch.from_numpy(allow).cuda(), keys, nodes, row_ptr, cat.depth)
-    want_ends, want_reach = cat.reachable(allow.tolist())
+    want_ends, want_reach = host(cat, allow.tolist())
     assert known.all()
     assert np.array_equal(ends.cpu().numpy(), want_ends) and np.array_equal(reach.cpu().numpy(), want_reach)
     assert np.array_equal(op.reach_from_ends(ends, row_ptr, cat.level_ptr.tolist()).cpu().numpy(), want_reach)

@@ -6,32 +6,46 @@ fills its remaining rows with hypotheses of its initial beams 1 .. W-1 (score of
 in FP32 and so in no defined order) or -inf; the program returns those rows as missing: token
 ids -1, score -inf, item -1. The tests compare the real rows and check the missing ones."""
 
+import dataclasses
+import os
 import random
 
-import numpy as np
 import pytest
 import torch
 
 from boundgen.errors import ConfigError
 from boundgen.model.loader import load_model
 from boundgen.ops import trie_mask
+from boundgen.ops.lowering import OpLowering
 from boundgen.programs.beam import BeamProgram
 from boundgen.programs.constraint import CatalogueConstraint
+from boundgen.text import catalogue_search
 from boundgen.text.catalogue import Catalogue
 from tests.hf_reference import make_hf_model, save
 
 PROMPT_LEN = 9
 STOP = 3
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 REAL = -1.0e8  # HF scores above this are real hypotheses (its initial beams 1 .. W-1 start at -1e9)
 
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
+    """family -> (HF model, ours with the torch lowering, ours with the mask's Triton kernel)."""
     out = {}
     for family, kw in (("qwen3", dict(tied=False, head_dim=16)), ("qwen2", dict())):
         hf = make_hf_model(family, seed=5, **kw)
-        out[family] = (hf, load_model(save(hf, tmp_path_factory.mktemp(family))))
+        path = save(hf, tmp_path_factory.mktemp(family))
+        out[family] = (hf, load_model(path), load_model(path, ops=kernel_ops()))
     return out
+
+
+def kernel_ops():
+    """`--lowering trie_mask=triton`. On CPU the registered op runs its reference, so the kernel
+    itself is swapped in through its launcher (under the interpreter; conftest.py)."""
+    ops = OpLowering(trie_mask="triton").resolve()
+    assert ops.trie_mask is trie_mask.trie_mask
+    return dataclasses.replace(ops, trie_mask=trie_mask.apply_launch) if INTERPRETED else ops
 
 
 def allowed_fn(cat: Catalogue, stops, allow_items=None):
@@ -52,8 +66,10 @@ def allowed_fn(cat: Catalogue, stops, allow_items=None):
     return fn
 
 
-def run_both(models, family, cat, width, steps, stops=(), allow_items=None, seed=0, **kw):
-    hf, model = models[family]
+def run_both(models, family, cat, width, steps, stops=(), allow_items=None, seed=0, kernel=False, **kw):
+    """Our program (kernel: with the mask's Triton kernel) and HF generate on one random prompt."""
+    hf, model, kernel_model = models[family]
+    model = kernel_model if kernel else model
     prompt = torch.randint(0, 512, (PROMPT_LEN,), generator=torch.Generator().manual_seed(seed))
     constraint = CatalogueConstraint(cat, model.cfg.vocab_size, steps, stops, allow_items)
     prog = BeamProgram(model, width, steps, stop_token_ids=list(stops), constraint=constraint, **kw)
@@ -202,7 +218,7 @@ def test_min_new_tokens_bars_a_short_item_from_ending(models):
 
 def test_unconstrained_program_is_unchanged(models):
     """No constraint: the program is the plain search (no item output)."""
-    _, model = models["qwen3"]
+    _, model, _ = models["qwen3"]
     prog = BeamProgram(model, 4, 2)
     prompt = torch.arange(5)
     with torch.no_grad():
@@ -211,7 +227,6 @@ def test_unconstrained_program_is_unchanged(models):
 
 
 def test_program_checks_the_catalogue(models):
-    _, model = models["qwen3"]
     cat = Catalogue.from_sequences([1, 2], [[5, 6, 7], [5]])
     with pytest.raises(ConfigError, match="3 tokens; this beam search generates 2"):
         CatalogueConstraint(cat, 512, 2, (STOP,))
@@ -225,15 +240,34 @@ def test_program_checks_the_catalogue(models):
         CatalogueConstraint(cat, 512, 3, (STOP,), allow_items=[9])
 
 
+@pytest.mark.skipif(not INTERPRETED, reason="the kernel under the interpreter, on the CPU programs HF runs beside "
+                                          "(compiled on CUDA: tests/ops/test_trie_mask.py)")
+@pytest.mark.parametrize("family", ["qwen3", "qwen2"])
+def test_triton_mask_lowering_matches_hf_and_the_torch_lowering(models, family):
+    """--lowering trie_mask=triton: the kernel masks the log-probs in place at every step (the
+    root's at step 0): the same candidates, scores and items as HF and as the torch lowering, over
+    codes of several lengths with a stop token, shared prefixes and an allow-list."""
+    rng = random.Random(11)
+    codes = random_codes(rng, 40, [1, 2, 3], ALPHABET[:8], first=[40, 41, 42])
+    codes = [list(c) for c in dict.fromkeys(map(tuple, codes + [[40], [40, 1], [40, 1, 2]]))]
+    cat = Catalogue.from_sequences(range(len(codes)), codes)
+    for allow in (None, list(range(0, len(codes), 3))):
+        ours, theirs = run_both(models, family, cat, 6, 3, stops=(STOP,), allow_items=allow, seed=4, kernel=True)
+        check_parity(cat, ours, theirs, stops=(STOP,), allow_items=allow)
+        torch_lowering, _ = run_both(models, family, cat, 6, 3, stops=(STOP,), allow_items=allow, seed=4)
+        for got, want in zip(ours, torch_lowering):
+            assert torch.equal(got, want)
+
+
 def test_trie_mask_against_a_loop():
     rng = random.Random(0)
     codes = random_codes(rng, 80, [1, 2, 3], list(range(10)))
     cat = Catalogue.from_sequences(range(80), codes)
     ends, reach = cat.reachable(list(range(0, 80, 3)))
+    arrays = catalogue_search.arrays(cat, 16, (reach, ends))  # the program's trie arrays, one length M
     nodes = torch.tensor(list(range(cat.num_nodes)) + [-1])
-    bias = trie_mask.reference(nodes, torch.from_numpy(cat.row_ptr), torch.from_numpy(cat.child_token.astype(np.int64)),
-                               torch.from_numpy(reach), torch.from_numpy(ends), torch.tensor([11, 12]), 16,
-                               max(cat.max_degree()))
+    trie = (torch.from_numpy(arrays[k]) for k in ("row_ptr", "child_token", "reach", "ends"))
+    bias = trie_mask.reference(nodes, *trie, torch.tensor([11, 12]), 16, max(cat.max_degree()))
     for n, row in zip(nodes.tolist(), bias):
         want = set()
         if n >= 0:

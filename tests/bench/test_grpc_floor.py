@@ -1,0 +1,31 @@
+"""The gRPC floor: a bare server in its own process answers W2-sized messages, timed by a sync client."""
+
+import pytest
+
+from boundgen.bench import grpc_floor
+from boundgen.bench.host import core_ranges, parse_cores
+
+
+def test_parse_cores_inverts_core_ranges():
+    assert parse_cores("0-3,8,10-11") == {0, 1, 2, 3, 8, 10, 11}
+    assert core_ranges(parse_cores("0-3,8,10-11")) == "0-3,8,10-11"
+    with pytest.raises(ValueError):
+        parse_cores("3-1")
+    with pytest.raises(ValueError):
+        parse_cores("a")
+
+
+def test_the_messages_are_w2_sized():
+    response = grpc_floor.w2_response()
+    assert [o.name for o in response.outputs] == ["TOKEN_IDS", "SCORES", "TEXT_OUT"]
+    assert [list(o.shape) for o in response.outputs] == [[100, 5], [100], [100]]
+    assert len(response.raw_output_contents[0]) == 100 * 5 * 4
+    request = grpc_floor.w2_request()
+    assert request.inputs[0].datatype == "BYTES" and len(request.raw_input_contents[0]) > 200
+
+
+def test_round_trips_against_the_bare_server():
+    row = grpc_floor.measure(calls=20, warmup=2)
+    assert row["calls"] == 20
+    assert 0 < row["p50_ms"] <= row["p99_ms"]
+    assert row["mean_ms"] > 0

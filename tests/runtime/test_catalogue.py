@@ -1,0 +1,116 @@
+"""A served catalogue's allow-lists: derived on the device (ops/trie_reach.py, CUDA's way) they
+equal the host's numpy derivation (the reference, the CPU's way), array for array, and both refuse
+the same bad lists with the same words. On the CPU the device path runs on CPU tensors. Last,
+why a constrained artifact runs without CUDA graphs."""
+
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from boundgen.artifact.manifest import RuntimeConfig
+from boundgen.artifact.program import BeamSpec
+from boundgen.errors import InvalidInput
+from boundgen.runtime.catalogue import ServedCatalogue
+from boundgen.runtime.local_engine import settings_in_effect
+from boundgen.text.catalogue import Catalogue
+
+VOCAB = 64
+
+
+def served_pair(seed, items=200, lengths=(1, 2, 3, 4), device="cpu"):
+    """(catalogue, its item ids, host-path ServedCatalogue, device-path ServedCatalogue)."""
+    rng = random.Random(seed)
+    codes = sorted({tuple(rng.randrange(9) for _ in range(rng.choice(lengths))) for _ in range(items)})
+    ids = rng.sample(range(1_000_000), len(codes))
+    cat = Catalogue.from_sequences(ids, [list(c) for c in codes])
+    host = ServedCatalogue.on_device(cat, VOCAB, device, reach_on_device=False)
+    dev = ServedCatalogue.on_device(cat, VOCAB, device, reach_on_device=True)
+    assert host.index is None and dev.index is not None
+    return cat, ids, host, dev
+
+
+def assert_same_trie(got, want):
+    for name, g, w in zip(got._fields, got, want):
+        assert g.dtype == w.dtype and g.shape == w.shape and g.device == w.device, name
+        assert torch.equal(g, w), name
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("share", [0.01, 0.2, 1.0])
+def test_device_path_equals_host_path(seed, share):
+    cat, ids, host, dev = served_pair(seed)
+    rng = random.Random(seed + 5)
+    allow = rng.sample(ids, max(1, int(share * len(ids))))
+    allow += allow[: len(allow) // 2]  # repeats
+    got, want = dev.trie(allow), host.trie(allow)
+    assert_same_trie(got, want)
+    assert got.reach.shape == got.row_ptr.shape  # the program's one length M
+    assert not torch.equal(want.reach, host.full.reach) or share == 1.0  # an allow-list that restricts something
+    assert dev.trie(None) is dev.full and host.trie(None) is host.full
+
+
+def test_single_item_and_a_padded_catalogue():
+    """Four nodes padded to M = 5 and one item: the padded node is neither reached nor an end."""
+    cat = Catalogue.from_sequences([7], [[3, 1, 4]])
+    host = ServedCatalogue.on_device(cat, VOCAB, "cpu", reach_on_device=False)
+    dev = ServedCatalogue.on_device(cat, VOCAB, "cpu", reach_on_device=True)
+    assert_same_trie(dev.trie([7, 7]), host.trie([7, 7]))
+    assert dev.trie([7]).reach.tolist() == [True] * 4 + [False]
+
+
+@pytest.mark.parametrize("make_allow, words", [
+    (lambda ids: [ids[0], 10**9, -3, ids[1]], r"allowed items \[-3, 1000000000\] are not in the catalogue"),
+    (lambda ids: [], "leaves no item of the catalogue to generate"),
+    (lambda ids: [[ids[0], ids[1]]], "must be a list of integer item ids"),
+], ids=["unknown-ids", "empty", "not-a-list"])
+def test_bad_allow_lists_are_refused_alike(make_allow, words):
+    cat, ids, host, dev = served_pair(3, items=30)
+    allow = make_allow(ids)
+    for served in (host, dev):
+        with pytest.raises(InvalidInput, match=words):
+            served.trie(allow)
+
+
+def test_default_derivation_follows_the_device():
+    cat = Catalogue.from_sequences([1, 2], [[3], [4, 5]])
+    assert ServedCatalogue.on_device(cat, VOCAB, "cpu").index is None  # the CPU: the host's numpy
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_device_path_equals_host_path():
+    rng = np.random.default_rng(0)
+    codes = np.unique(rng.integers(0, 2000, size=(200_000, 4)), axis=0)
+    cat = Catalogue.from_sequences(np.arange(len(codes)), codes.tolist())
+    dev = ServedCatalogue.on_device(cat, 4096, "cuda")
+    host = ServedCatalogue.on_device(cat, 4096, "cuda", reach_on_device=False)
+    assert dev.index is not None and dev.index.stream is not None
+    allow = rng.choice(len(codes), size=10_000, replace=False).tolist()
+    assert_same_trie(dev.trie(allow), host.trie(allow))
+
+
+# Why a constrained artifact runs without CUDA graphs (runtime/local_engine.py `settings_in_effect`):
+# a graph replays the input addresses and shapes of its capture, and the trie inputs keep neither.
+
+def test_graphs_are_off_for_a_constrained_beam_program():
+    runtime = RuntimeConfig(cuda_graphs=True)
+    plain = BeamSpec(width=4, steps=3, stop_token_ids=(1,))
+    constrained = BeamSpec(width=4, steps=3, stop_token_ids=(1,), constrained=True)
+    assert settings_in_effect(runtime, plain, "cuda").cuda_graphs
+    assert not settings_in_effect(runtime, constrained, "cuda").cuda_graphs
+
+
+def test_trie_inputs_change_address_per_allow_list_and_shape_per_catalogue():
+    """Padding to one M fixes the trie's shapes for one catalogue only (another has its own M),
+    and an allow-list brings new reach / ends tensors to every request, on either path: a graph
+    captured with one request's trie would read that trie again for the next."""
+    cat, ids, host, dev = served_pair(4)
+    small = ServedCatalogue.on_device(Catalogue.from_sequences([1, 2], [[3], [4, 5]]), VOCAB, "cpu")
+    assert small.full.row_ptr.shape != host.full.row_ptr.shape
+    for served in (host, dev):
+        first, second = served.trie(ids[:3]), served.trie(ids[:3])
+        assert first.row_ptr.data_ptr() == served.full.row_ptr.data_ptr()  # the catalogue's four arrays: shared
+        assert len({t.reach.data_ptr() for t in (served.full, first, second)}) == 3
+        assert len({t.ends.data_ptr() for t in (served.full, first, second)}) == 3
