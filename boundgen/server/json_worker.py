@@ -32,7 +32,7 @@ from boundgen.errors import InvalidInput
 
 log = logging.getLogger("boundgen.server")
 LARGE = 1 << 18  # bytes: below this a body is parsed in the server (~1 ms); the round trip would cost more
-PIPE_BYTES = 1 << 18  # written to the worker a step at a time
+PIPE_BYTES = 1 << 18  # written to the worker, and read back, a step at a time
 
 
 class JsonWorker:
@@ -66,8 +66,11 @@ class JsonWorker:
                 for start in range(0, len(body), PIPE_BYTES):  # a whole body buffered at once would be
                     proc.stdin.write(view[start:start + PIPE_BYTES])  # moved down at every write the pipe takes
                     await proc.stdin.drain()
-                size = int.from_bytes(await proc.stdout.readexactly(8), "big")
-                return pickle.loads(await proc.stdout.readexactly(size))
+                left, parts = int.from_bytes(await proc.stdout.readexactly(8), "big"), []
+                while left:  # a pipe's worth a step: readexactly of it all would copy it whole three times in one
+                    parts.append(await proc.stdout.readexactly(min(left, PIPE_BYTES)))
+                    left -= len(parts[-1])
+                return pickle.loads(b"".join(parts))
             except (OSError, EOFError, asyncio.IncompleteReadError, pickle.UnpicklingError) as exc:
                 log.warning("the JSON worker failed (%s); parsing here", exc)
                 self._stop()
