@@ -157,7 +157,7 @@ def error_response(exc: BaseException) -> web.Response:
     carry another request. The answer says `Connection: close`; aiohttp sends it, reads and drops
     the rest of a body that may be drained (`BodyRefused.drain`: as sent, never inflated, within
     --read-timeout-s, app.py) and closes the connection. Any other is marked UNREAD, so that the
-    application closes the connection at once once the answer is sent."""
+    application closes the connection as soon as the answer is sent."""
     status = answer_status(exc)
     headers = {"WWW-Authenticate": "Bearer"} if status.http == 401 else None
     response = web.json_response({"error": status.message}, status=status.http, headers=headers)

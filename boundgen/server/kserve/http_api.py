@@ -328,9 +328,9 @@ class HttpFrontend:
         name, version = request.match_info["model"], request.match_info.get("version", "")
         try:
             with self.models.observe("http", name):
-                body = await read_body(request, self.config, json_values.budget(self.models, name),
-                                       f"model {name[:80]}", request.headers.get(HEADER_LENGTH))
                 header_length = request.headers.get(HEADER_LENGTH)
+                body = await read_body(request, self.config, json_values.budget(self.models, name),
+                                       f"model {name[:80]}", header_length)
                 head = await loads(request, split_infer_body(body, header_length)[0], "the request body")
                 parsed = parse_infer_body(body, header_length, self.shared_memory, self.config.max_body_bytes,
                                           shape_check(self.models, name, version), head)
