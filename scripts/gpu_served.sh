@@ -16,6 +16,7 @@
 # run) and KERNELS (arguments of python -m boundgen.bench.kernels; several runs separated by ";"; a run
 # that starts with a module name of boundgen/bench/ instead runs that module, e.g. "decode_mlp --rows 100,800" or "selection").
 # CATALOGUE (arguments of python -m boundgen.bench.catalogue) runs with them too.
+# After the builds, with W1 in WORKLOADS: python -m boundgen.bench.pre on the W1 artifact (pre stage by stage).
 # Every result records the host (CPU model, cores, cores used).
 # INPROC=0 / SERVED=0 leave the in-process benches / the default served lane out (an A/B call on a machine
 # that already measured them); CALLS=1 adds the call curve (bench/calls.py) after the in-process bench.
@@ -135,6 +136,10 @@ wait ${builds[@]+"${builds[@]}"}
 # least a served request's rpc stage can be, next to what the served lanes measure
 [[ "${SERVED:-1}" == 1 ]] && step 60 grpc_floor "$CLIENT_CORES" python3 -m boundgen.bench.grpc_floor \
   --server-cores "$SERVER_CORES"
+# W1's pre stage by stage on the bench's cores, both tokenizer modes, 1-8 threads and beside a busy thread
+# (bench/pre.py): what the in-process and served lanes' `pre` is made of on this host
+[[ $wants_w1 == 1 && -f "$WORK/art/w1/manifest.json" ]] && step 90 pre_w1 "$BENCH_CORES" python3 -m boundgen.bench.pre \
+  --artifact "$WORK/art/w1" --json "$RES/pre_W1.json"
 
 # served NAME ART MODEL_DIR WORKLOADS FRONTENDS SWEEP [SERVE FLAGS]: serve ART on SERVER_CORES, bench it over gRPC.
 served() {
@@ -257,7 +262,7 @@ shopt -s nullglob
   for f in "$RES"/*/summary.md "$RES"/*/*.md; do echo "## $f"; cat "$f"; echo; done
   for f in "$RES"/calls_*.log; do echo "## $f"; cat "$f"; done
   for f in "$RES"/bench_*.log "$RES"/inproc_*.log; do echo "## $f"; grep -E "c=|client_check|WARNING|host" "$f" | tail -n 30; done
-  for f in "$RES"/kernels_*.log "$RES"/catalogue.log "$RES"/gpu_tests.log "$RES"/grpc_floor.log; do echo "## $f"; tail -n 60 "$f"; done
+  for f in "$RES"/kernels_*.log "$RES"/catalogue.log "$RES"/gpu_tests.log "$RES"/grpc_floor.log "$RES"/pre_w1.log; do echo "## $f"; tail -n 60 "$f"; done
   for f in "$RES"/report_*.log "$RES"/build_*.log; do echo "## $f"; grep -E '^\| |validat|FAILED|error' "$f" | tail -n 14; done
   for f in "$RES"/*.md; do echo "## $f"; cat "$f"; done
 } > "$OUT/summary.md" 2>&1

@@ -82,7 +82,7 @@ class CompileRecord:
     decompose_custom_triton_ops: bool = False
     seconds: dict = field(default_factory=dict)
     custom_ops: list | None = None  # boundgen ops the packages call by name (compile/aoti.called_ops)
-    fp8: str = "none"  # projections in FP8 E4M3: "mlp" (model/fp8.py)
+    fp8: str = "none"  # projections in FP8 E4M3: "mlp" or "mlp,attn" (model/fp8.py)
 
     @property
     def ops_to_register(self) -> list[str]:

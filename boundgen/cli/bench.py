@@ -74,10 +74,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fp8-groups", default=None, help="linear groups in FP8 for MFU (default: the engine's spec)")
     add_runtime_flags(p, "engine (in process: override the artifact's runtime settings; default: as built; the "
                          "eager engine: 4 contexts, no batching, no graphs)")
-    p.add_argument("--tokenizer", choices=["fast", "fast-joined", "tokenizers"], default=None,
+    p.add_argument("--tokenizer", choices=["fast", "fast-joined", "fast-text-by-text", "tokenizers"], default=None,
                    help="artifact only: encode with tiktoken and decode from a byte table where the vocabulary "
-                        "allows (fast, the default; fast-joined: a request's texts in one call) or with `tokenizers` "
-                        "(same ids and texts; for an A/B)")
+                        "allows (fast, the default: a request's texts in one tiktoken call, as fast-joined says; "
+                        "fast-text-by-text: one call a text) or with `tokenizers` (same ids and texts; for an A/B)")
     p.add_argument("--lowering", action="append", default=[], metavar="OP=IMPL",
                    help="eager engine only: op lowering, repeatable (default on cuda: Triton attention)")
     p.add_argument("--device", default=None, help="device for the peer and an eager engine (default: cuda if present)")
@@ -110,8 +110,8 @@ def _engine(args, specs):
     overrides = runtime_overrides(args)
     if args.tokenizer is not None:
         overrides["fast_tokenizer"] = args.tokenizer != "tokenizers"
-        if args.tokenizer == "fast-joined":
-            overrides["joined_tokenizing"] = True
+        if args.tokenizer in ("fast-joined", "fast-text-by-text"):
+            overrides["joined_tokenizing"] = args.tokenizer == "fast-joined"
     described = "".join(f" {k}={v}" for k, v in overrides.items())
     if is_artifact(args.artifact):
         import boundgen

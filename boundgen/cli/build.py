@@ -39,9 +39,10 @@ def register(sub):
     p.add_argument("--lowering", action="append", default=None, metavar="OP=IMPL",
                    help="op implementation, e.g. packed_attention=triton (repeatable; default: every op's torch "
                         "reference, no fused ops; docs/build.md lists the ops and their lowerings)")
-    p.add_argument("--fp8", choices=["none", "mlp"], default=None,
-                   help="mlp: the MLP's gate/up and down projections in FP8 E4M3 (per-channel weight scales, "
-                        "per-token activation scales; bf16 builds; validated against the FP32 program; default none)")
+    p.add_argument("--fp8", choices=["none", "mlp", "mlp,attn"], default=None, metavar="MODE",  # fp8.MODES
+                   help="none, mlp or mlp,attn. mlp: the MLP's gate/up and down projections in FP8 E4M3 "
+                        "(per-channel weight scales, per-token activation scales; bf16 builds; validated against "
+                        "the FP32 program); mlp,attn: the attention's qkv and output projections too (default none)")
     p.add_argument("--weights", choices=["external", "packaged"], default=None,
                    help="weights as safetensors beside the package (default) or inside it")
     shared = {o.key for o in options(ScoreSpec)} & {o.key for o in options(BeamSpec)}

@@ -9,7 +9,8 @@ them (`deploy_keys()`):
 - runtime settings recorded in the manifest: RuntimeConfig (artifact/manifest.py): contexts,
   executors, cuda_graphs, batching, token_bucket;
 - compilation: name, task, device, dtype, lowering ({"packed_attention": "triton"}), fp8
-  ("none" | "mlp": the MLP projections in E4M3, bf16 builds only, model/fp8.py), weights
+  ("none" | "mlp": the MLP projections in E4M3 | "mlp,attn": the attention's qkv and output
+  projections too; bf16 builds only, model/fp8.py), weights
   ("external": safetensors beside the package | "packaged"), tolerances ({"probs": 2e-2}:
   per-output max abs error allowed by validation; bf16/fp16 beams also "recall", "spearman",
   "top1" minimums against the FP32 program, compile/validate.py).
@@ -64,7 +65,7 @@ class BuildConfig:
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     weights: str = DEFAULT_WEIGHTS
     tolerances: dict = field(default_factory=dict)  # output name -> max abs error, overriding defaults
-    fp8: str = "none"  # "mlp": the MLP projections in E4M3 (model/fp8.py)
+    fp8: str = "none"  # "mlp" | "mlp,attn": the projections in E4M3 (model/fp8.py)
 
     @property
     def task(self) -> str:
@@ -135,11 +136,12 @@ def resolve(model_dir, out, options_: dict, base_dir: Path | None = None) -> Bui
                       runtime=RuntimeConfig(**_values(RuntimeConfig, o)), weights=weights,
                       tolerances={k: float(v) for k, v in tolerances.items()}, fp8=fp8_mode)
     cfg.lowering.resolve()  # every named implementation exists
-    for op in ("silu_quant", "add_rmsnorm_quant"):  # they quantize an FP8 MLP's inputs
+    for op in ("silu_quant", "add_rmsnorm_quant"):  # they quantize FP8 projections' inputs
         if fp8_mode == "none" and getattr(cfg.lowering, op) != "separate":
-            raise ConfigError(f"--lowering {op}=triton quantizes an FP8 MLP's input: it needs --fp8 mlp")
+            raise ConfigError(f"--lowering {op}=triton quantizes an FP8 MLP's input: it needs --fp8 mlp "
+                              f"(or mlp,attn)")
     if fp8_mode != "none" and cfg.lowering.swiglu_down != "separate":
-        raise ConfigError("--fp8 mlp and --lowering swiglu_down=triton both replace the down projection; "
+        raise ConfigError(f"--fp8 {fp8_mode} and --lowering swiglu_down=triton both replace the down projection; "
                           "choose one")
     return cfg
 

@@ -35,10 +35,12 @@ class Attention(nn.Module):
             self.q_norm = nn.Parameter(torch.ones(cfg.head_dim))
             self.k_norm = nn.Parameter(torch.ones(cfg.head_dim))
 
-    def project(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ops: Ops):
-        """x [T, H] -> q [T, Nq, D], k [T, Nkv, D], v [T, Nkv, D] with qk-norm and RoPE applied."""
+    def project(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ops: Ops,
+                x_scale: torch.Tensor | None = None):
+        """x [T, H] -> q [T, Nq, D], k [T, Nkv, D], v [T, Nkv, D] with qk-norm and RoPE applied.
+        With `x_scale` [T, 1], x is already in E4M3 rows (`norm_for`)."""
         cfg = self.cfg
-        qkv = self.qkv_proj(x)
+        qkv = apply_linear(self.qkv_proj, x, x_scale)
         q, k, v = split_heads(qkv, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
         if cfg.qk_norm and ops.qk_norm_rope is not None:  # fused
             q, k = ops.qk_norm_rope(qkv, self.q_norm, self.k_norm, cos, sin, cfg.rms_norm_eps, cfg.num_heads,
@@ -60,7 +62,7 @@ class MLP(nn.Module):
         """The MLP's output [T, H]; in a decode step with `swiglu_down` lowered, its FP32 split-K
         partial products [S, T, H] instead (ops/swiglu_down.py), which `add_norm` sums. With
         `x_scale`, x is already in E4M3 rows (an FP8 MLP's input, ops/add_rmsnorm_quant.py)."""
-        gate_up = self.gate_up_proj(x) if x_scale is None else self.gate_up_proj.quantized(x, x_scale)
+        gate_up = apply_linear(self.gate_up_proj, x, x_scale)
         if isinstance(self.down_proj, fp8.FP8Linear):  # its input in E4M3 rows (model/fp8.py)
             if ops.silu_quant is not None:
                 return self.down_proj.quantized(*ops.silu_quant(gate_up))
@@ -82,8 +84,8 @@ class Layer(nn.Module):
     def attn_in(self, h, delta, cos, sin, ops: Ops):
         """The residual stream h plus the previous block's output `delta` (None: nothing to add),
         normalised and projected: returns (h, q, k, v)."""
-        h, x = add_norm(h, delta, self.input_layernorm, self.cfg.rms_norm_eps, ops)
-        return (h, *self.self_attn.project(x, cos, sin, ops))
+        h, x, x_scale = norm_for(self.self_attn.qkv_proj, h, delta, self.input_layernorm, self.cfg.rms_norm_eps, ops)
+        return (h, *self.self_attn.project(x, cos, sin, ops, x_scale))
 
     def attn_in_step(self, h, delta, cos, sin, suffix_k, suffix_v, step, layer: int, ops: Ops):
         """`attn_in` for a beam decode step, which also writes this step's k and v into slot
@@ -96,19 +98,18 @@ class Layer(nn.Module):
             suffix_k[layer].index_copy_(1, step, k[:, None])
             suffix_v[layer].index_copy_(1, step, v[:, None])
             return h, q
-        h, x = add_norm(h, delta, self.input_layernorm, cfg.rms_norm_eps, ops)
-        return h, ops.rope_kv_write(self.self_attn.qkv_proj(x), cos, sin, suffix_k, suffix_v, step, layer,
+        qkv_proj = self.self_attn.qkv_proj
+        h, x, x_scale = norm_for(qkv_proj, h, delta, self.input_layernorm, cfg.rms_norm_eps, ops)
+        return h, ops.rope_kv_write(apply_linear(qkv_proj, x, x_scale), cos, sin, suffix_k, suffix_v, step, layer,
                                     cfg.num_heads, cfg.num_kv_heads)
 
     def attn_out(self, h, attn, ops: Ops, decoding: bool = False):
         """The attention's output projection added to h, then the MLP: returns (h, the MLP's
         output, not yet added: the next norm adds it)."""
-        delta = self.self_attn.o_proj(attn.reshape(attn.shape[0], -1))
-        if ops.add_rmsnorm_quant is not None and isinstance(self.mlp.gate_up_proj, fp8.FP8Linear):
-            h, x_q, x_scale = ops.add_rmsnorm_quant(h, delta, self.post_attention_layernorm, self.cfg.rms_norm_eps)
-            return h, self.mlp(x_q, ops, decoding, x_scale)
-        h, x = add_norm(h, delta, self.post_attention_layernorm, self.cfg.rms_norm_eps, ops)
-        return h, self.mlp(x, ops, decoding)
+        delta = self.self_attn.o_proj(attn.reshape(attn.shape[0], -1))  # FP8: quantized by rows in the call
+        h, x, x_scale = norm_for(self.mlp.gate_up_proj, h, delta, self.post_attention_layernorm,
+                                 self.cfg.rms_norm_eps, ops)
+        return h, self.mlp(x, ops, decoding, x_scale)
 
 
 def add_norm(h: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float, ops: Ops):
@@ -121,6 +122,21 @@ def add_norm(h: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, 
         return ops.add_rmsnorm(h, delta, weight, eps)
     h = h + (swiglu_down.total(delta, h.dtype) if delta.dim() == 3 else delta)
     return h, ops.rmsnorm(h, weight, eps)
+
+
+def norm_for(linear: nn.Module, h: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float,
+             ops: Ops):
+    """`add_norm` for the input of `linear`: (h, x, x_scale). Where `linear` is FP8 (model/fp8.py)
+    and its input's quantization is fused into the norm (ops/add_rmsnorm_quant.py), x is in E4M3
+    rows with their FP32 scales x_scale [T, 1]; else x is the norm's output and x_scale None."""
+    if ops.add_rmsnorm_quant is not None and isinstance(linear, fp8.FP8Linear):
+        return ops.add_rmsnorm_quant(h, delta, weight, eps)
+    return (*add_norm(h, delta, weight, eps, ops), None)
+
+
+def apply_linear(linear: nn.Module, x: torch.Tensor, x_scale: torch.Tensor | None) -> torch.Tensor:
+    """linear(x), or with `x_scale` the FP8 product of x already in E4M3 rows (`norm_for`)."""
+    return linear(x) if x_scale is None else linear.quantized(x, x_scale)
 
 
 class QwenModel(nn.Module):

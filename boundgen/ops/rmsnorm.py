@@ -53,8 +53,9 @@ def _rmsnorm_kernel(x_ptr, w_ptr, out_ptr, eps, num_rows, stride_xt, stride_xn, 
     # sum_ptr ([T, H] contiguous) and normalised; else x itself is normalised (d_ptr, sum_ptr unused).
     # SPLITS > 0: d is that many FP32 partial products [S, T, H] (ops/swiglu_down.py), summed in
     # order and rounded to x's dtype first, as the GEMM they replace stores its product.
-    # QUANT (ops/add_rmsnorm_quant.py): the normalised row, rounded to x's dtype, is written in E4M3
-    # to out_ptr with its FP32 scale to scale_ptr (ops/e4m3.py: amax / 448), not in x's dtype.
+    # QUANT (ops/add_rmsnorm_quant.py, ops/rmsnorm_quant.py): the normalised row, rounded to x's
+    # dtype, is written in E4M3 to out_ptr with its FP32 scale to scale_ptr (ops/e4m3.py: amax / 448),
+    # not in x's dtype.
     rows = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)  # row = token * N + head
     cols = tl.arange(0, BLOCK_H)
     col_ok = cols < HIDDEN
@@ -149,13 +150,14 @@ def launch(x: torch.Tensor, weight: torch.Tensor, eps: float, block_rows: int | 
     overridable for tests (small blocks exercise many programs on tiny inputs) and benchmarks.
     With `delta` (x's shape, [T, H], or FP32 partial products [S, T, H] of it): the residual add
     first, and (x + delta, the norm of it), as ops/add_rmsnorm.py's reference. With `quantize`
-    (x [T, H] and a delta): (x + delta, the norm in E4M3 rows, their FP32 scales [T, 1]), as
-    ops/add_rmsnorm_quant.py's reference."""
+    (x [T, H]): the norm in E4M3 rows and their FP32 scales [T, 1], after x + delta with a delta
+    ((x + delta, q, scale): ops/add_rmsnorm_quant.py's reference), else (q, scale):
+    ops/rmsnorm_quant.py's."""
     _check(x, weight)
     if delta is not None:
         _check_delta(x, delta)
-    if quantize and delta is None:
-        raise ValueError("add_rmsnorm_quant: quantize comes with a residual add (delta)")
+    if quantize and x.dim() != 2:
+        raise ValueError(f"rmsnorm_quant: x must be [T, H] to be quantized by rows; got shape {tuple(x.shape)}")
     hidden = x.shape[-1]
     num_heads = x.shape[1] if x.dim() == 3 else 1
     stride_xn = x.stride(1) if x.dim() == 3 else 0
@@ -174,7 +176,7 @@ def launch(x: torch.Tensor, weight: torch.Tensor, eps: float, block_rows: int | 
         NUM_HEADS=num_heads, HIDDEN=hidden, BLOCK_ROWS=block_rows, BLOCK_H=triton.next_power_of_2(hidden),
         SOFT_BF16=x.device.type == "cpu", ADD=add, SPLITS=parts, QUANT=quantize, num_warps=num_warps)
     if quantize:
-        return total, out, scale
+        return (total, out, scale) if add else (out, scale)
     return (total, out) if add else out
 
 

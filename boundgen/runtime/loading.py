@@ -33,16 +33,17 @@ from boundgen.version import __version__
 def load_artifact_engine(path, contexts: int | None = None, executors: int | None = None,
                          cuda_graphs: bool | None = None, verify_files: bool = True, batching: bool | None = None,
                          token_bucket: int | None = None, libstdcxx_check: str = "auto",
-                         fast_tokenizer: bool = True, joined_tokenizing: bool = False,
+                         fast_tokenizer: bool = True, joined_tokenizing: bool = True,
                          batch_wait_ms: float | None = None, catalogue: str | Path | None = None) -> LocalEngine:
     """The engine for an artifact directory. contexts / executors / cuda_graphs / batching /
     token_bucket / batch_wait_ms override the manifest's runtime settings (None: as built);
     libstdcxx_check is "auto" (refuse where the load would crash), "require" (refuse unless
     preloaded, on any Linux) or "skip"; fast_tokenizer=False encodes and decodes with `tokenizers` even where
-    tiktoken and the byte table could, joined_tokenizing=True a request's texts in one tiktoken
-    call (text/fast_bpe.py, text/byte_decoder.py; the same ids and texts every way). catalogue: the
-    catalogue directory a constrained beam artifact serves (runtime/catalogue.py; given to any other
-    artifact it is refused; a constrained engine without one refuses requests until `set_catalogue`)."""
+    tiktoken and the byte table could; joined_tokenizing (the default) encodes a request's texts in one
+    tiktoken call, False one call a text (text/fast_bpe.py, text/byte_decoder.py; the same ids and texts
+    every way). catalogue: the catalogue directory a constrained beam artifact serves (runtime/catalogue.py;
+    given to any other artifact it is refused; a constrained engine without one refuses requests until
+    `set_catalogue`)."""
     root = Path(path)
     manifest = read_manifest(root)
     if verify_files:
@@ -65,7 +66,8 @@ def load_artifact_engine(path, contexts: int | None = None, executors: int | Non
                             manifest.validation.get("passed"), __version__, tokenizer.encoder_name)
     engine = make_engine(manifest.name, spec, tokenizer, runner, str(device), compiled.dtype, runtime,
                          vocab_outputs=has_vocab_outputs(manifest.interface),  # lse, label_logits (artifact/tensors.py)
-                         fp8_groups=[] if compiled.fp8 == "none" else [compiled.fp8], provenance=provenance)
+                         fp8_groups=[] if compiled.fp8 == "none" else compiled.fp8.split(","),  # bench/mfu.py groups
+                         provenance=provenance)
     if catalogue is not None:
         engine.load_catalogue(catalogue)
     return engine

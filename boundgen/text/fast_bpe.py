@@ -17,9 +17,16 @@ special token (tiktoken runs its regex and BPE on each stretch between special t
 separate calls would). tiktoken lets go of the GIL for each call, and getting it back waits for
 whatever Python code another thread runs (up to the 5 ms switch interval): beside a thread
 running Python, a W1 request's 15 calls took 80 ms and one call 6 ms (0.50 against 0.55 ms on
-an idle 2-core CPU). Off by default until a loaded server says which pays. A batch whose texts
+an idle 2-core CPU). An engine loads its tokenizer joined (runtime/loading.py: under load the
+H200 measured W1's `pre` 2.22 against 3.35 ms at c=6); `Tokenizer.from_dir` itself keeps text by
+text unless asked (`boundgen bench --tokenizer fast-text-by-text` for an A/B). A batch whose texts
 could encode otherwise joined (one holds the separator, a piece NFC would change, added tokens
 of which one starts another) is encoded text by text.
+
+The packed path (`encode_array`, what `Tokenizer.encode_packed` calls) takes the ids as tiktoken
+writes them, into one buffer a call that numpy reads (`encode_to_numpy`): no Python int a token,
+no list a text. Joined, a request is one call; text by text, one call a text, each returning its
+own buffer. Texts that cannot join fall back to `encode_batch`'s lists, copied into one array.
 
 `fast_encoder(tokenizer_json)` returns an encoder only for a tokenizer.json of exactly that
 shape, and only if it encodes a probe corpus (added tokens in text, CJK, emoji and ZWJ
@@ -33,7 +40,10 @@ from __future__ import annotations
 import re
 import unicodedata
 from concurrent.futures import ThreadPoolExecutor
+from itertools import chain
 from typing import Sequence
+
+import numpy as np
 
 PROBES = (
     "Hello world", "query: running shoes | item: trail running shoe", "  leading and   inner   spaces  ",
@@ -91,20 +101,24 @@ class FastEncoder:
     `encoding`: a tiktoken Encoding whose special tokens are the added tokens and, if `separator_id`
     is given, SEPARATOR with that id (encode_batch's one call)."""
 
-    def __init__(self, encoding, added: dict[str, int], nfc: bool, separator_id: int | None = None):
+    def __init__(self, encoding, added: dict[str, int], nfc: bool, separator_id: int | None = None,
+                 joined: bool = True):
         self.encoding, self.added, self.nfc = encoding, added, nfc
         # Longest first: at a position where several added tokens match, the longest wins.
         names = sorted(added, key=len, reverse=True)
         self._split = re.compile("(" + "|".join(map(re.escape, names)) + ")") if names else None
+        self._first_chars = frozenset(name[0] for name in names)  # a text without these holds no added token
         # tiktoken matches special tokens by an alternation in no fixed order: the joined call
         # agrees with the split above only where no two of them can match at one position.
         specials = [*added, SEPARATOR]
         nested = any(a != b and b.startswith(a) for a in specials for b in specials)
         self.separator_id = None if nested else separator_id
+        self._specials = frozenset(specials)  # what tiktoken matches as special tokens in encode_array's calls
+        self.joined = joined and self.separator_id is not None  # encode_batch: a batch in one call
 
     def text_by_text(self) -> "FastEncoder":
-        """This encoder with encode_batch calling tiktoken once a text."""
-        return FastEncoder(self.encoding, self.added, self.nfc, separator_id=None)
+        """This encoder with encode_batch (and encode_array) calling tiktoken once a text."""
+        return FastEncoder(self.encoding, self.added, self.nfc, separator_id=self.separator_id, joined=False)
 
     def encode(self, text: str) -> list[int]:
         pieces = self._split.split(text) if self._split else [text]
@@ -121,7 +135,7 @@ class FastEncoder:
         process (tiktoken releases the GIL while it encodes), for a request's latency on idle cores."""
         if threads > 1 and len(texts) >= 2:
             return list(_pool(threads).map(self.encode, texts))
-        if self.separator_id is None or len(texts) < 2 or not all(self._joinable(t) for t in texts):
+        if not self.joined or len(texts) < 2 or not all(self._joinable(t) for t in texts):
             return [self.encode(text) for text in texts]
         ids = self.encoding.encode(SEPARATOR.join(texts), allowed_special="all")
         out, start = [], 0
@@ -140,8 +154,51 @@ class FastEncoder:
             return False
         if not self.nfc:
             return True
+        if not any(c in text for c in self._first_chars):  # no added token: one piece (a scan, not the regex)
+            return unicodedata.is_normalized("NFC", text)
         pieces = self._split.split(text) if self._split else [text]
         return all(unicodedata.is_normalized("NFC", piece) for piece in pieces[::2])
+
+    def encode_array(self, texts: Sequence[str], threads: int = 1) -> tuple[np.ndarray, list[int]]:
+        """The ids `encode_batch` gives, back to back: (tokens [T] int64, each text's count).
+
+        tiktoken writes each call's ids into a buffer numpy reads, so no Python int is made a token.
+        Joined, the batch is one call (`threads` > 1: one call a thread, on consecutive texts);
+        text by text, one call a text. Texts that `_joinable` refuses (and a nested set of added
+        tokens) take `encode_batch`'s lists instead. Each call lets go of the GIL once; getting it
+        back may wait behind another thread running Python, so fewer calls keep a loaded server's
+        `pre` flat."""
+        if not texts:
+            return np.empty(0, dtype=np.int64), []
+        if self.separator_id is None or not all(self._joinable(t) for t in texts):
+            ids = self.encode_batch(texts, threads)
+            lengths = [len(i) for i in ids]
+            return np.fromiter(chain.from_iterable(ids), dtype=np.int64, count=sum(lengths)), lengths
+        if not self.joined:
+            groups = [[text] for text in texts]
+        else:
+            per = -(-len(texts) // max(1, min(threads, len(texts))))  # ceil: `threads` groups at most
+            groups = [texts[i:i + per] for i in range(0, len(texts), per)]
+        if threads > 1 and len(groups) > 1:
+            parts = list(_pool(threads).map(self._joined_ids, groups))
+        else:
+            parts = [self._joined_ids(group) for group in groups]
+        views = [view for part in parts for view in part]
+        tokens = np.concatenate(views, dtype=np.int64) if len(views) > 1 else views[0].astype(np.int64)
+        return tokens, [int(view.shape[0]) for view in views]
+
+    def _joined_ids(self, texts: Sequence[str]) -> list[np.ndarray]:
+        """`texts` (each `_joinable`) in one tiktoken call: a uint32 view of each text's ids."""
+        ids = self.encoding.encode_to_numpy(SEPARATOR.join(texts), allowed_special=self._specials,
+                                            disallowed_special=())  # [T + B - 1] uint32
+        if len(texts) == 1:
+            return [ids]
+        cut = np.flatnonzero(ids == self.separator_id)
+        if cut.shape[0] != len(texts) - 1:
+            raise AssertionError(f"{len(texts)} texts joined gave {cut.shape[0]} separators, not {len(texts) - 1}")
+        starts = [0, *(cut + 1).tolist()]
+        ends = [*cut.tolist(), int(ids.shape[0])]
+        return [ids[a:b] for a, b in zip(starts, ends)]
 
 
 _POOLS: dict[int, ThreadPoolExecutor] = {}

@@ -54,10 +54,17 @@ def test_beam_defaults(tiny_qwen2_dir, tmp_path):
     ({"task": "score", "labels": [" yes"], "lowering": {"softmax": "triton"}}, "unknown ops in lowering: softmax"),
     ({"task": "score", "labels": [" yes"], "max_samples": "15"}, "max_samples must be an integer"),
     ({"task": "score", "labels": [" yes"], "max_tokens_per_sample": 64, "max_total_tokens": 32}, "exceeds"),
-    ({"task": "score", "labels": [" yes"], "fp8": "mlp"}, "needs --dtype bfloat16"),
-    ({"task": "score", "labels": [" yes"], "fp8": "all", "dtype": "bfloat16"}, "fp8 must be one of none, mlp"),
+    ({"task": "score", "labels": [" yes"], "fp8": "mlp"}, "--fp8 mlp needs --dtype bfloat16"),
+    ({"task": "score", "labels": [" yes"], "fp8": "mlp,attn", "dtype": "float32"},
+     "--fp8 mlp,attn needs --dtype bfloat16"),
+    ({"task": "beam", "width": 4, "steps": 2, "fp8": "mlp,attn", "dtype": "float16"}, "needs --dtype bfloat16"),
+    ({"task": "score", "labels": [" yes"], "fp8": "all", "dtype": "bfloat16"},
+     "fp8 must be one of 'none', 'mlp', 'mlp,attn'; got 'all'"),
+    ({"task": "score", "labels": [" yes"], "fp8": "attn,mlp", "dtype": "bfloat16"}, "fp8 must be one of"),
     ({"task": "beam", "width": 4, "steps": 2, "fp8": "mlp", "dtype": "bfloat16", "lowering": {"swiglu_down": "triton"}},
-     "both replace the down projection"),
+     "--fp8 mlp and --lowering swiglu_down=triton both replace the down projection"),
+    ({"task": "beam", "width": 4, "steps": 2, "fp8": "mlp,attn", "dtype": "bfloat16",
+      "lowering": {"swiglu_down": "triton"}}, "--fp8 mlp,attn and --lowering swiglu_down=triton both replace"),
     ({"task": "score", "labels": [" yes"], "lowering": {"silu_quant": "triton"}}, "silu_quant=triton .* needs --fp8"),
     ({"task": "score", "labels": [" yes"], "lowering": {"add_rmsnorm_quant": "triton"}},
      "add_rmsnorm_quant=triton .* needs --fp8 mlp"),
@@ -103,4 +110,7 @@ def test_fp8_from_the_deploy_file_or_the_flag(tiny_qwen3_dir, tmp_path):
     assert config.resolve(tiny_qwen3_dir, tmp_path / "a", options).fp8 == "none"
     cfg = config.resolve(tiny_qwen3_dir, tmp_path / "a", dict(options, fp8="mlp"))
     assert cfg.fp8 == "mlp" and "FP8 mlp" in cfg.summary()
+    cfg = config.resolve(tiny_qwen3_dir, tmp_path / "a", dict(options, fp8="mlp,attn",
+                                                               lowering={"add_rmsnorm_quant": "triton"}))
+    assert cfg.fp8 == "mlp,attn" and "FP8 mlp,attn" in cfg.summary()
     assert "fp8" in config.deploy_keys()

@@ -189,30 +189,39 @@ def test_a_beam_artifact_with_fused_decode_ops_registers_them_and_answers_alike(
     _assert_same_candidates(beam_build[0], fused)
 
 
-def test_an_fp8_score_artifact_records_its_gate_and_serves_close_to_fp32(score_artifact, tiny_qwen3_dir, tmp_path):
-    """--fp8 mlp (with the fused SwiGLU + quantization op): the manifest records it and the gate
-    against the FP32 program (labels checked per case); the weights file holds E4M3 MLP weights;
-    loaded, the artifact's label probabilities
-    are the FP32 artifact's within the FP8 tolerance, and not equal to them."""
+@pytest.mark.parametrize("mode,lowering,fused_ops,groups", [
+    ("mlp", {"silu_quant": "triton"}, {"silu_quant"}, ("mlp",)),
+    ("mlp,attn", {"silu_quant": "triton", "add_rmsnorm_quant": "triton"},
+     {"silu_quant", "add_rmsnorm_quant", "rmsnorm_quant"}, ("mlp", "attn")),
+])
+def test_an_fp8_score_artifact_records_its_gate_and_serves_close_to_fp32(score_artifact, tiny_qwen3_dir, tmp_path,
+                                                                          mode, lowering, fused_ops, groups):
+    """--fp8 mlp (with the fused SwiGLU + quantization op), and mlp,attn (with every norm before a
+    projection quantizing its output, the first layer's plain norm included): the manifest records
+    the mode and the gate against the FP32 program (labels checked per case); the weights file
+    holds E4M3 weights for exactly the mode's projections; loaded, the artifact's label
+    probabilities are the FP32 artifact's within the FP8 tolerance, and not equal to them."""
     import numpy as np
     from safetensors import safe_open
 
     from boundgen.compile.validate import FP8_TOLERANCES
     from tests.compile.conftest import SCORE_OPTIONS, _build
 
-    built, manifest, log = _build(tiny_qwen3_dir, tmp_path / "fp8", dict(SCORE_OPTIONS, dtype="bfloat16", fp8="mlp",
-                                                                        lowering={"silu_quant": "triton"}))
-    assert manifest["compile"]["fp8"] == "mlp" and "FP8 mlp" in log and "'labels': 'argmax 1.0, spearman" in log
-    assert "silu_quant" in manifest["compile"]["custom_ops"]  # a loading process registers it
+    built, manifest, log = _build(tiny_qwen3_dir, tmp_path / "fp8", dict(SCORE_OPTIONS, dtype="bfloat16", fp8=mode,
+                                                                        lowering=lowering))
+    assert manifest["compile"]["fp8"] == mode and f"FP8 {mode}" in log and "'labels': 'argmax 1.0, spearman" in log
+    assert fused_ops <= set(manifest["compile"]["custom_ops"])  # a loading process registers them
     validation = manifest["validation"]
-    assert validation["passed"] and validation["reference"] == "float32 eager" and validation["fp8"] == "mlp"
+    assert validation["passed"] and validation["reference"] == "float32 eager" and validation["fp8"] == mode
     assert all(case["outputs"]["labels"]["passed"] for case in validation["cases"])
     with safe_open(str(built / "weights.safetensors"), "pt") as f:
         dtypes = {k: f.get_slice(k).get_dtype() for k in f.keys() if k.endswith("weight_q")}
     assert dtypes and set(dtypes.values()) == {"F8_E4M3"}
+    projections = {k.split(".")[-2] for k in dtypes}
+    assert projections == {"gate_up_proj", "down_proj"} | ({"qkv_proj", "o_proj"} if "attn" in groups else set())
     texts = ["is this relevant?", "a query and a document about something else", "x"]
     fp8_engine, fp32_engine = boundgen.load(built), boundgen.load(score_artifact)
     # the bench counts these groups' FLOPs at the FP8 peak (bench/mfu.py)
-    assert fp8_engine.spec.fp8_groups == ("mlp",) and fp32_engine.spec.fp8_groups == ()
+    assert fp8_engine.spec.fp8_groups == groups and fp32_engine.spec.fp8_groups == ()
     quantized, exact = fp8_engine.score(texts).scores, fp32_engine.score(texts).scores
     assert np.abs(quantized - exact).max() <= FP8_TOLERANCES["probs"] and not np.array_equal(quantized, exact)

@@ -12,13 +12,14 @@ from tests.ops.kernel_testing import KERNEL_DEVICE
 
 
 def decode(model, steps=2):
-    """Prefill a 7-token prompt, then `steps` decode steps of 3 beams: hidden states and the suffix K/V."""
+    """Prefill a 7-token prompt, then `steps` decode steps of 3 beams: hidden states and the suffix K/V
+    (in the model's dtype)."""
     cfg = model.cfg
     tokens = torch.randint(0, 500, (7,), generator=torch.Generator().manual_seed(4))
     cu = torch.tensor([0, 7], dtype=torch.int32)
     _, (prefix_k, prefix_v) = model.prefill(tokens, torch.arange(7), cu, keep_kv=True)
     shape = (cfg.num_layers, 3, steps, cfg.num_kv_heads, cfg.head_dim)
-    suffix_k, suffix_v = torch.zeros(shape), torch.zeros(shape)
+    suffix_k, suffix_v = torch.zeros(shape, dtype=model.dtype), torch.zeros(shape, dtype=model.dtype)
     hidden = []
     for s in range(steps):
         beams = torch.tensor([5 + s, 9, 300 + s])
@@ -42,15 +43,16 @@ def assert_decode_unchanged(path, op: str, kernel, exact: bool = True) -> None:
             torch.testing.assert_close(a.cpu(), b, atol=1e-5, rtol=1e-5)
 
 
-def assert_fp8_prefill_unchanged(path, kernels: dict) -> None:
-    """An FP8 model (bf16, model/fp8.py) with the ops of `kernels` lowered to "triton" computes the
-    logits it computes without: identical with the registered ops (their CPU kernels are the
-    references), within an E4M3 ulp here and there with the kernels themselves (the interpreter)."""
+def assert_fp8_prefill_unchanged(path, kernels: dict, mode: str = "mlp") -> None:
+    """An FP8 model (bf16, model/fp8.py, `--fp8 mode`) with the ops of `kernels` lowered to "triton"
+    computes the logits it computes without: identical with the registered ops (their CPU kernels
+    are the references), within an E4M3 ulp here and there with the kernels themselves (the
+    interpreter)."""
     tokens = torch.randint(0, 500, (19,), generator=torch.Generator().manual_seed(6))
     positions, cu = torch.arange(19), torch.tensor([0, 19], dtype=torch.int32)
 
     def logits(ops=None):
-        model = fp8.quantize(load_model(path, torch.bfloat16, ops=ops), "mlp")
+        model = fp8.quantize(load_model(path, torch.bfloat16, ops=ops), mode)
         return model.logits(model.prefill(tokens, positions, cu)[0]).float()
     expected = logits()
     assert torch.equal(logits(OpLowering(**{op: "triton" for op in kernels}).resolve()), expected)

@@ -97,6 +97,10 @@ class _CountingEncoding:
         self.calls += 1
         return self.encoding.encode_ordinary(text)
 
+    def encode_to_numpy(self, *args, **kwargs):
+        self.calls += 1
+        return self.encoding.encode_to_numpy(*args, **kwargs)
+
 
 def test_a_batch_is_one_call_with_the_ids_of_text_by_text(tokenizers, joined, monkeypatch):
     """Texts joined by the separator encode in one call to the ids `tokenizers` gives each alone,
@@ -133,3 +137,42 @@ def test_texts_that_would_join_otherwise_are_encoded_one_by_one(tokenizers, join
     # Added tokens of which one starts another: tiktoken's alternation could pick either.
     nested = FastEncoder(encoder.encoding, {"<a>": 1, "<a>b": 2}, nfc=False, separator_id=3)
     assert nested.separator_id is None
+
+
+@pytest.mark.parametrize("joined_mode", [False, True])
+@pytest.mark.parametrize("threads", [1, 3])
+def test_token_arrays_equal_the_reference_lists_and_tokenizers(tiny_qwen3_dir, tokenizers, joined_mode, threads):
+    """The array path (one tiktoken call a request, or a text, or a thread; ids read from tiktoken's
+    buffer) gives the ids of each text's id list and of `tokenizers`, for batches of 1 to 15 texts
+    mixing texts that join with texts that do not."""
+    _, slow = tokenizers
+    fast = Tokenizer.from_dir(tiny_qwen3_dir, joined=joined_mode, threads=threads)
+    texts = corpus(seed=2) + ["  trailing  ", "\n", "x<|im_end|>", "<|im_start|>", "e\u0301", "<|im_end|>\u0338"]
+    rng = random.Random(threads)
+    start, batches = 0, []
+    while start < len(texts):
+        n = rng.randint(1, 15)
+        batches.append(texts[start:start + n])
+        start += n
+    for batch in batches:
+        tokens, lengths = fast.token_array(batch)
+        ref_tokens, ref_lengths = fast.reference_token_array(batch)
+        want = [e.ids for e in slow.backend.encode_batch(batch, add_special_tokens=False)]
+        assert tokens.dtype == ref_tokens.dtype and lengths == ref_lengths == [len(w) for w in want], batch
+        assert tokens.tolist() == ref_tokens.tolist() == [t for w in want for t in w], batch
+    tokens, lengths = fast.token_array([])
+    assert tokens.shape == (0,) and lengths == []
+
+
+def test_a_joinable_request_is_one_call_into_an_array(tokenizers, joined, monkeypatch):
+    """Joined: a request of joinable texts costs one tiktoken call (and so one wait for the GIL);
+    text by text, one call a text; never a list of Python ints."""
+    _, slow = tokenizers
+    texts = ["query: running shoes", " trail running shoe <|im_end|>", "多语言 👍🏽", "  spaces  "]
+    for encoder, calls in ((joined, 1), (joined.text_by_text(), len(texts))):
+        counting = _CountingEncoding(encoder.encoding)
+        monkeypatch.setattr(encoder, "encoding", counting)
+        tokens, lengths = encoder.encode_array(texts)
+        assert counting.calls == calls
+        want = [e.ids for e in slow.backend.encode_batch(texts, add_special_tokens=False)]
+        assert lengths == [len(w) for w in want] and tokens.tolist() == [t for w in want for t in w]
