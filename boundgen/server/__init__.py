@@ -15,8 +15,9 @@
        v      its HTTP app
     core      admission, served models (served, models), signature (a model's inputs, outputs and
               checks; the engine call), metrics, config, auth, logs, status, request ids, HTTP
-              bodies, JSON value budgets and connections, and the JSON routes (score_api, beam_api,
-              rerank_api); it speaks EngineCalls and results (ModelSet.run), never KServe tensors
+              bodies (their inflation, their JSON value budgets, a JSON worker process for large
+              ones) and connections, and the JSON routes (score_api, beam_api, rerank_api); it
+              speaks EngineCalls and results (ModelSet.run), never KServe tensors
 
 app.py owns the wiring because it is the one place that needs both the core's models and the
 protocols: the core stays protocol-free, kserve/ never learns how it is hosted, and deploy/

@@ -93,7 +93,10 @@ class Server:
         cfg = self.config
         # Cancel a handler whose client disconnects, so that its queue place frees (aiohttp < 3.9 always did).
         cancel = {"handler_cancellation": True} if _HANDLER_CANCELLATION else {}
-        handler_kwargs = {"access_log": None, "keepalive_timeout": cfg.idle_timeout_s}
+        # A compressed body is inflated by http_bodies.read_body, a bounded step at a time (inflation.py);
+        # the rest of a refused one is read and dropped as sent, for no longer than a body may take.
+        handler_kwargs = {"access_log": None, "keepalive_timeout": cfg.idle_timeout_s, "auto_decompress": False,
+                          "lingering_time": cfg.read_timeout_s}
         http = HttpFrontend(self.models, cfg, self.repository, self.shared_memory, self.log_settings)
         self._runner = web.AppRunner(http.app(), **handler_kwargs, **cancel)
         await self._runner.setup()

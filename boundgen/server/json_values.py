@@ -50,16 +50,25 @@ class ValueCount:
         self._json_bytes = json_bytes
         self._quotes = 0
         self._pending = b""  # a run of backslashes that ended the last chunk
+        self._head = b""  # the JSON's first 4 bytes, which tell its encoding (json.detect_encoding)
 
     @property
     def over(self) -> bool:
         return self.values > self.budget
+
+    @property
+    def final(self) -> bool:
+        """Over the budget for good: the JSON is UTF-8, so no `recount` can lower the count, and the
+        rest of the body cannot either (the count only grows)."""
+        return self.over and len(self._head) == 4 and json.detect_encoding(self._head).startswith("utf-8")
 
     def feed(self, chunk: bytes) -> None:
         if self.over or self.left == 0:
             return
         if self.left is not None:
             chunk, self.left = chunk[:self.left], max(0, self.left - len(chunk))
+        if len(self._head) < 4:
+            self._head += chunk[:4 - len(self._head)]
         data = self._pending + chunk if self._pending else chunk
         if b"\\" in data:
             kept = data.rstrip(b"\\")
@@ -89,8 +98,12 @@ class ValueCount:
     def check(self, what: str, whom: str) -> None:
         """InvalidInput if over the budget: `what` the body is, `whom` the budget is for."""
         if self.over:
-            raise InvalidInput(f"{what} holds at least {self.values} JSON values, more than the {self.budget} a "
-                               f"request to {whom} can hold; it was refused before it was parsed")
+            raise InvalidInput(self.refusal(what, whom))
+
+    def refusal(self, what: str, whom: str) -> str:
+        """Why a body over the budget is refused: `what` the body is, `whom` the budget is for."""
+        return (f"{what} holds at least {self.values} JSON values, more than the {self.budget} a "
+                f"request to {whom} can hold; it was refused before it was parsed")
 
 
 def budget(models, name: str | None = None, task: str | None = None) -> int:

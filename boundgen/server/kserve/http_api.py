@@ -48,14 +48,17 @@ from boundgen.errors import InvalidInput
 from boundgen.server import beam_api, json_values, request_ids, rerank_api, score_api
 from boundgen.server.auth import check_api_key
 from boundgen.server.config import ServerConfig
-from boundgen.server.http_bodies import UNREAD, error_response, read_body, read_json, read_options
+from boundgen.server.http_bodies import (JSON_WORKER, UNREAD, error_response, loads, read_body, read_json,
+                                        read_options)
+from boundgen.server.json_worker import JsonWorker
 from boundgen.server.logs import LogSettings
 from boundgen.server.metrics import CONTENT_TYPE
 from boundgen.server.models import ModelSet
 from boundgen.server.status import check_deadline, status_of
 from boundgen.server.kserve import inference
 from boundgen.server.kserve import shared_memory as shm
-from boundgen.server.kserve.http_messages import HEADER_LENGTH, encode_infer_response, parse_infer_body
+from boundgen.server.kserve.http_messages import (HEADER_LENGTH, encode_infer_response, parse_infer_body,
+                                                  split_infer_body)
 from boundgen.server.kserve.repository import Repository, control
 from boundgen.server.kserve.shared_memory import SharedMemory
 from boundgen.server.kserve.triton_extensions import (log_settings, model_config, model_statistics, repository_index,
@@ -139,6 +142,8 @@ class HttpFrontend:
         app = web.Application(client_max_size=self.config.max_body_bytes,
                               middlewares=[self._arrival, _identified, _plain_json_type, self._json_errors,
                                            self._auth])
+        app[JSON_WORKER] = JsonWorker()  # large bodies are parsed there (http_bodies.loads), started when needed
+        app.on_cleanup.append(app[JSON_WORKER].close)
         app.router.add_get("/v2/health/live", self.live)
         app.router.add_get("/v2/health/ready", self.ready)
         app.router.add_get("/v2", self.server_metadata)
@@ -324,10 +329,12 @@ class HttpFrontend:
         name, version = request.match_info["model"], request.match_info.get("version", "")
         try:
             with self.models.observe("http", name):
+                header_length = request.headers.get(HEADER_LENGTH)
                 body = await read_body(request, self.config, json_values.budget(self.models, name),
-                                       f"model {name[:80]}", request.headers.get(HEADER_LENGTH))
-                parsed = parse_infer_body(body, request.headers.get(HEADER_LENGTH), self.shared_memory,
-                                          self.config.max_body_bytes, shape_check(self.models, name, version))
+                                       f"model {name[:80]}", header_length)
+                head = await loads(request, split_infer_body(body, header_length)[0], "the request body")
+                parsed = parse_infer_body(body, header_length, self.shared_memory, self.config.max_body_bytes,
+                                          shape_check(self.models, name, version), head)
                 deadline = self.models.deadline(arrived, parsed.parameters.get("timeout"))
                 answer = await inference.infer(self.models, name, version, parsed.tensors, parsed.outputs,
                                                deadline)

@@ -47,25 +47,33 @@ def _params(obj: dict, where: str) -> dict:
     return params
 
 
+def split_infer_body(body: bytes, header_length: str | None) -> tuple[bytes, memoryview]:
+    """The JSON of an HTTP inference body and the binary tensor data after it (header_length:
+    the binary extension's header, None when absent)."""
+    if header_length is None:
+        return body, memoryview(b"")
+    try:
+        n = int(header_length)
+    except ValueError:
+        raise InvalidInput(f"header {HEADER_LENGTH} must be an integer, got {header_length!r}") from None
+    if not 0 <= n <= len(body):
+        raise InvalidInput(f"header {HEADER_LENGTH} says {n} bytes of JSON, the body has {len(body)}")
+    return body[:n], memoryview(body)[n:]
+
+
 def parse_infer_body(body: bytes, header_length: str | None, shared_memory: SharedMemory | None = None,
-                     limit: int | None = None, check_shape: ShapeCheck | None = None) -> HttpInferRequest:
+                     limit: int | None = None, check_shape: ShapeCheck | None = None,
+                     head: Any = None) -> HttpInferRequest:
     """An inference request from an HTTP body (JSON, or JSON + binary tensor data), its tensors
     in shared memory read from `shared_memory`'s regions. `limit` (--max-body-bytes) bounds each
     shape before anything is allocated for it, and each input read from shared memory;
     `check_shape(name, datatype, shape)` (the model's own bounds, http_api.shape_check) runs
     on each input's header before its data is converted: a TEXT [1000000] of one-character
-    strings, within the body limit, is refused by its shape, not after a million conversions."""
+    strings, within the body limit, is refused by its shape, not after a million conversions.
+    `head`: the body's JSON already parsed (elsewhere: http_bodies.loads), else None."""
     shared_memory = shared_memory or SharedMemory()
-    binary = memoryview(b"")
-    if header_length is not None:
-        try:
-            n = int(header_length)
-        except ValueError:
-            raise InvalidInput(f"header {HEADER_LENGTH} must be an integer, got {header_length!r}") from None
-        if not 0 <= n <= len(body):
-            raise InvalidInput(f"header {HEADER_LENGTH} says {n} bytes of JSON, the body has {len(body)}")
-        body, binary = body[:n], memoryview(body)[n:]
-    obj = parse_json(body, "the request body")
+    body, binary = split_infer_body(body, header_length)
+    obj = parse_json(body, "the request body") if head is None else head
     if not isinstance(obj, dict):
         raise InvalidInput("the request body must be a JSON object with 'inputs'")
     inputs = obj.get("inputs")
