@@ -36,7 +36,6 @@ from boundgen.artifact.manifest import read_manifest
 from boundgen.artifact.tasks import task_of
 from boundgen.artifact.tensors import TRIE, Trie
 from boundgen.errors import ConfigError, InvalidInput
-from boundgen.ops import trie_reach
 from boundgen.text import catalogue_search
 from boundgen.text.catalogue import Catalogue, check_tokenizer
 
@@ -67,6 +66,8 @@ class ServedCatalogue:
         device = torch.device(device)
         index = None
         if reach_on_device if reach_on_device is not None else device.type == "cuda":
+            from boundgen.ops import trie_reach  # here: a server of plain artifacts never imports the op (Triton)
+
             item_keys, item_nodes = trie_reach.item_index(full.node_item)  # one host sync, at load
             stream = torch.cuda.Stream(device) if device.type == "cuda" else None
             index = ItemIndex(item_keys.cpu().numpy(), item_keys, item_nodes, stream)
@@ -90,6 +91,8 @@ class ServedCatalogue:
         return torch.from_numpy(reach).to(device), torch.from_numpy(ends).to(device)
 
     def _on_device(self, ids: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        from boundgen.ops import trie_reach  # imported by on_device already: a dictionary lookup
+
         index = self.index
         at = np.searchsorted(index.keys, ids).clip(max=len(index.keys) - 1)
         unknown = np.unique(ids[index.keys[at] != ids])
