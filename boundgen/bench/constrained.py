@@ -153,7 +153,6 @@ def check_row(search: str, results, wall, model, cat: Catalogue, stop_token_ids:
 def bench(artifact: str | Path, cat_dir: str | Path, texts: Sequence[str], allow: int = 0, plain: str | Path | None = None,
           warmup: int = 3, seed: int = 0) -> dict:
     """The rows (dicts) and the catalogue's load figures; engines are closed before returning."""
-    cat = Catalogue.load(cat_dir)
     engine = boundgen.load(artifact)
     try:
         device = engine.contexts[0].device
@@ -165,6 +164,8 @@ def bench(artifact: str | Path, cat_dir: str | Path, texts: Sequence[str], allow
             torch.cuda.synchronize(device)
         load_s = time.perf_counter() - start
         device_mb = (torch.cuda.memory_allocated(device) - before) / 1e6 if on_cuda else None
+        served = engine.catalogue  # its host arrays check the candidates; its metadata goes in the report
+        cat, meta = served.catalogue, served.meta
         program = engine.spec.program
         if program.min_new_tokens > cat.depth:
             raise ValueError(f"{artifact} bars stop tokens before {program.min_new_tokens} tokens (--min-new-tokens) "
@@ -181,7 +182,6 @@ def bench(artifact: str | Path, cat_dir: str | Path, texts: Sequence[str], allow
         engine.close()
     if plain is not None:
         rows += plain_rows(plain, texts, warmup, cat, stops)
-    meta = json.loads((Path(cat_dir) / "catalogue.json").read_text())
     return {"artifact": str(artifact), "plain": None if plain is None else str(plain), "catalogue": str(cat_dir),
             "items": meta["items"], "nodes": meta["nodes"], "depth": meta["depth"], "load_s": load_s,
             "device_mb": device_mb, "device": str(device), "rows": [r.to_dict() for r in rows]}
