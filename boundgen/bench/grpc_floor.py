@@ -22,6 +22,7 @@ from multiprocessing import get_context
 import numpy as np
 
 from boundgen.bench.host import core_ranges, cpu_model, parse_cores
+from boundgen.bench.loadgen import nearest_rank
 
 WIDTH, STEPS, TEXT_BYTES = 100, 5, 20  # W2's answer: 100 candidates of 5 tokens, ~20-byte texts
 
@@ -113,8 +114,8 @@ def measure(calls: int = 2000, warmup: int = 200, server_cores: set[int] | None 
         server.terminate()
         server.join(5)
     times.sort()
-    return {"calls": calls, "mean_ms": statistics.fmean(times), "p50_ms": times[len(times) // 2],
-            "p99_ms": times[min(len(times) - 1, int(len(times) * 0.99))]}
+    return {"calls": calls, "mean_ms": statistics.fmean(times), "p50_ms": nearest_rank(times, 50),
+            "p99_ms": nearest_rank(times, 99)}
 
 
 def main(argv=None) -> int:

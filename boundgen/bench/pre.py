@@ -39,6 +39,7 @@ from boundgen.artifact.manifest import read_manifest
 from boundgen.artifact.program import ScoreSpec
 from boundgen.artifact.tasks import task_named
 from boundgen.bench.host import host_record
+from boundgen.bench.loadgen import nearest_rank
 from boundgen.bench.workloads import get_workload, make_requests
 from boundgen.runtime.requests import RequestPacker
 from boundgen.text.template import Template
@@ -111,7 +112,7 @@ def loaded_pre(packer: RequestPacker, pool: Sequence[list[str]], threads: int, b
         spinner.join()
     times.sort()
     return {"threads": threads, "busy_thread": busy, "mean_ms": statistics.fmean(times),
-            "p99_ms": times[min(len(times) - 1, int(0.99 * len(times)))]}
+            "p99_ms": nearest_rank(times, 99)}
 
 
 def measure(source: Path | None, artifact: bool, workload: str = "W1", requests: int = 64, rounds: int = 20,
