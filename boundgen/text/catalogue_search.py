@@ -8,11 +8,14 @@ takes them as inputs, so that the catalogue is chosen when the artifact is serve
     arrays(cat, vocab, allow)                             {TRIE name: numpy array}, all of one length M
     allowed(cat, allow_items)                             (reach, ends) of an allow-list, else ConfigError
     padded(cat, allow)                                    those two padded to M, as `arrays` pads them
+    length(nodes)                                         M, the arrays' length for a trie of `nodes` nodes
 
 Every array has one length, M = max(nodes, MIN_NODES) + 1 (row_ptr's), so that a compiled
 program has one dynamic dim for them all (at least MIN_NODES + 1: export specialises sizes 0 and
 1): the padding appends nodes without children or items, and edges that no node owns, with keys
-above every real key (the keys stay sorted). No torch here (runtime/ and programs/ both read it).
+above every real key (the keys stay sorted). The same padding to any longer length leaves a
+search unchanged (a request context's fixed-length buffers for CUDA graphs, runtime/context.py;
+tests/runtime/test_trie_buffers.py). No torch here (runtime/ and programs/ both read it).
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ from boundgen.text.catalogue import Catalogue
 
 MIN_NODES = 3
 PAD_KEY = np.iinfo(np.int64).max
+# What each array is padded with past the trie's entries; row_ptr with its last value (no children).
+PADDING = {"child_token": 0, "edge_keys": PAD_KEY, "node_item": -1, "reach": False, "ends": False}
 
 
 def check(cat: Catalogue, vocab: int, steps: int, stop_token_ids: Sequence[int] = (),
@@ -67,25 +72,28 @@ def arrays(cat: Catalogue, vocab: int, allow: tuple[np.ndarray, np.ndarray] | No
     """The TRIE arrays (artifact/tensors.py) of the catalogue, each of length M = max(nodes,
     MIN_NODES) + 1 (module docstring); allow: (reach, ends) from `allowed` (None: every item)."""
     reach, ends = allow if allow is not None else allowed(cat)
-    length = max(cat.num_nodes, MIN_NODES) + 1
+    m = length(cat.num_nodes)
     parent = cat.parent()[1:]
     child = cat.child_token.astype(np.int64)
-    return {"row_ptr": _pad(cat.row_ptr.astype(np.int64), length, cat.row_ptr[-1]),
-            "child_token": _pad(child, length, 0),
-            "edge_keys": _pad(parent * vocab + child, length, PAD_KEY),
-            "node_item": _pad(cat.node_item.astype(np.int64), length, -1),
-            "reach": _pad(reach, length, False),
-            "ends": _pad(ends, length, False)}
+    entries = {"child_token": child, "edge_keys": parent * vocab + child,
+               "node_item": cat.node_item.astype(np.int64), "reach": reach, "ends": ends}
+    return {"row_ptr": _pad(cat.row_ptr.astype(np.int64), m, cat.row_ptr[-1]),
+            **{name: _pad(array, m, PADDING[name]) for name, array in entries.items()}}
 
 
 def padded(cat: Catalogue, allow: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     """(reach, ends) from `allowed`, padded as `arrays` pads them (a request's allow-list)."""
-    length = max(cat.num_nodes, MIN_NODES) + 1
-    return _pad(allow[0], length, False), _pad(allow[1], length, False)
+    m = length(cat.num_nodes)
+    return _pad(allow[0], m, PADDING["reach"]), _pad(allow[1], m, PADDING["ends"])
 
 
-def _pad(array: np.ndarray, length: int, value) -> np.ndarray:
-    """array followed by `value` up to `length` entries."""
-    if len(array) == length:
+def length(nodes: int) -> int:
+    """M, the TRIE arrays' one length for a trie of `nodes` nodes (module docstring)."""
+    return max(int(nodes), MIN_NODES) + 1
+
+
+def _pad(array: np.ndarray, m: int, value) -> np.ndarray:
+    """array followed by `value` up to `m` entries."""
+    if len(array) == m:
         return np.ascontiguousarray(array)
-    return np.concatenate((array, np.full(length - len(array), value, dtype=array.dtype)))
+    return np.concatenate((array, np.full(m - len(array), value, dtype=array.dtype)))
