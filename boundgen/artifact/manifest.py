@@ -48,12 +48,19 @@ class RuntimeConfig:
     token_bucket: int = option(256, "token bucket that CUDA-graph shapes are padded to")
     batch_wait_ms: float = option(0.0, "with batching: ms after a call that a free context may wait for company "
                                        "(0: never waits; runtime/batcher.py)", kind=float)
+    catalogue_max_nodes: int = option(0, "with CUDA graphs, a constrained beam artifact: the most trie nodes of a "
+                                         "catalogue it may serve, held by every request context (0: the first "
+                                         "catalogue's nodes and a quarter more; runtime/context.py)")
 
     def __post_init__(self):
         for name in ("contexts", "executors", "token_bucket"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"{name} must be an integer >= 1, got {value!r}")
+        nodes = self.catalogue_max_nodes
+        if isinstance(nodes, bool) or not isinstance(nodes, int) or nodes < 0:
+            raise ConfigError(f"catalogue_max_nodes must be an integer >= 0 (0: sized by the first catalogue), "
+                              f"got {nodes!r}")
         wait = self.batch_wait_ms
         if isinstance(wait, bool) or not isinstance(wait, (int, float)) or not 0 <= wait <= MAX_BATCH_WAIT_MS:
             raise ConfigError(f"batch_wait_ms must be a number of ms from 0 to {MAX_BATCH_WAIT_MS}, got {wait!r}")

@@ -20,8 +20,15 @@ A constrained beam artifact takes its catalogue's trie as program inputs: the en
 `ServedCatalogue` (runtime/catalogue.py; `set_catalogue`), and each request takes the trie of
 that moment (its allow-list's, if any) on the caller thread, so that a replacement never mixes
 two catalogues in one request. Requests share a call only when they share those tensors (so a
-request with an allow-list runs alone). No CUDA graphs for them: a graph would keep the trie's
-addresses of its capture.
+request with an allow-list runs alone). With CUDA graphs each context holds trie buffers of one
+length M_cap (runtime/context.py), which its graphs read: a call first copies its request's trie
+into them on the context's stream (the catalogue's arrays only when the context held another
+catalogue, reach and ends only when they changed). M_cap is fixed when the first catalogue is
+set (`catalogue_max_nodes`, else that catalogue's nodes and a quarter more), and the graphs are
+captured then, before the catalogue is published, so no request can reach a context before
+(`boundgen.load` and `serve` set it before warm-up; a model loaded without one captures at its
+first `load_catalogue`). A later catalogue that does not fit M_cap is refused (ConfigError, the
+served one stays): growing the buffers would take new graphs, captured while serving.
 """
 
 from __future__ import annotations
@@ -44,6 +51,7 @@ from boundgen.runtime.engine import Engine, EngineSpec, Provenance
 from boundgen.runtime.graphs import GraphRunner
 from boundgen.runtime.requests import RequestPacker, concat_packed, make_builder, to_host
 from boundgen.runtime.results import BeamResult, ScoreResult
+from boundgen.text import catalogue_search
 from boundgen.text.tokenizer import PackedBatch
 
 @dataclass(frozen=True)
@@ -78,6 +86,8 @@ class LocalEngine(Engine):
         self.graph_shapes = 0  # CUDA graphs captured by `warmup`, per context
         self.contexts = contexts  # owned by the batcher's workers, one each
         self.catalogue: ServedCatalogue | None = None  # a constrained beam artifact's (set_catalogue)
+        self.catalogue_max_nodes = 0  # with CUDA graphs: the trie nodes each context holds (0: no catalogue yet)
+        self._catalogue_lock = threading.Lock()
         runtime = spec.runtime
         self._executors = threading.Semaphore(runtime.executors)  # program calls running at once
         self._batcher = Batcher(contexts, self._run_batch, self._fits if runtime.batching else _alone, name=spec.name,
@@ -107,16 +117,33 @@ class LocalEngine(Engine):
         return self.task.constrained(self.spec.program)
 
     def set_catalogue(self, catalogue: ServedCatalogue) -> None:
-        """Serve later requests with this catalogue (requests already tokenized keep theirs)."""
+        """Serve later requests with this catalogue (requests already tokenized keep theirs). With
+        CUDA graphs, the first one sizes the contexts' trie buffers and the graphs are captured; a
+        later one that does not fit them is a ConfigError, and the served catalogue stays."""
         if not self.constrained:
             raise ConfigError(f"model {self.spec.name} was not built with --constrained: it takes no catalogue")
-        self.catalogue = catalogue
+        with self._catalogue_lock:
+            if self.spec.runtime.cuda_graphs:
+                self._fit(catalogue)
+            self.catalogue = catalogue
 
-    def load_catalogue(self, cat_dir) -> None:
-        """Read a catalogue directory, check it against this artifact and serve later requests with it."""
-        if not self.constrained or self.spec.provenance is None:
-            raise ConfigError(f"model {self.spec.name} was not built with --constrained: it takes no catalogue")
-        self.set_catalogue(load_catalogue(cat_dir, self.spec.provenance.artifact_dir, self.contexts[0].device))
+    def _fit(self, catalogue: ServedCatalogue) -> None:
+        """Check `catalogue` against the contexts' trie buffers; allocate them and capture the graphs
+        for the first (no request can run before `set_catalogue` publishes it)."""
+        nodes = catalogue.catalogue.num_nodes
+        first = self.catalogue_max_nodes == 0
+        most = (self.spec.runtime.catalogue_max_nodes or nodes + nodes // 4) if first else self.catalogue_max_nodes
+        if catalogue_search.length(nodes) > catalogue_search.length(most):
+            raise ConfigError(f"catalogue {catalogue.path or '(given in process)'} has {nodes:,} trie nodes; model "
+                              f"{self.spec.name} holds at most {most:,} in each request context, for its CUDA graphs "
+                              "(--catalogue-max-nodes, "
+                              "else its first catalogue's nodes and a quarter more): serve it with "
+                              f"--catalogue-max-nodes {nodes} or more, or with --no-cuda-graphs")
+        if first:
+            for ctx in self.contexts:
+                ctx.hold_trie(catalogue_search.length(most))
+            self._capture(catalogue.trie())
+            self.catalogue_max_nodes = most
 
     def _trie(self, allow_items: Sequence[int] | None) -> Trie | None:
         """The trie inputs of a request (None: an unconstrained program)."""
@@ -171,8 +198,11 @@ class LocalEngine(Engine):
                 and fits_one_call(self.spec.program, [queued.packed for queued in batch] + [item.packed]))
 
     def _call(self, ctx: RequestContext, tokens, positions, cu_seqlens, trie: Trie | None = None) -> list[torch.Tensor]:
-        """The program on staged inputs, on the context's stream; its outputs stay on the device."""
+        """The program on staged inputs, on the context's stream; its outputs stay on the device.
+        trie: the request's, copied first into the context's trie buffers where it holds them."""
         with self._executors, ctx.stream_scope():
+            if trie is not None and ctx.trie is not None:
+                trie = ctx.stage_trie(trie)
             return self.runner(tokens, positions, cu_seqlens, *(trie or ()))
 
     def _run_batch(self, ctx: RequestContext, items: list[Queued]) -> list[CallShare]:
@@ -188,13 +218,20 @@ class LocalEngine(Engine):
 
     def warmup(self) -> None:
         """One request through the whole path, then every CUDA graph captured on every context
-        (nothing to capture without graphs). Call before serving: the workers are idle."""
-        if not self.constrained or self.catalogue is not None:  # a constrained one has nothing to run yet
-            self._request(["warm up"], None, None)
+        (nothing to capture without graphs). Call before serving: the workers are idle. A
+        constrained engine without a catalogue has nothing to run yet: its graphs are captured
+        when its first catalogue is set."""
+        if self.constrained and self.catalogue is None:
+            return
+        self._request(["warm up"], None, None)
+        self._capture(self._trie(None))
+
+    def _capture(self, trie: Trie | None) -> None:
+        """Every padded shape once on every context: captured where not yet, replayed where captured."""
         batches = self.packer.warm_batches() if isinstance(self.runner, GraphRunner) else []
         for ctx in self.contexts:
             for tokens, positions, cu_seqlens in batches:
-                self._call(ctx, *ctx.stage(tokens, positions, cu_seqlens))
+                self._call(ctx, *ctx.stage(tokens, positions, cu_seqlens), trie=trie)
                 if ctx.stream is not None:  # the host buffers are rewritten by the next stage
                     ctx.stream.synchronize()
         self.graph_shapes = len(batches)
@@ -206,6 +243,8 @@ class LocalEngine(Engine):
         once the device is done."""
         b = self.spec.program
         ctx = RequestContext(b.call_max_tokens, b.call_max_samples, self.contexts[0].device)
+        if self.contexts[0].trie is not None:
+            ctx.hold_trie(self.contexts[0].trie.row_ptr.shape[0])
         packed = self.packer.encode(list(texts))
         batches = [packed] * copies
         if not fits_one_call(b, batches):
@@ -237,11 +276,11 @@ def _alone(batch: list, item) -> bool:
 
 def settings_in_effect(runtime: RuntimeConfig, spec, device: str) -> RuntimeConfig:
     """The runtime settings as they take effect for program `spec` on `device`; the one place that
-    decides: CUDA graphs only on a CUDA device, batching only where one call may hold more than one
-    request (artifact/tasks.py), and its wait only with batching; no graphs for a constrained beam
-    program (a graph would replay the trie addresses of its capture)."""
+    decides: CUDA graphs only on a CUDA device (a constrained beam program's too: its contexts then
+    hold the trie, runtime/context.py), batching only where one call may hold more than one
+    request (artifact/tasks.py), and its wait only with batching."""
     batching = runtime.batching and task_of(spec).max_requests(spec) > 1
-    graphs = runtime.cuda_graphs and str(device).startswith("cuda") and not task_of(spec).constrained(spec)
+    graphs = runtime.cuda_graphs and str(device).startswith("cuda")
     return replace(runtime, cuda_graphs=graphs, batching=batching,
                    batch_wait_ms=runtime.batch_wait_ms if batching else 0.0)
 

@@ -1,7 +1,7 @@
 """A served catalogue's allow-lists: derived on the device (ops/trie_reach.py, CUDA's way) they
 equal the host's numpy derivation (the reference, the CPU's way), array for array, and both refuse
 the same bad lists with the same words. On the CPU the device path runs on CPU tensors. Last,
-why a constrained artifact runs without CUDA graphs."""
+CUDA graphs for a constrained artifact, and what its requests bring to a context's trie buffers."""
 
 import random
 
@@ -91,26 +91,25 @@ def test_gpu_device_path_equals_host_path():
     assert_same_trie(dev.trie(allow), host.trie(allow))
 
 
-# Why a constrained artifact runs without CUDA graphs (runtime/local_engine.py `settings_in_effect`):
-# a graph replays the input addresses and shapes of its capture, and the trie inputs keep neither.
+# CUDA graphs: a constrained beam program replays them too (runtime/local_engine.py
+# `settings_in_effect`), reading the trie from its contexts' buffers (tests/runtime/test_trie_buffers.py).
 
-def test_graphs_are_off_for_a_constrained_beam_program():
+def test_graphs_follow_the_device_for_a_constrained_beam_program():
     runtime = RuntimeConfig(cuda_graphs=True)
-    plain = BeamSpec(width=4, steps=3, stop_token_ids=(1,))
-    constrained = BeamSpec(width=4, steps=3, stop_token_ids=(1,), constrained=True)
-    assert settings_in_effect(runtime, plain, "cuda").cuda_graphs
-    assert not settings_in_effect(runtime, constrained, "cuda").cuda_graphs
+    for spec in (BeamSpec(width=4, steps=3, stop_token_ids=(1,)),
+                 BeamSpec(width=4, steps=3, stop_token_ids=(1,), constrained=True)):
+        assert settings_in_effect(runtime, spec, "cuda").cuda_graphs
+        assert not settings_in_effect(runtime, spec, "cpu").cuda_graphs
 
 
-def test_trie_inputs_change_address_per_allow_list_and_shape_per_catalogue():
-    """Padding to one M fixes the trie's shapes for one catalogue only (another has its own M),
-    and an allow-list brings new reach / ends tensors to every request, on either path: a graph
-    captured with one request's trie would read that trie again for the next."""
+def test_requests_bring_their_own_reach_and_ends():
+    """What a context copies for a call: an allow-list brings new reach / ends tensors to every
+    request, on either path, and shares the catalogue's four arrays, which are copied only when
+    the context held another catalogue (runtime/context.py)."""
     cat, ids, host, dev = served_pair(4)
-    small = ServedCatalogue.on_device(Catalogue.from_sequences([1, 2], [[3], [4, 5]]), VOCAB, "cpu")
-    assert small.full.row_ptr.shape != host.full.row_ptr.shape
     for served in (host, dev):
         first, second = served.trie(ids[:3]), served.trie(ids[:3])
-        assert first.row_ptr.data_ptr() == served.full.row_ptr.data_ptr()  # the catalogue's four arrays: shared
+        for name in ("row_ptr", "child_token", "edge_keys", "node_item"):
+            assert getattr(first, name) is getattr(served.full, name) is getattr(second, name)
         assert len({t.reach.data_ptr() for t in (served.full, first, second)}) == 3
         assert len({t.ends.data_ptr() for t in (served.full, first, second)}) == 3
