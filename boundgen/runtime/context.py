@@ -71,9 +71,10 @@ class RequestContext:
         def full(value, dtype):
             return torch.full((length,), value, dtype=dtype, device=self.device)
 
-        self.trie = Trie(row_ptr=full(0, torch.int64),
-                         **{name: full(PADDING[name], torch.bool if name in ("reach", "ends") else torch.int64)
-                            for name in TRIE[1:]})
+        with self.stream_scope():  # filled on the stream that copies into them next
+            self.trie = Trie(row_ptr=full(0, torch.int64),
+                             **{name: full(PADDING[name], torch.bool if name in ("reach", "ends") else torch.int64)
+                                for name in TRIE[1:]})
         self._held = dict.fromkeys(TRIE)
 
     def stage_trie(self, trie: Trie) -> Trie:

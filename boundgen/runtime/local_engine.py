@@ -136,14 +136,19 @@ class LocalEngine(Engine):
         if catalogue_search.length(nodes) > catalogue_search.length(most):
             raise ConfigError(f"catalogue {catalogue.path or '(given in process)'} has {nodes:,} trie nodes; model "
                               f"{self.spec.name} holds at most {most:,} in each request context, for its CUDA graphs "
-                              "(--catalogue-max-nodes, "
-                              "else its first catalogue's nodes and a quarter more): serve it with "
-                              f"--catalogue-max-nodes {nodes} or more, or with --no-cuda-graphs")
+                              "(--catalogue-max-nodes, else its first catalogue's nodes and a quarter more): serve it "
+                              f"with --catalogue-max-nodes {nodes} or more, or with --no-cuda-graphs")
         if first:
             for ctx in self.contexts:
                 ctx.hold_trie(catalogue_search.length(most))
             self._capture(catalogue.trie())
             self.catalogue_max_nodes = most
+
+    def load_catalogue(self, cat_dir) -> None:
+        """Read a catalogue directory, check it against this artifact and serve later requests with it."""
+        if not self.constrained or self.spec.provenance is None:
+            raise ConfigError(f"model {self.spec.name} was not built with --constrained: it takes no catalogue")
+        self.set_catalogue(load_catalogue(cat_dir, self.spec.provenance.artifact_dir, self.contexts[0].device))
 
     def _trie(self, allow_items: Sequence[int] | None) -> Trie | None:
         """The trie inputs of a request (None: an unconstrained program)."""
