@@ -4,10 +4,14 @@
     ServedCatalogue.trie(allow_items)                               -> Trie (artifact/tensors.py) of one request
 
 A constrained artifact takes the trie as program inputs (programs/beam.py), so the engine holds
-one `ServedCatalogue` and hands its tensors to every call (runtime/local_engine.py). Replacing the
-catalogue is replacing that one reference: a request takes the catalogue of the moment it is
-tokenized, with every tensor its call needs, so it runs on the old or the new catalogue whole,
-never a mix, and the old one lives until its last request ends.
+one `ServedCatalogue` and hands its tensors to every call (runtime/local_engine.py); with CUDA
+graphs a call first copies them into its request context's trie buffers, which the graphs read
+(runtime/context.py: the four catalogue arrays when the context held another catalogue, reach and
+ends when they changed). Replacing the catalogue is replacing that one reference: a request takes
+the catalogue of the moment it is tokenized, with every tensor its call needs, and its context
+copies what differs before the call, so it runs on the old or the new catalogue whole, never a
+mix; the old one lives until its last request ends (contexts hold only weak references to it).
+With CUDA graphs the new catalogue must fit the contexts' buffers (LocalEngine.set_catalogue).
 
 An allow-list keeps the trie's four arrays and replaces its `reach` and `ends` for that request;
 a request without one shares the catalogue's. Two ways to the same arrays ([M], as the program
