@@ -41,13 +41,14 @@
 #                 (e.g. "--items 1000000": a random catalogue of 4-token codes over 32k tokens, $WORK/catalogue,
 #                 kept while its flags stay), and two constrained artifacts of the beam checkpoint built beside
 #                 the others on the cores they leave: $BEAM_DEFAULT + --constrained with --lowering trie_mask=torch
-#                 ($WORK/art/cbeam_torch) and =triton (cbeam_triton), less --cuda-graphs (a constrained artifact
-#                 runs without graphs: they would replay the trie inputs' addresses of their capture) and with
+#                 ($WORK/art/cbeam_torch) and =triton (cbeam_triton), with its --cuda-graphs (the graphs read the
+#                 trie from each context's buffers, sized by the catalogue: docs/build.md) and with
 #                 --min-new-tokens 0 (BEAM_ARGS' 5 would bar the stop token that ends a 4-token code at step 5:
 #                 no item could come back). After the builds, the harness on each (c=1, W2 prompts, the whole
-#                 catalogue and a 10k-item allow-list; --plain the beam artifact where there is one, with and
-#                 without its CUDA graphs): constrained_torch.md, constrained_triton.md. CONSTRAINED_S (420) the
-#                 builds' limit: validation runs every beam case twice.
+#                 catalogue and a 10k-item allow-list, with the artifact's CUDA graphs and without them; --plain
+#                 the beam artifact where there is one, with and without its CUDA graphs): constrained_torch.md,
+#                 constrained_triton.md. CONSTRAINED_S (420) the builds' limit: validation runs every beam case
+#                 twice.
 #   REPORT=1      per artifact: `python -m boundgen.compile.report` (build seconds, size, load, first and
 #                 warm call, validation) in a fresh process, and the C++ wrapper of each package (which
 #                 kernels and copies a call launches) under $RES/wrapper_ART/.
@@ -132,7 +133,7 @@ if [[ -n "${CONSTRAINED:-}" ]]; then  # on the 8-core half no build above took (
     if [[ ! -f "$WORK/art/cbeam_$mask/manifest.json" ]]; then
       # shellcheck disable=SC2086
       step "${CONSTRAINED_S:-420}" "build_cbeam_$mask" "${cfree[$k]}" python3 -m boundgen build "$Q2" "${BEAM_ARGS[@]}" \
-        --out "$WORK/art/cbeam_$mask" --name "cbeam_$mask" ${BEAM_DEFAULT//--cuda-graphs/} --constrained \
+        --out "$WORK/art/cbeam_$mask" --name "cbeam_$mask" $BEAM_DEFAULT --constrained \
         --min-new-tokens 0 --lowering "trie_mask=$mask" &
       builds+=($!)
     fi
@@ -170,7 +171,7 @@ if [[ -n "${CONSTRAINED:-}" && -f "$WORK/catalogue/flags" ]]; then  # each const
   for mask in torch triton; do
     [[ -f "$WORK/art/cbeam_$mask/manifest.json" ]] || { log "no artifact $WORK/art/cbeam_$mask"; continue; }
     cp "$WORK/art/cbeam_$mask/manifest.json" "$RES/manifest_cbeam_$mask.json"
-    step 240 "constrained_$mask" "$BENCH_CORES" python3 -m boundgen.bench.constrained "$WORK/art/cbeam_$mask" \
+    step 360 "constrained_$mask" "$BENCH_CORES" python3 -m boundgen.bench.constrained "$WORK/art/cbeam_$mask" \
       --catalogue "$WORK/catalogue" ${plain[@]+"${plain[@]}"} --json "$RES/constrained_$mask.json"
     sed -n '/^W[0-9]/,/^$/p; /^|/p' "$RES/constrained_$mask.log" > "$RES/constrained_$mask.md"  # its table
   done

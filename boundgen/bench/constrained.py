@@ -2,7 +2,9 @@
 
 A constrained beam artifact (`boundgen build --task beam --constrained`) is loaded with its
 catalogue in process, as `boundgen beam ARTIFACT --catalogue CAT_DIR` loads it; the catalogue's
-load onto the device is timed on its own (and its device memory counted on CUDA). The prompts
+load onto the device is timed on its own (and its device memory counted on CUDA; with CUDA
+graphs that first load also allocates every context's trie buffers and captures the graphs,
+runtime/local_engine.py). The prompts
 are a workload's request pool (bench/workloads.py: W2 by default, 64-token prompts, made with
 the artifact's tokenizer), sent one at a time (c = 1) after a warm-up, through `engine.beam`:
 the user's in-process path (tokenize, the trie inputs of the request, the program, the results).
@@ -11,8 +13,12 @@ Rows (ms a request: mean, p50, p99 by nearest rank; `model`: the program call al
 - constrained: the whole catalogue;
 - constrained, allow-list of K: a seeded random K items of the catalogue a request (the same
   list for every request), derived into the request's trie inputs as serving does;
+- where the artifact replays CUDA graphs (built with --cuda-graphs, on CUDA), both rows are named
+  ", CUDA graphs" and followed by the same two loaded again with `cuda_graphs=False`
+  (", no CUDA graphs"): the graphs' gain, told apart from the constraint's cost;
 - plain (`--plain ARTIFACT`, an unconstrained beam artifact of the same checkpoint): the same
-  prompts, so that one run shows the constraint's cost beside the search it restricts.
+  prompts, so that one run shows the constraint's cost beside the search it restricts (with and
+  without its CUDA graphs, likewise).
 
 Every candidate is checked against the catalogue on the host, outside the timing: its token ids
 (less a final stop token) must lead to the trie node of the item_id it carries, and under an
@@ -152,45 +158,53 @@ def check_row(search: str, results, wall, model, cat: Catalogue, stop_token_ids:
 
 def bench(artifact: str | Path, cat_dir: str | Path, texts: Sequence[str], allow: int = 0, plain: str | Path | None = None,
           warmup: int = 3, seed: int = 0) -> dict:
-    """The rows (dicts) and the catalogue's load figures; engines are closed before returning."""
-    engine = boundgen.load(artifact)
-    try:
-        device = engine.contexts[0].device
-        on_cuda = torch.device(device).type == "cuda"
-        before = torch.cuda.memory_allocated(device) if on_cuda else 0
-        start = time.perf_counter()
-        engine.load_catalogue(cat_dir)  # what boundgen.load(artifact, catalogue=cat_dir) does last
-        if on_cuda:
-            torch.cuda.synchronize(device)
-        load_s = time.perf_counter() - start
-        device_mb = (torch.cuda.memory_allocated(device) - before) / 1e6 if on_cuda else None
-        served = engine.catalogue  # its host arrays check the candidates; its metadata goes in the report
-        cat, meta = served.catalogue, served.meta
-        program = engine.spec.program
-        if program.min_new_tokens > cat.depth:
-            raise ValueError(f"{artifact} bars stop tokens before {program.min_new_tokens} tokens (--min-new-tokens) "
-                             f"and the catalogue's codes have at most {cat.depth}: no item could end; build it with "
-                             f"--min-new-tokens {cat.depth} or less")
-        engine.warmup()
-        stops = [int(t) for t in program.stop_token_ids]
-        rows = [check_row("constrained", *run_requests(engine, texts, warmup), cat, stops)]
-        if allow:
-            ids = random_allow_list(cat, allow, seed)
-            rows.append(check_row(f"constrained, allow-list of {len(ids):,}",
-                                  *run_requests(engine, texts, warmup, ids), cat, stops, ids))
-    finally:
-        engine.close()
+    """The rows (dicts) and the catalogue's load figures (of the first load: as built); engines are
+    closed before returning."""
+    rows, load = [], None
+    for cuda_graphs in (None, False):  # as built, then without graphs where it had them
+        engine = boundgen.load(artifact, cuda_graphs=cuda_graphs)
+        try:
+            device = engine.contexts[0].device
+            on_cuda = torch.device(device).type == "cuda"
+            before = torch.cuda.memory_allocated(device) if on_cuda else 0
+            start = time.perf_counter()
+            engine.load_catalogue(cat_dir)  # what boundgen.load(artifact, catalogue=cat_dir) does last
+            if on_cuda:
+                torch.cuda.synchronize(device)
+            load_s = time.perf_counter() - start
+            device_mb = (torch.cuda.memory_allocated(device) - before) / 1e6 if on_cuda else None
+            load = load or (load_s, device_mb, str(device))
+            served = engine.catalogue  # its host arrays check the candidates; its metadata goes in the report
+            cat, meta = served.catalogue, served.meta
+            program = engine.spec.program
+            if program.min_new_tokens > cat.depth:
+                raise ValueError(f"{artifact} bars stop tokens before {program.min_new_tokens} tokens "
+                                 f"(--min-new-tokens) and the catalogue's codes have at most {cat.depth}: no item "
+                                 f"could end; build it with --min-new-tokens {cat.depth} or less")
+            engine.warmup()
+            graphs = engine.graph_shapes > 0
+            name = "constrained" + (", CUDA graphs" if graphs else "" if cuda_graphs is None else ", no CUDA graphs")
+            stops = [int(t) for t in program.stop_token_ids]
+            rows.append(check_row(name, *run_requests(engine, texts, warmup), cat, stops))
+            if allow:
+                ids = random_allow_list(cat, allow, seed)
+                rows.append(check_row(f"{name}, allow-list of {len(ids):,}",
+                                      *run_requests(engine, texts, warmup, ids), cat, stops, ids))
+        finally:
+            engine.close()
+        if not graphs:
+            break
     if plain is not None:
         rows += plain_rows(plain, texts, warmup, cat, stops)
+    load_s, device_mb, device = load
     return {"artifact": str(artifact), "plain": None if plain is None else str(plain), "catalogue": str(cat_dir),
             "items": meta["items"], "nodes": meta["nodes"], "depth": meta["depth"], "load_s": load_s,
-            "device_mb": device_mb, "device": str(device), "rows": [r.to_dict() for r in rows]}
+            "device_mb": device_mb, "device": device, "rows": [r.to_dict() for r in rows]}
 
 
 def plain_rows(plain: str | Path, texts: Sequence[str], warmup: int, cat: Catalogue, stops: list[int]) -> list[Row]:
-    """The unconstrained artifact's row; where it replays CUDA graphs, which a constrained artifact
-    does not (runtime/local_engine.py, settings_in_effect), also its row without them, so that the
-    constraint's cost and the graphs' gain are told apart."""
+    """The unconstrained artifact's row; where it replays CUDA graphs, also its row without them, so
+    that the constraint's cost and the graphs' gain are told apart."""
     rows = []
     for cuda_graphs in (None, False):  # as built, then without graphs
         engine = boundgen.load(plain, cuda_graphs=cuda_graphs)
