@@ -40,6 +40,9 @@ Triton kernel (FlashAttention-2 forward, varlen):
   "pack GQA"): the tile's rows interleave BLOCK_M tokens and the pack's heads (row r: token r // pack,
   head r % pack), so each key tile is read once for the group instead of once a head, and the dots
   have pack times the rows. The mask and the sequence bounds follow each row's token.
+- `triton_stacked` (kernel in ops/packed_attention_stacked.py, op `boundgen::packed_attention_stacked`):
+  128-row tiles for Hopper's wgmma, the pack's heads stacked as 64-row slabs, an unmasked key loop off
+  the diagonal, the heaviest query blocks first; that module's docstring says why.
 
 Flash lowering (`flash`): PyTorch's own FlashAttention-2 varlen forward
 (`aten._flash_attention_forward`, CUDA, bf16/fp16; AOTInductor calls it through its C shim, so a
@@ -337,9 +340,12 @@ def _(q, k, v, cu_seqlens, scale, pack=1):
 
 def stacked_config(head_dim: int, pack: int) -> tuple[int, int, int, int]:
     """(BLOCK_M tokens, BLOCK_N, num_warps, num_stages) of the `triton_stacked` kernel: tiles of
-    BLOCK_M x pack = 128 rows (ops/packed_attention_stacked.py says why), a warpgroup per 64 rows."""
+    BLOCK_M x pack = 128 rows (ops/packed_attention_stacked.py says why), a warpgroup per 64 rows.
+    Chosen from sm_90 compiles (ptxas, bf16, D 128, pack 2, 8 warps), before a GPU sweep: BLOCK_N 32
+    takes 120 registers and 64 KB of shared memory at 2 stages, so two programs fit an SM; BLOCK_N 64
+    takes 173 (one program an SM); 4 warps on 128 rows spill. `--packed-sweep stacked` times the rest."""
     block_m = max(128 // pack, 16)
-    return block_m, min(block_m, 64 if head_dim <= 128 else 32), 4 * max(block_m * pack // 64, 1), 2
+    return block_m, min(block_m, 32 if head_dim >= 128 else 64), 4 * max(block_m * pack // 64, 1), 2
 
 
 def launch_stacked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, scale: float,

@@ -126,7 +126,7 @@ def test_stacked_launcher_rejects_tiles_that_do_not_nest(blocks):
 
 
 def test_stacked_config_keeps_128_rows():
-    assert op.stacked_config(128, 2) == (64, 64, 8, 2)
+    assert op.stacked_config(128, 2) == (64, 32, 8, 2) and op.stacked_config(64, 1) == (128, 64, 8, 2)
     assert [op.stacked_config(128, p)[0] * p for p in (1, 2, 4, 8)] == [128] * 4
 
 

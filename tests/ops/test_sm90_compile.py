@@ -88,7 +88,7 @@ KERNELS = {
                                   "cu_seqlens_ptr": "*i32", "qk_scale": "fp32", "num_seqs": "i32", "stride_qt": "i32",
                                   "stride_qh": "i32", "stride_kt": "i32", "stride_kh": "i32", "stride_vt": "i32",
                                   "stride_vh": "i32", "stride_ot": "i32", "stride_oh": "i32"},
-                                 {"GROUP": 2, "HEAD_DIM": 128, "BLOCK_M": 64, "BLOCK_N": 64, "PACK": 2, "IEEE": False,
+                                 {"GROUP": 2, "HEAD_DIM": 128, "BLOCK_M": 64, "BLOCK_N": 32, "PACK": 2, "IEEE": False,
                                   "SOFT_BF16": False, "SEQ_CHUNK": 64}, 8),
     "cos_sin": ("cos_sin", "_cos_sin_kernel",
                 {"pos_ptr": "*i64", "inv_freq_ptr": "*fp32", "cos_ptr": "*bf16", "sin_ptr": "*bf16", "num_rows": "i32"},
