@@ -42,37 +42,6 @@ def _dot(a, b, IEEE: tl.constexpr, SOFT_BF16: tl.constexpr):
 
 
 @triton.jit
-def _heaviest_first(pid, cu_seqlens_ptr, num_seqs, BLOCK_M: tl.constexpr, SEQ_CHUNK: tl.constexpr):
-    """(seq_start, seq_end, block) of work item `pid`: blocks ordered by descending block index
-    (level), sequences in order within a level. A spare pid gets (0, 0, 0): empty loops."""
-    levels = pid * 0
-    for chunk in range(0, num_seqs, SEQ_CHUNK):
-        idx = chunk + tl.arange(0, SEQ_CHUNK)
-        valid = idx < num_seqs
-        lengths = tl.load(cu_seqlens_ptr + idx + 1, mask=valid, other=0) - tl.load(
-            cu_seqlens_ptr + idx, mask=valid, other=0)
-        levels = tl.maximum(levels, tl.max(tl.cdiv(lengths, BLOCK_M)))
-    seq_start = pid * 0
-    seq_end = pid * 0
-    block = pid * 0
-    before = pid * 0  # work items ahead of this level's first
-    for step in range(0, levels):
-        level = levels - 1 - step
-        for chunk in range(0, num_seqs, SEQ_CHUNK):
-            idx = chunk + tl.arange(0, SEQ_CHUNK)
-            valid = idx < num_seqs
-            starts = tl.load(cu_seqlens_ptr + idx, mask=valid, other=0)
-            ends = tl.load(cu_seqlens_ptr + idx + 1, mask=valid, other=0)
-            has = (tl.cdiv(ends - starts, BLOCK_M) > level).to(tl.int32)  # 0 where not valid
-            mine = (has > 0) & (before + tl.cumsum(has, axis=0) - 1 == pid)  # one lane at most
-            seq_start += tl.sum(tl.where(mine, starts, 0))
-            seq_end += tl.sum(tl.where(mine, ends, 0))
-            block += tl.sum(tl.where(mine, level, 0))
-            before += tl.sum(has)
-    return seq_start, seq_end, block
-
-
-@triton.jit
 def _update(acc, l_i, m_i, s, v, IEEE: tl.constexpr, SOFT_BF16: tl.constexpr):
     """Online softmax over one key tile: s [R, N] scores in the log2 domain, v [N, D]."""
     m_new = tl.maximum(m_i, tl.max(s, axis=1))
@@ -91,7 +60,36 @@ def _packed_attention_stacked_kernel(
         PACK: tl.constexpr, IEEE: tl.constexpr, SOFT_BF16: tl.constexpr, SEQ_CHUNK: tl.constexpr):
     first_head = tl.program_id(0) * PACK
     kv_head = first_head // GROUP
-    seq_start, seq_end, block = _heaviest_first(tl.program_id(1), cu_seqlens_ptr, num_seqs, BLOCK_M, SEQ_CHUNK)
+    # Which (sequence, query block) is work item pid? Blocks in descending block index (level),
+    # sequences in order within a level; a spare pid keeps (0, 0, 0): empty loops, masked stores.
+    # Written here, not in a helper: torch's analysis of what a kernel writes (a build clones what it
+    # finds) takes every argument of a call whose result reaches a store's address as written, and
+    # would clone cu_seqlens on every call (bench/mutations.py).
+    pid = tl.program_id(1)
+    levels = pid * 0
+    for chunk in range(0, num_seqs, SEQ_CHUNK):
+        idx = chunk + tl.arange(0, SEQ_CHUNK)
+        valid = idx < num_seqs
+        lengths = tl.load(cu_seqlens_ptr + idx + 1, mask=valid, other=0) - tl.load(
+            cu_seqlens_ptr + idx, mask=valid, other=0)
+        levels = tl.maximum(levels, tl.max(tl.cdiv(lengths, BLOCK_M)))
+    seq_start = pid * 0
+    seq_end = pid * 0
+    block = pid * 0
+    before = pid * 0  # work items of the levels above, then of this level's sequences before the chunk
+    for step in range(0, levels):
+        level = levels - 1 - step
+        for chunk in range(0, num_seqs, SEQ_CHUNK):
+            idx = chunk + tl.arange(0, SEQ_CHUNK)
+            valid = idx < num_seqs
+            starts = tl.load(cu_seqlens_ptr + idx, mask=valid, other=0)
+            ends = tl.load(cu_seqlens_ptr + idx + 1, mask=valid, other=0)
+            has = (tl.cdiv(ends - starts, BLOCK_M) > level).to(tl.int32)  # 0 where not valid
+            mine = (has > 0) & (before + tl.cumsum(has, axis=0) - 1 == pid)  # one lane at most
+            seq_start += tl.sum(tl.where(mine, starts, 0))
+            seq_end += tl.sum(tl.where(mine, ends, 0))
+            block += tl.sum(tl.where(mine, level, 0))
+            before += tl.sum(has)
     block_start = seq_start + block * BLOCK_M
 
     rows = tl.arange(0, PACK * BLOCK_M)
