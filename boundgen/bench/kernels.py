@@ -48,6 +48,7 @@ import sys
 
 import torch
 import torch.nn.functional as F
+import triton
 
 from boundgen.bench import previous_kernels
 from boundgen.bench.kernel_timing import (HBM_PEAK_BYTES_PER_S, PEAK_BF16_FLOPS, KernelTiming, markdown_table,
@@ -69,12 +70,13 @@ PACKED_GQA_GRID = [(m, n, w, s, 2) for m, n in ((16, 32), (16, 64), (32, 32), (3
 # The `triton_stacked` kernel's configs (BLOCK_M tokens, BLOCK_N, warps, stages, pack) for
 # `--packed-sweep stacked`: 128-row tiles (64 tokens x 2 heads, a warpgroup a head, or 128 tokens of one
 # head) at BLOCK_N 16-128 and 2-4 stages; 4 warps on 128 rows (one warpgroup: spills on sm_90), 256 rows,
-# and 64-row tiles as controls. 19 configs (the default among them is timed once), each compiled once for
-# both call sizes.
+# and 64-row tiles as controls; three with K/V off the diagonal through TMA tensor descriptors (a sixth
+# field, True). 22 configs (the default among them is timed once), each compiled once for both call sizes.
 PACKED_STACKED_GRID = ([(64, n, 8, s, 2) for n in (16, 32, 64) for s in (2, 3, 4) if (n, s) != (16, 2)]
                        + [(64, 64, 4, 2, 2), (64, 32, 4, 3, 2), (128, 64, 8, 2, 2), (32, 32, 4, 2, 2), (32, 32, 4, 3, 2)]
                        + [(128, n, 8, s, 1) for n, s in ((64, 2), (64, 3), (32, 3), (128, 2))]
-                       + [(64, 64, 4, 2, 1), (64, 32, 4, 3, 1)])
+                       + [(64, 64, 4, 2, 1), (64, 32, 4, 3, 1)]
+                       + [(64, 32, 8, 2, 2, True), (64, 64, 8, 3, 2, True), (128, 64, 8, 2, 1, True)])
 
 
 def packed_work(lengths: list[int], num_q_heads: int, num_kv_heads: int, head_dim: int,
@@ -146,11 +148,15 @@ def bench_packed(lengths: list[int], heads=(16, 8), head_dim: int = 128, device:
             continue
         name = "triton m{} n{} w{} s{}".format(*config) + (f" pack{pack}" if pack > 1 else "")
         impls[name] = lambda c=config[:4], p=pack: packed_attention.launch(q, k, v, cu_seqlens, scale, *c, pack=p)
+    if q.is_cuda and any(len(c) > 5 and c[5] for c in stacked_configs):
+        # Tensor descriptors made in the kernel take global scratch from Triton's allocator (none by default)
+        triton.set_allocator(lambda size, alignment, stream: torch.empty(size, dtype=torch.int8, device=q.device))
     for config in stacked_configs:
-        if group % config[4] or config == (*packed_attention.stacked_config(head_dim, config[4]), config[4]):
+        tiles, tma = config[:5], len(config) > 5 and config[5]
+        if group % tiles[4] or (not tma and tiles == (*packed_attention.stacked_config(head_dim, tiles[4]), tiles[4])):
             continue
-        name = "stacked m{} n{} w{} s{} pack{}".format(*config)
-        impls[name] = lambda c=config: packed_attention.launch_stacked(q, k, v, cu_seqlens, scale, *c)
+        name = "stacked m{} n{} w{} s{} pack{}".format(*tiles) + (" tma" if tma else "")
+        impls[name] = lambda c=tiles, t=tma: packed_attention.launch_stacked(q, k, v, cu_seqlens, scale, *c, tma=t)
     case = (f"packed B={len(lengths)} T={tokens} L={min(lengths)}-{max(lengths)} "
             f"heads {num_q_heads}/{num_kv_heads} D={head_dim}")
     return measure(case, impls, packed_work(lengths, num_q_heads, num_kv_heads, head_dim,

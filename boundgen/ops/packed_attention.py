@@ -350,10 +350,11 @@ def stacked_config(head_dim: int, pack: int) -> tuple[int, int, int, int]:
 
 def launch_stacked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, scale: float,
                    block_m: int | None = None, block_n: int | None = None, num_warps: int | None = None,
-                   num_stages: int | None = None, pack: int | None = None) -> torch.Tensor:
+                   num_stages: int | None = None, pack: int | None = None, tma: bool = False) -> torch.Tensor:
     """The `triton_stacked` kernel; same signature and result as `reference`. `pack` query heads of
     one K/V head share a program, their rows stacked (default: gqa_pack); BLOCK_M counts tokens and
-    BLOCK_N must divide it. The launch config is overridable for tests and benchmarks."""
+    BLOCK_N must divide it. The launch config is overridable for tests and benchmarks; `tma` (off
+    the diagonal, K/V through tensor descriptors) needs triton.set_allocator on a GPU."""
     _check(q, k, v, cu_seqlens)
     num_tokens, num_q_heads, head_dim = q.shape
     group = num_q_heads // k.shape[1]
@@ -371,11 +372,11 @@ def launch_stacked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens
     out = torch.empty((num_tokens, num_q_heads, head_dim), dtype=q.dtype, device=q.device)
     grid = (num_q_heads // pack, triton.cdiv(num_tokens, block_m) + num_seqs)
     wrap_triton(_packed_attention_stacked_kernel)[grid](
-        q, k, v, out, cu_seqlens, scale * math.log2(math.e), num_seqs,
+        q, k, v, out, cu_seqlens, scale * math.log2(math.e), num_seqs, num_tokens,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         out.stride(0), out.stride(1),
         GROUP=group, HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, PACK=pack,
-        IEEE=q.dtype == torch.float32, SOFT_BF16=q.device.type == "cpu", SEQ_CHUNK=64,
+        IEEE=q.dtype == torch.float32, SOFT_BF16=q.device.type == "cpu", SEQ_CHUNK=64, TMA=tma,
         num_warps=num_warps, num_stages=num_stages)
     return out
 

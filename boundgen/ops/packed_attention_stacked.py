@@ -22,6 +22,11 @@ short sequences, so the rows come from the GQA group instead (FlashAttention-3's
   block's work grows with its index), so the last wave holds the cheapest blocks rather than a
   long sequence's last block. The order is found in the kernel from cu_seqlens, one pass over the
   sequences (in SEQ_CHUNK vectors) per level of block index: no host sync, no schedule tensor.
+- TMA (benchmark only, not the registered op): the off-diagonal K/V tiles come through tensor
+  descriptors (tl.make_tensor_descriptor, triton >= 3.4: the copy engine, no address math in the
+  warps); the diagonal's masked loads stay as they are, so no key outside the sequence is read. A
+  descriptor made in the kernel needs global scratch: eager launches need triton.set_allocator
+  (bench/kernels.py sets one), which is why the op leaves it off.
 - SOFT_BF16 (the interpreter, whose bf16 tl.dot is wrong, triton-lang/triton#11584): the dots'
   operands are cast to FP32, so bf16 inputs can be tested on CPU.
 """
@@ -54,10 +59,11 @@ def _update(acc, l_i, m_i, s, v, IEEE: tl.constexpr, SOFT_BF16: tl.constexpr):
 
 @triton.jit
 def _packed_attention_stacked_kernel(
-        q_ptr, k_ptr, v_ptr, out_ptr, cu_seqlens_ptr, qk_scale, num_seqs,
+        q_ptr, k_ptr, v_ptr, out_ptr, cu_seqlens_ptr, qk_scale, num_seqs, num_tokens,
         stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
         GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-        PACK: tl.constexpr, IEEE: tl.constexpr, SOFT_BF16: tl.constexpr, SEQ_CHUNK: tl.constexpr):
+        PACK: tl.constexpr, IEEE: tl.constexpr, SOFT_BF16: tl.constexpr, SEQ_CHUNK: tl.constexpr,
+        TMA: tl.constexpr):
     first_head = tl.program_id(0) * PACK
     kv_head = first_head // GROUP
     # Which (sequence, query block) is work item pid? Blocks in descending block index (level),
@@ -101,6 +107,11 @@ def _packed_attention_stacked_kernel(
                 mask=row_ok[:, None], other=0.0)  # [R, D]
     k_ptr += kv_head * stride_kh
     v_ptr += kv_head * stride_vh
+    if TMA:  # [T, D] views of this K/V head, read by the copy engine (the unmasked loop only)
+        k_desc = tl.make_tensor_descriptor(k_ptr, shape=[num_tokens, HEAD_DIM], strides=[stride_kt, 1],
+                                           block_shape=[BLOCK_N, HEAD_DIM])
+        v_desc = tl.make_tensor_descriptor(v_ptr, shape=[num_tokens, HEAD_DIM], strides=[stride_vt, 1],
+                                           block_shape=[BLOCK_N, HEAD_DIM])
 
     acc = tl.zeros([PACK * BLOCK_M, HEAD_DIM], dtype=tl.float32)
     l_i = tl.zeros([PACK * BLOCK_M], dtype=tl.float32)
@@ -108,10 +119,16 @@ def _packed_attention_stacked_kernel(
     # Off the diagonal: whole tiles of this sequence's keys before the block, no masks.
     for start_n in range(seq_start, block_start, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
-        k = tl.load(k_ptr + offs_n[:, None] * stride_kt + offs_d[None, :])  # [N, D]
+        if TMA:
+            k = k_desc.load([start_n, 0])
+        else:
+            k = tl.load(k_ptr + offs_n[:, None] * stride_kt + offs_d[None, :])  # [N, D]
         # .to(fp32): Inductor passes a Python float argument as fp64 in AOTI builds.
         s = (_dot(q, tl.trans(k), IEEE, SOFT_BF16) * qk_scale).to(tl.float32)  # [R, N], log2 domain
-        v = tl.load(v_ptr + offs_n[:, None] * stride_vt + offs_d[None, :])  # [N, D]
+        if TMA:
+            v = v_desc.load([start_n, 0])
+        else:
+            v = tl.load(v_ptr + offs_n[:, None] * stride_vt + offs_d[None, :])  # [N, D]
         acc, l_i, m_i = _update(acc, l_i, m_i, s, v, IEEE, SOFT_BF16)
     # The diagonal: keys [block_start, min(block_start + BLOCK_M, seq_end)), causal and bounds masks.
     keys_end = tl.minimum(block_start + BLOCK_M, seq_end)

@@ -77,11 +77,12 @@ def test_stacked_sweep_times_each_config_against_the_reference_on_cpu(monkeypatc
     """The stacked kernel's sweep entries compute the reference's attention; a config equal to the
     default (64 x 64 tiles, 8 warps, pack 2 at D=16) is timed once, as `triton_stacked`."""
     monkeypatch.setattr(kernel_timing, "gpu_time_us", lambda fn, calls, replays: 1.0)
-    configs = [(16, 16, 4, 2, 2), (32, 16, 4, 3, 1), (64, 64, 8, 2, 2)]
+    configs = [(16, 16, 4, 2, 2), (32, 16, 4, 3, 1), (64, 64, 8, 2, 2), (16, 16, 4, 2, 2, True)]
     rows = kernels.bench_packed([5, 1, 20], heads=(4, 2), head_dim=16, device="cpu", dtype=torch.float32,
                                 configs=(), stacked_configs=configs)
     assert [r.impl for r in rows] == ["triton", "triton_gqa", "triton_stacked", "torch reference", "sdpa (padded)",
-                                      "stacked m16 n16 w4 s2 pack2", "stacked m32 n16 w4 s3 pack1"]
+                                      "stacked m16 n16 w4 s2 pack2", "stacked m32 n16 w4 s3 pack1",
+                                      "stacked m16 n16 w4 s2 pack2 tma"]
     assert all(r.max_abs_err < 1e-5 for r in rows), kernel_timing.markdown_table(rows)
 
 

@@ -112,6 +112,17 @@ def test_stacked_kernel_block_shapes(blocks):
 
 
 @needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_stacked_kernel_with_tensor_descriptors(dtype):
+    """K/V off the diagonal through TMA descriptors (the benchmark's `tma` configs): the same result,
+    a sequence of 70 tokens has whole tiles before its second and third blocks."""
+    q, k, v, cu_seqlens = make_inputs([1, 37, 70, 0, 2], 4, 2, 16, dtype, KERNEL_DEVICE)
+    out = op.launch_stacked(q, k, v, cu_seqlens, 0.25, 32, 16, pack=2, tma=True)
+    torch.testing.assert_close(out.float(), op.reference(q, k, v, cu_seqlens, 0.25).float(), atol=TOLERANCE[dtype],
+                               rtol=0)
+
+
+@needs_kernel
 def test_stacked_kernel_many_sequences():
     """More sequences than one SEQ_CHUNK vector (64) of cu_seqlens."""
     lengths = torch.randint(0, 20, (70,), generator=torch.Generator().manual_seed(2)).tolist()
