@@ -166,6 +166,9 @@ if [[ -n "${CATALOGUE:-}" ]]; then
   (cd "$RES" && step 200 catalogue 12-15 python3 -m boundgen.bench.catalogue $CATALOGUE)
 fi
 wait ${builds[@]+"${builds[@]}"}
+# The host as the lanes find it: a run whose host-side figures were off had no record of what else ran
+log "after the builds: load average $(cut -d' ' -f1-3 /proc/loadavg)"
+ps -eo pid,ppid,pcpu,rss,etimes,args --sort=-pcpu 2>/dev/null | head -20 > "$RES/ps_after_builds.txt"
 if [[ -n "${CONSTRAINED:-}" && -f "$WORK/catalogue/flags" ]]; then  # each constrained artifact, beside the plain one
   plain=(); [[ -f "$WORK/art/beam/manifest.json" ]] && plain=(--plain "$WORK/art/beam")
   for mask in torch triton; do

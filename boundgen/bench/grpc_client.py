@@ -15,6 +15,7 @@ import numpy as np
 
 from boundgen.artifact.tasks import task_named
 from boundgen.bench.tasks import bench_task
+from boundgen.runtime.results import TIMING_COUNTS
 
 _LEN = struct.Struct("<I")
 NUMPY_DTYPES = {"FP32": "<f4", "INT32": "<i4", "INT64": "<i8"}  # the output datatypes the models send
@@ -41,12 +42,12 @@ def decode_bytes(raw: bytes, count: int) -> list[bytes]:
 
 def server_timings(parameters) -> dict:
     """The stage timings a server answered (`timing_<stage>_ms` parameters) -> seconds by stage
-    ("handler": the server's whole handling; batch_requests: a count); {} when it sent none."""
+    ("handler": the server's whole handling; TIMING_COUNTS as they are); {} when it sent none."""
     out = {}
     for key, value in parameters.items():
         if key.startswith("timing_") and key.endswith("_ms"):
             stage = key[len("timing_"):-len("_ms")]
-            out[stage] = value.double_param if stage == "batch_requests" else value.double_param / 1e3
+            out[stage] = value.double_param if stage in TIMING_COUNTS else value.double_param / 1e3
     return out
 
 

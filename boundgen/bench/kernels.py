@@ -12,6 +12,9 @@ Cases (ARCHITECTURE.md workloads, bf16):
   Batched beam requests: R = 4, 8 prompts of 64 tokens packed, W = 100 each, L_s 4, at
   Qwen2.5 (BW 2 divides W) and Qwen3-0.6B heads (16/8, D 128: BW 8, blocks span requests).
 The packed kernel also runs with the launch configs of PACKED_SWEEP, to pick the default.
+`--packed-sweep stacked` times the `triton_stacked` kernel (ops/packed_attention_stacked.py) at the
+launch configs of PACKED_STACKED_GRID beside `triton`, `triton_gqa` and PyTorch's FlashAttention-2,
+at W1's shapes of one and four requests a call (`bench_packed_stacked`).
 
 Elementwise ops (bf16, Triton kernel vs the torch reference, which is several kernels each):
 RMSNorm over hidden states and per head (q/k views of a fused qkv row, as the model passes
@@ -45,10 +48,11 @@ import sys
 
 import torch
 import torch.nn.functional as F
+import triton
 
 from boundgen.bench import previous_kernels
-from boundgen.bench.kernel_timing import (HBM_PEAK_BYTES_PER_S, PEAK_BF16_FLOPS, KernelTiming, measure,
-                                          roofline_table)
+from boundgen.bench.kernel_timing import (HBM_PEAK_BYTES_PER_S, PEAK_BF16_FLOPS, KernelTiming, markdown_table,
+                                          measure, roofline_table)
 from boundgen.bench.selection import run_selection_benchmarks
 from boundgen.ops import (add_rmsnorm, add_rmsnorm_quant, packed_attention, prefix_attention, qk_norm_rope, rmsnorm,
                           rope, rope_kv_write, silu_mul, silu_quant)
@@ -63,6 +67,16 @@ PACKED_GRID = [(m, n, w, s) for m, n in ((32, 32), (64, 16), (64, 32), (64, 64),
 PACKED_GQA_SWEEP = [(16, 32, 4, 2, 2), (32, 64, 4, 2, 2), (64, 32, 8, 2, 2)]
 PACKED_GQA_GRID = [(m, n, w, s, 2) for m, n in ((16, 32), (16, 64), (32, 32), (32, 64), (64, 32), (64, 64))
                    for w in (4, 8) for s in (2, 3)]
+# The `triton_stacked` kernel's configs (BLOCK_M tokens, BLOCK_N, warps, stages, pack) for
+# `--packed-sweep stacked`: 128-row tiles (64 tokens x 2 heads, a warpgroup a head, or 128 tokens of one
+# head) at BLOCK_N 16-128 and 2-4 stages; 4 warps on 128 rows (one warpgroup: spills on sm_90), 256 rows,
+# and 64-row tiles as controls; three with K/V off the diagonal through TMA tensor descriptors (a sixth
+# field, True). 22 configs (the default among them is timed once), each compiled once for both call sizes.
+PACKED_STACKED_GRID = ([(64, n, 8, s, 2) for n in (16, 32, 64) for s in (2, 3, 4) if (n, s) != (16, 2)]
+                       + [(64, 64, 4, 2, 2), (64, 32, 4, 3, 2), (128, 64, 8, 2, 2), (32, 32, 4, 2, 2), (32, 32, 4, 3, 2)]
+                       + [(128, n, 8, s, 1) for n, s in ((64, 2), (64, 3), (32, 3), (128, 2))]
+                       + [(64, 64, 4, 2, 1), (64, 32, 4, 3, 1)]
+                       + [(64, 32, 8, 2, 2, True), (64, 64, 8, 3, 2, True), (128, 64, 8, 2, 1, True)])
 
 
 def packed_work(lengths: list[int], num_q_heads: int, num_kv_heads: int, head_dim: int,
@@ -89,9 +103,10 @@ def w1_lengths(seed: int = 0, count: int = 15, low: int = 48, high: int = 256) -
 
 def bench_packed(lengths: list[int], heads=(16, 8), head_dim: int = 128, device: str = "cuda",
                  calls: int = 20, replays: int = 10, dtype: torch.dtype = torch.bfloat16,
-                 configs=PACKED_SWEEP + PACKED_GQA_SWEEP) -> list[KernelTiming]:
-    """The packed kernel (default config, then each of `configs`: (BLOCK_M, BLOCK_N, warps, stages[,
-    pack])) against the reference and SDPA."""
+                 configs=PACKED_SWEEP + PACKED_GQA_SWEEP, stacked_configs=()) -> list[KernelTiming]:
+    """The packed kernels (`triton`, `triton_gqa`, `triton_stacked` at their default configs, then
+    the first at each of `configs`: (BLOCK_M, BLOCK_N, warps, stages[, pack]), the stacked one at each
+    of `stacked_configs`: (BLOCK_M, BLOCK_N, warps, stages, pack)) against the reference and SDPA."""
     num_q_heads, num_kv_heads = heads
     tokens = sum(lengths)
     cu_seqlens = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int32,
@@ -119,6 +134,7 @@ def bench_packed(lengths: list[int], heads=(16, 8), head_dim: int = 128, device:
     impls = {
         "triton": lambda: packed_attention.launch(q, k, v, cu_seqlens, scale),
         "triton_gqa": lambda: packed_attention.triton_gqa_attention(q, k, v, cu_seqlens, scale),
+        "triton_stacked": lambda: packed_attention.launch_stacked(q, k, v, cu_seqlens, scale),
         "torch reference": lambda: packed_attention.reference(q, k, v, cu_seqlens, scale),
         "sdpa (padded)": sdpa,
     }
@@ -132,10 +148,30 @@ def bench_packed(lengths: list[int], heads=(16, 8), head_dim: int = 128, device:
             continue
         name = "triton m{} n{} w{} s{}".format(*config) + (f" pack{pack}" if pack > 1 else "")
         impls[name] = lambda c=config[:4], p=pack: packed_attention.launch(q, k, v, cu_seqlens, scale, *c, pack=p)
+    if q.is_cuda and any(len(c) > 5 and c[5] for c in stacked_configs):
+        # Tensor descriptors made in the kernel take global scratch from Triton's allocator (none by default)
+        triton.set_allocator(lambda size, alignment, stream: torch.empty(size, dtype=torch.int8, device=q.device))
+    for config in stacked_configs:
+        tiles, tma = config[:5], len(config) > 5 and config[5]
+        if group % tiles[4] or (not tma and tiles == (*packed_attention.stacked_config(head_dim, tiles[4]), tiles[4])):
+            continue
+        name = "stacked m{} n{} w{} s{} pack{}".format(*tiles) + (" tma" if tma else "")
+        impls[name] = lambda c=tiles, t=tma: packed_attention.launch_stacked(q, k, v, cu_seqlens, scale, *c, tma=t)
     case = (f"packed B={len(lengths)} T={tokens} L={min(lengths)}-{max(lengths)} "
             f"heads {num_q_heads}/{num_kv_heads} D={head_dim}")
     return measure(case, impls, packed_work(lengths, num_q_heads, num_kv_heads, head_dim,
                                              dtype.itemsize), calls, replays, tensor_peak=PEAK_BF16_FLOPS)
+
+
+def bench_packed_stacked(requests=(1, 4), seed: int = 0, configs=PACKED_STACKED_GRID,
+                         **kwargs) -> list[KernelTiming]:
+    """W1's packed attention at calls of each of `requests` requests (15 sequences of 48-256 tokens a
+    request): the `triton_stacked` kernel at each of `configs` beside the existing lowerings' defaults
+    (`triton`, `triton_gqa`) and PyTorch's FlashAttention-2. `kwargs` go to bench_packed."""
+    rows = []
+    for n in requests:
+        rows += bench_packed(w1_lengths(seed, count=15 * n), configs=(), stacked_configs=configs, **kwargs)
+    return rows
 
 
 def bench_prefix(width: int, prefix_len: int, suffix_len: int, heads=(14, 2), head_dim: int = 64,
@@ -469,8 +505,11 @@ def main(argv: list[str] | None = None) -> int:
     for GEMM-like kernels FLOPs and % of the tensor peak."""
     import argparse
     parser = argparse.ArgumentParser(prog="python -m boundgen.bench.kernels", description=main.__doc__)
-    parser.add_argument("--packed-sweep", action="store_true",
-                        help="every PACKED_GRID launch config of the packed attention kernel at W1 shapes")
+    parser.add_argument("--packed-sweep", nargs="?", const="tiles", choices=("tiles", "stacked"), default=None,
+                        help="packed attention at W1 shapes: every PACKED_GRID and PACKED_GQA_GRID launch config of "
+                             "the triton kernel (tiles, the default), or the triton_stacked kernel's "
+                             "PACKED_STACKED_GRID at calls of 1 and 4 requests (stacked), printed with TFLOP/s and "
+                             "%% of the BF16 peak")
     parser.add_argument("--silu-quant", metavar="TOKENS", default=None,
                         help="SwiGLU + E4M3 quantization at these token counts (comma list, e.g. 2250,4500,9000)")
     parser.add_argument("--memory-bound", metavar="TOKENS", nargs="?", const=",".join(map(str, W1_ROWS)),
@@ -500,12 +539,14 @@ def main(argv: list[str] | None = None) -> int:
         print("error: kernel benchmarks need a CUDA device", file=sys.stderr)
         return 2
     rows = run_kernel_benchmarks() if args.all else []
-    rows += bench_packed(w1_lengths(), configs=PACKED_GRID + PACKED_GQA_GRID) if args.packed_sweep else []
+    rows += bench_packed(w1_lengths(), configs=PACKED_GRID + PACKED_GQA_GRID) if args.packed_sweep == "tiles" else []
+    stacked = bench_packed_stacked() if args.packed_sweep == "stacked" else []
     for t in tokens:
         rows += bench_silu_quant(t)
     for t in memory_tokens:
         rows += bench_memory_bound(t, variants, sweep=args.sweep, cold=args.cold)
-    table = roofline_table(rows, args.hbm_peak)
+    table = "\n\n".join(filter(None, [roofline_table(rows, args.hbm_peak) if rows else "",
+                                      markdown_table(stacked) if stacked else ""]))
     print(table)
     if args.markdown:
         with open(args.markdown, "w") as f:

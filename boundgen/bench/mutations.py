@@ -62,6 +62,10 @@ def _cases() -> list[Case]:
          lambda d: packed_attention.launch(t(d, 8, 16, 128), t(d, 8, 8, 128), t(d, 8, 8, 128),
                                            torch.tensor([0, 8], dtype=torch.int32, device=d), 0.088),
          ("out_ptr",)),
+        ("packed_attention_stacked", packed_attention,
+         lambda d: packed_attention.launch_stacked(t(d, 8, 16, 128), t(d, 8, 8, 128), t(d, 8, 8, 128),
+                                                   torch.tensor([0, 8], dtype=torch.int32, device=d), 0.088),
+         ("out_ptr",)),
     ]
 
 

@@ -11,11 +11,15 @@ of the workload's requests (bench/workloads.py), best and median of `rounds` pas
     pack       positions and cu_seqlens around the ids           tokenizer._packed
     pre        all of it, bounds included                        RequestPacker.encode
 
-for each encoder mode: text by text (one tiktoken call a text, the default) and joined (a
-request's texts in one call). Then `pre` as the engine sees it under load, a mean a request:
-C threads encoding back to back (C callers in process), and one thread beside a thread that
-runs Python without pause (a server's event loop): tiktoken lets go of the GIL during each
-call, and getting it back waits behind such a thread (up to sys.getswitchinterval()).
+for each encoder mode: text by text (one tiktoken call a text) and joined (a request's texts in
+one call, the engines' default). Then `pre` as the engine sees it under load, a mean a request:
+C threads encoding back to back (C callers in process), one thread beside a thread that runs
+Python without pause (a server's event loop): tiktoken lets go of the GIL during each call, and
+getting it back waits behind such a thread (up to sys.getswitchinterval()), and one thread whose
+caches another pass has just emptied (`--evict-mb` copied before each request): what a request
+costs after a model call, not in a loop of encodes. tiktoken looks every piece up in a hash map
+of the ~150k-token vocabulary; a loop keeps it in cache, a served request rarely finds it there
+(on a 2-core AMD EPYC 0.51 ms a W1 request hot, 1.37 ms after a 64 MB copy).
 
     python -m boundgen.bench.pre [--artifact ART | --tokenizer DIR] [--workload W1] [--threads N] [--json OUT]
 
@@ -34,6 +38,8 @@ import threading
 import time
 from pathlib import Path
 from typing import Callable, Sequence
+
+import numpy as np
 
 from boundgen.artifact.manifest import read_manifest
 from boundgen.artifact.program import ScoreSpec
@@ -115,8 +121,23 @@ def loaded_pre(packer: RequestPacker, pool: Sequence[list[str]], threads: int, b
             "p99_ms": nearest_rank(times, 99)}
 
 
+def cold_pre(packer: RequestPacker, pool: Sequence[list[str]], evict_mb: int = 64, requests: int = 100) -> dict:
+    """`pre` (wall time) of one thread right after `evict_mb` MB were copied through the caches, as a
+    request meets them after a model call: mean and P99 ms a request."""
+    src = np.ones(evict_mb << 20, np.uint8)
+    dst = np.empty_like(src)
+    times = []
+    for j in range(requests):
+        np.copyto(dst, src)
+        t0 = time.perf_counter()
+        packer.encode(pool[j % len(pool)])
+        times.append((time.perf_counter() - t0) * 1e3)
+    times.sort()
+    return {"evict_mb": evict_mb, "mean_ms": statistics.fmean(times), "p99_ms": nearest_rank(times, 99)}
+
+
 def measure(source: Path | None, artifact: bool, workload: str = "W1", requests: int = 64, rounds: int = 20,
-            concurrency: Sequence[int] = (1, 2, 4, 8), threads: int = 1) -> dict:
+            concurrency: Sequence[int] = (1, 2, 4, 8), threads: int = 1, evict_mb: int = 64) -> dict:
     """Stage times and loaded `pre` of `workload`'s requests for each encoder mode; `threads`: a
     request's texts encoded on that many threads (`serve --tokenize-threads`)."""
     work = get_workload(workload)
@@ -139,6 +160,7 @@ def measure(source: Path | None, artifact: bool, workload: str = "W1", requests:
         result["modes"][mode] = {
             "encoder": tok.encoder_name, "stages": stage_times(packer, pool, rounds),
             "loaded": [loaded_pre(packer, pool, c) for c in concurrency] + [loaded_pre(packer, pool, 1, busy=True)],
+            "cold": cold_pre(packer, pool, evict_mb) if evict_mb > 0 else None,
         }
     return result
 
@@ -165,6 +187,9 @@ def report(result: dict) -> str:
         lines += [f"| {x['threads']} thread{'s' if x['threads'] > 1 else ''}"
                   f"{' beside a busy Python thread' if x['busy_thread'] else ''} | {x['mean_ms']:.3f} "
                   f"| {x['p99_ms']:.3f} |" for x in m["loaded"]]
+        if m.get("cold"):
+            lines.append(f"| 1 thread, caches emptied first ({m['cold']['evict_mb']} MB copied) "
+                         f"| {m['cold']['mean_ms']:.3f} | {m['cold']['p99_ms']:.3f} |")
         lines.append("")
     return "\n".join(lines)
 
@@ -180,10 +205,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4, 8], help="threads for pre under load")
     p.add_argument("--threads", type=int, default=1, help="threads a request's texts are encoded on "
                    "(serve --tokenize-threads; in process: 1)")
+    p.add_argument("--evict-mb", type=int, default=64, help="MB copied before each request of the cold-cache "
+                   "row (0: no such row)")
     p.add_argument("--json", type=Path, help="also write the result here")
     args = p.parse_args(argv)
     result = measure(args.artifact or args.tokenizer, args.artifact is not None, args.workload, args.requests,
-                     args.rounds, args.concurrency, args.threads)
+                     args.rounds, args.concurrency, args.threads, args.evict_mb)
     print(report(result))
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))

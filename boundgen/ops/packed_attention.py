@@ -40,6 +40,9 @@ Triton kernel (FlashAttention-2 forward, varlen):
   "pack GQA"): the tile's rows interleave BLOCK_M tokens and the pack's heads (row r: token r // pack,
   head r % pack), so each key tile is read once for the group instead of once a head, and the dots
   have pack times the rows. The mask and the sequence bounds follow each row's token.
+- `triton_stacked` (kernel in ops/packed_attention_stacked.py, op `boundgen::packed_attention_stacked`):
+  128-row tiles for Hopper's wgmma, the pack's heads stacked as 64-row slabs, an unmasked key loop off
+  the diagonal, the heaviest query blocks first; that module's docstring says why.
 
 Flash lowering (`flash`): PyTorch's own FlashAttention-2 varlen forward
 (`aten._flash_attention_forward`, CUDA, bf16/fp16; AOTInductor calls it through its C shim, so a
@@ -58,6 +61,8 @@ import torch
 import triton
 import triton.language as tl
 from torch.library import triton_op, wrap_triton
+
+from boundgen.ops.packed_attention_stacked import _packed_attention_stacked_kernel
 
 
 def sequence_ids(cu_seqlens: torch.Tensor, num_tokens: int) -> torch.Tensor:
@@ -333,6 +338,65 @@ def _(q, k, v, cu_seqlens, scale, pack=1):
     return q.new_empty(q.shape)
 
 
+def stacked_config(head_dim: int, pack: int) -> tuple[int, int, int, int]:
+    """(BLOCK_M tokens, BLOCK_N, num_warps, num_stages) of the `triton_stacked` kernel: tiles of
+    BLOCK_M x pack = 128 rows (ops/packed_attention_stacked.py says why), a warpgroup per 64 rows.
+    Chosen from sm_90 compiles (ptxas, bf16, D 128, pack 2, 8 warps), before a GPU sweep: BLOCK_N 32
+    takes 120 registers and 64 KB of shared memory at 2 stages, so two programs fit an SM; BLOCK_N 64
+    takes 173 (one program an SM); 4 warps on 128 rows spill. `--packed-sweep stacked` times the rest."""
+    block_m = max(128 // pack, 16)
+    return block_m, min(block_m, 32 if head_dim >= 128 else 64), 4 * max(block_m * pack // 64, 1), 2
+
+
+def launch_stacked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, scale: float,
+                   block_m: int | None = None, block_n: int | None = None, num_warps: int | None = None,
+                   num_stages: int | None = None, pack: int | None = None, tma: bool = False) -> torch.Tensor:
+    """The `triton_stacked` kernel; same signature and result as `reference`. `pack` query heads of
+    one K/V head share a program, their rows stacked (default: gqa_pack); BLOCK_M counts tokens and
+    BLOCK_N must divide it. The launch config is overridable for tests and benchmarks; `tma` (off
+    the diagonal, K/V through tensor descriptors) needs triton.set_allocator on a GPU."""
+    _check(q, k, v, cu_seqlens)
+    num_tokens, num_q_heads, head_dim = q.shape
+    group = num_q_heads // k.shape[1]
+    pack = gqa_pack(num_q_heads, k.shape[1]) if pack is None else pack
+    if pack < 1 or pack & (pack - 1) or group % pack:
+        raise ValueError(f"packed_attention: pack must be a power of two dividing the group of {group} query "
+                         f"heads a K/V head; got {pack}")
+    default_m, default_n, default_warps, default_stages = stacked_config(head_dim, pack)
+    block_m, block_n = block_m or default_m, block_n or default_n
+    num_warps, num_stages = num_warps or default_warps, num_stages or default_stages
+    if block_n < 16 or block_m % block_n or block_m & (block_m - 1) or block_n & (block_n - 1):
+        raise ValueError(f"packed_attention: BLOCK_N must be a power of two >= 16 dividing BLOCK_M; got BLOCK_M "
+                         f"{block_m}, BLOCK_N {block_n}")
+    num_seqs = cu_seqlens.shape[0] - 1
+    out = torch.empty((num_tokens, num_q_heads, head_dim), dtype=q.dtype, device=q.device)
+    grid = (num_q_heads // pack, triton.cdiv(num_tokens, block_m) + num_seqs)
+    wrap_triton(_packed_attention_stacked_kernel)[grid](
+        q, k, v, out, cu_seqlens, scale * math.log2(math.e), num_seqs, num_tokens,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        out.stride(0), out.stride(1),
+        GROUP=group, HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, PACK=pack,
+        IEEE=q.dtype == torch.float32, SOFT_BF16=q.device.type == "cpu", SEQ_CHUNK=64, TMA=tma,
+        num_warps=num_warps, num_stages=num_stages)
+    return out
+
+
+@triton_op("boundgen::packed_attention_stacked", mutates_args=())
+def packed_attention_stacked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor,
+                             scale: float) -> torch.Tensor:
+    return launch_stacked(q, k, v, cu_seqlens, scale)
+
+
+@packed_attention_stacked.register_kernel("cpu")
+def _(q, k, v, cu_seqlens, scale):
+    return reference(q, k, v, cu_seqlens, scale)
+
+
+@packed_attention_stacked.register_fake
+def _(q, k, v, cu_seqlens, scale):
+    return q.new_empty(q.shape)
+
+
 def triton_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, scale: float,
                      max_seqlen: int | None = None) -> torch.Tensor:
     """The registered op (the grid needs no bound on a sequence's length)."""
@@ -343,6 +407,12 @@ def triton_gqa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_s
                          max_seqlen: int | None = None) -> torch.Tensor:
     """The registered op with a K/V head's query heads in one program (gqa_pack)."""
     return packed_attention(q, k, v, cu_seqlens, scale, gqa_pack(q.shape[1], k.shape[1]))
+
+
+def triton_stacked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor,
+                             scale: float, max_seqlen: int | None = None) -> torch.Tensor:
+    """The registered stacked-heads op (ops/packed_attention_stacked.py): 128-row tiles for wgmma."""
+    return packed_attention_stacked(q, k, v, cu_seqlens, scale)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -363,4 +433,4 @@ def flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.T
 
 # Lowerings by name; the build config picks one per op and records it in the manifest.
 IMPLEMENTATIONS = {"torch": reference, "triton": triton_attention, "triton_gqa": triton_gqa_attention,
-                   "flash": flash}
+                   "triton_stacked": triton_stacked_attention, "flash": flash}

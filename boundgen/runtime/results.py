@@ -6,6 +6,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+# An engine result's `timings` are seconds by stage, but for these counts of the request's call:
+# requests in the call it rode in, and its input tokens.
+TIMING_COUNTS = frozenset({"batch_requests", "input_tokens"})
 
 @dataclass
 class ScoreResult:

@@ -45,6 +45,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from boundgen.artifact.tasks import Task
+from boundgen.runtime.results import TIMING_COUNTS
 
 # Seconds; dense around the latency budget (mean < 20 ms, P99 < 80 ms).
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.04, 0.05, 0.08, 0.1,
@@ -52,7 +53,7 @@ LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03
 
 # Requests in one model call: 1 (alone) up to the largest batches a context holds.
 CALL_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
-COUNTS = frozenset({"batch_requests", "input_tokens"})  # timings that are counts, not seconds
+COUNTS = TIMING_COUNTS  # timings that are counts, not seconds
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
 

@@ -24,8 +24,16 @@ def test_the_messages_are_w2_sized():
     assert request.inputs[0].datatype == "BYTES" and len(request.raw_input_contents[0]) > 200
 
 
-def test_round_trips_against_the_bare_server():
-    row = grpc_floor.measure(calls=20, warmup=2)
-    assert row["calls"] == 20
+@pytest.mark.parametrize("server", grpc_floor.SERVERS)
+def test_round_trips_against_the_bare_server(server):
+    row = grpc_floor.measure(calls=20, warmup=2, server=server)
+    assert row["calls"] == 20 and row["server"] == server
     assert 0 < row["p50_ms"] <= row["p99_ms"]
     assert row["mean_ms"] > 0
+
+
+def test_an_unknown_server_is_refused():
+    with pytest.raises(ValueError, match="no bare server 'threads'"):
+        grpc_floor.measure(calls=1, server="threads")
+    with pytest.raises(SystemExit):
+        grpc_floor.main(["--servers", "aio,threads"])

@@ -68,8 +68,32 @@ def test_every_implementation_agrees_with_the_reference_on_cpu(monkeypatch):
                                  requests=3)  # packed requests: no SDPA variants
     # D=16's default launch config is not in the one-head sweep: every entry runs; of the packed-heads
     # sweep, the first is D=16's default with pack 2 (the `triton_gqa` row)
-    assert len(rows) == 4 + len(kernels.PACKED_SWEEP) + len(kernels.PACKED_GQA_SWEEP) - 1 + 5 + 3
+    assert len(rows) == 5 + len(kernels.PACKED_SWEEP) + len(kernels.PACKED_GQA_SWEEP) - 1 + 5 + 3
     assert all(r.max_abs_err < 1e-5 for r in rows), kernel_timing.markdown_table(rows)
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="needs TRITON_INTERPRET=1")
+def test_stacked_sweep_times_each_config_against_the_reference_on_cpu(monkeypatch):
+    """The stacked kernel's sweep entries compute the reference's attention; a config equal to the
+    default (64 x 64 tiles, 8 warps, pack 2 at D=16) is timed once, as `triton_stacked`."""
+    monkeypatch.setattr(kernel_timing, "gpu_time_us", lambda fn, calls, replays: 1.0)
+    configs = [(16, 16, 4, 2, 2), (32, 16, 4, 3, 1), (64, 64, 8, 2, 2), (16, 16, 4, 2, 2, True)]
+    rows = kernels.bench_packed([5, 1, 20], heads=(4, 2), head_dim=16, device="cpu", dtype=torch.float32,
+                                configs=(), stacked_configs=configs)
+    assert [r.impl for r in rows] == ["triton", "triton_gqa", "triton_stacked", "torch reference", "sdpa (padded)",
+                                      "stacked m16 n16 w4 s2 pack2", "stacked m32 n16 w4 s3 pack1",
+                                      "stacked m16 n16 w4 s2 pack2 tma"]
+    assert all(r.max_abs_err < 1e-5 for r in rows), kernel_timing.markdown_table(rows)
+
+
+def test_stacked_sweep_runs_w1_calls_of_each_request_count(monkeypatch):
+    calls = []
+    monkeypatch.setattr(kernels, "bench_packed", lambda lengths, **kw: calls.append((lengths, kw)) or [])
+    kernels.bench_packed_stacked(requests=(1, 4), configs=[(64, 64, 8, 2, 2)], calls=3)
+    assert [len(lengths) for lengths, _ in calls] == [15, 60]
+    assert calls[0][0] == kernels.w1_lengths() and calls[1][0][:15] == kernels.w1_lengths()
+    assert all(kw == dict(configs=(), stacked_configs=[(64, 64, 8, 2, 2)], calls=3) for _, kw in calls)
+    assert len(kernels.PACKED_STACKED_GRID) <= 24  # about two minutes of an H200, compiles included
 
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="needs TRITON_INTERPRET=1")

@@ -43,6 +43,8 @@ def test_stage_times_and_loaded_pre_cover_every_stage(packer):
     assert all(s["ms"] >= 0 and s["median_ms"] >= s["ms"] and s["cpu_ms"] >= 0 for s in stages.values())
     loaded = pre.loaded_pre(packer, pool, threads=2, busy=True, per_thread=2)
     assert loaded["threads"] == 2 and loaded["busy_thread"] and loaded["p99_ms"] >= 0
+    cold = pre.cold_pre(packer, pool, evict_mb=1, requests=3)
+    assert cold["evict_mb"] == 1 and cold["p99_ms"] >= cold["mean_ms"] > 0
 
 
 def test_command_prints_both_modes(tiny_qwen3_dir, tmp_path, capsys):
@@ -52,6 +54,7 @@ def test_command_prints_both_modes(tiny_qwen3_dir, tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "## text by text (tiktoken)" in printed and "## joined (tiktoken, joined)" in printed
     assert "| ids | " in printed and "1 thread beside a busy Python thread" in printed
+    assert "| 1 thread, caches emptied first (64 MB copied) |" in printed
     result = json.loads(out.read_text())
     assert set(result["modes"]) == {"text by text", "joined"} and result["host"]["cpu_model"]
     with pytest.raises(ValueError, match="W2 is a beam workload: give its artifact"):

@@ -34,7 +34,10 @@ _SCRIPT = textwrap.dedent("""
             flashed = pa.flash(q, k, v, cu_seqlens, 0.125, 256)  # the reference on CPU
             # 14 query heads on one K/V head, two a program (the triton_gqa lowering's packing)
             pair = torch.ops.boundgen.packed_attention(q, k[:, :1], v[:, :1], cu_seqlens, 0.125, 2)
-            return packed, beams, flashed, pair
+            # the triton_stacked lowering: 14 heads a program each (group 7), and 4 on 2 K/V heads (pack 2)
+            stacked = torch.ops.boundgen.packed_attention_stacked(q, k, v, cu_seqlens, 0.125)
+            stacked_pair = torch.ops.boundgen.packed_attention_stacked(q[:, :4], k, v, cu_seqlens, 0.125)
+            return packed, beams, flashed, pair, stacked, stacked_pair
 
     def inputs(lengths, suffix_len, heads=(14, 2), head_dim=64):
         t, b = sum(lengths), len(lengths)
@@ -59,15 +62,17 @@ _SCRIPT = textwrap.dedent("""
     runner = torch._inductor.aoti_load_package(path)
     for lengths, n in (([1, 7, 37], 1), ([200, 48, 256, 1, 99], 4), ([5, 3], 0)):
         args = inputs(lengths, n)
-        packed, beams, flashed, pair = runner(*args)
+        packed, beams, flashed, pair, stacked, stacked_pair = runner(*args)
         q, k, v, cu, qb, kb, vb, step = args
         err_packed = (packed.float() - pa.reference(q, k, v, cu, 0.125).float()).abs().max()
         err_beams = (beams.float() - pf.reference(qb, k, v, kb[:, :n], vb[:, :n], step,
                                                   cu, 2, 0.125).float()).abs().max()
         err_flash = (flashed.float() - pa.reference(q, k, v, cu, 0.125).float()).abs().max()
         err_pair = (pair.float() - pa.reference(q, k[:, :1], v[:, :1], cu, 0.125).float()).abs().max()
-        assert max(err_packed, err_beams, err_flash, err_pair) <= tol, (lengths, n, err_packed, err_beams, err_flash,
-                                                                        err_pair)
+        err_stacked = (stacked.float() - pa.reference(q, k, v, cu, 0.125).float()).abs().max()
+        err_stacked_pair = (stacked_pair.float() - pa.reference(q[:, :4], k, v, cu, 0.125).float()).abs().max()
+        errors = (err_packed, err_beams, err_flash, err_pair, err_stacked, err_stacked_pair)
+        assert max(errors) <= tol, (lengths, n, errors)
     print("ok")
 """)
 

@@ -30,10 +30,10 @@ def make_inputs(lengths, num_q_heads, num_kv_heads, head_dim, dtype, device="cpu
             v.reshape(num_tokens, num_kv_heads, head_dim), cu_seqlens.to(device))
 
 
-def check_kernel(lengths, heads, head_dim, dtype, blocks=(None, None), pack=1):
+def check_kernel(lengths, heads, head_dim, dtype, blocks=(None, None), pack=1, launch=op.launch):
     q, k, v, cu_seqlens = make_inputs(lengths, *heads, head_dim, dtype, KERNEL_DEVICE)
     scale = head_dim ** -0.5
-    out = op.launch(q, k, v, cu_seqlens, scale, *blocks, pack=pack)
+    out = launch(q, k, v, cu_seqlens, scale, *blocks, pack=pack)
     expected = op.reference(q, k, v, cu_seqlens, scale)
     assert out.dtype == dtype and out.shape == q.shape
     torch.testing.assert_close(out.float(), expected.float(), atol=TOLERANCE[dtype], rtol=0)
@@ -89,6 +89,58 @@ def test_kernel_head_dim_64():
     check_kernel([5, 37], (2, 1), 64, torch.float32)
 
 
+@needs_kernel
+@pytest.mark.parametrize("lengths", [[1], [7], [37], [1, 7, 37], [37, 1, 7, 0, 2]],
+                         ids=lambda x: "-".join(map(str, x)))
+@pytest.mark.parametrize("heads,pack", [((4, 2), 2), ((8, 2), 4), ((7, 1), 1), ((4, 2), 1)],
+                         ids=["g2p2", "g4p4", "g7p1", "g2p1"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_stacked_kernel_matches_reference(lengths, heads, pack, dtype):
+    """The `triton_stacked` form: a pack's query heads stacked as row slabs, sequences of one token
+    and lengths that are not multiples of the tile; bf16 runs with FP32 dots under the interpreter."""
+    check_kernel(lengths, heads, 16, dtype, blocks=(16, 16), pack=pack, launch=op.launch_stacked)
+
+
+@needs_kernel
+@pytest.mark.parametrize("blocks", [(32, 16), (32, 32), (64, 16), (None, None)],
+                         ids=["m32n16", "m32n32", "m64n16", "default"])
+def test_stacked_kernel_block_shapes(blocks):
+    """Several key tiles on the diagonal (BLOCK_N < BLOCK_M) and off it, blocks that end past their
+    sequence, heaviest-first order over sequences of 1 to 4 blocks; the default is what the op runs."""
+    check_kernel([1, 37, 23, 16, 17, 70, 0, 2], (4, 2), 32, torch.float32, blocks, pack=None,
+                 launch=op.launch_stacked)
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_stacked_kernel_with_tensor_descriptors(dtype):
+    """K/V off the diagonal through TMA descriptors (the benchmark's `tma` configs): the same result,
+    a sequence of 70 tokens has whole tiles before its second and third blocks."""
+    q, k, v, cu_seqlens = make_inputs([1, 37, 70, 0, 2], 4, 2, 16, dtype, KERNEL_DEVICE)
+    out = op.launch_stacked(q, k, v, cu_seqlens, 0.25, 32, 16, pack=2, tma=True)
+    torch.testing.assert_close(out.float(), op.reference(q, k, v, cu_seqlens, 0.25).float(), atol=TOLERANCE[dtype],
+                               rtol=0)
+
+
+@needs_kernel
+def test_stacked_kernel_many_sequences():
+    """More sequences than one SEQ_CHUNK vector (64) of cu_seqlens."""
+    lengths = torch.randint(0, 20, (70,), generator=torch.Generator().manual_seed(2)).tolist()
+    check_kernel(lengths, (2, 1), 16, torch.float16, blocks=(16, 16), pack=2, launch=op.launch_stacked)
+
+
+@pytest.mark.parametrize("blocks", [(32, 64), (16, 8), (48, 16)])
+def test_stacked_launcher_rejects_tiles_that_do_not_nest(blocks):
+    q, k, v, cu_seqlens = make_inputs([5], 4, 2, 16, torch.float32)
+    with pytest.raises(ValueError, match="BLOCK_N must be a power of two >= 16 dividing BLOCK_M"):
+        op.launch_stacked(q, k, v, cu_seqlens, 0.25, *blocks)
+
+
+def test_stacked_config_keeps_128_rows():
+    assert op.stacked_config(128, 2) == (64, 32, 8, 2) and op.stacked_config(64, 1) == (128, 64, 8, 2)
+    assert [op.stacked_config(128, p)[0] * p for p in (1, 2, 4, 8)] == [128] * 4
+
+
 def test_launcher_rejects_bad_inputs():
     q, k, v, cu_seqlens = make_inputs([3, 4], 4, 2, 16, torch.float32)
     scale = 0.25
@@ -111,43 +163,55 @@ def test_registered_op_runs_reference_on_cpu():
     out = torch.ops.boundgen.packed_attention(q, k, v, cu_seqlens, 0.25)
     torch.testing.assert_close(out, op.reference(q, k, v, cu_seqlens, 0.25), atol=0, rtol=0)
     assert op.IMPLEMENTATIONS["triton"] is op.triton_attention
+    stacked = torch.ops.boundgen.packed_attention_stacked(q, k, v, cu_seqlens, 0.25)
+    torch.testing.assert_close(stacked, op.reference(q, k, v, cu_seqlens, 0.25), atol=0, rtol=0)
+    assert op.IMPLEMENTATIONS["triton_stacked"] is op.triton_stacked_attention
 
 
 class _Attend(torch.nn.Module):
+    def __init__(self, lowering="triton"):
+        super().__init__()
+        self.attend = op.IMPLEMENTATIONS[lowering]
+
     def forward(self, q, k, v, cu_seqlens):
-        return op.IMPLEMENTATIONS["triton"](q, k, v, cu_seqlens, 0.25)
+        return self.attend(q, k, v, cu_seqlens, 0.25)
 
 
-def test_op_survives_export_as_one_node_with_dynamic_shapes():
+@pytest.mark.parametrize("lowering,target", [("triton", "packed_attention"),
+                                             ("triton_stacked", "packed_attention_stacked")])
+def test_op_survives_export_as_one_node_with_dynamic_shapes(lowering, target):
     q, k, v, cu_seqlens = make_inputs([3, 9], 4, 2, 16, torch.float32)
     tokens = torch.export.Dim("T", min=2, max=4096)
     bounds = torch.export.Dim("B_plus_1", min=2, max=65)
-    exported = torch.export.export(_Attend(), (q, k, v, cu_seqlens),
+    exported = torch.export.export(_Attend(lowering), (q, k, v, cu_seqlens),
                                    dynamic_shapes=({0: tokens}, {0: tokens}, {0: tokens},
                                                    {0: bounds}))
     calls = [n for n in exported.graph.nodes if n.op == "call_function"]
-    assert [n.target for n in calls] == [torch.ops.boundgen.packed_attention.default]
+    assert [n.target for n in calls] == [getattr(torch.ops.boundgen, target).default]
     q2, k2, v2, cu2 = make_inputs([1, 7, 37], 4, 2, 16, torch.float32, seed=3)
     torch.testing.assert_close(exported.module()(q2, k2, v2, cu2),
                                op.reference(q2, k2, v2, cu2, 0.25), atol=0, rtol=0)
 
 
-_TRACE_SCRIPT = one_kernel_trace_script("""
+def _trace_script(launcher: str, token_axis: int) -> str:
+    return one_kernel_trace_script(f"""
     from boundgen.ops import packed_attention as op
     q, k, v = torch.randn(10, 4, 16), torch.randn(10, 2, 16), torch.randn(10, 2, 16)
     cu_seqlens = torch.tensor([0, 3, 10], dtype=torch.int32)
-    graph = make_fx(lambda q, k, v, cu: op.launch(q, k, v, cu, 0.25), tracing_mode="symbolic")(
+    graph = make_fx(lambda q, k, v, cu: op.{launcher}(q, k, v, cu, 0.25), tracing_mode="symbolic")(
         q, k, v, cu_seqlens).graph
-""", grid_checks="""
+""", grid_checks=f"""
     assert all(isinstance(g, (int, torch.fx.Node)) for g in grid), grid
+    grid = grid[{token_axis}:] + grid[:{token_axis}]  # the token axis first, as the checks expect
 """)
 
 
-def test_launcher_traces_with_symbolic_tokens():
+@pytest.mark.parametrize("launcher,token_axis", [("launch", 0), ("launch_stacked", 1)])
+def test_launcher_traces_with_symbolic_tokens(launcher, token_axis):
     """The launcher over two packed sequences, traced as Inductor does on the GPU: one kernel
-    call, its grid ints and nodes, the first an expression of T (one_kernel_trace_script says
+    call, its grid ints and nodes, the token axis an expression of T (one_kernel_trace_script says
     why and how)."""
-    assert_script_prints_ok(_TRACE_SCRIPT)
+    assert_script_prints_ok(_trace_script(launcher, token_axis))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -186,13 +250,15 @@ def test_gpu_matches_reference_sdpa_flex(heads, head_dim):
     lengths = torch.randint(48, 257, (15,), generator=gen).tolist() + [1, 500]
     q, k, v, cu_seqlens = make_inputs(lengths, *heads, head_dim, torch.bfloat16, "cuda")
     scale = head_dim ** -0.5
-    for pack in (1, op.gqa_pack(*heads)):
-        out = torch.ops.boundgen.packed_attention(q, k, v, cu_seqlens, scale, pack).float()
+    forms = {f"pack {pack}": torch.ops.boundgen.packed_attention(q, k, v, cu_seqlens, scale, pack)
+             for pack in (1, op.gqa_pack(*heads))}
+    forms["stacked"] = torch.ops.boundgen.packed_attention_stacked(q, k, v, cu_seqlens, scale)
+    for form, out in forms.items():
         for name, other in [("reference", op.reference), ("sdpa", _sdpa_per_sequence),
                             ("flex", _flex_document_causal)]:
             expected = other(q, k, v, cu_seqlens, scale).float()
-            err = (out - expected).abs().max().item()
-            assert err < 2e-2, f"pack {pack}: max abs error {err} against {name}"
+            err = (out.float() - expected).abs().max().item()
+            assert err < 2e-2, f"{form}: max abs error {err} against {name}"
 
 
 def test_flash_runs_the_reference_on_cpu_and_in_fp32():

@@ -144,12 +144,18 @@ def test_answers_carry_the_server_timings_when_asked(frontends_server):
     from boundgen.bench.workloads import Request
 
     target = GrpcTarget(frontends_server.grpc_url, "escore", "score")
+    answered = []
+    parse = target.parse
+    target.parse = lambda response: parse(answered.append(response) or response)
     try:
         timings = target(Request(0, tuple(TEXTS), (0,) * len(TEXTS))).timings
     finally:
         target.close()
-    assert {"pre", "queue", "model", "post", "link", "handler", "batch_requests"} <= set(timings)
+    assert {"pre", "queue", "model", "post", "link", "handler", "batch_requests", "input_tokens"} <= set(timings)
     assert timings["batch_requests"] == 1
+    # counts travel as counts (timing_input_tokens_ms was once the count x 1000)
+    wire = answered[0].parameters["timing_input_tokens_ms"].double_param
+    assert wire == timings["input_tokens"] and len(TEXTS) <= wire <= sum(len(t) for t in TEXTS)
     assert 0 < timings["model"] < timings["handler"]
     answer = infer("grpc", frontends_server, "escore", TEXTS).get_response()
     assert not any(key.startswith("timing_") for key in answer.parameters)

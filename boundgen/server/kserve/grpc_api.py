@@ -44,6 +44,7 @@ import time
 import grpc
 
 from boundgen.errors import InvalidInput
+from boundgen.runtime.results import TIMING_COUNTS
 from boundgen.server import request_ids
 from boundgen.server.auth import check_api_key
 from boundgen.server.config import ServerConfig
@@ -352,7 +353,7 @@ class GrpcFrontend:
         response = infer_response(request, answer.outputs, slices)
         if pb.TIMINGS_PARAMETER in request.parameters and param_value(request.parameters[pb.TIMINGS_PARAMETER]) is True:
             for stage, value in answer.timings.items():
-                response.parameters[f"timing_{stage}_ms"].double_param = value * (1e3 if stage != "batch_requests" else 1)
+                response.parameters[f"timing_{stage}_ms"].double_param = value * (1 if stage in TIMING_COUNTS else 1e3)
             response.parameters["timing_handler_ms"].double_param = (time.monotonic() - arrived) * 1e3
         check_deadline(deadline, request.model_name)
         return response
