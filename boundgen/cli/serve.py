@@ -207,7 +207,15 @@ def run(args, engine_factory=None, worker_command=None):
     return serve_replicas(args.artifacts, config, gpus, worker_args(args), worker_command)
 
 
-SINGLE_PROCESS_FLAGS = ("model_repository", "allow_client_shm", "replicas", "gpus", "ray", "catalogue")
+# Flags that need one process serving everything, and why (a --catalogue model is served by front
+# ends like any other: its catalogue lives in the engine process, server/deploy/engine_host.py).
+SINGLE_PROCESS_FLAGS = {
+    "model_repository": "a repository load, of an artifact or of a constrained model's catalogue, replaces "
+                        "the model in the process that serves it",
+    "allow_client_shm": "a client's shared memory region is mapped by the process that serves it",
+    "replicas": "its workers sit behind one front end", "gpus": "its workers sit behind one front end",
+    "ray": "Ray Serve runs its own proxies",
+}
 
 
 def _catalogues(args) -> dict[str, str]:
@@ -261,7 +269,8 @@ def _with_catalogue(factory, catalogues: dict[str, str], path):
 
 def _frontends(args, default_factory: bool) -> int:
     """Front-end processes: --frontends, else one per four cores (frontends.default_frontends), else 1
-    where a feature needs everything in one process (a repository load, client shared memory)."""
+    where a feature needs everything in one process (SINGLE_PROCESS_FLAGS: a repository load, client
+    shared memory). A --catalogue model needs none: its engine process loads the catalogue."""
     single = [name for name in SINGLE_PROCESS_FLAGS if getattr(args, name) not in (None, False)]
     if args.frontends is None:
         if single or not default_factory:
@@ -271,7 +280,7 @@ def _frontends(args, default_factory: bool) -> int:
         return default_frontends()
     if args.frontends > 1 and single:
         raise ConfigError(f"--frontends {args.frontends} cannot be combined with --{single[0].replace('_', '-')} "
-                          "(it needs one process that loads, maps and serves everything); use --frontends 1")
+                          f"({SINGLE_PROCESS_FLAGS[single[0]]}); use --frontends 1")
     return args.frontends
 
 

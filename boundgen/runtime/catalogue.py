@@ -24,6 +24,9 @@ takes them; tests/runtime/test_catalogue.py checks them equal):
   arrays are complete before any call reads them. The ids are checked on the host first, against
   the sorted item ids (K binary searches): an unknown id is an error without asking the device.
 Ids not in the catalogue, or a list that leaves nothing to generate, are InvalidInput (400).
+So is a list longer than the catalogue has items (`check_allow_count`, before any derivation, in
+O(1)): a list of distinct known ids is never longer (repeats are allowed within the bound), and a
+huge list (a 4 MiB body holds half a million ids) never reaches the derivation.
 """
 
 from __future__ import annotations
@@ -77,10 +80,16 @@ class ServedCatalogue:
             index = ItemIndex(item_keys.cpu().numpy(), item_keys, item_nodes, stream)
         return cls(path, cat.metadata(), cat, full, index)
 
+    @property
+    def items(self) -> int:
+        """The catalogue's item count (counted once, at load)."""
+        return self.meta["items"]
+
     def trie(self, allow_items: Sequence[int] | None = None) -> Trie:
         """The program inputs of a request (allow_items None: every item)."""
         if allow_items is None:
             return self.full
+        check_allow_count(len(allow_items), self.items)
         ids = _item_ids(allow_items)
         reach, ends = self._on_device(ids) if self.index is not None else self._on_host(ids)
         return self.full._replace(reach=reach, ends=ends)
@@ -127,6 +136,15 @@ def load_catalogue(cat_dir: str | Path, artifact_dir: str | Path, device: str | 
     check_tokenizer(cat, artifact_dir, cat_dir)
     catalogue_search.check(cat, vocab, spec.steps, spec.stop_token_ids, spec.catalogue_max_degree)
     return ServedCatalogue.on_device(cat, vocab, device, reach_on_device, str(cat_dir))
+
+
+def check_allow_count(count: int, items: int) -> None:
+    """Refuse an allow-list of `count` ids for a catalogue of `items` items when it is longer
+    (module docstring): the same words wherever it is checked (a front-end process checks it
+    before the list crosses to the engine process, server/deploy/linked_engine.py)."""
+    if count > items:
+        raise InvalidInput(f"ALLOW_ITEMS has {count:,} ids, more than the catalogue has items ({items:,}): "
+                           "list each allowed item once")
 
 
 def _item_ids(allow_items) -> np.ndarray:

@@ -175,15 +175,17 @@ class LocalEngine(Engine):
                           "input_tokens": packed.num_tokens}
         return result
 
-    # -- packed requests from another process (server/frontend/) ------------------------------
+    # -- packed requests from another process (server/deploy/) --------------------------------
 
     def enqueue(self, packed: PackedBatch, deadline: float | None = None, cancelled: threading.Event | None = None,
-                client: str = "", max_queue: int | None = None) -> Ticket:
+                client: str = "", max_queue: int | None = None, allow_items: Sequence[int] | None = None) -> Ticket:
         """Queue a request tokenized elsewhere (a front-end process) without waiting; the ticket's
         future gets its `CallShare`. Raises DeadlineExceeded or Cancelled if it is already gone, and
-        Overloaded if `max_queue` requests wait (the batcher's fair queue: `client` is who sent it)."""
-        return self._batcher.enqueue(Queued(packed, time.perf_counter(), self._trie(None)), deadline, cancelled,
-                                     client, max_queue)
+        Overloaded if `max_queue` requests wait (the batcher's fair queue: `client` is who sent it).
+        allow_items: a constrained request's allow-list ([K] int64), its trie derived here as `beam`
+        derives it (InvalidInput for unknown ids, or a list that leaves nothing)."""
+        return self._batcher.enqueue(Queued(packed, time.perf_counter(), self._trie(allow_items)), deadline,
+                                     cancelled, client, max_queue)
 
     def withdraw(self, ticket: Ticket) -> bool:
         """Take a queued request back out (its client went away, or its deadline passed);

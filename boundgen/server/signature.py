@@ -40,8 +40,10 @@ What differs between the tasks (tensors, shapes, defaults, result arrays) is the
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Sequence
+
+import numpy as np
 
 from boundgen.artifact.program import spec_to_dict
 from boundgen.artifact.tasks import REBUILD, task_named, task_of  # noqa: F401 (REBUILD: score_api says it too)
@@ -66,7 +68,7 @@ class EngineCall:
     task: str
     texts: tuple[str, ...]
     token_ids: tuple[tuple[int, ...], ...] | None = None  # score samples given as token ids (no template)
-    allow_items: tuple[int, ...] | None = None  # a constrained beam request's allow-list (ALLOW_ITEMS)
+    allow_items: np.ndarray | None = field(default=None, compare=False)  # [K] int64: a constrained beam request's allow-list (ALLOW_ITEMS)
 
     def __call__(self, engine: Engine, deadline: float | None = None,
                  cancelled: threading.Event | None = None) -> ScoreResult | BeamResult:
@@ -99,12 +101,13 @@ class Signature:
 
     def allowing(self, call: EngineCall, allow_items: Sequence[int]) -> EngineCall:
         """`call` restricted to the allow-list (ALLOW_ITEMS; whether the ids are the catalogue's is
-        the engine's check): a model without that input refuses it."""
+        the engine's check, and the list's length against the catalogue's items): a model without
+        that input refuses it. The ids stay one int64 array (no Python object per id)."""
         if "ALLOW_ITEMS" not in [t.name for t in self.inputs]:
             raise InvalidInput(f"model {self.name} has no input 'ALLOW_ITEMS': it was not built with --constrained")
         if len(allow_items) == 0:
             raise InvalidInput("input ALLOW_ITEMS is empty: it allows no item (leave it out to allow every item)")
-        return replace(call, allow_items=tuple(int(i) for i in allow_items))
+        return replace(call, allow_items=np.asarray(allow_items, dtype=np.int64))
 
     def call(self, items: Sequence[bytes], shape: Sequence[int] | None = None) -> EngineCall:
         """The engine call of texts (UTF-8), checked as a TEXT input of `shape` is (None: one

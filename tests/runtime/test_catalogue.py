@@ -43,7 +43,7 @@ def test_device_path_equals_host_path(seed, share):
     cat, ids, host, dev = served_pair(seed)
     rng = random.Random(seed + 5)
     allow = rng.sample(ids, max(1, int(share * len(ids))))
-    allow += allow[: len(allow) // 2]  # repeats
+    allow = (allow + allow[: len(allow) // 2])[: len(ids)]  # repeats, within the bound (the item count)
     got, want = dev.trie(allow), host.trie(allow)
     assert_same_trie(got, want)
     assert got.reach.shape == got.row_ptr.shape  # the program's one length M
@@ -56,7 +56,7 @@ def test_single_item_and_a_padded_catalogue():
     cat = Catalogue.from_sequences([7], [[3, 1, 4]])
     host = ServedCatalogue.on_device(cat, VOCAB, "cpu", reach_on_device=False)
     dev = ServedCatalogue.on_device(cat, VOCAB, "cpu", reach_on_device=True)
-    assert_same_trie(dev.trie([7, 7]), host.trie([7, 7]))
+    assert_same_trie(dev.trie([7]), host.trie([7]))
     assert dev.trie([7]).reach.tolist() == [True] * 4 + [False]
 
 
@@ -71,6 +71,20 @@ def test_bad_allow_lists_are_refused_alike(make_allow, words):
     for served in (host, dev):
         with pytest.raises(InvalidInput, match=words):
             served.trie(allow)
+
+
+def test_an_allow_list_longer_than_the_catalogue_is_refused_before_any_derivation(monkeypatch):
+    """More ids than items (repeats, or unknown ids): refused on its length, in O(1), before the
+    ids are even read; as long as the catalogue (repeats included) it is served."""
+    cat, ids, host, dev = served_pair(4, items=30)
+    allow = ids + ids[:1]
+    for served in (host, dev):
+        monkeypatch.setattr("boundgen.runtime.catalogue._item_ids", lambda _: pytest.fail("the ids were read"))
+        with pytest.raises(InvalidInput, match=rf"ALLOW_ITEMS has {len(allow)} ids, more than the catalogue has "
+                                               rf"items \({len(ids)}\): list each allowed item once"):
+            served.trie(allow)
+        monkeypatch.undo()
+        assert_same_trie(served.trie(ids[1:] + ids[1:2]), served.trie(ids[1:]))  # a repeat within the bound
 
 
 def test_default_derivation_follows_the_device():

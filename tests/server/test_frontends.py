@@ -1,7 +1,9 @@
 """`boundgen serve --frontends N`: front-end processes around one engine process
 (server/deploy/). Outputs equal the in-process engine's over both protocols; errors keep their
 codes across the link; a front end that dies is restarted; the engine process dying takes the
-front ends with it; SIGTERM drains to exit 0."""
+front ends with it; SIGTERM drains to exit 0. A constrained beam model with its catalogue
+(the session's constrained artifact) answers ALLOW_ITEMS / allow_items and ITEM_IDS / item_id
+through two front ends as the same model in one process, its refusals in the same words."""
 
 from __future__ import annotations
 
@@ -17,6 +19,10 @@ import tritonclient.grpc as tgrpc
 import tritonclient.http as thttp
 from tritonclient.utils import InferenceServerException
 
+import boundgen
+from boundgen.errors import InvalidInput
+from tests.server import test_constrained_serving as constrained
+from tests.server.conftest import post_json
 from tests.server.real import eager_engine_from_config
 from tests.server.test_real_engine import PROMPT, TEXTS, eager_models, infer  # noqa: F401 (a fixture)
 
@@ -163,7 +169,6 @@ def test_answers_carry_the_server_timings_when_asked(frontends_server):
 
 def test_token_ids_travel_through_a_front_end(frontends_server, engines):
     """/v1/score's token-id form runs through a front end's LinkedEngine as in process."""
-    from tests.server.conftest import post_json
 
     ids = [[9707, 1879, 25], [23, 7, 1052, 11]]
     labels = list(engines["score"].spec.program.label_token_ids)
@@ -172,3 +177,73 @@ def test_token_ids_travel_through_a_front_end(frontends_server, engines):
     assert status == 200, answer
     expected = engines["score"].score_ids([[40] + i for i in ids]).scores
     np.testing.assert_allclose(answer["scores"], expected / expected.sum(axis=1, keepdims=True), rtol=1e-5)
+
+
+# ---- a constrained beam model: the catalogue in the engine process, allow-lists over the link ----
+
+@pytest.fixture(scope="module")
+def constrained_server(launch, constrained_build):
+    server = launch([constrained_build["artifact"]], command=constrained.SERVE,
+                    args=["--catalogue", f"cbeam={constrained_build['catalogue']}", "--frontends", "2",
+                          *constrained.SLOW_CPU])
+    yield server
+    if server.proc.poll() is None:
+        assert server.stop() == 0
+
+
+@pytest.fixture(scope="module")
+def constrained_engine(constrained_build):
+    """The same model and catalogue in this process: what one process answers."""
+    return boundgen.load(constrained_build["artifact"], catalogue=constrained_build["catalogue"])
+
+
+def test_a_catalogue_is_served_through_front_end_processes(constrained_server):
+    assert "frontends=2" in "".join(constrained_server.output)
+    assert len(children(constrained_server.proc.pid)) == 2
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_constrained_outputs_equal_one_process(constrained_server, constrained_engine, protocol):
+    for allow in (None, [11, 16], [17], [14, 12, 14]):
+        expected = constrained_engine.beam(constrained.PROMPT, allow_items=allow)
+        for _ in range(2):  # new connections land on either front end
+            result = constrained.infer(protocol, constrained_server, allow)
+            assert result.as_numpy("ITEM_IDS").dtype == np.int64
+            np.testing.assert_array_equal(result.as_numpy("ITEM_IDS"), expected.item_ids)
+            np.testing.assert_array_equal(result.as_numpy("TOKEN_IDS"), expected.token_ids)
+            np.testing.assert_allclose(result.as_numpy("SCORES"), expected.scores, rtol=1e-5, atol=1e-6)
+            assert [t.decode() for t in result.as_numpy("TEXT_OUT")] == expected.texts
+    assert set(expected.item_ids.tolist()) <= {12, 14, -1}
+
+
+def one_process_refusal(engine, allow) -> str:
+    with pytest.raises(InvalidInput) as refused:
+        engine.beam(constrained.PROMPT, allow_items=allow)
+    return str(refused.value)
+
+
+BAD_ALLOW_LISTS = {"unknown": [11, 99], "longer-than-the-catalogue": [11] * 9}  # its 8 items
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+@pytest.mark.parametrize("bad", BAD_ALLOW_LISTS)
+def test_constrained_refusals_are_one_process_words(constrained_server, constrained_engine, protocol, bad):
+    allow = BAD_ALLOW_LISTS[bad]
+    with pytest.raises(InferenceServerException) as err:
+        constrained.infer(protocol, constrained_server, allow)
+    assert err.value.status() in ("400", "StatusCode.INVALID_ARGUMENT")
+    assert err.value.message() == one_process_refusal(constrained_engine, allow)
+
+
+def test_v1_beam_allow_items_and_item_ids_through_front_ends(constrained_server, constrained_engine):
+    for allow in (None, [11, 16]):
+        body = {"prompt": constrained.PROMPT, **({"allow_items": allow} if allow else {})}
+        status, answer = post_json(constrained_server, "/v1/beam", body)
+        assert status == 200, answer
+        want = constrained_engine.beam(constrained.PROMPT, allow_items=allow).candidates()
+        assert [(c["token_ids"], c["text"], c["item_id"]) for c in answer["candidates"]] == \
+            [(c["token_ids"], c["text"], c["item_id"]) for c in want]
+        np.testing.assert_allclose([c["score"] if c["score"] is not None else -np.inf for c in answer["candidates"]],
+                                   [c["score"] if c["score"] is not None else -np.inf for c in want], rtol=1e-5)
+    status, answer = post_json(constrained_server, "/v1/beam", {"prompt": constrained.PROMPT, "allow_items": [99]})
+    assert status == 400 and answer["error"] == one_process_refusal(constrained_engine, [99]), answer

@@ -1,7 +1,9 @@
 """The engine process's side of the link: one queue per model, fed by every front end.
 
     front-end connection (a reader thread each)
-        SUBMIT -> admission: draining? 503; else the model's batcher queue (LocalEngine.enqueue:
+        SUBMIT -> a constrained request's allow-list -> its trie, here (LocalEngine.enqueue; unknown
+                  ids: 400, the words of one process); admission: draining? 503; else the
+                  model's batcher queue (LocalEngine.enqueue:
                   the one queue, fair across the clients the front ends name; full at --max-queue:
                   429, or a greedier client's newest request gets it: runtime/fair_queue.py);
                   a batch worker takes it into a call
@@ -11,7 +13,9 @@
     connection closed (front end died): everything it had queued is withdrawn
 
 Nothing here tokenizes or builds texts: requests arrive as token ids and leave as result rows
-(link.py). The deadline a request brings is checked by the batcher when it takes a call, so a
+(link.py). A constrained beam model's catalogue is loaded here, with its artifact (its engine
+factory loads it, as in one process); the front ends know the model is constrained from its spec
+(ALLOW_ITEMS in, ITEM_IDS out) and its item count from `_describe`, and never load the catalogue. The deadline a request brings is checked by the batcher when it takes a call, so a
 request never runs after it.
 """
 
@@ -172,10 +176,11 @@ class EngineHost:
         packed = PackedBatch(tokens=torch.from_numpy(tokens.astype(np.int64)),
                              positions=torch.from_numpy(link.unpack_array(message["positions"]).astype(np.int64)),
                              cu_seqlens=torch.from_numpy(cu.astype(np.int32)), lengths=list(message["lengths"]))
+        allow = message.get("allow_items")
         cancelled = threading.Event()
         try:
             ticket = model.engine.enqueue(packed, message.get("deadline"), cancelled, str(message.get("client", "")),
-                                          self.max_queue)
+                                          self.max_queue, None if allow is None else link.unpack_array(allow))
         except BoundgenError as exc:
             return conn.send(_error(rid, _kind(exc), str(exc)))
         except RuntimeError as exc:  # the engine is closed
@@ -230,10 +235,13 @@ def _error(rid: int, kind: str, message: str) -> dict:
 
 
 def _describe(model: HostedModel) -> dict:
-    """What a front end needs to serve a model: its program, where its tokenizer is, load-time facts."""
+    """What a front end needs to serve a model: its program, where its tokenizer is, load-time facts
+    (a constrained model's catalogue: its item count, the allow-list bound the front end checks)."""
     spec, tokenizer = model.engine.spec, model.engine.packer.tokenizer
     if tokenizer.source is None:
         raise BoundgenError(f"model {model.name}: its tokenizer was not loaded from a directory, so the "
                             "front-end processes cannot load it; serve it with --frontends 1")
+    catalogue = getattr(model.engine, "catalogue", None)  # a constrained beam model's (None: none)
     return {"name": model.name, "source": model.source, "spec": spec.to_dict(),
-            "tokenizer_dir": str(tokenizer.source), "tokenizer_options": tokenizer.options}
+            "tokenizer_dir": str(tokenizer.source), "tokenizer_options": tokenizer.options,
+            "catalogue_items": None if catalogue is None else catalogue.items}

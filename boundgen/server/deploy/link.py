@@ -1,6 +1,7 @@
 """The link between front-end processes and the engine process: messages on a Unix socket.
 
-    front end -> engine   SUBMIT  {id, model, deadline, client, tokens, positions, cu_seqlens, lengths}
+    front end -> engine   SUBMIT  {id, model, deadline, client, tokens, positions, cu_seqlens, lengths
+                                   [, allow_items]}  (a constrained beam request's allow-list, int64 [K])
                           CANCEL  {id}                 (client gone, or its deadline passed)
                           STATE   {state}              (the front end is listening / ready)
     engine -> front end   MODELS  {state, models: [{name, source, spec, ...}]}  (on connect, on change)
@@ -8,8 +9,8 @@
                           ERROR   {id, kind, message}  (kind: a status name, see ERROR_KINDS)
 
 A frame is a 4-byte little-endian length and a msgpack map. Arrays travel as raw bytes with
-their dtype and shape (`pack_array` / `unpack_array`): token ids and result rows are never
-per-token Python objects. `client` names who sent the request (its address or X-Client-ID, the
+their dtype and shape (`pack_array` / `unpack_array`): token ids, allow-lists and result rows
+are never per-item Python objects. `client` names who sent the request (its address or X-Client-ID, the
 same in every front end), so that the engine's queue takes clients in turn. Deadlines are
 `time.monotonic()` seconds: CLOCK_MONOTONIC is one clock for every process of a Linux host, so
 a front end's deadline means the same in the engine.

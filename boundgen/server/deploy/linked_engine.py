@@ -2,10 +2,14 @@
 
     ServedModel.run (event loop)
       -> LinkedEngine.run: RequestPacker.encode (bounds, template, token ids)        "pre"
-      -> EngineLink.call: SUBMIT on the link; await RESULT or ERROR                  "queue" + "model"
+           (a constrained beam request: its allow-list's length against the catalogue's items)
+      -> EngineLink.call: SUBMIT on the link (token ids, and the allow-list, as raw arrays);
+           await RESULT or ERROR (the engine derives the allow-list's trie: unknown ids
+           come back as InvalidInput, the words of one process)                     "queue" + "model"
            deadline passes first, or the client goes away: CANCEL (the engine withdraws it,
            unrun, if it still waits), 504 / nothing
-      -> ScoreResultBuilder / BeamResultBuilder: rows -> result (candidate texts decoded here)   "post"
+      -> ScoreResultBuilder / BeamResultBuilder: rows -> result (candidate texts decoded here;
+           a constrained model's item ids are one of its rows)                      "post"
 
 The engine process does only batching, staging, program calls and copying rows back
 (engine_host.py); everything that grows with text, and every protocol, runs in the N front-end
@@ -19,8 +23,12 @@ import itertools
 import logging
 import time
 
+import numpy as np
+
+from boundgen.artifact.tasks import task_of
 from boundgen.errors import Cancelled, DeadlineExceeded, InvalidInput
 from boundgen.runtime.engine import Engine, EngineSpec
+from boundgen.runtime.catalogue import check_allow_count
 from boundgen.runtime.local_engine import CallShare
 from boundgen.runtime.requests import RequestPacker, make_builder
 from boundgen.server.deploy import link
@@ -67,21 +75,25 @@ class EngineLink:
             await self._changed.wait()
         return self.state
 
-    async def call(self, model: str, packed, deadline: float, client: str = "") -> dict:
+    async def call(self, model: str, packed, deadline: float, client: str = "",
+                   allow_items: np.ndarray | None = None) -> dict:
         """Queue one tokenized request in the engine and await its RESULT; raises the engine's
         error, DeadlineExceeded when `deadline` passes first (it is withdrawn there, unrun, if it
         still waits), and sends CANCEL if the caller is cancelled. `client`: who sent it (its
-        turn in the engine's queue)."""
+        turn in the engine's queue); `allow_items`: a constrained request's allow-list."""
         if self.closed.is_set():
             raise Unavailable("the engine process has stopped; this server is shutting down")
         rid = next(self._ids)
         future = asyncio.get_running_loop().create_future()
         self._pending[rid] = future
-        self._send({"op": link.SUBMIT, "id": rid, "model": model, "deadline": deadline, "client": client,
-                    "tokens": link.pack_array(packed.tokens.numpy().astype("<i4")),
-                    "positions": link.pack_array(packed.positions.numpy().astype("<i4")),
-                    "cu_seqlens": link.pack_array(packed.cu_seqlens.numpy().astype("<i4")),
-                    "lengths": list(packed.lengths)})
+        message = {"op": link.SUBMIT, "id": rid, "model": model, "deadline": deadline, "client": client,
+                   "tokens": link.pack_array(packed.tokens.numpy().astype("<i4")),
+                   "positions": link.pack_array(packed.positions.numpy().astype("<i4")),
+                   "cu_seqlens": link.pack_array(packed.cu_seqlens.numpy().astype("<i4")),
+                   "lengths": list(packed.lengths)}
+        if allow_items is not None:
+            message["allow_items"] = link.pack_array(np.asarray(allow_items, dtype="<i8"))
+        self._send(message)
         try:
             return await asyncio.wait_for(asyncio.shield(future), max(0.0, deadline - time.monotonic()))
         except asyncio.TimeoutError:
@@ -136,21 +148,26 @@ class LinkedEngine(Engine):
 
     def __init__(self, engine_link: EngineLink, hosted: dict, tokenize_threads: int = 1):
         """`hosted`: the engine process's description of the model (engine_host._describe);
-        `tokenize_threads`: threads a request's texts are encoded on (serve --tokenize-threads)."""
+        `tokenize_threads`: threads a request's texts are encoded on (serve --tokenize-threads).
+        A constrained beam model (its spec says so) takes allow-lists and returns item ids; its
+        catalogue stays in the engine process, which says only how many items it holds."""
         self.link = engine_link
         self.spec = EngineSpec.from_dict(hosted["spec"])
         program = self.spec.program
         options = {**hosted["tokenizer_options"], "threads": tokenize_threads}
         tokenizer = Tokenizer.from_dir(hosted["tokenizer_dir"], **options)
         self.packer = RequestPacker(tokenizer, program)  # tokens only: the engine pads and stages
-        self.builder = make_builder(program, tokenizer)
+        self.builder = make_builder(program, tokenizer, items=task_of(program).constrained(program))
+        self.catalogue_items = hosted.get("catalogue_items")  # None: no catalogue (the engine says so)
 
     async def run(self, call: EngineCall, deadline: float, client: str = ""):
         t0 = time.perf_counter()
         packed = (self.packer.pack_ids([list(ids) for ids in call.token_ids]) if call.token_ids is not None
                   else self.packer.encode(list(call.texts)))
+        if call.allow_items is not None and self.catalogue_items is not None:  # before it crosses the link
+            check_allow_count(len(call.allow_items), self.catalogue_items)
         t1 = time.perf_counter()
-        answer = await self.link.call(self.spec.name, packed, deadline, client)
+        answer = await self.link.call(self.spec.name, packed, deadline, client, call.allow_items)
         t2 = time.perf_counter()
         share = CallShare([link.unpack_array(r) for r in answer["rows"]], answer["queue_s"], answer["model_s"],
                           answer["requests_in_call"])
