@@ -50,9 +50,9 @@
 #                 constrained_triton.md. CONSTRAINED_S (420) the builds' limit: validation runs every beam case
 #                 twice.
 #   CONSTRAINED_SERVED=1  with CONSTRAINED: the torch-mask constrained artifact also served with its catalogue
-#                 (served_cbeam_torch, W2 over gRPC, the beam sweep), beside the plain beam lane; one process
-#                 (--frontends 1: serve refuses front-end processes with --catalogue), so FRONTENDS_AB=1 gives
-#                 the plain lane's peer.
+#                 (served_cbeam_torch, W2 over gRPC, the beam sweep), beside the plain beam lane and like it
+#                 through FRONTENDS front-end processes (the engine process holds the catalogue), so the
+#                 plain lane is its peer; FRONTENDS_AB=1 adds the plain lane in one process.
 #   REPORT=1      per artifact: `python -m boundgen.compile.report` (build seconds, size, load, first and
 #                 warm call, validation) in a fresh process, and the C++ wrapper of each package (which
 #                 kernels and copies a call launches) under $RES/wrapper_ART/.
@@ -309,9 +309,10 @@ for lane in ${lanes[@]+"${lanes[@]}"}; do
   done
 done
 # CONSTRAINED_SERVED=1: the constrained artifact (torch mask) served with its catalogue, W2 over gRPC, swept as
-# the plain beam lane is: what the constraint costs at the capacity point, not only at c=1
+# the plain beam lane is and through as many front ends: what the constraint costs at the capacity point,
+# not only at c=1
 if [[ "${CONSTRAINED_SERVED:-0}" == 1 && -f "$WORK/art/cbeam_torch/manifest.json" && -f "$WORK/catalogue/flags" ]]; then
-  served served_cbeam_torch "$WORK/art/cbeam_torch" "$Q2" W2 1 "$SWEEP_BEAM" \
+  served served_cbeam_torch "$WORK/art/cbeam_torch" "$Q2" W2 "$FRONTENDS" "$SWEEP_BEAM" \
     "--catalogue cbeam_torch=$WORK/catalogue"
 fi
 shopt -s nullglob
