@@ -68,7 +68,8 @@ class EngineCall:
     task: str
     texts: tuple[str, ...]
     token_ids: tuple[tuple[int, ...], ...] | None = None  # score samples given as token ids (no template)
-    allow_items: np.ndarray | None = field(default=None, compare=False)  # [K] int64: a constrained beam request's allow-list (ALLOW_ITEMS)
+    # [K] int64: a constrained beam request's allow-list (ALLOW_ITEMS); an array does not compare as one value
+    allow_items: np.ndarray | None = field(default=None, compare=False)
 
     def __call__(self, engine: Engine, deadline: float | None = None,
                  cancelled: threading.Event | None = None) -> ScoreResult | BeamResult:

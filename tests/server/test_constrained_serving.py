@@ -1,7 +1,7 @@
 """`boundgen serve ART --catalogue NAME=CAT_DIR` over a constrained beam artifact (built once per
 session): ITEM_IDS and ALLOW_ITEMS through tritonclient over HTTP and gRPC and `allow_items` /
-`item_id` on /v1/beam equal the engine in this process; bad allow-lists are 400 / INVALID_ARGUMENT
-naming the problem; serve refuses to start without a catalogue, or with one for another model."""
+`item_id` on /v1/beam equal the engine in this process; bad allow-lists (unknown ids, empty, longer
+than the catalogue) are 400 / INVALID_ARGUMENT naming the problem; serve refuses to start without a catalogue, or with one for another model."""
 
 from __future__ import annotations
 
@@ -75,7 +75,8 @@ def test_metadata_lists_allow_items_and_item_ids(server):
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
-@pytest.mark.parametrize("allow, words", [([11, 99], "[99] are not in the catalogue"), ([], "ALLOW_ITEMS is empty")])
+@pytest.mark.parametrize("allow, words", [([11, 99], "[99] are not in the catalogue"), ([], "ALLOW_ITEMS is empty"),
+                                          ([11] * 9, "ALLOW_ITEMS has 9 ids, more than the catalogue has items (8)")])
 def test_bad_allow_lists_are_invalid_argument(server, protocol, allow, words):
     with pytest.raises(InferenceServerException) as err:
         infer(protocol, server, allow)
