@@ -49,6 +49,7 @@
 #                 the beam artifact where there is one, with and without its CUDA graphs): constrained_torch.md,
 #                 constrained_triton.md. CONSTRAINED_S (420) the builds' limit: validation runs every beam case
 #                 twice.
+#                 CONSTRAINED_BENCH=0 leaves that harness out (builds and catalogue only, e.g. for the served lane).
 #   CONSTRAINED_SERVED=1  with CONSTRAINED: the torch-mask constrained artifact also served with its catalogue
 #                 (served_cbeam_torch, W2 over gRPC, the beam sweep), beside the plain beam lane and like it
 #                 through FRONTENDS front-end processes (the engine process holds the catalogue), so the
@@ -173,7 +174,7 @@ wait ${builds[@]+"${builds[@]}"}
 # The host as the lanes find it: a run whose host-side figures were off had no record of what else ran
 log "after the builds: load average $(cut -d' ' -f1-3 /proc/loadavg)"
 ps -eo pid,ppid,pcpu,rss,etimes,args --sort=-pcpu 2>/dev/null | head -20 > "$RES/ps_after_builds.txt"
-if [[ -n "${CONSTRAINED:-}" && -f "$WORK/catalogue/flags" ]]; then  # each constrained artifact, beside the plain one
+if [[ -n "${CONSTRAINED:-}" && "${CONSTRAINED_BENCH:-1}" == 1 && -f "$WORK/catalogue/flags" ]]; then  # each, beside the plain one
   plain=(); [[ -f "$WORK/art/beam/manifest.json" ]] && plain=(--plain "$WORK/art/beam")
   for mask in torch triton; do
     [[ -f "$WORK/art/cbeam_$mask/manifest.json" ]] || { log "no artifact $WORK/art/cbeam_$mask"; continue; }
