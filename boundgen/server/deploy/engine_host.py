@@ -13,10 +13,13 @@
     connection closed (front end died): everything it had queued is withdrawn
 
 Nothing here tokenizes or builds texts: requests arrive as token ids and leave as result rows
-(link.py). A constrained beam model's catalogue is loaded here, with its artifact (its engine
-factory loads it, as in one process); the front ends know the model is constrained from its spec
-(ALLOW_ITEMS in, ITEM_IDS out) and its item count from `_describe`, and never load the catalogue. The deadline a request brings is checked by the batcher when it takes a call, so a
-request never runs after it.
+(link.py). The deadline a request brings is checked by the batcher when it takes a call, so a
+request never runs after it. A constrained beam model's catalogue is loaded here, with its
+artifact (its engine factory loads it, as in one process); the front ends know the model is
+constrained from its spec (ALLOW_ITEMS in, ITEM_IDS out) and the catalogue's item count from
+`_describe`, and never load the catalogue. An allow-list's trie is derived on its front end's
+reader thread (on CUDA: K x depth binary searches on the catalogue's stream), as one process
+derives it on the request's thread.
 """
 
 from __future__ import annotations

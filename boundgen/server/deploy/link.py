@@ -10,8 +10,8 @@
 
 A frame is a 4-byte little-endian length and a msgpack map. Arrays travel as raw bytes with
 their dtype and shape (`pack_array` / `unpack_array`): token ids, allow-lists and result rows
-are never per-item Python objects. `client` names who sent the request (its address or X-Client-ID, the
-same in every front end), so that the engine's queue takes clients in turn. Deadlines are
+are never per-item Python objects. `client` names who sent the request (its address or
+X-Client-ID, the same in every front end), so that the engine's queue takes clients in turn. Deadlines are
 `time.monotonic()` seconds: CLOCK_MONOTONIC is one clock for every process of a Linux host, so
 a front end's deadline means the same in the engine.
 """

@@ -27,8 +27,8 @@ import numpy as np
 
 from boundgen.artifact.tasks import task_of
 from boundgen.errors import Cancelled, DeadlineExceeded, InvalidInput
-from boundgen.runtime.engine import Engine, EngineSpec
 from boundgen.runtime.catalogue import check_allow_count
+from boundgen.runtime.engine import Engine, EngineSpec
 from boundgen.runtime.local_engine import CallShare
 from boundgen.runtime.requests import RequestPacker, make_builder
 from boundgen.server.deploy import link
