@@ -1,7 +1,8 @@
 """`boundgen serve ART --catalogue NAME=CAT_DIR` over a constrained beam artifact (built once per
 session): ITEM_IDS and ALLOW_ITEMS through tritonclient over HTTP and gRPC and `allow_items` /
 `item_id` on /v1/beam equal the engine in this process; bad allow-lists (unknown ids, empty, longer
-than the catalogue) are 400 / INVALID_ARGUMENT naming the problem; serve refuses to start without a catalogue, or with one for another model."""
+than the catalogue) are 400 / INVALID_ARGUMENT naming the problem; serve refuses to start without a
+catalogue, or with one for another model."""
 
 from __future__ import annotations
 
