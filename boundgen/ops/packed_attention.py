@@ -62,7 +62,6 @@ import triton
 import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
-from boundgen.ops.packed_attention_stacked import _packed_attention_stacked_kernel
 
 
 def sequence_ids(cu_seqlens: torch.Tensor, num_tokens: int) -> torch.Tensor:
@@ -371,6 +370,9 @@ def launch_stacked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens
     num_seqs = cu_seqlens.shape[0] - 1
     out = torch.empty((num_tokens, num_q_heads, head_dim), dtype=q.dtype, device=q.device)
     grid = (num_q_heads // pack, triton.cdiv(num_tokens, block_m) + num_seqs)
+    # imported where launched: a package that calls packed_attention alone imports only its own kernels
+    from boundgen.ops.packed_attention_stacked import _packed_attention_stacked_kernel
+
     wrap_triton(_packed_attention_stacked_kernel)[grid](
         q, k, v, out, cu_seqlens, scale * math.log2(math.e), num_seqs, num_tokens,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
