@@ -39,19 +39,21 @@
 #                 (one worker process per GPU behind one front end): served_gpus_N_TAG.
 #   CONSTRAINED   constrained beam (issue 32): flags of `python -m boundgen.bench.constrained --make-catalogue`
 #                 (e.g. "--items 1000000": a random catalogue of 4-token codes over 32k tokens, $WORK/catalogue,
-#                 kept while its flags stay), and two constrained artifacts of the beam checkpoint built beside
-#                 the others on the cores they leave: $BEAM_DEFAULT + --constrained with --lowering trie_mask=torch
-#                 ($WORK/art/cbeam_torch) and =triton (cbeam_triton), with its --cuda-graphs (the graphs read the
+#                 kept while its flags stay), and constrained artifacts of the beam checkpoint built beside
+#                 the others on the cores they leave, one per name in CONSTRAINED_VARIANTS ("torch triton"):
+#                 $BEAM_DEFAULT + --constrained with --lowering trie_mask=torch ($WORK/art/cbeam_torch), =triton
+#                 (cbeam_triton), or trie_topk=torch (cbeam_gather: the decode steps' top K over each beam's
+#                 allowed tokens alone, ops/trie_topk.py), with its --cuda-graphs (the graphs read the
 #                 trie from each context's buffers, sized by the catalogue: docs/build.md) and with
 #                 --min-new-tokens 0 (BEAM_ARGS' 5 would bar the stop token that ends a 4-token code at step 5:
 #                 no item could come back). After the builds, the harness on each (c=1, W2 prompts, the whole
 #                 catalogue and a 10k-item allow-list, with the artifact's CUDA graphs and without them; --plain
 #                 the beam artifact where there is one, with and without its CUDA graphs): constrained_torch.md,
-#                 constrained_triton.md. CONSTRAINED_S (420) the builds' limit: validation runs every beam case
+#                 constrained_triton.md, constrained_gather.md. CONSTRAINED_S (420) the builds' limit: validation runs every beam case
 #                 twice.
 #                 CONSTRAINED_BENCH=0 leaves that harness out (builds and catalogue only, e.g. for the served lane).
-#   CONSTRAINED_SERVED=1  with CONSTRAINED: the torch-mask constrained artifact also served with its catalogue
-#                 (served_cbeam_torch, W2 over gRPC, the beam sweep), beside the plain beam lane and like it
+#   CONSTRAINED_SERVED=1  with CONSTRAINED: the constrained artifacts of CONSTRAINED_SERVED_VARIANTS (those built)
+#                 also served with the catalogue (served_cbeam_NAME, W2 over gRPC, the beam sweep), beside the plain beam lane and like it
 #                 through FRONTENDS front-end processes (the engine process holds the catalogue), so the
 #                 plain lane is its peer; FRONTENDS_AB=1 adds the plain lane in one process.
 #   REPORT=1      per artifact: `python -m boundgen.compile.report` (build seconds, size, load, first and
@@ -68,6 +70,14 @@ if [[ "${PYSPY:-0}" == 1 ]] && ! command -v py-spy > /dev/null; then
   python3 -m pip install -q --no-index --no-deps --target /tmp/pyspy .whl/py_spy-*.whl && export PATH="/tmp/pyspy/bin:$PATH"
 fi
 export PYTHONUNBUFFERED=1 TRITON_INTERPRET=0
+# The constrained artifacts by name (CONSTRAINED_VARIANTS): the lowering flags each adds to $BEAM_DEFAULT
+declare -A CVARIANT=([torch]="--lowering trie_mask=torch" [triton]="--lowering trie_mask=triton"
+                     [gather]="--lowering trie_topk=torch")
+CONSTRAINED_VARIANTS="${CONSTRAINED_VARIANTS:-torch triton}"
+CONSTRAINED_SERVED_VARIANTS="${CONSTRAINED_SERVED_VARIANTS:-$CONSTRAINED_VARIANTS}"
+for variant in $CONSTRAINED_VARIANTS; do
+  [[ -n "${CVARIANT[$variant]:-}" ]] || { echo "CONSTRAINED_VARIANTS: no variant $variant (${!CVARIANT[*]})" >&2; exit 2; }
+done
 source "$root/scripts/gpu_env.sh"
 [[ -f "$root/.gpu/COMMIT" ]] && cp "$root/.gpu/COMMIT" "$root/COMMIT"
 source "$root/scripts/gpu_artifacts.sh"
@@ -134,12 +144,12 @@ if [[ -n "${CONSTRAINED:-}" ]]; then  # on the 8-core half no build above took (
   [[ " ${builds_on[*]:-} " == *" 0-7 "* ]] && cfree=(8-11 12-15)
   [[ " ${builds_on[*]:-} " == *" 0-7 "* && " ${builds_on[*]:-} " == *" 8-15 "* ]] && cfree=(0-15 0-15)
   k=0
-  for mask in torch triton; do
-    if [[ ! -f "$WORK/art/cbeam_$mask/manifest.json" ]]; then
+  for variant in $CONSTRAINED_VARIANTS; do
+    if [[ ! -f "$WORK/art/cbeam_$variant/manifest.json" ]]; then
       # shellcheck disable=SC2086
-      step "${CONSTRAINED_S:-420}" "build_cbeam_$mask" "${cfree[$k]}" python3 -m boundgen build "$Q2" "${BEAM_ARGS[@]}" \
-        --out "$WORK/art/cbeam_$mask" --name "cbeam_$mask" $BEAM_DEFAULT --constrained \
-        --min-new-tokens 0 --lowering "trie_mask=$mask" &
+      step "${CONSTRAINED_S:-420}" "build_cbeam_$variant" "${cfree[$(( k % 2 ))]}" python3 -m boundgen build "$Q2" \
+        "${BEAM_ARGS[@]}" --out "$WORK/art/cbeam_$variant" --name "cbeam_$variant" $BEAM_DEFAULT --constrained \
+        --min-new-tokens 0 ${CVARIANT[$variant]} &
       builds+=($!)
     fi
     k=$(( k + 1 ))
@@ -176,12 +186,12 @@ log "after the builds: load average $(cut -d' ' -f1-3 /proc/loadavg)"
 ps -eo pid,ppid,pcpu,rss,etimes,args --sort=-pcpu 2>/dev/null | head -20 > "$RES/ps_after_builds.txt"
 if [[ -n "${CONSTRAINED:-}" && "${CONSTRAINED_BENCH:-1}" == 1 && -f "$WORK/catalogue/flags" ]]; then  # each, beside the plain one
   plain=(); [[ -f "$WORK/art/beam/manifest.json" ]] && plain=(--plain "$WORK/art/beam")
-  for mask in torch triton; do
-    [[ -f "$WORK/art/cbeam_$mask/manifest.json" ]] || { log "no artifact $WORK/art/cbeam_$mask"; continue; }
-    cp "$WORK/art/cbeam_$mask/manifest.json" "$RES/manifest_cbeam_$mask.json"
-    step 360 "constrained_$mask" "$BENCH_CORES" python3 -m boundgen.bench.constrained "$WORK/art/cbeam_$mask" \
-      --catalogue "$WORK/catalogue" ${plain[@]+"${plain[@]}"} --json "$RES/constrained_$mask.json"
-    sed -n '/^W[0-9]/,/^$/p; /^|/p' "$RES/constrained_$mask.log" > "$RES/constrained_$mask.md"  # its table
+  for variant in $CONSTRAINED_VARIANTS; do
+    [[ -f "$WORK/art/cbeam_$variant/manifest.json" ]] || { log "no artifact $WORK/art/cbeam_$variant"; continue; }
+    cp "$WORK/art/cbeam_$variant/manifest.json" "$RES/manifest_cbeam_$variant.json"
+    step 360 "constrained_$variant" "$BENCH_CORES" python3 -m boundgen.bench.constrained "$WORK/art/cbeam_$variant" \
+      --catalogue "$WORK/catalogue" ${plain[@]+"${plain[@]}"} --json "$RES/constrained_$variant.json"
+    sed -n '/^W[0-9]/,/^$/p; /^|/p' "$RES/constrained_$variant.log" > "$RES/constrained_$variant.md"  # its table
   done
 fi
 # After the builds, on idle cores: the floor of one Python gRPC round trip with W2-sized messages
@@ -309,13 +319,15 @@ for lane in ${lanes[@]+"${lanes[@]}"}; do
     served "served_gpus_${g}_$tag" "$art" "$md" "$group" 1 "$sweep" "--gpus $g"
   done
 done
-# CONSTRAINED_SERVED=1: the constrained artifact (torch mask) served with its catalogue, W2 over gRPC, swept as
+# CONSTRAINED_SERVED=1: the constrained artifacts of CONSTRAINED_SERVED_VARIANTS served with the catalogue, W2 over gRPC, swept as
 # the plain beam lane is and through as many front ends: what the constraint costs at the capacity point,
 # not only at c=1
-if [[ "${CONSTRAINED_SERVED:-0}" == 1 && -f "$WORK/art/cbeam_torch/manifest.json" && -f "$WORK/catalogue/flags" ]]; then
-  served served_cbeam_torch "$WORK/art/cbeam_torch" "$Q2" W2 "$FRONTENDS" "$SWEEP_BEAM" \
-    "--catalogue cbeam_torch=$WORK/catalogue"
-fi
+for variant in ${CONSTRAINED_SERVED_VARIANTS:-}; do
+  [[ "${CONSTRAINED_SERVED:-0}" == 1 && -f "$WORK/art/cbeam_$variant/manifest.json" && -f "$WORK/catalogue/flags" ]] \
+    || continue
+  served "served_cbeam_$variant" "$WORK/art/cbeam_$variant" "$Q2" W2 "$FRONTENDS" "$SWEEP_BEAM" \
+    "--catalogue cbeam_$variant=$WORK/catalogue"
+done
 shopt -s nullglob
 { echo "# boundgen served vs in process ($(( SECONDS - start )) s)"; cat "$RES/env.txt"; echo
   for f in "$RES"/*/summary.md "$RES"/*/*.md; do echo "## $f"; cat "$f"; echo; done

@@ -44,7 +44,9 @@ to the tokens the trie's root allows; each decode step finds every running beam'
 its tokens, masks the FP32 log-softmax of the whole vocabulary to the tokens that node allows
 (-inf written in place, no [B, V] bias: the model's `ops.trie_mask`, ops/trie_mask.py, lowered
 as the build chooses) and takes each beam's top K of that (torch.topk: a per-beam mask does not
-fit vocab_topk's one [V] bias). Finish returns a fifth
+fit vocab_topk's one [V] bias); with `--lowering trie_topk=torch` a decode step instead takes
+each beam's top K over its node's allowed tokens only, their log-probs gathered (ops/trie_topk.py:
+no [B, V] mask or top K). Finish returns a fifth
 output, item_ids [R*W] int64; slots with no hypothesis (fewer than W items reachable) come back
 as token ids -1, score -inf, item -1. The trie is the stages' input (TRIE tensors, after the
 packed inputs; finish's first), so that a compiled artifact takes its catalogue when served;
@@ -260,9 +262,11 @@ class BeamProgram(nn.Module):
         run_seq [R*W, N] -> (logp [R*W, K] FP32, ids [R*W, K] int64). The log-probs are the
         unmasked model's (log-softmax over the whole vocabulary), -inf on disallowed tokens: HF's
         scores under prefix_allowed_tokens_fn. Ranked by those FP32 log-probs (as HF ranks)."""
+        nodes, barred = self.constraint.nodes(trie, run_seq), self._barred(step + 1, logits)
+        if self.model.ops.trie_topk is not None:  # over each beam's allowed tokens only (ops/trie_topk.py)
+            return self.constraint.topk(self.model.ops.trie_topk, trie, nodes, logits, barred, self.keep)
         logp = torch.log_softmax(logits.to(torch.float32), dim=-1)
-        self.constraint.mask(self.model.ops.trie_mask, trie, self.constraint.nodes(trie, run_seq), logp)
-        barred = self._barred(step + 1, logits)
+        self.constraint.mask(self.model.ops.trie_mask, trie, nodes, logp)
         if barred is not None:
             logp = logp + barred
         return torch.topk(logp, self.keep, dim=-1)

@@ -1,12 +1,15 @@
 """A catalogue as a constraint on beam search: each beam's trie node, its allowed tokens, its item.
 
-The beam program (programs/beam.py) asks three things of it, all tensor code over the trie's
+The beam program (programs/beam.py) asks these of it, all tensor code over the trie's
 arrays (a `Trie` of artifact/tensors.py: text/catalogue_search.py makes them from a catalogue):
 
     nodes(trie, seq [B, N] int64, -1 after the end) -> [B] int64   the node each beam's tokens lead to
                                                                    (-1: not a prefix of an allowed item)
     mask(trie_mask, trie, nodes [B], logp, root)    logp [B, V] FP32 in place: -inf on the tokens
                                                                    the nodes bar (ops/trie_mask.py, as lowered)
+    topk(trie_topk, trie, nodes, logits, bias, k)   -> logp, ids [B, k]: instead of mask + top K over
+                                                                   V, a decode step's top k over the allowed
+                                                                   tokens alone (ops/trie_topk.py, fused)
     items(trie, seq [B, N])                         -> [B] int64   the item a finished sequence names, -1 if none
 
 Where the trie comes from: built from a catalogue (`CatalogueConstraint(cat, ...)`: the eager
@@ -98,6 +101,14 @@ class CatalogueConstraint(nn.Module):
         which takes the program's trie arrays as they are (one length M)."""
         degree = self.root_degree if root else max(self.max_degree, 1)
         trie_mask(logp, nodes, trie.row_ptr, trie.child_token, trie.reach, trie.ends, self.stop_token_ids[:1], degree)
+
+    def topk(self, trie_topk: Callable, trie: Trie, nodes: torch.Tensor, logits: torch.Tensor,
+             bias: torch.Tensor | None, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """A decode step's selection: each beam's top k tokens among those its node [B] allows,
+        with FP32 log-probs (logits [B, V]; bias [V] FP32 or None, added after the log-softmax).
+        trie_topk: the fused op as lowered (`Ops.trie_topk`, ops/trie_topk.py)."""
+        return trie_topk(logits, nodes, trie.row_ptr, trie.child_token, trie.reach, trie.ends,
+                         self.stop_token_ids[:1], bias, k, max(self.max_degree, 1))
 
     def items(self, trie: Trie, seq: torch.Tensor) -> torch.Tensor:
         """seq [B, N] (a finished sequence, -1 after its end) -> [B] int64 item id, -1 if it names none

@@ -83,7 +83,7 @@ class LocalEngine(Engine):
         batching and its wait reach the semaphore and the batcher from there."""
         self.spec, self.packer, self.runner, self.builder = spec, packer, runner, builder
         self.task = task_of(spec)
-        self.graph_shapes = 0  # CUDA graphs captured by `warmup`, per context
+        self.graph_shapes = 0  # CUDA graphs captured (warmup; a constrained engine: its first catalogue), per context
         self.contexts = contexts  # owned by the batcher's workers, one each
         self.catalogue: ServedCatalogue | None = None  # a constrained beam artifact's (set_catalogue)
         self.catalogue_max_nodes = 0  # with CUDA graphs: the trie nodes each context holds (0: no catalogue yet)
@@ -227,11 +227,12 @@ class LocalEngine(Engine):
         """One request through the whole path, then every CUDA graph captured on every context
         (nothing to capture without graphs). Call before serving: the workers are idle. A
         constrained engine without a catalogue has nothing to run yet: its graphs are captured
-        when its first catalogue is set."""
+        when its first catalogue is set, and a warmup after that captures nothing again."""
         if self.constrained and self.catalogue is None:
             return
         self._request(["warm up"], None, None)
-        self._capture(self._trie(None))
+        if not (self.constrained and self.catalogue_max_nodes):  # set_catalogue's `_fit` captured them
+            self._capture(self._trie(None))
 
     def _capture(self, trie: Trie | None) -> None:
         """Every padded shape once on every context: captured where not yet, replayed where captured."""

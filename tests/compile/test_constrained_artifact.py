@@ -162,7 +162,25 @@ def test_triton_mask_lowering_builds_calls_the_op_by_name_and_equals_the_torch_l
     manifest = json.loads((art / "manifest.json").read_text())
     assert manifest["compile"]["lowering"]["trie_mask"] == "triton" and "trie_mask" in manifest["compile"]["custom_ops"]
     assert manifest["validation"]["passed"]
-    lowered = boundgen.load(art, catalogue=constrained_build["catalogue"])
+    assert_equal_candidates(boundgen.load(art, catalogue=constrained_build["catalogue"]), compiled)
+
+
+def test_gathered_selection_builds_and_equals_the_separate_ops(compiled, tiny_qwen2_dir, constrained_build, tmp_path):
+    """--lowering trie_topk=torch: a decode step's top K over each beam's allowed tokens alone
+    (ops/trie_topk.py) exports, compiles and validates, and its candidates equal the artifact's
+    that masks the log-probs and takes the top K over the vocabulary, with and without an
+    allow-list."""
+    art = tmp_path / "cbeam_gather"
+    proc = cli("build", tiny_qwen2_dir, "--task", "beam", "--constrained", "--width", "4", "--steps", "3",
+               "--max-prompt-tokens", "32", "--max-requests", "2", "--batching", "--lowering", "trie_topk=torch",
+               "--catalogue-max-degree", "64", "--name", "cbeam", "--out", art)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    manifest = json.loads((art / "manifest.json").read_text())
+    assert manifest["compile"]["lowering"]["trie_topk"] == "torch" and manifest["validation"]["passed"]
+    assert_equal_candidates(boundgen.load(art, catalogue=constrained_build["catalogue"]), compiled)
+
+
+def assert_equal_candidates(lowered, compiled):
     for allow in (None, [11, 16]):
         for prompt in PROMPTS:
             got, want = lowered.beam(prompt, allow_items=allow), compiled.beam(prompt, allow_items=allow)

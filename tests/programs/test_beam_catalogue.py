@@ -31,12 +31,14 @@ REAL = -1.0e8  # HF scores above this are real hypotheses (its initial beams 1 .
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    """family -> (HF model, ours with the torch lowering, ours with the mask's Triton kernel)."""
+    """family -> (HF model, ours with the torch lowering, ours with the mask's Triton kernel, ours
+    with a decode step's top K over the allowed tokens alone: `--lowering trie_topk=torch`)."""
     out = {}
     for family, kw in (("qwen3", dict(tied=False, head_dim=16)), ("qwen2", dict())):
         hf = make_hf_model(family, seed=5, **kw)
         path = save(hf, tmp_path_factory.mktemp(family))
-        out[family] = (hf, load_model(path), load_model(path, ops=kernel_ops()))
+        out[family] = (hf, load_model(path), load_model(path, ops=kernel_ops()),
+                       load_model(path, ops=OpLowering(trie_topk="torch").resolve()))
     return out
 
 
@@ -66,10 +68,15 @@ def allowed_fn(cat: Catalogue, stops, allow_items=None):
     return fn
 
 
-def run_both(models, family, cat, width, steps, stops=(), allow_items=None, seed=0, kernel=False, **kw):
-    """Our program (kernel: with the mask's Triton kernel) and HF generate on one random prompt."""
-    hf, model, kernel_model = models[family]
-    model = kernel_model if kernel else model
+VARIANTS = ("torch", "kernel", "gather")  # the models fixture's programs, after HF's
+SELECTIONS = ("torch", "gather")  # the parity tests': mask and top K over V, or the gathered top K
+
+
+def run_both(models, family, cat, width, steps, stops=(), allow_items=None, seed=0, variant="torch", **kw):
+    """Our program (variant: the torch lowering, the mask's Triton kernel, or the gathered top K)
+    and HF generate on one random prompt."""
+    hf, *ours_models = models[family]
+    model = ours_models[VARIANTS.index(variant)]
     prompt = torch.randint(0, 512, (PROMPT_LEN,), generator=torch.Generator().manual_seed(seed))
     constraint = CatalogueConstraint(cat, model.cfg.vocab_size, steps, stops, allow_items)
     prog = BeamProgram(model, width, steps, stop_token_ids=list(stops), constraint=constraint, **kw)
@@ -129,30 +136,33 @@ ALPHABET = [t for t in range(512) if t != STOP]
 
 @pytest.mark.parametrize("family", ["qwen3", "qwen2"])
 @pytest.mark.parametrize("width", [2, 8])
-def test_one_token_codes(models, family, width):
+@pytest.mark.parametrize("variant", SELECTIONS)
+def test_one_token_codes(models, family, width, variant):
     rng = random.Random(width)
     codes = random_codes(rng, 40, [1], ALPHABET)
     cat = Catalogue.from_sequences(range(100, 140), codes)
-    ours, theirs = run_both(models, family, cat, width, 1, seed=width)
+    ours, theirs = run_both(models, family, cat, width, 1, variant=variant, seed=width)
     items, real = check_parity(cat, ours, theirs)
     assert real == width and len(set(items)) == width
 
 
 @pytest.mark.parametrize("family", ["qwen3", "qwen2"])
 @pytest.mark.parametrize("width, steps", [(4, 2), (8, 3), (16, 4)])
-def test_multi_token_codes_with_shared_prefixes(models, family, width, steps):
+@pytest.mark.parametrize("variant", SELECTIONS)
+def test_multi_token_codes_with_shared_prefixes(models, family, width, steps, variant):
     rng = random.Random(steps)
     # Few first tokens and a small alphabet: most codes share a prefix with others.
     codes = random_codes(rng, 30, [steps], ALPHABET[:12], first=[40, 41, 42])
     cat = Catalogue.from_sequences(range(len(codes)), codes)
-    ours, theirs = run_both(models, family, cat, width, steps, seed=steps)
+    ours, theirs = run_both(models, family, cat, width, steps, variant=variant, seed=steps)
     items, real = check_parity(cat, ours, theirs)
     assert real == width and len(set(items)) == width
 
 
 @pytest.mark.parametrize("family", ["qwen3", "qwen2"])
 @pytest.mark.parametrize("width", [4, 12])
-def test_codes_of_several_lengths_end_with_a_stop_token(models, family, width):
+@pytest.mark.parametrize("variant", SELECTIONS)
+def test_codes_of_several_lengths_end_with_a_stop_token(models, family, width, variant):
     """Items of 1-3 tokens, some a prefix of others, N = 3: a shorter item ends with the stop token."""
     rng = random.Random(width)
     codes = random_codes(rng, 60, [1, 2, 3], ALPHABET[:8])
@@ -161,7 +171,7 @@ def test_codes_of_several_lengths_end_with_a_stop_token(models, family, width):
     cat = Catalogue.from_sequences(range(len(codes)), codes)
     seen_stop = 0
     for seed in range(3):
-        ours, theirs = run_both(models, family, cat, width, 3, stops=(STOP,), seed=seed)
+        ours, theirs = run_both(models, family, cat, width, 3, stops=(STOP,), variant=variant, seed=seed)
         items, real = check_parity(cat, ours, theirs, stops=(STOP,))
         assert real == width and len(set(items)) == width
         seen_stop += int(ours[2].sum())
@@ -170,55 +180,61 @@ def test_codes_of_several_lengths_end_with_a_stop_token(models, family, width):
 
 @pytest.mark.parametrize("family", ["qwen3", "qwen2"])
 @pytest.mark.parametrize("steps", [1, 2, 3])
-def test_catalogue_smaller_than_the_width(models, family, steps):
+@pytest.mark.parametrize("variant", SELECTIONS)
+def test_catalogue_smaller_than_the_width(models, family, steps, variant):
     codes = [[30 + i] * steps for i in range(3)]
     cat = Catalogue.from_sequences([7, 8, 9], codes)
-    ours, theirs = run_both(models, family, cat, 8, steps, seed=steps)
+    ours, theirs = run_both(models, family, cat, 8, steps, variant=variant, seed=steps)
     items, real = check_parity(cat, ours, theirs)
     assert real == 3 and sorted(items) == [7, 8, 9]
 
 
 @pytest.mark.parametrize("family", ["qwen3", "qwen2"])
-def test_allow_list_empties_a_branch(models, family):
+@pytest.mark.parametrize("variant", SELECTIONS)
+def test_allow_list_empties_a_branch(models, family, variant):
     """Items under first tokens 50 and 51; the allow-list keeps two items under 50: nothing of 51's
     branch (which the model may prefer) is generated, and only allowed items come back."""
     codes = [[50, 60], [50, 61], [50, 62], [51, 60], [51, 61], [51, 63], [52, 64]]
     cat = Catalogue.from_sequences(range(10, 17), codes)
     for allow in ([10, 12], [13], [16, 11]):
-        ours, theirs = run_both(models, family, cat, 4, 2, allow_items=allow, seed=len(allow))
+        ours, theirs = run_both(models, family, cat, 4, 2, allow_items=allow, variant=variant, seed=len(allow))
         items, real = check_parity(cat, ours, theirs, allow_items=allow)
         assert sorted(items) == sorted(allow) and real == len(allow)
 
 
-def test_allow_list_with_stop_tokens(models):
+@pytest.mark.parametrize("variant", SELECTIONS)
+def test_allow_list_with_stop_tokens(models, variant):
     """An item that is a prefix of another, left out of the allow-list: its node lets the beam on
     but not end there."""
     codes = [[70], [70, 71], [70, 72], [73]]
     cat = Catalogue.from_sequences([1, 2, 3, 4], codes)
-    ours, theirs = run_both(models, "qwen3", cat, 4, 2, stops=(STOP,), allow_items=[2, 3, 4], seed=1)
+    ours, theirs = run_both(models, "qwen3", cat, 4, 2, stops=(STOP,), allow_items=[2, 3, 4], variant=variant,
+                            seed=1)
     items, real = check_parity(cat, ours, theirs, stops=(STOP,), allow_items=[2, 3, 4])
     assert sorted(items) == [2, 3, 4]
 
 
-def test_several_stop_tokens_end_an_item_once(models):
+@pytest.mark.parametrize("variant", SELECTIONS)
+def test_several_stop_tokens_end_an_item_once(models, variant):
     codes = [[70], [70, 71], [72, 73], [74]]
     cat = Catalogue.from_sequences([1, 2, 3, 4], codes)
-    ours, theirs = run_both(models, "qwen3", cat, 4, 3, stops=(STOP, 4), seed=3)
+    ours, theirs = run_both(models, "qwen3", cat, 4, 3, stops=(STOP, 4), variant=variant, seed=3)
     items, real = check_parity(cat, ours, theirs, stops=(STOP, 4))
     assert sorted(items) == [1, 2, 3, 4]
 
 
-def test_min_new_tokens_bars_a_short_item_from_ending(models):
+@pytest.mark.parametrize("variant", SELECTIONS)
+def test_min_new_tokens_bars_a_short_item_from_ending(models, variant):
     codes = [[70], [70, 71], [72, 73]]
     cat = Catalogue.from_sequences([1, 2, 3], codes)
-    ours, theirs = run_both(models, "qwen3", cat, 4, 2, stops=(STOP,), seed=2, min_new_tokens=2)
+    ours, theirs = run_both(models, "qwen3", cat, 4, 2, stops=(STOP,), variant=variant, seed=2, min_new_tokens=2)
     items, _ = check_parity(cat, ours, theirs, stops=(STOP,))
     assert sorted(items) == [2, 3]
 
 
 def test_unconstrained_program_is_unchanged(models):
     """No constraint: the program is the plain search (no item output)."""
-    _, model, _ = models["qwen3"]
+    _, model, *_ = models["qwen3"]
     prog = BeamProgram(model, 4, 2)
     prompt = torch.arange(5)
     with torch.no_grad():
@@ -252,7 +268,7 @@ def test_triton_mask_lowering_matches_hf_and_the_torch_lowering(models, family):
     codes = [list(c) for c in dict.fromkeys(map(tuple, codes + [[40], [40, 1], [40, 1, 2]]))]
     cat = Catalogue.from_sequences(range(len(codes)), codes)
     for allow in (None, list(range(0, len(codes), 3))):
-        ours, theirs = run_both(models, family, cat, 6, 3, stops=(STOP,), allow_items=allow, seed=4, kernel=True)
+        ours, theirs = run_both(models, family, cat, 6, 3, stops=(STOP,), allow_items=allow, seed=4, variant="kernel")
         check_parity(cat, ours, theirs, stops=(STOP,), allow_items=allow)
         torch_lowering, _ = run_both(models, family, cat, 6, 3, stops=(STOP,), allow_items=allow, seed=4)
         for got, want in zip(ours, torch_lowering):
