@@ -43,7 +43,9 @@
 #                 the others on the cores they leave, one per name in CONSTRAINED_VARIANTS ("torch triton"):
 #                 $BEAM_DEFAULT + --constrained with --lowering trie_mask=torch ($WORK/art/cbeam_torch), =triton
 #                 (cbeam_triton), or trie_topk=torch (cbeam_gather: the decode steps' top K over each beam's
-#                 allowed tokens alone, ops/trie_topk.py), with its --cuda-graphs (the graphs read the
+#                 allowed tokens alone, ops/trie_topk.py), or gather64 (the same over D = 64 children a node,
+#                 not the build's 4,096: the random catalogues' nodes below the root have fewer), with
+#                 its --cuda-graphs (the graphs read the
 #                 trie from each context's buffers, sized by the catalogue: docs/build.md) and with
 #                 --min-new-tokens 0 (BEAM_ARGS' 5 would bar the stop token that ends a 4-token code at step 5:
 #                 no item could come back). After the builds, the harness on each (c=1, W2 prompts, the whole
@@ -72,7 +74,8 @@ fi
 export PYTHONUNBUFFERED=1 TRITON_INTERPRET=0
 # The constrained artifacts by name (CONSTRAINED_VARIANTS): the lowering flags each adds to $BEAM_DEFAULT
 declare -A CVARIANT=([torch]="--lowering trie_mask=torch" [triton]="--lowering trie_mask=triton"
-                     [gather]="--lowering trie_topk=torch")
+                     [gather]="--lowering trie_topk=torch"
+                     [gather64]="--lowering trie_topk=torch --catalogue-max-degree 64")
 CONSTRAINED_VARIANTS="${CONSTRAINED_VARIANTS:-torch triton}"
 CONSTRAINED_SERVED_VARIANTS="${CONSTRAINED_SERVED_VARIANTS:-$CONSTRAINED_VARIANTS}"
 for variant in $CONSTRAINED_VARIANTS; do

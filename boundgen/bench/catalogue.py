@@ -12,13 +12,23 @@ construction on the host and its copy to the device, and its buffers' bytes.
 A step at B beams over the vocabulary V (Qwen's 151,936), the beams at the nodes of B random
 items' first s tokens (s = 1 .. code_length; s = 0 is the prompt's step: R = ceil(B / 100)
 requests at the root, D the root's degree):
-- "walk": CatalogueConstraint.nodes over the N token columns (one searchsorted a column);
+- "walk": CatalogueConstraint.nodes over the N token columns (one searchsorted a column), eager
+  and (on CUDA) compiled by Inductor;
 - the mask (ops/trie_mask.py): "torch bias" (the reference), "triton bias", each then added to
   FP32 log-probs [B, V] as programs/beam.py does ("+ add"), and the in-place forms on those
   log-probs ("torch in place", "triton in place", and the latter at the launch configs of
   BLOCK_SWEEP, to choose its default); "torch allowed list + gather": the allowed tokens as a
   [B, D + S] list (trie_mask.allowed_tokens) and their log-probs gathered, what a selection over
   the allowed tokens alone would read instead of a [B, V] mask;
+- the decode step's selection (the top K = 2W candidates of each beam, FP32 log-probs) with the
+  constraint and without, at the same beams and logits (bf16 [B, V], as the LM head gives them):
+  "plain, vocab_topk chunks" (the unconstrained program's selection, the peer), "mask + topk
+  over V" (the constrained program's default, `trie_topk=separate`: FP32 log-softmax, the
+  in-place torch mask, torch.topk over the row), and ops/trie_topk.py's gathered top K, eager and
+  compiled by Inductor as a build compiles it ("compiled"), at D the catalogue's degree and at
+  `--degree-bound` (a build's --catalogue-max-degree, 4096 by default: the program's D for trie
+  inputs). The constraint's cost a step is a constrained row's time less the plain one's, plus
+  the walk;
 - a request's allow-list of `allow` item ids (ops/trie_reach.py): "reach from ids" (the device
   walk up from the allowed leaves), "reach from bitmap" (per level from ends), and the host's
   numpy `Catalogue.reachable` for scale.
@@ -52,7 +62,7 @@ import numpy as np
 import torch
 
 from boundgen.bench.kernel_timing import HBM_PEAK_BYTES_PER_S, gpu_time_us
-from boundgen.ops import trie_mask, trie_reach
+from boundgen.ops import trie_mask, trie_reach, trie_topk, vocab_topk
 from boundgen.programs.constraint import CatalogueConstraint
 from boundgen.text import catalogue_search
 from boundgen.text.catalogue import Catalogue
@@ -165,7 +175,7 @@ def beam_nodes(codes: np.ndarray, constraint: CatalogueConstraint, beams: int, s
 
 
 def bench_steps(codes: np.ndarray, constraint: CatalogueConstraint, beams: int, vocab: int, device: torch.device,
-                repeats: int, left_out: dict, seed: int = 0) -> list[StepTiming]:
+                repeats: int, left_out: dict, seed: int = 0, degree_bound: int = 4096) -> list[StepTiming]:
     """One catalogue at B beams: the walk, the mask at every step, in each implementation (the
     Triton ones checked equal to the reference first; `left_out` collects those that cannot run)."""
     c, items, rows = constraint, len(codes), []
@@ -203,10 +213,54 @@ def bench_steps(codes: np.ndarray, constraint: CatalogueConstraint, beams: int, 
                 lambda k=config: trie_mask.apply_launch(scores, nodes, *trie, degree, **k), row_bytes,
                 lambda k=config: in_place_equal(logp, nodes, trie, degree, **k))
         rows += timed(items, case, count, impls, device, repeats, left_out)
+        if step:
+            rows += bench_selection(items, step, nodes, trie, vocab, degree, degree_bound, device, repeats,
+                                    left_out, gen)
         if step == codes.shape[1] - 1:
-            rows += timed(items, f"walk, {seq.shape[1]} columns", beams,
-                          {"torch": (lambda s=seq: c.nodes(own, s), 0.0, None)}, device, repeats, left_out)
+            walks = {"torch": (lambda s=seq: c.nodes(own, s), 0.0, None)}
+            if device.type == "cuda":  # as a build compiles it
+                walk = torch.compile(c.nodes, dynamic=False)
+                walks["compiled"] = (lambda s=seq: walk(own, s), 0.0, None)
+            rows += timed(items, f"walk, {seq.shape[1]} columns", beams, walks, device, repeats, left_out)
     return rows
+
+
+def bench_selection(items: int, step: int, nodes: torch.Tensor, trie: tuple, vocab: int, degree: int,
+                    degree_bound: int, device: torch.device, repeats: int, left_out: dict,
+                    gen: torch.Generator) -> list[StepTiming]:
+    """A decode step's selection of K = 2W candidates a beam, plain and constrained (module docstring)."""
+    beams, k = nodes.shape[0], 2 * W
+    logits = torch.randn(beams, vocab, device=device, generator=gen).to(torch.bfloat16)
+    stops = trie[-1]
+
+    def separate():
+        logp = torch.log_softmax(logits.to(torch.float32), dim=-1)
+        trie_mask.apply_reference(logp, nodes, *trie, degree)
+        return torch.topk(logp, k, dim=-1)
+
+    compiled = torch.compile(trie_topk.reference, dynamic=False) if device.type == "cuda" else None
+    want = separate()
+    impls = {"plain, vocab_topk chunks": (lambda: vocab_topk.chunked(logits, None, k), 0.0, None),
+             "mask + topk over V": (separate, 0.0, None)}
+    for bound in dict.fromkeys((degree, max(degree_bound, degree))):
+        call = (lambda d=bound: trie_topk.reference(logits, nodes, *trie[:4], stops, None, k, d))
+        impls[f"gathered top K, D={bound}"] = (call, 0.0, lambda c=call: same_selection(c(), want))
+        if compiled is not None:
+            fast = (lambda d=bound: compiled(logits, nodes, *trie[:4], stops, None, k, d))
+            impls[f"gathered top K compiled, D={bound}"] = (fast, 0.0, lambda c=fast: same_selection(c(), want))
+    return timed(items, f"selection, step {step} (K={k})", beams, impls, device, repeats, left_out)
+
+
+def same_selection(got: tuple, want) -> bool:
+    """The gathered top K equals the separate ops' on every slot of finite log-prob (ops/trie_topk.py):
+    the same values in order and, per row, the same tokens (bf16 logits tie, and torch.topk orders
+    equal values as it likes)."""
+    finite = torch.isfinite(want.values)
+    if not (torch.equal(torch.isfinite(got[0]), finite) and torch.equal(got[0][finite], want.values[finite])):
+        return False
+    none = torch.full_like(want.indices, -1)
+    return torch.equal(torch.where(finite, got[1], none).sort(dim=1).values,
+                       torch.where(finite, want.indices, none).sort(dim=1).values)
 
 
 def gather_allowed(logp: torch.Tensor, nodes: torch.Tensor, trie: tuple, vocab: int, degree: int) -> torch.Tensor:
@@ -315,6 +369,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--code-vocab", type=int, default=32768, help="tokens a code is drawn from")
     parser.add_argument("--code-length", type=int, default=4, help="tokens a code")
     parser.add_argument("--allow", type=int, default=10000, help="items in a request's allow-list")
+    parser.add_argument("--degree-bound", type=int, default=4096,
+                        help="a build's --catalogue-max-degree: the gathered top K's D beside the catalogue's own")
     parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda where there is one)")
     parser.add_argument("--repeats", type=int, default=5, help="calls timed on the CPU (median)")
     parser.add_argument("--hbm-peak", type=float, default=HBM_PEAK_BYTES_PER_S, help="B/s, for the %% column on CUDA")
@@ -339,7 +395,8 @@ def main(argv: list[str] | None = None) -> int:
         cat, constraint, cost = build(codes, args.vocab, device)
         costs.append(cost)
         for b in beams:
-            rows += bench_steps(codes, constraint, b, args.vocab, device, args.repeats, left_out, args.seed)
+            rows += bench_steps(codes, constraint, b, args.vocab, device, args.repeats, left_out, args.seed,
+                                args.degree_bound)
         rows += bench_allow_list(cat, constraint, args.allow, device, args.repeats, left_out, args.seed)
         del cat, constraint, codes
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
