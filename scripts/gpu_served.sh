@@ -41,9 +41,10 @@
 #                 (e.g. "--items 1000000": a random catalogue of 4-token codes over 32k tokens, $WORK/catalogue,
 #                 kept while its flags stay), and constrained artifacts of the beam checkpoint built beside
 #                 the others on the cores they leave, one per name in CONSTRAINED_VARIANTS ("torch triton"):
-#                 $BEAM_DEFAULT + --constrained with --lowering trie_mask=torch ($WORK/art/cbeam_torch), =triton
-#                 (cbeam_triton), or trie_topk=torch (cbeam_gather: the decode steps' top K over each beam's
-#                 allowed tokens alone, ops/trie_topk.py), or gather64 (the same over D = 64 children a node,
+#                 $BEAM_DEFAULT + --constrained with --lowering trie_mask=torch and trie_topk=separate (the mask
+#                 and a top K over the vocabulary each step, $WORK/art/cbeam_torch), the same with trie_mask=triton
+#                 (cbeam_triton), or trie_topk=torch (cbeam_gather, the default since 2026-12-03: the decode
+#                 steps' top K over each beam's allowed tokens alone, ops/trie_topk.py), or gather64 (the same over D = 64 children a node,
 #                 not the build's 4,096: the random catalogues' nodes below the root have fewer), with
 #                 its --cuda-graphs (the graphs read the
 #                 trie from each context's buffers, sized by the catalogue: docs/build.md) and with
@@ -73,7 +74,8 @@ if [[ "${PYSPY:-0}" == 1 ]] && ! command -v py-spy > /dev/null; then
 fi
 export PYTHONUNBUFFERED=1 TRITON_INTERPRET=0
 # The constrained artifacts by name (CONSTRAINED_VARIANTS): the lowering flags each adds to $BEAM_DEFAULT
-declare -A CVARIANT=([torch]="--lowering trie_mask=torch" [triton]="--lowering trie_mask=triton"
+declare -A CVARIANT=([torch]="--lowering trie_mask=torch --lowering trie_topk=separate"
+                     [triton]="--lowering trie_mask=triton --lowering trie_topk=separate"
                      [gather]="--lowering trie_topk=torch"
                      [gather64]="--lowering trie_topk=torch --catalogue-max-degree 64")
 CONSTRAINED_VARIANTS="${CONSTRAINED_VARIANTS:-torch triton}"

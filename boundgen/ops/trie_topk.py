@@ -11,7 +11,7 @@ expansion step of a constrained beam search, without a [B, V] mask or a top K ov
     Where fewer than k tokens are allowed, the other slots hold logp -inf and token 0 (a real
     token: a beam that carries it on scores -inf, as under the mask).
 
-This is what the separate ops give (the program's default, lowering "separate": the FP32
+This is what the separate ops give (lowering "separate", the default before this op: the FP32
 log-softmax of the whole row, ops/trie_mask.py writing -inf on every token the node bars, then
 torch.topk over the row), for every slot of finite logp: the same tokens with the same values, in
 the same order up to equal values, whose order torch.topk leaves unspecified on either path.
@@ -58,6 +58,7 @@ def reference(logits: torch.Tensor, nodes: torch.Tensor, row_ptr: torch.Tensor, 
     return best.values, safe.gather(1, best.indices)
 
 
-# Lowerings by name (`OpLowering.trie_topk`): "separate" (None) is the program's own composition,
-# log-softmax, the trie_mask op in place, torch.topk over the vocabulary (programs/beam.py).
+# Lowerings by name (`OpLowering.trie_topk`): "torch", the default since its end-to-end A/B on the
+# H200 (docs/benchmarks.md); "separate" (None) is the program's own composition, log-softmax, the
+# trie_mask op in place, torch.topk over the vocabulary (programs/beam.py).
 IMPLEMENTATIONS = {"separate": None, "torch": reference}

@@ -44,9 +44,9 @@ to the tokens the trie's root allows; each decode step finds every running beam'
 its tokens, masks the FP32 log-softmax of the whole vocabulary to the tokens that node allows
 (-inf written in place, no [B, V] bias: the model's `ops.trie_mask`, ops/trie_mask.py, lowered
 as the build chooses) and takes each beam's top K of that (torch.topk: a per-beam mask does not
-fit vocab_topk's one [V] bias); with `--lowering trie_topk=torch` a decode step instead takes
-each beam's top K over its node's allowed tokens only, their log-probs gathered (ops/trie_topk.py:
-no [B, V] mask or top K). Finish returns a fifth
+fit vocab_topk's one [V] bias) where the build says `--lowering trie_topk=separate`; by default a
+decode step instead takes each beam's top K over its node's allowed tokens only, their log-probs
+gathered (ops/trie_topk.py: no [B, V] mask or top K; the same candidates). Finish returns a fifth
 output, item_ids [R*W] int64; slots with no hypothesis (fewer than W items reachable) come back
 as token ids -1, score -inf, item -1. The trie is the stages' input (TRIE tensors, after the
 packed inputs; finish's first), so that a compiled artifact takes its catalogue when served;

@@ -7,9 +7,9 @@ arrays (a `Trie` of artifact/tensors.py: text/catalogue_search.py makes them fro
                                                                    (-1: not a prefix of an allowed item)
     mask(trie_mask, trie, nodes [B], logp, root)    logp [B, V] FP32 in place: -inf on the tokens
                                                                    the nodes bar (ops/trie_mask.py, as lowered)
-    topk(trie_topk, trie, nodes, logits, bias, k)   -> logp, ids [B, k]: instead of mask + top K over
-                                                                   V, a decode step's top k over the allowed
-                                                                   tokens alone (ops/trie_topk.py, fused)
+    topk(trie_topk, trie, nodes, logits, bias, k)   -> logp, ids [B, k]: a decode step's top k over the
+                                                                   allowed tokens alone (ops/trie_topk.py, the
+                                                                   default), in place of mask + top K over V
     items(trie, seq [B, N])                         -> [B] int64   the item a finished sequence names, -1 if none
 
 Where the trie comes from: built from a catalogue (`CatalogueConstraint(cat, ...)`: the eager

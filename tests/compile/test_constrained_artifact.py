@@ -151,13 +151,14 @@ def test_cli_beam_on_the_artifact_prints_item_ids(compiled, constrained_build, t
 
 def test_triton_mask_lowering_builds_calls_the_op_by_name_and_equals_the_torch_lowering(
         compiled, tiny_qwen2_dir, constrained_build, tmp_path):
-    """--lowering trie_mask=triton: on the CPU the packages call boundgen::trie_mask by name (the
+    """--lowering trie_mask=triton, with trie_topk=separate (the mask at every step, not the root's
+    alone): on the CPU the packages call boundgen::trie_mask by name (the
     manifest records it, the loader registers it; its CPU kernel is the reference), and the
     candidates equal the torch-lowered artifact's, with and without an allow-list."""
     art = tmp_path / "cbeam_triton"
     proc = cli("build", tiny_qwen2_dir, "--task", "beam", "--constrained", "--width", "4", "--steps", "3",
                "--max-prompt-tokens", "32", "--max-requests", "2", "--batching", "--lowering", "trie_mask=triton",
-               "--name", "cbeam", "--out", art)
+               "--lowering", "trie_topk=separate", "--name", "cbeam", "--out", art)
     assert proc.returncode == 0, proc.stderr[-3000:]
     manifest = json.loads((art / "manifest.json").read_text())
     assert manifest["compile"]["lowering"]["trie_mask"] == "triton" and "trie_mask" in manifest["compile"]["custom_ops"]
@@ -165,18 +166,21 @@ def test_triton_mask_lowering_builds_calls_the_op_by_name_and_equals_the_torch_l
     assert_equal_candidates(boundgen.load(art, catalogue=constrained_build["catalogue"]), compiled)
 
 
-def test_gathered_selection_builds_and_equals_the_separate_ops(compiled, tiny_qwen2_dir, constrained_build, tmp_path):
-    """--lowering trie_topk=torch: a decode step's top K over each beam's allowed tokens alone
-    (ops/trie_topk.py) exports, compiles and validates, and its candidates equal the artifact's
-    that masks the log-probs and takes the top K over the vocabulary, with and without an
-    allow-list."""
-    art = tmp_path / "cbeam_gather"
+def test_the_separate_selection_builds_and_equals_the_gathered_one(compiled, tiny_qwen2_dir, constrained_build,
+                                                                   tmp_path):
+    """--lowering trie_topk=separate (each decode step masks the log-probs and takes the top K over
+    the vocabulary) exports, compiles and validates, and its candidates equal the default
+    artifact's (a decode step's top K over each beam's allowed tokens alone, ops/trie_topk.py), with
+    and without an allow-list; the default's manifest records its lowering."""
+    assert json.loads((constrained_build["artifact"] / "manifest.json").read_text())["compile"]["lowering"][
+        "trie_topk"] == "torch"
+    art = tmp_path / "cbeam_separate"
     proc = cli("build", tiny_qwen2_dir, "--task", "beam", "--constrained", "--width", "4", "--steps", "3",
-               "--max-prompt-tokens", "32", "--max-requests", "2", "--batching", "--lowering", "trie_topk=torch",
+               "--max-prompt-tokens", "32", "--max-requests", "2", "--batching", "--lowering", "trie_topk=separate",
                "--catalogue-max-degree", "64", "--name", "cbeam", "--out", art)
     assert proc.returncode == 0, proc.stderr[-3000:]
     manifest = json.loads((art / "manifest.json").read_text())
-    assert manifest["compile"]["lowering"]["trie_topk"] == "torch" and manifest["validation"]["passed"]
+    assert manifest["compile"]["lowering"]["trie_topk"] == "separate" and manifest["validation"]["passed"]
     assert_equal_candidates(boundgen.load(art, catalogue=constrained_build["catalogue"]), compiled)
 
 

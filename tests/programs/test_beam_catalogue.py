@@ -31,21 +31,23 @@ REAL = -1.0e8  # HF scores above this are real hypotheses (its initial beams 1 .
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    """family -> (HF model, ours with the torch lowering, ours with the mask's Triton kernel, ours
-    with a decode step's top K over the allowed tokens alone: `--lowering trie_topk=torch`)."""
+    """family -> (HF model, ours masking the log-probs with the torch lowering and taking the top K
+    over the vocabulary (`--lowering trie_topk=separate`), the same with the mask's Triton kernel,
+    ours with the default lowering: a decode step's top K over the allowed tokens alone)."""
     out = {}
     for family, kw in (("qwen3", dict(tied=False, head_dim=16)), ("qwen2", dict())):
         hf = make_hf_model(family, seed=5, **kw)
         path = save(hf, tmp_path_factory.mktemp(family))
-        out[family] = (hf, load_model(path), load_model(path, ops=kernel_ops()),
-                       load_model(path, ops=OpLowering(trie_topk="torch").resolve()))
+        out[family] = (hf, load_model(path, ops=OpLowering(trie_topk="separate").resolve()),
+                       load_model(path, ops=kernel_ops()), load_model(path))
     return out
 
 
 def kernel_ops():
-    """`--lowering trie_mask=triton`. On CPU the registered op runs its reference, so the kernel
-    itself is swapped in through its launcher (under the interpreter; conftest.py)."""
-    ops = OpLowering(trie_mask="triton").resolve()
+    """`--lowering trie_mask=triton --lowering trie_topk=separate` (the mask at every step). On CPU
+    the registered op runs its reference, so the kernel itself is swapped in through its launcher
+    (under the interpreter; conftest.py)."""
+    ops = OpLowering(trie_mask="triton", trie_topk="separate").resolve()
     assert ops.trie_mask is trie_mask.trie_mask
     return dataclasses.replace(ops, trie_mask=trie_mask.apply_launch) if INTERPRETED else ops
 
@@ -68,12 +70,12 @@ def allowed_fn(cat: Catalogue, stops, allow_items=None):
     return fn
 
 
-VARIANTS = ("torch", "kernel", "gather")  # the models fixture's programs, after HF's
-SELECTIONS = ("torch", "gather")  # the parity tests': mask and top K over V, or the gathered top K
+VARIANTS = ("mask", "kernel", "gather")  # the models fixture's programs, after HF's
+SELECTIONS = ("mask", "gather")  # the parity tests': mask and top K over V, or the gathered top K
 
 
-def run_both(models, family, cat, width, steps, stops=(), allow_items=None, seed=0, variant="torch", **kw):
-    """Our program (variant: the torch lowering, the mask's Triton kernel, or the gathered top K)
+def run_both(models, family, cat, width, steps, stops=(), allow_items=None, seed=0, variant="gather", **kw):
+    """Our program (variant: the torch mask, the mask's Triton kernel, or the gathered top K)
     and HF generate on one random prompt."""
     hf, *ours_models = models[family]
     model = ours_models[VARIANTS.index(variant)]
@@ -260,8 +262,9 @@ def test_program_checks_the_catalogue(models):
                                           "(compiled on CUDA: tests/ops/test_trie_mask.py)")
 @pytest.mark.parametrize("family", ["qwen3", "qwen2"])
 def test_triton_mask_lowering_matches_hf_and_the_torch_lowering(models, family):
-    """--lowering trie_mask=triton: the kernel masks the log-probs in place at every step (the
-    root's at step 0): the same candidates, scores and items as HF and as the torch lowering, over
+    """--lowering trie_mask=triton (with trie_topk=separate): the kernel masks the log-probs in place
+    at every step (the root's at step 0): the same candidates, scores and items as HF and as the
+    torch mask, over
     codes of several lengths with a stop token, shared prefixes and an allow-list."""
     rng = random.Random(11)
     codes = random_codes(rng, 40, [1, 2, 3], ALPHABET[:8], first=[40, 41, 42])
@@ -270,7 +273,8 @@ def test_triton_mask_lowering_matches_hf_and_the_torch_lowering(models, family):
     for allow in (None, list(range(0, len(codes), 3))):
         ours, theirs = run_both(models, family, cat, 6, 3, stops=(STOP,), allow_items=allow, seed=4, variant="kernel")
         check_parity(cat, ours, theirs, stops=(STOP,), allow_items=allow)
-        torch_lowering, _ = run_both(models, family, cat, 6, 3, stops=(STOP,), allow_items=allow, seed=4)
+        torch_lowering, _ = run_both(models, family, cat, 6, 3, stops=(STOP,), allow_items=allow, seed=4,
+                                     variant="mask")
         for got, want in zip(ours, torch_lowering):
             assert torch.equal(got, want)
 
