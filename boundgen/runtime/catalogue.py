@@ -21,8 +21,11 @@ takes them; tests/runtime/test_catalogue.py checks them equal):
 - on the device (`reach_on_device`, CUDA's way): ops/trie_reach.py from the K allowed leaves
   upwards, K x depth binary searches and two [M] fills, on a stream of the catalogue's own,
   which the request's thread waits for (only that stream's work, not the model's calls), so the
-  arrays are complete before any call reads them. The ids are checked on the host first, against
-  the sorted item ids (K binary searches): an unknown id is an error without asking the device.
+  arrays are complete before any call reads them. The ids are checked as they are derived: the
+  K ids' lookups among the item ids are the derivation's first step, and the host reads back
+  which were found ([K] bool, the one sync) before the arrays are used: an unknown id is an error
+  (the derivation ignored it). A check on the host first (a numpy searchsorted of the ids among
+  a million sorted item ids: ~4.6 ms for 10,000 ids on a 2-core VM) cost more than the derivation.
 Ids not in the catalogue, or a list that leaves nothing to generate, are InvalidInput (400).
 So is a list longer than the catalogue has items (`check_allow_count`, before any derivation, in
 O(1)): a list of distinct known ids is never longer (repeats are allowed within the bound), and a
@@ -50,8 +53,7 @@ from boundgen.text.catalogue import Catalogue, check_tokenizer
 @dataclass(frozen=True)
 class ItemIndex:
     """What deriving an allow-list on the device needs (ops/trie_reach.py), built once at load."""
-    keys: np.ndarray  # [I] int64, the item ids ascending (host: ids are checked before the device runs)
-    item_keys: torch.Tensor  # [I] int64, the same on the device
+    item_keys: torch.Tensor  # [I] int64, the item ids ascending
     item_nodes: torch.Tensor  # [I] int64, the node each item ends at
     stream: torch.cuda.Stream | None  # the derivation's own stream (None on the CPU)
 
@@ -75,9 +77,9 @@ class ServedCatalogue:
         if reach_on_device if reach_on_device is not None else device.type == "cuda":
             from boundgen.ops import trie_reach  # here: a server of plain artifacts never imports the op (Triton)
 
-            item_keys, item_nodes = trie_reach.item_index(full.node_item)  # one host sync, at load
+            item_keys, item_nodes = trie_reach.item_index(full.node_item)
             stream = torch.cuda.Stream(device) if device.type == "cuda" else None
-            index = ItemIndex(item_keys.cpu().numpy(), item_keys, item_nodes, stream)
+            index = ItemIndex(item_keys, item_nodes, stream)
         return cls(path, cat.metadata(), cat, full, index)
 
     @property
@@ -106,20 +108,19 @@ class ServedCatalogue:
     def _on_device(self, ids: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         from boundgen.ops import trie_reach  # imported by on_device already: a dictionary lookup
 
-        index = self.index
-        at = np.searchsorted(index.keys, ids).clip(max=len(index.keys) - 1)
-        unknown = np.unique(ids[index.keys[at] != ids])
-        if unknown.size:  # the host path's words (Catalogue.reachable)
-            raise InvalidInput(f"ALLOW_ITEMS: allowed items {unknown[:5].tolist()} are not in the catalogue")
-        if not ids.size:  # every id known: the root reaches an allowed item unless there is none
+        if not ids.size:  # the root reaches an allowed item unless there is none
             raise InvalidInput("ALLOW_ITEMS: the allow-list leaves no item of the catalogue to generate")
+        index = self.index
         device = self.full.reach.device
         scope = torch.cuda.stream(index.stream) if index.stream is not None else contextlib.nullcontext()
         with scope:
-            ends, reach, _ = trie_reach.reach_from_allowed(torch.from_numpy(ids).to(device), index.item_keys,
-                                                           index.item_nodes, self.full.row_ptr, self.catalogue.depth)
-        if index.stream is not None:
-            index.stream.synchronize()  # complete before a call on another stream reads them
+            ends, reach, known = trie_reach.reach_from_allowed(torch.from_numpy(ids).to(device), index.item_keys,
+                                                               index.item_nodes, self.full.row_ptr,
+                                                               self.catalogue.depth)
+            known = known.cpu()  # waits for this stream's work: complete before a call on another reads them
+        if not bool(known.all()):  # the host path's words (Catalogue.reachable)
+            unknown = np.unique(ids[~known.numpy()])
+            raise InvalidInput(f"ALLOW_ITEMS: allowed items {unknown[:5].tolist()} are not in the catalogue")
         return reach, ends
 
 

@@ -103,6 +103,9 @@ def test_gpu_device_path_equals_host_path():
     assert dev.index is not None and dev.index.stream is not None
     allow = rng.choice(len(codes), size=10_000, replace=False).tolist()
     assert_same_trie(dev.trie(allow), host.trie(allow))
+    for served in (dev, host):  # an unknown id, found as the device derives the list: the same words
+        with pytest.raises(InvalidInput, match=r"allowed items \[999999999\] are not in the catalogue"):
+            served.trie(allow[:5] + [999_999_999])
 
 
 # CUDA graphs: a constrained beam program replays them too (runtime/local_engine.py
