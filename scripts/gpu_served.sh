@@ -54,7 +54,8 @@
 #                 the beam artifact where there is one, with and without its CUDA graphs): constrained_torch.md,
 #                 constrained_triton.md, constrained_gather.md. CONSTRAINED_S (420) the builds' limit: validation runs every beam case
 #                 twice.
-#                 CONSTRAINED_BENCH=0 leaves that harness out (builds and catalogue only, e.g. for the served lane).
+#                 CONSTRAINED_BENCH=0 leaves that harness out (builds and catalogue only, e.g. for the served lane);
+#                 CONSTRAINED_BENCH_VARIANTS runs it on those of the built variants alone.
 #   CONSTRAINED_SERVED=1  with CONSTRAINED: the constrained artifacts of CONSTRAINED_SERVED_VARIANTS (those built)
 #                 also served with the catalogue (served_cbeam_NAME, W2 over gRPC, the beam sweep), beside the plain beam lane and like it
 #                 through FRONTENDS front-end processes (the engine process holds the catalogue), so the
@@ -191,7 +192,7 @@ log "after the builds: load average $(cut -d' ' -f1-3 /proc/loadavg)"
 ps -eo pid,ppid,pcpu,rss,etimes,args --sort=-pcpu 2>/dev/null | head -20 > "$RES/ps_after_builds.txt"
 if [[ -n "${CONSTRAINED:-}" && "${CONSTRAINED_BENCH:-1}" == 1 && -f "$WORK/catalogue/flags" ]]; then  # each, beside the plain one
   plain=(); [[ -f "$WORK/art/beam/manifest.json" ]] && plain=(--plain "$WORK/art/beam")
-  for variant in $CONSTRAINED_VARIANTS; do
+  for variant in ${CONSTRAINED_BENCH_VARIANTS:-$CONSTRAINED_VARIANTS}; do
     [[ -f "$WORK/art/cbeam_$variant/manifest.json" ]] || { log "no artifact $WORK/art/cbeam_$variant"; continue; }
     cp "$WORK/art/cbeam_$variant/manifest.json" "$RES/manifest_cbeam_$variant.json"
     step 360 "constrained_$variant" "$BENCH_CORES" python3 -m boundgen.bench.constrained "$WORK/art/cbeam_$variant" \
