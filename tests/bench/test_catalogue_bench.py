@@ -23,6 +23,12 @@ def test_runs_end_to_end_on_cpu(capsys):
         assert [line.split(" | ")[3] for line in case] == IMPLS + sweep and all(f"| {rows} |" in line for line in case)
         checked = [line for line in case if line.split(" | ")[3] in ["triton bias", "triton in place"] + sweep]
         assert len(checked) == 2 + len(sweep) and all(line.endswith("| yes |") for line in checked)
+    for step in (1, 2):  # a decode step's selection: the plain one, the mask's, the gathered top K's
+        case = [line for line in lines if f"| selection, step {step} (K=200) | 2 |" in line]
+        names = [line.split(" | ")[3] for line in case]
+        assert names[:2] == ["plain, vocab_topk chunks", "mask + topk over V"] and len(names) == 4
+        assert names[2].startswith("gathered top K, D=") and names[3] == "gathered top K, D=4096"
+        assert all(line.endswith("| yes |") for line in case[2:])
     assert sum("| walk, 3 columns | 2 | torch |" in line for line in lines) == 1
     reach = [line for line in lines if "allow-list of 50 items" in line]
     assert [line.split(" | ")[3] for line in reach] == ["reach from ids", "reach from bitmap",
