@@ -12,7 +12,7 @@ import torch
 from boundgen.artifact.manifest import RuntimeConfig
 from boundgen.artifact.program import BeamSpec
 from boundgen.errors import InvalidInput
-from boundgen.runtime.catalogue import ServedCatalogue
+from boundgen.runtime.catalogue import ServedCatalogue, degree_hint
 from boundgen.runtime.local_engine import settings_in_effect
 from boundgen.text.catalogue import Catalogue
 
@@ -130,3 +130,14 @@ def test_requests_bring_their_own_reach_and_ends():
             assert getattr(first, name) is getattr(served.full, name) is getattr(second, name)
         assert len({t.reach.data_ptr() for t in (served.full, first, second)}) == 3
         assert len({t.ends.data_ptr() for t in (served.full, first, second)}) == 3
+
+
+def test_a_far_larger_degree_bound_gets_a_hint():
+    """The bound is each decode step's width (ops/trie_topk.py): a catalogue of few children a node
+    under a large bound gets a word naming the flag and a size; one near the bound gets none."""
+    cat = Catalogue.from_sequences(range(4), [[3, 5], [3, 6], [4, 5], [4, 7]])  # 2 children below the root
+    hint = degree_hint(cat, 4096)
+    assert "at most 2 children" in hint and "--catalogue-max-degree 64 " in hint
+    assert degree_hint(cat, 512) is None
+    wide = Catalogue.from_sequences(range(300), [[1, t] for t in range(300)])
+    assert degree_hint(wide, 4096) is None and "--catalogue-max-degree 512 " in degree_hint(wide, 8192)
