@@ -40,26 +40,28 @@
 #   CONSTRAINED   constrained beam (issue 32): flags of `python -m boundgen.bench.constrained --make-catalogue`
 #                 (e.g. "--items 1000000": a random catalogue of 4-token codes over 32k tokens, $WORK/catalogue,
 #                 kept while its flags stay), and constrained artifacts of the beam checkpoint built beside
-#                 the others on the cores they leave, one per name in CONSTRAINED_VARIANTS ("torch triton"):
-#                 $BEAM_DEFAULT + --constrained with --lowering trie_mask=torch and trie_topk=separate (the mask
-#                 and a top K over the vocabulary each step, $WORK/art/cbeam_torch), the same with trie_mask=triton
-#                 (cbeam_triton), or trie_topk=torch (cbeam_gather, the default since 2026-12-03: the decode
-#                 steps' top K over each beam's allowed tokens alone, ops/trie_topk.py), or gather64 (the same over D = 64 children a node,
-#                 not the build's 4,096: the random catalogues' nodes below the root have fewer), with
-#                 its --cuda-graphs (the graphs read the
-#                 trie from each context's buffers, sized by the catalogue: docs/build.md) and with
-#                 --min-new-tokens 0 (BEAM_ARGS' 5 would bar the stop token that ends a 4-token code at step 5:
-#                 no item could come back). After the builds, the harness on each (c=1, W2 prompts, the whole
-#                 catalogue and a 10k-item allow-list, with the artifact's CUDA graphs and without them; --plain
-#                 the beam artifact where there is one, with and without its CUDA graphs): constrained_torch.md,
-#                 constrained_triton.md, constrained_gather.md. CONSTRAINED_S (420) the builds' limit: validation runs every beam case
-#                 twice.
-#                 CONSTRAINED_BENCH=0 leaves that harness out (builds and catalogue only, e.g. for the served lane);
-#                 CONSTRAINED_BENCH_VARIANTS runs it on those of the built variants alone.
-#   CONSTRAINED_SERVED=1  with CONSTRAINED: the constrained artifacts of CONSTRAINED_SERVED_VARIANTS (those built)
-#                 also served with the catalogue (served_cbeam_NAME, W2 over gRPC, the beam sweep), beside the plain beam lane and like it
-#                 through FRONTENDS front-end processes (the engine process holds the catalogue), so the
-#                 plain lane is its peer; FRONTENDS_AB=1 adds the plain lane in one process.
+#                 the others on the cores they leave, one per name in CONSTRAINED_VARIANTS ("torch triton"),
+#                 each $BEAM_DEFAULT + --constrained and:
+#                   torch     --lowering trie_mask=torch --lowering trie_topk=separate: each step masks the
+#                             log-probs and takes a top K over the vocabulary ($WORK/art/cbeam_torch)
+#                   triton    the same with trie_mask=triton (cbeam_triton)
+#                   gather    --lowering trie_topk=torch, the default since 2026-12-03: a decode step's top K
+#                             over each beam's allowed tokens alone, ops/trie_topk.py (cbeam_gather)
+#                   gather64  the same with --catalogue-max-degree 64 (the random catalogues' nodes below
+#                             the root have fewer children than the default bound, 4,096)
+#                 all with their --cuda-graphs (the graphs read the trie from each context's buffers, sized by
+#                 the catalogue: docs/build.md) and --min-new-tokens 0 (BEAM_ARGS' 5 would bar the stop token
+#                 that ends a 4-token code at step 5: no item could come back). After the builds, the harness
+#                 on each (c=1, W2 prompts, the whole catalogue and a 10k-item allow-list, with the artifact's
+#                 CUDA graphs and without them; --plain the beam artifact where there is one, with and without
+#                 its CUDA graphs): constrained_NAME.md. CONSTRAINED_S (420) the builds' limit: validation
+#                 runs every beam case twice. CONSTRAINED_BENCH=0 leaves that harness out (builds and
+#                 catalogue only, e.g. for the served lane); CONSTRAINED_BENCH_VARIANTS runs it on some of them.
+#   CONSTRAINED_SERVED=1  with CONSTRAINED: the constrained artifacts of CONSTRAINED_SERVED_VARIANTS (default:
+#                 CONSTRAINED_VARIANTS; those built) also served with the catalogue (served_cbeam_NAME, W2 over
+#                 gRPC, the beam sweep), beside the plain beam lane and like it through FRONTENDS front-end
+#                 processes (the engine process holds the catalogue), so the plain lane is its peer;
+#                 FRONTENDS_AB=1 adds the plain lane in one process.
 #   REPORT=1      per artifact: `python -m boundgen.compile.report` (build seconds, size, load, first and
 #                 warm call, validation) in a fresh process, and the C++ wrapper of each package (which
 #                 kernels and copies a call launches) under $RES/wrapper_ART/.
@@ -82,7 +84,8 @@ declare -A CVARIANT=([torch]="--lowering trie_mask=torch --lowering trie_topk=se
 CONSTRAINED_VARIANTS="${CONSTRAINED_VARIANTS:-torch triton}"
 CONSTRAINED_SERVED_VARIANTS="${CONSTRAINED_SERVED_VARIANTS:-$CONSTRAINED_VARIANTS}"
 for variant in $CONSTRAINED_VARIANTS; do
-  [[ -n "${CVARIANT[$variant]:-}" ]] || { echo "CONSTRAINED_VARIANTS: no variant $variant (${!CVARIANT[*]})" >&2; exit 2; }
+  [[ -n "${CVARIANT[$variant]:-}" ]] \
+    || { echo "CONSTRAINED_VARIANTS: no variant $variant (${!CVARIANT[*]})" >&2; exit 2; }
 done
 source "$root/scripts/gpu_env.sh"
 [[ -f "$root/.gpu/COMMIT" ]] && cp "$root/.gpu/COMMIT" "$root/COMMIT"
@@ -325,7 +328,8 @@ for lane in ${lanes[@]+"${lanes[@]}"}; do
     served "served_gpus_${g}_$tag" "$art" "$md" "$group" 1 "$sweep" "--gpus $g"
   done
 done
-# CONSTRAINED_SERVED=1: the constrained artifacts of CONSTRAINED_SERVED_VARIANTS served with the catalogue, W2 over gRPC, swept as
+# CONSTRAINED_SERVED=1: the constrained artifacts of CONSTRAINED_SERVED_VARIANTS served with the catalogue, W2 over
+# gRPC, swept as
 # the plain beam lane is and through as many front ends: what the constraint costs at the capacity point,
 # not only at c=1
 for variant in ${CONSTRAINED_SERVED_VARIANTS:-}; do

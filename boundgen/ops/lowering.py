@@ -27,7 +27,7 @@ class OpLowering:
     silu_mul: str = "torch"
     vocab_topk: str = "torch"
     trie_mask: str = "torch"  # constrained beam search: a catalogue's mask, in place on the log-probs
-    trie_topk: str = "torch"  # a constrained decode step's top K over each beam's allowed tokens ("separate": mask, top K)
+    trie_topk: str = "torch"  # a constrained decode step's top K over its allowed tokens ("separate": mask, top K)
     qk_norm_rope: str = "separate"  # no fused op: the model applies rmsnorm, then rope
     add_rmsnorm: str = "separate"  # no fused op: the model adds the residual, then applies rmsnorm
     rope_kv_write: str = "separate"  # no fused op: a decode step applies rope, then writes K/V with index_copy_
