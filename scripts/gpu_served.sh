@@ -49,6 +49,10 @@
 #                             over each beam's allowed tokens alone, ops/trie_topk.py (cbeam_gather)
 #                   gather64  the same with --catalogue-max-degree 64 (the random catalogues' nodes below
 #                             the root have fewer children than the default bound, 4,096)
+#                   gather32k, triton32k  the gathered top K, and the Triton mask with a top K over the
+#                             vocabulary, at --catalogue-max-degree 32768: for title-like catalogues
+#                             (CONSTRAINED="--items 1000000 --titles --code-vocab 151643 --code-length 5"),
+#                             whose widest nodes below the root have tens of thousands of children
 #                 all with their --cuda-graphs (the graphs read the trie from each context's buffers, sized by
 #                 the catalogue: docs/build.md) and --min-new-tokens 0 (BEAM_ARGS' 5 would bar the stop token
 #                 that ends a 4-token code at step 5: no item could come back). After the builds, the harness
@@ -80,7 +84,9 @@ export PYTHONUNBUFFERED=1 TRITON_INTERPRET=0
 declare -A CVARIANT=([torch]="--lowering trie_mask=torch --lowering trie_topk=separate"
                      [triton]="--lowering trie_mask=triton --lowering trie_topk=separate"
                      [gather]="--lowering trie_topk=torch"
-                     [gather64]="--lowering trie_topk=torch --catalogue-max-degree 64")
+                     [gather64]="--lowering trie_topk=torch --catalogue-max-degree 64"
+                     [gather32k]="--lowering trie_topk=torch --catalogue-max-degree 32768"
+                     [triton32k]="--lowering trie_mask=triton --lowering trie_topk=separate --catalogue-max-degree 32768")
 CONSTRAINED_VARIANTS="${CONSTRAINED_VARIANTS:-torch triton}"
 CONSTRAINED_SERVED_VARIANTS="${CONSTRAINED_SERVED_VARIANTS:-$CONSTRAINED_VARIANTS}"
 for variant in $CONSTRAINED_VARIANTS; do

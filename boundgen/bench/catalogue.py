@@ -115,6 +115,39 @@ def random_codes(items: int, code_length: int, code_vocab: int, seed: int = 0) -
     return codes[rng.permutation(len(codes))]
 
 
+def title_codes(items: int, max_length: int, vocab: int, seed: int = 0, zipf: float = 1.2,
+                short: float = 0.1) -> list[list[int]]:
+    """`items` distinct token sequences shaped like titles cut to `max_length` tokens, for a
+    catalogue over a real vocabulary (token ids below `vocab`): each position's token drawn from a
+    Zipf(`zipf`) law over its own random order of the vocabulary (a few common first words, a long
+    tail), so that some nodes have thousands of children where random codes have tens; a share
+    `short` of the items shorter (1 .. max_length - 1 tokens: short titles, ended by a stop token)."""
+    if max_length < 1 or vocab < 2:
+        raise ValueError(f"titles need max_length >= 1 and a vocabulary of 2 tokens or more; got {max_length}, {vocab}")
+    rng = np.random.default_rng(seed)
+    orders = [rng.permutation(vocab) for _ in range(max_length)]
+    seen: set[tuple] = set()
+    out: list[list[int]] = []
+    tries = 0
+    while len(out) < items:
+        tries += 1
+        if tries > 50:
+            raise ValueError(f"could not draw {items} distinct titles of <= {max_length} tokens over {vocab} tokens")
+        batch = 2 * (items - len(out)) + 64
+        ranks = rng.zipf(zipf, size=(batch, max_length))
+        ranks = np.where(ranks <= vocab, ranks, rng.integers(1, vocab + 1, size=ranks.shape)) - 1
+        tokens = np.stack([orders[i][ranks[:, i]] for i in range(max_length)], axis=1)
+        lengths = np.where(rng.random(batch) < short, rng.integers(1, max(max_length, 2), size=batch), max_length)
+        for row, length in zip(tokens.tolist(), lengths.tolist()):
+            title = tuple(row[:length])
+            if title not in seen:
+                seen.add(title)
+                out.append(list(title))
+                if len(out) == items:
+                    break
+    return out
+
+
 def build(codes: np.ndarray, vocab: int, device: torch.device) -> tuple[Catalogue, CatalogueConstraint, BuildCost]:
     """The catalogue of `codes` (item i: codes[i]) and its constraint on `device`, with their costs."""
     lists = codes.tolist()  # the input as the items file gives it

@@ -28,7 +28,11 @@ counted apart. For the plain rows the column says how many candidates happen to 
 `--make-catalogue DIR --items N --model-dir MODEL` writes a random catalogue instead (no data
 needed): N distinct codes of `--code-length` tokens drawn from token ids [0, --code-vocab)
 (bench/catalogue.py's generator: issue 32's 4-token codes over a 32k-token code vocabulary),
-item i the i-th code, recorded with MODEL's tokenizer so that its artifacts accept it.
+item i the i-th code, recorded with MODEL's tokenizer so that its artifacts accept it; with
+`--titles`, sequences shaped like titles cut to --code-length tokens instead (Zipf-distributed
+tokens: nodes of thousands of children, as a real-vocabulary title catalogue has; a tenth of
+them shorter, ended by the artifact's stop token), e.g. `--titles --code-vocab 151643 --code-length
+5` over Qwen's ordinary tokens.
 
     python -m boundgen.bench.constrained --make-catalogue CAT_DIR --items 1000000 --model-dir MODEL
     python -m boundgen.bench.constrained ART_CONSTRAINED --catalogue CAT_DIR --plain ART_BEAM \
@@ -51,7 +55,7 @@ import numpy as np
 import torch
 
 import boundgen
-from boundgen.bench.catalogue import random_codes
+from boundgen.bench.catalogue import random_codes, title_codes
 from boundgen.bench.loadgen import nearest_rank
 from boundgen.bench.workloads import get_workload, load_tokenizer, make_requests
 from boundgen.errors import BoundgenError
@@ -88,15 +92,17 @@ class Row:
 # -- a random catalogue ----------------------------------------------------------------------
 
 def make_catalogue(out_dir: str | Path, items: int, model_dir: str | Path, code_length: int = 4,
-                   code_vocab: int = 32768, seed: int = 0) -> dict:
+                   code_vocab: int = 32768, seed: int = 0, titles: bool = False) -> dict:
     """Write a catalogue of `items` random distinct codes (item i: the i-th) for MODEL's tokenizer;
-    returns its metadata (catalogue.json) with the seconds it took."""
+    returns its metadata (catalogue.json) with the seconds it took. titles: sequences shaped like
+    titles instead (bench/catalogue.py `title_codes`: Zipf-distributed tokens, some shorter)."""
     start = time.perf_counter()
     tokenizer = Tokenizer.from_dir(model_dir)
     if code_vocab > tokenizer.vocab_size:
         raise ValueError(f"--code-vocab {code_vocab} exceeds {model_dir}'s vocabulary of {tokenizer.vocab_size} tokens")
-    codes = random_codes(items, code_length, code_vocab, seed)
-    cat = Catalogue.from_sequences(np.arange(items), codes.tolist(), tokenizer_identity(tokenizer))
+    codes = (title_codes(items, code_length, code_vocab, seed) if titles
+             else random_codes(items, code_length, code_vocab, seed).tolist())
+    cat = Catalogue.from_sequences(np.arange(items), codes, tokenizer_identity(tokenizer))
     meta = cat.save(out_dir)
     return {**meta, "seconds": round(time.perf_counter() - start, 3)}
 
@@ -258,13 +264,16 @@ def main(argv: list[str] | None = None) -> int:
                                                              "tokenizer the catalogue is for")
     parser.add_argument("--code-length", type=int, default=4, help="--make-catalogue: tokens a code")
     parser.add_argument("--code-vocab", type=int, default=32768, help="--make-catalogue: codes use token ids below this")
+    parser.add_argument("--titles", action="store_true",
+                        help="--make-catalogue: sequences shaped like titles cut to --code-length tokens (Zipf-"
+                             "distributed tokens, some shorter), e.g. with --code-vocab 151643 for Qwen's words")
     args = parser.parse_args(argv)
     try:
         if args.make_catalogue:
             if not args.model_dir:
                 parser.error("--make-catalogue needs --model-dir MODEL")
             meta = make_catalogue(args.make_catalogue, args.items, args.model_dir, args.code_length, args.code_vocab,
-                                  args.seed)
+                                  args.seed, args.titles)
             print(json.dumps({k: meta[k] for k in ("items", "nodes", "depth", "max_degree", "seconds")}))
             return 0
         if not args.artifact or not args.catalogue:

@@ -45,6 +45,17 @@ def test_random_codes_are_distinct():
         bench.random_codes(300, 2, 20)
 
 
+def test_title_codes_are_distinct_skewed_and_sometimes_short():
+    titles = bench.title_codes(3000, 4, 5000, seed=2)
+    assert len(titles) == 3000 and len({tuple(t) for t in titles}) == 3000
+    assert all(1 <= len(t) <= 4 for t in titles) and max(max(t) for t in titles) < 5000
+    assert 0.03 < sum(len(t) < 4 for t in titles) / 3000 < 0.2  # a tenth drawn short (repeats among them drop)
+    firsts = np.bincount([t[0] for t in titles], minlength=5000)
+    assert firsts.max() > 10 * 3000 / 5000  # a few common first tokens: far above a uniform draw's share
+    with pytest.raises(ValueError, match="could not draw 30 distinct titles"):
+        bench.title_codes(30, 1, 4)
+
+
 def test_cli_refuses_bad_flags(capsys):
     assert bench.main(["--items", "1000,x"]) == 2
     assert "--items must be comma-separated positive integers" in capsys.readouterr().err

@@ -68,3 +68,17 @@ def test_harness_writes_a_catalogue_and_reports_every_search(constrained_build, 
     assert rows["plain"]["missing"] == 0
     table = [line for line in printed.splitlines() if line.startswith("| ")]
     assert len(table) == 1 + 3 and table[0].startswith("| search | requests | mean ms | p50 ms | p99 ms |")
+
+
+def test_a_title_like_catalogue_over_the_real_vocabulary(tiny_qwen2_dir, tmp_path, capsys):
+    """--titles: Zipf-distributed sequences cut to --code-length, some shorter, over the ordinary
+    tokens; the catalogue is recorded for the model's tokenizer."""
+    cat_dir = tmp_path / "titles"
+    assert main(["--make-catalogue", str(cat_dir), "--items", "500", "--code-length", "3", "--code-vocab", "151643",
+                 "--titles", "--model-dir", str(tiny_qwen2_dir)]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    cat = Catalogue.load(cat_dir)
+    assert cat.num_items == printed["items"] == 500 and cat.depth == 3
+    lengths = np.diff(cat.level_ptr)  # nodes a level: fewer at depth 3 than items (some titles end earlier)
+    assert int(cat.child_token.max()) < 151643 and lengths[-1] < 500
+    assert cat.tokenizer["sha256"] == tokenizer_sha256(tiny_qwen2_dir)
