@@ -9,7 +9,9 @@ are a workload's request pool (bench/workloads.py: W2 by default, 64-token promp
 the artifact's tokenizer), sent one at a time (c = 1) after a warm-up, through `engine.beam`:
 the user's in-process path (tokenize, the trie inputs of the request, the program, the results).
 
-Rows (ms a request: mean, p50, p99 by nearest rank; `model`: the program call alone, mean):
+Rows (ms a request: mean, p50, p99 by nearest rank; `model`: the program call alone, mean; `pre`:
+the engine's stage before the call, tokenizing and the request's trie inputs, so an allow-list's
+derivation, mean):
 - constrained: the whole catalogue;
 - constrained, allow-list of K: a seeded random K items of the catalogue a request (the same
   list for every request), derived into the request's trie inputs as serving does;
@@ -75,6 +77,7 @@ class Row:
     missing: int  # slots with item -1 (constrained); 0 for the plain search
     items_ok: int  # constrained: candidates whose tokens name their item (within the allow-list);
     # plain: candidates whose tokens spell some catalogue item
+    pre_ms: list[float] = dataclasses.field(default_factory=list)  # the engine's `pre`: tokenize, trie inputs
 
     @property
     def valid(self) -> int:
@@ -84,7 +87,9 @@ class Row:
         ms = sorted(self.latencies_ms)
         return {"search": self.search, "requests": len(ms), "mean_ms": statistics.fmean(ms),
                 "p50_ms": nearest_rank(ms, 50), "p99_ms": nearest_rank(ms, 99),
-                "model_mean_ms": statistics.fmean(self.model_ms), "candidates": self.candidates,
+                "model_mean_ms": statistics.fmean(self.model_ms),
+                "pre_mean_ms": statistics.fmean(self.pre_ms) if self.pre_ms else float("nan"),
+                "candidates": self.candidates,
                 "missing": self.missing, "items_ok": self.items_ok,
                 "items_fraction": self.items_ok / self.valid if self.valid else float("nan")}
 
@@ -159,7 +164,8 @@ def check_row(search: str, results, wall, model, cat: Catalogue, stop_token_ids:
                 missing += 1
             elif named == item and (allowed is None or item in allowed):
                 items_ok += 1
-    return Row(search, wall, model, candidates, missing, items_ok)
+    pre = [r.timings["pre"] * 1e3 for r in results if "pre" in (r.timings or {})]
+    return Row(search, wall, model, candidates, missing, items_ok, pre)
 
 
 def bench(artifact: str | Path, cat_dir: str | Path, texts: Sequence[str], allow: int = 0, plain: str | Path | None = None,
@@ -233,12 +239,13 @@ def markdown(report: dict, title: str) -> str:
     if report["device_mb"] is not None:
         loaded += f", {report['device_mb']:.0f} MB on the device"
     lines = [f"{title}: {report['items']:,} items, {report['nodes']:,} nodes, depth {report['depth']}; {loaded}", "",
-             "| search | requests | mean ms | p50 ms | p99 ms | model ms (mean) | candidates | item -1 "
-             "| items among the others |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| search | requests | mean ms | p50 ms | p99 ms | model ms (mean) | pre ms (mean) | candidates "
+             "| item -1 | items among the others |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in report["rows"]:
         lines.append(f"| {r['search']} | {r['requests']} | {r['mean_ms']:.2f} | {r['p50_ms']:.2f} | "
-                     f"{r['p99_ms']:.2f} | {r['model_mean_ms']:.2f} | {r['candidates']:,} | {r['missing']:,} | "
+                     f"{r['p99_ms']:.2f} | {r['model_mean_ms']:.2f} | {r['pre_mean_ms']:.2f} | {r['candidates']:,} | "
+                     f"{r['missing']:,} | "
                      f"{r['items_fraction']:.3f} ({r['items_ok']:,}) |")
     return "\n".join(lines)
 

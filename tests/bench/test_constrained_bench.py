@@ -60,7 +60,7 @@ def test_harness_writes_a_catalogue_and_reports_every_search(constrained_build, 
     width = BEAM_OPTIONS["width"]
     for r in rows.values():
         assert r["requests"] == 3 and r["candidates"] == 3 * width
-        assert 0 < r["p50_ms"] <= r["p99_ms"] and r["model_mean_ms"] > 0
+        assert 0 < r["p50_ms"] <= r["p99_ms"] and r["model_mean_ms"] > 0 and 0 < r["pre_mean_ms"] < r["mean_ms"]
     whole = rows["constrained"]  # 40 items, W=4: every slot an item
     assert (whole["missing"], whole["items_ok"], whole["items_fraction"]) == (0, 3 * width, 1.0)
     allow = rows["constrained, allow-list of 2"]  # two items reachable: two slots of each request are -1
