@@ -23,7 +23,7 @@ requests at the root, D the root's degree):
 - the decode step's selection (the top K = 2W candidates of each beam, FP32 log-probs) with the
   constraint and without, at the same beams and logits (bf16 [B, V], as the LM head gives them):
   "plain, vocab_topk chunks" (the unconstrained program's selection, the peer), "mask + topk
-  over V" (the constrained program's default, `trie_topk=separate`: FP32 log-softmax, the
+  over V" (`trie_topk=separate`, the constrained default before 2026-12-03: FP32 log-softmax, the
   in-place torch mask, torch.topk over the row), and ops/trie_topk.py's gathered top K, eager and
   compiled by Inductor as a build compiles it ("compiled"), at D the catalogue's degree and at
   `--degree-bound` (a build's --catalogue-max-degree, 4096 by default: the program's D for trie
