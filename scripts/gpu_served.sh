@@ -40,7 +40,7 @@
 #   CONSTRAINED   constrained beam (issue 32): flags of `python -m boundgen.bench.constrained --make-catalogue`
 #                 (e.g. "--items 1000000": a random catalogue of 4-token codes over 32k tokens, $WORK/catalogue,
 #                 kept while its flags stay), and constrained artifacts of the beam checkpoint built beside
-#                 the others on the cores they leave, one per name in CONSTRAINED_VARIANTS ("torch triton"),
+#                 the others on the cores they leave, one per name in CONSTRAINED_VARIANTS ("gather torch"),
 #                 each $BEAM_DEFAULT + --constrained and:
 #                   torch     --lowering trie_mask=torch --lowering trie_topk=separate: each step masks the
 #                             log-probs and takes a top K over the vocabulary ($WORK/art/cbeam_torch)
@@ -87,7 +87,7 @@ declare -A CVARIANT=([torch]="--lowering trie_mask=torch --lowering trie_topk=se
                      [gather64]="--lowering trie_topk=torch --catalogue-max-degree 64"
                      [gather32k]="--lowering trie_topk=torch --catalogue-max-degree 32768"
                      [triton32k]="--lowering trie_mask=triton --lowering trie_topk=separate --catalogue-max-degree 32768")
-CONSTRAINED_VARIANTS="${CONSTRAINED_VARIANTS:-torch triton}"
+CONSTRAINED_VARIANTS="${CONSTRAINED_VARIANTS:-gather torch}"
 CONSTRAINED_SERVED_VARIANTS="${CONSTRAINED_SERVED_VARIANTS:-$CONSTRAINED_VARIANTS}"
 for variant in $CONSTRAINED_VARIANTS; do
   [[ -n "${CVARIANT[$variant]:-}" ]] \
