@@ -267,9 +267,7 @@ def bench_selection(items: int, step: int, nodes: torch.Tensor, trie: tuple, voc
     stops = trie[-1]
 
     def separate():
-        logp = torch.log_softmax(logits.to(torch.float32), dim=-1)
-        trie_mask.apply_reference(logp, nodes, *trie, degree)
-        return torch.topk(logp, k, dim=-1)
+        return trie_topk.separate(logits, nodes, *trie, None, k, degree)
 
     compiled = torch.compile(trie_topk.reference, dynamic=False) if device.type == "cuda" else None
     want = separate()

@@ -39,7 +39,7 @@ from typing import Optional
 
 import torch
 
-from boundgen.ops.trie_mask import allowed_tokens
+from boundgen.ops.trie_mask import allowed_tokens, apply_reference
 
 
 def reference(logits: torch.Tensor, nodes: torch.Tensor, row_ptr: torch.Tensor, child_token: torch.Tensor,
@@ -60,7 +60,20 @@ def reference(logits: torch.Tensor, nodes: torch.Tensor, row_ptr: torch.Tensor, 
     return best.values, safe.gather(1, best.indices)
 
 
+def separate(logits: torch.Tensor, nodes: torch.Tensor, row_ptr: torch.Tensor, child_token: torch.Tensor,
+             reach: torch.Tensor, ends: torch.Tensor, stop_token_ids: torch.Tensor, bias: Optional[torch.Tensor],
+             k: int, max_degree: int, mask=apply_reference) -> tuple[torch.Tensor, torch.Tensor]:
+    """The separate ops this op replaces (lowering "separate", what a constrained program composes
+    then, with `mask` the trie_mask op as lowered): the FP32 log-softmax of the whole row, -inf
+    written in place on the tokens the node bars, the bias added, torch.topk over the row."""
+    logp = torch.log_softmax(logits.to(torch.float32), dim=-1)
+    mask(logp, nodes, row_ptr, child_token, reach, ends, stop_token_ids, max_degree)
+    if bias is not None:
+        logp = logp + bias
+    return torch.topk(logp, k, dim=-1)
+
+
 # Lowerings by name (`OpLowering.trie_topk`): "torch", the default since its end-to-end A/B on the
-# H200 (docs/benchmarks.md); "separate" (None) is the program's own composition, log-softmax, the
-# trie_mask op in place, torch.topk over the vocabulary (programs/beam.py).
+# H200 (docs/benchmarks.md); "separate" (None): the program composes `separate` with its trie_mask
+# op as lowered (programs/beam.py).
 IMPLEMENTATIONS = {"separate": None, "torch": reference}

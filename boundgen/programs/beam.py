@@ -60,12 +60,15 @@ beam_indices [R*W, N_gen] int64 (parent beam within the request at each step, -1
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import nn
 
 from boundgen.artifact.tensors import STAGES, TRIE, BeamState, Trie, run_stages
 from boundgen.errors import ConfigError
 from boundgen.model.qwen import QwenModel
+from boundgen.ops import trie_topk
 from boundgen.programs.constraint import CatalogueConstraint
 
 NEG = -1.0e9  # HF's "impossible" score offset; kept identical so ties and sums match bit for bit
@@ -262,14 +265,10 @@ class BeamProgram(nn.Module):
         run_seq [R*W, N] -> (logp [R*W, K] FP32, ids [R*W, K] int64). The log-probs are the
         unmasked model's (log-softmax over the whole vocabulary), -inf on disallowed tokens: HF's
         scores under prefix_allowed_tokens_fn. Ranked by those FP32 log-probs (as HF ranks)."""
-        nodes, barred = self.constraint.nodes(trie, run_seq), self._barred(step + 1, logits)
-        if self.model.ops.trie_topk is not None:  # over each beam's allowed tokens only (ops/trie_topk.py)
-            return self.constraint.topk(self.model.ops.trie_topk, trie, nodes, logits, barred, self.keep)
-        logp = torch.log_softmax(logits.to(torch.float32), dim=-1)
-        self.constraint.mask(self.model.ops.trie_mask, trie, nodes, logp)
-        if barred is not None:
-            logp = logp + barred
-        return torch.topk(logp, self.keep, dim=-1)
+        ops = self.model.ops  # the fused op (over each beam's allowed tokens only), else the mask and a top K
+        select = ops.trie_topk or functools.partial(trie_topk.separate, mask=ops.trie_mask)
+        return self.constraint.topk(select, trie, self.constraint.nodes(trie, run_seq), logits,
+                                    self._barred(step + 1, logits), self.keep)
 
     def _constrained_outputs(self, trie: Trie, state: BeamState, finished: torch.Tensor):
         """The outputs of a constrained search, with item_ids [R*W] int64 last. Slots without a

@@ -106,7 +106,8 @@ class CatalogueConstraint(nn.Module):
              bias: torch.Tensor | None, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """A decode step's selection: each beam's top k tokens among those its node [B] allows,
         with FP32 log-probs (logits [B, V]; bias [V] FP32 or None, added after the log-softmax).
-        trie_topk: the fused op as lowered (`Ops.trie_topk`, ops/trie_topk.py)."""
+        trie_topk: the fused op as lowered (`Ops.trie_topk`, ops/trie_topk.py), or its `separate`
+        composition with the trie_mask op as lowered."""
         return trie_topk(logits, nodes, trie.row_ptr, trie.child_token, trie.reach, trie.ends,
                          self.stop_token_ids[:1], bias, k, max(self.max_degree, 1))
 

@@ -156,11 +156,7 @@ def test_triton_mask_lowering_builds_calls_the_op_by_name_and_equals_the_torch_l
     manifest records it, the loader registers it; its CPU kernel is the reference), and the
     candidates equal the torch-lowered artifact's, with and without an allow-list."""
     art = tmp_path / "cbeam_triton"
-    proc = cli("build", tiny_qwen2_dir, "--task", "beam", "--constrained", "--width", "4", "--steps", "3",
-               "--max-prompt-tokens", "32", "--max-requests", "2", "--batching", "--lowering", "trie_mask=triton",
-               "--lowering", "trie_topk=separate", "--name", "cbeam", "--out", art)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    manifest = json.loads((art / "manifest.json").read_text())
+    manifest = cli_build(tiny_qwen2_dir, art, "--lowering", "trie_mask=triton", "--lowering", "trie_topk=separate")
     assert manifest["compile"]["lowering"]["trie_mask"] == "triton" and "trie_mask" in manifest["compile"]["custom_ops"]
     assert manifest["validation"]["passed"]
     assert_equal_candidates(boundgen.load(art, catalogue=constrained_build["catalogue"]), compiled)
@@ -175,13 +171,17 @@ def test_the_separate_selection_builds_and_equals_the_gathered_one(compiled, tin
     assert json.loads((constrained_build["artifact"] / "manifest.json").read_text())["compile"]["lowering"][
         "trie_topk"] == "torch"
     art = tmp_path / "cbeam_separate"
-    proc = cli("build", tiny_qwen2_dir, "--task", "beam", "--constrained", "--width", "4", "--steps", "3",
-               "--max-prompt-tokens", "32", "--max-requests", "2", "--batching", "--lowering", "trie_topk=separate",
-               "--catalogue-max-degree", "64", "--name", "cbeam", "--out", art)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    manifest = json.loads((art / "manifest.json").read_text())
+    manifest = cli_build(tiny_qwen2_dir, art, "--lowering", "trie_topk=separate", "--catalogue-max-degree", "64")
     assert manifest["compile"]["lowering"]["trie_topk"] == "separate" and manifest["validation"]["passed"]
     assert_equal_candidates(boundgen.load(art, catalogue=constrained_build["catalogue"]), compiled)
+
+
+def cli_build(model_dir, art, *flags) -> dict:
+    """`boundgen build` of a tiny constrained beam artifact with `flags` added; its manifest."""
+    proc = cli("build", model_dir, "--task", "beam", "--constrained", "--width", "4", "--steps", "3",
+               "--max-prompt-tokens", "32", "--max-requests", "2", "--batching", *flags, "--name", "cbeam", "--out", art)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads((art / "manifest.json").read_text())
 
 
 def assert_equal_candidates(lowered, compiled):

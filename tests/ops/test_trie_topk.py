@@ -10,7 +10,7 @@ defined."""
 import pytest
 import torch
 
-from boundgen.ops import trie_mask, trie_topk
+from boundgen.ops import trie_topk
 from tests.ops.test_trie_mask import STOPS, VOCAB, make_trie, pick_nodes
 
 
@@ -19,18 +19,10 @@ def distinct_logits(beams, seed, dtype=torch.float32):
     return torch.stack([torch.randperm(VOCAB, generator=gen) for _ in range(beams)]).to(dtype) / 8 - 3
 
 
-def separate(logits, nodes, trie, stops, bias, k, max_degree):
-    logp = torch.log_softmax(logits.to(torch.float32), dim=-1)
-    trie_mask.apply_reference(logp, nodes, *trie, stops, max_degree)
-    if bias is not None:
-        logp = logp + bias
-    return torch.topk(logp, k, dim=-1)
-
-
 def check(logits, nodes, trie, stops, bias, k, max_degree):
     stops = torch.tensor(stops, dtype=torch.int64)
     got_logp, got_ids = trie_topk.reference(logits, nodes, *trie, stops, bias, k, max_degree)
-    want = separate(logits, nodes, trie, stops, bias, k, max_degree)
+    want = trie_topk.separate(logits, nodes, *trie, stops, bias, k, max_degree)
     assert got_logp.dtype == torch.float32 and got_ids.dtype == torch.int64
     assert got_logp.shape == got_ids.shape == (nodes.shape[0], k)
     finite = torch.isfinite(want.values)
