@@ -48,6 +48,7 @@ def tiny_qwen2_dir(make_checkpoint):
 # for it, built once per session by the CLI (one AOTInductor compile of three packages).
 CONSTRAINED_ITEMS = [(11, [40, 50, 60]), (12, [40, 50, 61]), (13, [40, 51, 62]), (14, [41, 52, 63]),
                      (15, [42, 53]), (16, [43]), (17, [44, 54, 64]), (18, [44, 54])]
+CONSTRAINED_SUBSETS = {"shoes": [11, 12, 13, 16], "sale": [12, 17, 18]}  # registered with the catalogue
 
 
 @pytest.fixture(scope="session")
@@ -60,7 +61,11 @@ def constrained_build(tiny_qwen2_dir, tmp_path_factory):
     root = tmp_path_factory.mktemp("constrained")
     repo = Path(__file__).resolve().parents[1]
     artifact, catalogue, items = root / "cbeam", root / "cat", root / "items.jsonl"
-    items.write_text("".join(json.dumps({"item_id": i, "token_ids": t}) + "\n" for i, t in CONSTRAINED_ITEMS))
+    def line(item, tokens):
+        names = [name for name, members in CONSTRAINED_SUBSETS.items() if item in members]
+        return json.dumps({"item_id": item, "token_ids": tokens, **({"subsets": names} if names else {})}) + "\n"
+
+    items.write_text("".join(line(i, t) for i, t in CONSTRAINED_ITEMS))
     for args in (["build", tiny_qwen2_dir, "--task", "beam", "--constrained", "--width", "4", "--steps", "3",
                   "--max-prompt-tokens", "32", "--max-requests", "2", "--batching", "--name", "cbeam", "--out", artifact],
                  ["catalogue", "build", items, "--tokenizer", artifact, "--out", catalogue]):

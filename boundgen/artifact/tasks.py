@@ -323,8 +323,9 @@ class BeamTask(Task):
         return ["query: running shoes -> item:"]
 
     def inputs(self, spec):
-        # A constrained model's optional allow-list: the item ids a request may return.
-        return (("TEXT", "BYTES", (1,)),) + ((("ALLOW_ITEMS", "INT64", (-1,)),) if spec.constrained else ())
+        # A constrained model's optional filters: the item ids a request may return, a named subset.
+        constrained = (("ALLOW_ITEMS", "INT64", (-1,)), ("ALLOW_SUBSET", "BYTES", (1,)))
+        return (("TEXT", "BYTES", (1,)),) + (constrained if spec.constrained else ())
 
     def outputs(self, spec: BeamSpec, vocab_outputs: bool):
         constrained = (("ITEM_IDS", "INT64", (spec.width,)),) if spec.constrained else ()

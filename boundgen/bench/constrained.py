@@ -14,7 +14,13 @@ the engine's stage before the call, tokenizing and the request's trie inputs, so
 derivation, mean):
 - constrained: the whole catalogue;
 - constrained, allow-list of K: a seeded random K items of the catalogue a request (the same
-  list for every request), derived into the request's trie inputs as serving does;
+  list for every request), derived into the request's trie inputs as serving does; the
+  derivation alone is timed apart too (`derive_ms`: `ServedCatalogue.trie(ids)`, mean, after
+  the device finished it, as a request waits for it);
+- constrained, subset NAME of K: each named subset registered with the catalogue (ALLOW_SUBSET;
+  its trie inputs derived at load, so a request derives nothing); a made catalogue registers
+  one, `sampleK`, of the very ids of the allow-list row (`--subset-items`), so the two rows
+  compare one filter sent as ids and as a name;
 - where the artifact replays CUDA graphs (built with --cuda-graphs, on CUDA), both rows are named
   ", CUDA graphs" and followed by the same two loaded again with `cuda_graphs=False`
   (", no CUDA graphs"): the graphs' gain, told apart from the constraint's cost;
@@ -29,8 +35,9 @@ counted apart. For the plain rows the column says how many candidates happen to 
 
 `--make-catalogue DIR --items N --model-dir MODEL` writes a random catalogue instead (no data
 needed): N distinct codes of `--code-length` tokens drawn from token ids [0, --code-vocab)
-(bench/catalogue.py's generator: issue 32's 4-token codes over a 32k-token code vocabulary),
-item i the i-th code, recorded with MODEL's tokenizer so that its artifacts accept it; with
+(bench/catalogue.py's generator: 4-token codes over a 32k-token code vocabulary), item i the
+i-th code, recorded with MODEL's tokenizer so that its artifacts accept it, with the subset
+`sampleK` (K = --subset-items, 0: none); with
 `--titles`, sequences shaped like titles cut to --code-length tokens instead (Zipf-distributed
 tokens: nodes of thousands of children, as a real-vocabulary title catalogue has; a tenth of
 them shorter, ended by the artifact's stop token), e.g. `--titles --code-vocab 151643 --code-length
@@ -97,10 +104,11 @@ class Row:
 # -- a random catalogue ----------------------------------------------------------------------
 
 def make_catalogue(out_dir: str | Path, items: int, model_dir: str | Path, code_length: int = 4,
-                   code_vocab: int = 32768, seed: int = 0, titles: bool = False) -> dict:
+                   code_vocab: int = 32768, seed: int = 0, titles: bool = False, subset_items: int = 0) -> dict:
     """Write a catalogue of `items` random distinct codes (item i: the i-th) for MODEL's tokenizer;
     returns its metadata (catalogue.json) with the seconds it took. titles: sequences shaped like
-    titles instead (bench/catalogue.py `title_codes`: Zipf-distributed tokens, some shorter)."""
+    titles instead (bench/catalogue.py `title_codes`: Zipf-distributed tokens, some shorter);
+    subset_items K: register the subset `sampleK`, random_allow_list(K) of the same seed."""
     start = time.perf_counter()
     tokenizer = Tokenizer.from_dir(model_dir)
     if code_vocab > tokenizer.vocab_size:
@@ -108,6 +116,8 @@ def make_catalogue(out_dir: str | Path, items: int, model_dir: str | Path, code_
     codes = (title_codes(items, code_length, code_vocab, seed) if titles
              else random_codes(items, code_length, code_vocab, seed).tolist())
     cat = Catalogue.from_sequences(np.arange(items), codes, tokenizer_identity(tokenizer))
+    if subset_items:
+        cat = cat.with_subsets({f"sample{subset_items}": random_allow_list(cat, subset_items, seed)})
     meta = cat.save(out_dir)
     return {**meta, "seconds": round(time.perf_counter() - start, 3)}
 
@@ -121,15 +131,16 @@ def random_allow_list(cat: Catalogue, count: int, seed: int = 0) -> list[int]:
     return sorted(rng.choice(items, size=min(count, len(items)), replace=False).tolist())
 
 
-def run_requests(engine, texts: Sequence[str], warmup: int, allow_items: Sequence[int] | None = None):
+def run_requests(engine, texts: Sequence[str], warmup: int, allow_items: Sequence[int] | None = None,
+                 allow_subset: str | None = None):
     """(results, wall ms, model ms) of the prompts one at a time, after `warmup` untimed ones (the
     first prompts again)."""
     for i in range(warmup):
-        engine.beam(texts[i % len(texts)], allow_items=allow_items)
+        engine.beam(texts[i % len(texts)], allow_items=allow_items, allow_subset=allow_subset)
     results, wall, model = [], [], []
     for text in texts:
         start = time.perf_counter()
-        result = engine.beam(text, allow_items=allow_items)
+        result = engine.beam(text, allow_items=allow_items, allow_subset=allow_subset)
         wall.append((time.perf_counter() - start) * 1e3)
         model.append(result.timings["model"] * 1e3)
         results.append(result)
@@ -172,7 +183,7 @@ def bench(artifact: str | Path, cat_dir: str | Path, texts: Sequence[str], allow
           warmup: int = 3, seed: int = 0) -> dict:
     """The rows (dicts) and the catalogue's load figures (of the first load: as built); engines are
     closed before returning."""
-    rows, load = [], None
+    rows, load, derive_ms = [], None, None
     for cuda_graphs in (None, False):  # as built, then without graphs where it had them
         engine = boundgen.load(artifact, cuda_graphs=cuda_graphs)
         try:
@@ -202,6 +213,11 @@ def bench(artifact: str | Path, cat_dir: str | Path, texts: Sequence[str], allow
                 ids = random_allow_list(cat, allow, seed)
                 rows.append(check_row(f"{name}, allow-list of {len(ids):,}",
                                       *run_requests(engine, texts, warmup, ids), cat, stops, ids))
+                derive_ms = derive_ms or derivation_ms(served, np.asarray(ids, dtype=np.int64), device)
+            for subset, members in sorted(cat.subsets.items()):
+                rows.append(check_row(f"{name}, subset {subset} of {len(members):,}",
+                                      *run_requests(engine, texts, warmup, allow_subset=subset), cat, stops,
+                                      members.tolist()))
         finally:
             engine.close()
         if not graphs:
@@ -211,7 +227,18 @@ def bench(artifact: str | Path, cat_dir: str | Path, texts: Sequence[str], allow
     load_s, device_mb, device = load
     return {"artifact": str(artifact), "plain": None if plain is None else str(plain), "catalogue": str(cat_dir),
             "items": meta["items"], "nodes": meta["nodes"], "depth": meta["depth"], "load_s": load_s,
-            "device_mb": device_mb, "device": device, "rows": [r.to_dict() for r in rows]}
+            "device_mb": device_mb, "device": device, "subsets": meta.get("subsets", {}), "derive_ms": derive_ms,
+            "rows": [r.to_dict() for r in rows]}
+
+
+def derivation_ms(served, ids: np.ndarray, device, repeats: int = 20) -> float:
+    """Mean ms of deriving one allow-list's trie inputs (`ServedCatalogue.trie`), the device's
+    work included (it returns once its one sync has waited for that work)."""
+    served.trie(ids)  # warm: the first call's allocations
+    start = time.perf_counter()
+    for _ in range(repeats):
+        served.trie(ids)
+    return (time.perf_counter() - start) * 1e3 / repeats
 
 
 def plain_rows(plain: str | Path, texts: Sequence[str], warmup: int, cat: Catalogue, stops: list[int]) -> list[Row]:
@@ -238,6 +265,8 @@ def markdown(report: dict, title: str) -> str:
     loaded = f"catalogue loaded in {report['load_s']:.2f} s"
     if report["device_mb"] is not None:
         loaded += f", {report['device_mb']:.0f} MB on the device"
+    if report.get("derive_ms") is not None:
+        loaded += f"; an allow-list's derivation alone {report['derive_ms']:.3f} ms"
     lines = [f"{title}: {report['items']:,} items, {report['nodes']:,} nodes, depth {report['depth']}; {loaded}", "",
              "| search | requests | mean ms | p50 ms | p99 ms | model ms (mean) | pre ms (mean) | candidates "
              "| item -1 | items among the others |",
@@ -271,6 +300,8 @@ def main(argv: list[str] | None = None) -> int:
                                                              "tokenizer the catalogue is for")
     parser.add_argument("--code-length", type=int, default=4, help="--make-catalogue: tokens a code")
     parser.add_argument("--code-vocab", type=int, default=32768, help="--make-catalogue: codes use token ids below this")
+    parser.add_argument("--subset-items", type=int, default=10000, metavar="K",
+                        help="--make-catalogue: register the subset sampleK, the allow-list row's K ids (0: none)")
     parser.add_argument("--titles", action="store_true",
                         help="--make-catalogue: sequences shaped like titles cut to --code-length tokens (Zipf-"
                              "distributed tokens, some shorter), e.g. with --code-vocab 151643 for Qwen's words")
@@ -280,8 +311,9 @@ def main(argv: list[str] | None = None) -> int:
             if not args.model_dir:
                 parser.error("--make-catalogue needs --model-dir MODEL")
             meta = make_catalogue(args.make_catalogue, args.items, args.model_dir, args.code_length, args.code_vocab,
-                                  args.seed, args.titles)
-            print(json.dumps({k: meta[k] for k in ("items", "nodes", "depth", "max_degree", "seconds")}))
+                                  args.seed, args.titles, min(args.subset_items, args.items))
+            print(json.dumps({k: meta.get(k) for k in ("items", "nodes", "depth", "max_degree", "subsets",
+                                                        "seconds")}))
             return 0
         if not args.artifact or not args.catalogue:
             parser.error("give ARTIFACT and --catalogue CAT_DIR (or --make-catalogue DIR)")

@@ -29,6 +29,9 @@ def register(sub):
                         "gets its item_id (a model directory, or an artifact built with --constrained)")
     p.add_argument("--allow-items", default=None, metavar="IDS",
                    help="comma-separated item ids: only these items of the catalogue may be candidates")
+    p.add_argument("--allow-subset", default=None, metavar="NAME",
+                   help="a subset registered with the catalogue (an item's \"subsets\" when it was built): only "
+                        "its items may be candidates (with --allow-items: those of the ids in the subset)")
     add_precision_args(p)
     p.set_defaults(run=run)
 
@@ -37,8 +40,9 @@ def run(args):
     check_model_path(args.model)
     if args.text is None:
         raise InvalidInput("no prompt given: pass --text")
-    if args.allow_items is not None and args.catalogue is None:
-        raise ConfigError("--allow-items needs --catalogue")
+    for flag, value in (("--allow-items", args.allow_items), ("--allow-subset", args.allow_subset)):
+        if value is not None and args.catalogue is None:
+            raise ConfigError(f"{flag} needs --catalogue")
     allow = None if args.allow_items is None else _item_ids(args.allow_items)
     if is_artifact(args.model):
         import boundgen
@@ -50,8 +54,9 @@ def run(args):
                 raise ConfigError(f"artifact {args.model} was built with {flag} {built}, not {value}")
         if engine.constrained and args.catalogue is None:
             raise ConfigError(f"artifact {args.model} was built with --constrained: pass --catalogue CAT_DIR")
-        if allow is not None:  # a request's allow-list, checked as the server checks ALLOW_ITEMS
-            print_json({"candidates": engine.beam(args.text, allow_items=allow).candidates()})
+        if allow is not None or args.allow_subset is not None:  # checked as the server checks ALLOW_ITEMS
+            result = engine.beam(args.text, allow_items=allow, allow_subset=args.allow_subset)
+            print_json({"candidates": result.candidates()})
             return
     else:
         engine = _eager(args, allow)
@@ -69,7 +74,7 @@ def _eager(args, allow):
     spec = BeamSpec(width=args.width, steps=args.steps, stop_token_ids=stops, length_penalty=args.length_penalty,
                     min_new_tokens=args.min_new_tokens, max_prompt_tokens=args.max_tokens, template=args.template)
     return eager_engine(args.model, spec, resolve_dtype(args), args.device, catalogue=args.catalogue,
-                        allow_items=allow)
+                        allow_items=allow, allow_subset=args.allow_subset)
 
 
 def _item_ids(text: str) -> tuple[int, ...]:

@@ -18,7 +18,9 @@ def register(sub) -> None:
     cmds.required = True
     b = cmds.add_parser("build", help="index ITEMS.jsonl as a trie over token ids",
                         description='Reads one JSON object a line, {"item_id": INT, "token_ids": [INT, ...]} or '
-                                    '{"item_id": INT, "text": "..."}, and writes CAT_DIR/trie.npz and '
+                                    '{"item_id": INT, "text": "..."}, either with an optional "subsets": '
+                                    '["NAME", ...] (named subsets a request can restrict itself to, ALLOW_SUBSET), '
+                                    "and writes CAT_DIR/trie.npz, CAT_DIR/subsets.npz (if any) and "
                                     "CAT_DIR/catalogue.json; prints the catalogue's summary as JSON.")
     b.add_argument("items", metavar="ITEMS.jsonl", help="the items, one JSON object a line")
     b.add_argument("--tokenizer", required=True, metavar="DIR",

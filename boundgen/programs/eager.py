@@ -37,14 +37,16 @@ class EagerRunner:
 
 def eager_engine(model_dir, spec: ScoreSpec | BeamSpec, dtype: str = "float32", device: str = "cpu",
                  name: str | None = None, lowering: OpLowering | None = None, runtime: RuntimeConfig = RuntimeConfig(),
-                 catalogue: str | Path | None = None, allow_items: Sequence[int] | None = None) -> LocalEngine:
+                 catalogue: str | Path | None = None, allow_items: Sequence[int] | None = None,
+                 allow_subset: str | None = None) -> LocalEngine:
     """runtime: the engine's settings (artifact/manifest.py), as an artifact's manifest would give them;
     catalogue: a catalogue directory (`boundgen catalogue build`) a beam search is restricted
-    to, each candidate with its item id; allow_items: the item ids allowed (None: all)."""
+    to, each candidate with its item id; allow_items: the item ids allowed (None: all), within
+    the catalogue's subset named `allow_subset` (None: all)."""
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise ConfigError("--device cuda was asked for, but no CUDA device is available")
-    if catalogue is None and allow_items is not None:
-        raise ConfigError("an allow-list of items needs a catalogue (--catalogue)")
+    if catalogue is None and (allow_items is not None or allow_subset is not None):
+        raise ConfigError("an allow-list of items or a subset needs a catalogue (--catalogue)")
     task = task_of(spec)
     if catalogue is not None and not task.takes_catalogue:
         raise ConfigError(f"a catalogue restricts beam search; a {task.name} model takes none")
@@ -54,7 +56,8 @@ def eager_engine(model_dir, spec: ScoreSpec | BeamSpec, dtype: str = "float32", 
     if catalogue is not None:
         cat = Catalogue.load(catalogue)
         check_tokenizer(cat, model_dir, catalogue)
-        constraint = CatalogueConstraint(cat, model.cfg.vocab_size, spec.steps, spec.stop_token_ids, allow_items)
+        allowed = cat.allowed_ids(allow_items, allow_subset)  # a ConfigError for unknown ids or subset
+        constraint = CatalogueConstraint(cat, model.cfg.vocab_size, spec.steps, spec.stop_token_ids, allowed)
     program = make_program(model, spec, constraint)
     vocab_outputs = set(VOCAB_OUTPUTS) <= set(task.output_names(spec))  # lse, label_logits (programs/score.py)
     return make_engine(name or Path(model_dir).name, spec, tokenizer, EagerRunner(program), device, dtype, runtime,

@@ -1,7 +1,7 @@
 """A catalogue served with a constrained beam artifact: its trie on the device, per-request allow-lists.
 
     load_catalogue(cat_dir, artifact_dir, device[, reach_on_device]) -> ServedCatalogue (checked against the artifact)
-    ServedCatalogue.trie(allow_items)                               -> Trie (artifact/tensors.py) of one request
+    ServedCatalogue.trie(allow_items, subset)                       -> Trie (artifact/tensors.py) of one request
 
 A constrained artifact takes the trie as program inputs (programs/beam.py), so the engine holds
 one `ServedCatalogue` and hands its tensors to every call (runtime/local_engine.py); with CUDA
@@ -26,6 +26,11 @@ takes them; tests/runtime/test_catalogue.py checks them equal):
   which were found ([K] bool, the one sync) before the arrays are used: an unknown id is an error
   (the derivation ignored it). A check on the host first (a numpy searchsorted of the ids among
   a million sorted item ids: ~4.6 ms for 10,000 ids on a 2-core VM) cost more than the derivation.
+A named subset (ALLOW_SUBSET, text/catalogue.py) costs a request nothing: its `reach` and `ends`
+are derived once, when the catalogue is loaded (the same two ways, from its item ids), and held
+on the device, 2 bytes a trie node each (`subset_bytes`); requests naming it share those tensors,
+so they share calls, and a context that holds them copies nothing. An allow-list within a subset
+is derived as an allow-list is, keeping only the ids whose item is in the subset (`within`).
 Ids not in the catalogue, or a list that leaves nothing to generate, are InvalidInput (400).
 So is a list longer than the catalogue has items (`check_allow_count`, before any derivation, in
 O(1)): a list of distinct known ids is never longer (repeats are allowed within the bound), and a
@@ -36,7 +41,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
@@ -68,6 +73,7 @@ class ServedCatalogue:
     catalogue: Catalogue  # the host arrays, for allow-lists
     full: Trie  # device tensors, every item allowed
     index: ItemIndex | None = None  # set: allow-lists derived on the device; None: on the host
+    subsets: dict[str, Trie] = field(default_factory=dict)  # a named subset's program inputs, derived at load
 
     @classmethod
     def on_device(cls, cat: Catalogue, vocab: int, device: str | torch.device, reach_on_device: bool | None = None,
@@ -83,47 +89,76 @@ class ServedCatalogue:
             item_keys, item_nodes = trie_reach.item_index(full.node_item)
             stream = torch.cuda.Stream(device) if device.type == "cuda" else None
             index = ItemIndex(item_keys, item_nodes, stream)
-        return cls(path, cat.metadata(), cat, full, index)
+        served = cls(path, cat.metadata(), cat, full, index)
+        for name, ids in cat.subsets.items():  # each derived as an allow-list of its ids is, once
+            served.subsets[name] = served._allowing(ids, None, f"subset {name!r}")
+        return served
 
     @property
     def items(self) -> int:
         """The catalogue's item count (counted once, at load)."""
         return self.meta["items"]
 
-    def trie(self, allow_items: Sequence[int] | None = None) -> Trie:
-        """The program inputs of a request (allow_items None: every item)."""
+    @property
+    def subset_bytes(self) -> int:
+        """Device memory of the subsets' reach and ends."""
+        return sum(t.reach.nbytes + t.ends.nbytes for t in self.subsets.values())
+
+    def trie(self, allow_items: Sequence[int] | None = None, subset: str | None = None) -> Trie:
+        """The program inputs of a request (allow_items None: every item; subset: a named subset,
+        within which the allow-list applies)."""
+        within = self.full if subset is None else self._subset(subset)
         if allow_items is None:
-            return self.full
+            return within
         check_allow_count(len(allow_items), self.items)
-        ids = _item_ids(allow_items)
-        reach, ends = self._on_device(ids) if self.index is not None else self._on_host(ids)
+        return self._allowing(_item_ids(allow_items), subset, "ALLOW_ITEMS")
+
+    def _subset(self, name) -> Trie:
+        try:
+            return self.subsets[name]
+        except (KeyError, TypeError):
+            have = ", ".join(sorted(self.subsets)[:20]) or "none"
+            raise InvalidInput(f"ALLOW_SUBSET: the catalogue has no subset {name!r} (its subsets: {have})") from None
+
+    def _allowing(self, ids: np.ndarray, subset: str | None, what: str) -> Trie:
+        reach, ends = self._on_device(ids, subset, what) if self.index is not None else self._on_host(ids, subset, what)
         return self.full._replace(reach=reach, ends=ends)
 
-    def _on_host(self, ids: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+    def _on_host(self, ids: np.ndarray, subset: str | None, what: str) -> tuple[torch.Tensor, torch.Tensor]:
+        try:
+            ids = self.catalogue.allowed_ids(ids, subset)
+        except ConfigError as exc:
+            raise InvalidInput(f"{what}: {exc}") from None
         try:
             allow = catalogue_search.allowed(self.catalogue, ids)
-        except ConfigError as exc:
-            raise InvalidInput(f"ALLOW_ITEMS: {exc}") from None
+        except ConfigError as exc:  # nothing left to generate
+            raise InvalidInput(f"{what}: {exc}{_within(subset)}") from None
         reach, ends = catalogue_search.padded(self.catalogue, allow)
         device = self.full.reach.device
         return torch.from_numpy(reach).to(device), torch.from_numpy(ends).to(device)
 
-    def _on_device(self, ids: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+    def _on_device(self, ids: np.ndarray, subset: str | None, what: str) -> tuple[torch.Tensor, torch.Tensor]:
         from boundgen.ops import trie_reach  # imported by on_device already: a dictionary lookup
 
         if not ids.size:  # the root reaches an allowed item unless there is none
-            raise InvalidInput("ALLOW_ITEMS: the allow-list leaves no item of the catalogue to generate")
+            raise InvalidInput(f"{what}: the allow-list leaves no item of the catalogue to generate")
         index = self.index
         device = self.full.reach.device
+        within = None if subset is None else self.subsets[subset].ends
         scope = torch.cuda.stream(index.stream) if index.stream is not None else contextlib.nullcontext()
         with scope:
             ends, reach, known = trie_reach.reach_from_allowed(torch.from_numpy(ids).to(device), index.item_keys,
                                                                index.item_nodes, self.full.row_ptr,
-                                                               self.catalogue.depth)
-            known = known.cpu()  # waits for this stream's work: complete before a call on another reads them
-        if not bool(known.all()):  # the host path's words (Catalogue.reachable)
-            unknown = np.unique(ids[~known.numpy()])
-            raise InvalidInput(f"ALLOW_ITEMS: allowed items {unknown[:5].tolist()} are not in the catalogue")
+                                                               self.catalogue.depth, within)
+            # One sync, for both answers; it waits for this stream's work, so the arrays are
+            # complete before a call on another stream reads them.
+            answer = torch.cat((known, reach[:1])).cpu().numpy()
+        known, anything = answer[:-1], bool(answer[-1])
+        if not known.all():  # the host path's words (Catalogue.allowed_ids)
+            unknown = np.unique(ids[~known])
+            raise InvalidInput(f"{what}: allowed items {unknown[:5].tolist()} are not in the catalogue")
+        if not anything:  # only with a subset: a list of known ids reaches the root
+            raise InvalidInput(f"{what}: the allow-list leaves no item of the catalogue to generate{_within(subset)}")
         return reach, ends
 
 
@@ -142,7 +177,11 @@ def load_catalogue(cat_dir: str | Path, artifact_dir: str | Path, device: str | 
     hint = degree_hint(cat, spec.catalogue_max_degree)
     if hint:
         log.info("catalogue %s: %s", cat_dir, hint)
-    return ServedCatalogue.on_device(cat, vocab, device, reach_on_device, str(cat_dir))
+    served = ServedCatalogue.on_device(cat, vocab, device, reach_on_device, str(cat_dir))
+    if served.subsets:
+        log.info("catalogue %s: %d named subsets, %.1f MB on %s", cat_dir, len(served.subsets),
+                 served.subset_bytes / 1e6, device)
+    return served
 
 
 def degree_hint(cat: Catalogue, bound: int) -> str | None:
@@ -164,6 +203,10 @@ def check_allow_count(count: int, items: int) -> None:
     if count > items:
         raise InvalidInput(f"ALLOW_ITEMS has {count:,} ids, more than the catalogue has items ({items:,}): "
                            "list each allowed item once")
+
+
+def _within(subset: str | None) -> str:
+    return "" if subset is None else f" within subset {subset!r}"
 
 
 def _item_ids(allow_items) -> np.ndarray:

@@ -20,8 +20,8 @@ A constrained beam artifact takes its catalogue's trie as program inputs: the en
 `ServedCatalogue` (runtime/catalogue.py; `set_catalogue`), and each request takes the trie of
 that moment (its allow-list's, if any) on the caller thread, so that a replacement never mixes
 two catalogues in one request. Requests share a call only when they share those tensors (so a
-request with an allow-list runs alone). With CUDA graphs each context holds trie buffers of one
-length M_cap (runtime/context.py), which its graphs read: a call first copies its request's trie
+request with an allow-list runs alone; requests naming one subset share its tensors). With CUDA
+graphs each context holds trie buffers of one length M_cap (runtime/context.py), which its graphs read: a call first copies its request's trie
 into them on the context's stream (the catalogue's arrays only when the context held another
 catalogue, reach and ends only when they changed). M_cap is fixed when the first catalogue is
 set (`catalogue_max_nodes`, else that catalogue's nodes and a quarter more), and the graphs are
@@ -106,10 +106,11 @@ class LocalEngine(Engine):
         return self._request(samples, deadline, cancelled, self.packer.pack_ids)
 
     def beam(self, text: str, deadline: float | None = None, cancelled: threading.Event | None = None,
-             allow_items: Sequence[int] | None = None) -> BeamResult:
-        """allow_items: item ids a constrained search may return (None: every item of the catalogue)."""
+             allow_items: Sequence[int] | None = None, allow_subset: str | None = None) -> BeamResult:
+        """allow_items: item ids a constrained search may return (None: every item of the catalogue);
+        allow_subset: a subset registered with the catalogue, by name (with allow_items: both apply)."""
         return self._request(self.task.texts("beam", text, self.spec.name), deadline, cancelled,
-                             allow_items=allow_items)
+                             allow_items=allow_items, allow_subset=allow_subset)
 
     @property
     def constrained(self) -> bool:
@@ -150,22 +151,23 @@ class LocalEngine(Engine):
             raise ConfigError(f"model {self.spec.name} was not built with --constrained: it takes no catalogue")
         self.set_catalogue(load_catalogue(cat_dir, self.spec.provenance.artifact_dir, self.contexts[0].device))
 
-    def _trie(self, allow_items: Sequence[int] | None) -> Trie | None:
+    def _trie(self, allow_items: Sequence[int] | None, allow_subset: str | None = None) -> Trie | None:
         """The trie inputs of a request (None: an unconstrained program)."""
         if not self.constrained:
-            if allow_items is not None:
-                raise InvalidInput(f"model {self.spec.name} has no catalogue: ALLOW_ITEMS does not apply")
+            for given, name in ((allow_items, "ALLOW_ITEMS"), (allow_subset, "ALLOW_SUBSET")):
+                if given is not None:
+                    raise InvalidInput(f"model {self.spec.name} has no catalogue: {name} does not apply")
             return None
         catalogue = self.catalogue  # one read: the whole request sees this catalogue
         if catalogue is None:
             raise InvalidInput(f"model {self.spec.name} is a constrained beam model and no catalogue is loaded")
-        return catalogue.trie(allow_items)
+        return catalogue.trie(allow_items, allow_subset)
 
     def _request(self, texts: list, deadline: float | None, cancelled: threading.Event | None, pack=None,
-                 allow_items: Sequence[int] | None = None):
+                 allow_items: Sequence[int] | None = None, allow_subset: str | None = None):
         t0 = time.perf_counter()
         packed = (pack or self.packer.encode)(texts)
-        trie = self._trie(allow_items)
+        trie = self._trie(allow_items, allow_subset)
         t1 = time.perf_counter()
         share: CallShare = self._batcher.submit(Queued(packed, t1, trie), deadline, cancelled)
         t2 = time.perf_counter()
@@ -178,14 +180,16 @@ class LocalEngine(Engine):
     # -- packed requests from another process (server/deploy/) --------------------------------
 
     def enqueue(self, packed: PackedBatch, deadline: float | None = None, cancelled: threading.Event | None = None,
-                client: str = "", max_queue: int | None = None, allow_items: Sequence[int] | None = None) -> Ticket:
+                client: str = "", max_queue: int | None = None, allow_items: Sequence[int] | None = None,
+                allow_subset: str | None = None) -> Ticket:
         """Queue a request tokenized elsewhere (a front-end process) without waiting; the ticket's
         future gets its `CallShare`. Raises DeadlineExceeded or Cancelled if it is already gone, and
         Overloaded if `max_queue` requests wait (the batcher's fair queue: `client` is who sent it).
         allow_items: a constrained request's allow-list ([K] int64), its trie derived here as `beam`
-        derives it (InvalidInput for unknown ids, or a list that leaves nothing)."""
-        return self._batcher.enqueue(Queued(packed, time.perf_counter(), self._trie(allow_items)), deadline,
-                                     cancelled, client, max_queue)
+        derives it (InvalidInput for unknown ids, or a list that leaves nothing); allow_subset: a
+        named subset of its catalogue (its trie inputs derived at load)."""
+        trie = self._trie(allow_items, allow_subset)
+        return self._batcher.enqueue(Queued(packed, time.perf_counter(), trie), deadline, cancelled, client, max_queue)
 
     def withdraw(self, ticket: Ticket) -> bool:
         """Take a queued request back out (its client went away, or its deadline passed);

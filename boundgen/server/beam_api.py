@@ -3,7 +3,8 @@ for clients that would rather not build KServe tensors. Each prompt here is one 
 a KServe v2 `infer` of TEXT [1] would be (the same checks, admission and engine), without tensors.
 
     request   {"prompt": "..."}  or  {"prompts": ["...", ...]},  "model": "name" (optional),
-              "allow_items": [item_id, ...] (optional; a constrained model's allow-list, ALLOW_ITEMS)
+              "allow_items": [item_id, ...] (optional; a constrained model's allow-list, ALLOW_ITEMS),
+              "allow_subset": "name" (optional; a subset registered with its catalogue, ALLOW_SUBSET)
     response  {"model": "name", "object": "beam", "candidates": [...]}           (prompt)
               {"model": "name", "object": "beam", "results": [{"candidates": [...]}, ...]}  (prompts)
     candidate {"token_ids": [...], "text": "...", "score": s}, W of them, best first; a constrained
@@ -65,7 +66,10 @@ def parse(obj) -> dict:
         raise InvalidInput("allow_items must be a non-empty list of integer item ids")
     if allow is not None and not all(-2**63 <= i < 2**63 for i in allow):
         raise InvalidInput("allow_items holds an id outside the int64 range")
-    return {"prompts": prompts, "single": single, "model": model, "allow_items": allow}
+    subset = obj.get("allow_subset")
+    if subset is not None and (not isinstance(subset, str) or not subset):
+        raise InvalidInput("allow_subset must name a subset of the catalogue (a non-empty text)")
+    return {"prompts": prompts, "single": single, "model": model, "allow_items": allow, "allow_subset": subset}
 
 
 def pick_model(models: ModelSet, requested: str | None) -> str:
@@ -98,9 +102,9 @@ def check_count(models: ModelSet, name: str, prompts: list[str]) -> None:
 
 
 async def run(models: ModelSet, name: str, prompts: list[str], deadline: float,
-              allow_items: list[int] | None = None) -> list[list[dict]]:
+              allow_items: list[int] | None = None, allow_subset: str | None = None) -> list[list[dict]]:
     """Each prompt as one engine call, side by side; the candidates per prompt, in order.
-    allow_items: ALLOW_ITEMS of every prompt (a constrained model's)."""
+    allow_items, allow_subset: ALLOW_ITEMS and ALLOW_SUBSET of every prompt (a constrained model's)."""
     check_count(models, name, prompts)
     encoded = [utf8(p, f"prompts[{i}]" if len(prompts) > 1 else "prompt") for i, p in enumerate(prompts)]
     signature = models.get(name).signature
@@ -108,8 +112,8 @@ async def run(models: ModelSet, name: str, prompts: list[str], deadline: float,
     async def one(i: int, prompt: bytes) -> list[dict]:
         try:
             call = signature.call([prompt])
-            if allow_items is not None:
-                call = signature.allowing(call, allow_items)
+            if allow_items is not None or allow_subset is not None:
+                call = signature.allowing(call, allow_items, allow_subset)
             return candidates(await models.run(name, call, deadline))
         except InvalidInput as exc:
             raise InvalidInput(f"prompts[{i}]: {exc}" if len(prompts) > 1 else str(exc)) from None

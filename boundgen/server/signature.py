@@ -70,13 +70,15 @@ class EngineCall:
     token_ids: tuple[tuple[int, ...], ...] | None = None  # score samples given as token ids (no template)
     # [K] int64: a constrained beam request's allow-list (ALLOW_ITEMS); an array does not compare as one value
     allow_items: np.ndarray | None = field(default=None, compare=False)
+    allow_subset: str | None = None  # a subset registered with its catalogue, by name (ALLOW_SUBSET)
 
     def __call__(self, engine: Engine, deadline: float | None = None,
                  cancelled: threading.Event | None = None) -> ScoreResult | BeamResult:
         if self.token_ids is not None:
             return engine.score_ids([list(ids) for ids in self.token_ids], deadline, cancelled)
-        if self.allow_items is not None:  # a constrained beam request's allow-list
-            return engine.beam(self.texts[0], deadline, cancelled, allow_items=self.allow_items)
+        if self.allow_items is not None or self.allow_subset is not None:  # a constrained beam request's filter
+            return engine.beam(self.texts[0], deadline, cancelled, allow_items=self.allow_items,
+                               allow_subset=self.allow_subset)
         return task_named(self.task).call(engine, self.texts, deadline, cancelled)
 
 
@@ -100,15 +102,24 @@ class Signature:
         """The program's task and bounds (its spec's dict form), as listed in the model metadata."""
         return spec_to_dict(self.spec)
 
-    def allowing(self, call: EngineCall, allow_items: Sequence[int]) -> EngineCall:
-        """`call` restricted to the allow-list (ALLOW_ITEMS; whether the ids are the catalogue's is
-        the engine's check, and the list's length against the catalogue's items): a model without
-        that input refuses it. The ids stay one int64 array (no Python object per id)."""
+    def allowing(self, call: EngineCall, allow_items: Sequence[int] | None = None,
+                 subset: str | None = None) -> EngineCall:
+        """`call` restricted to the allow-list (ALLOW_ITEMS) and to a named subset (ALLOW_SUBSET;
+        whether the ids and the name are the catalogue's is the engine's check, and the list's
+        length against the catalogue's items): a model without those inputs refuses them. The ids
+        stay one int64 array (no Python object per id)."""
         if "ALLOW_ITEMS" not in [t.name for t in self.inputs]:
-            raise InvalidInput(f"model {self.name} has no input 'ALLOW_ITEMS': it was not built with --constrained")
-        if len(allow_items) == 0:
-            raise InvalidInput("input ALLOW_ITEMS is empty: it allows no item (leave it out to allow every item)")
-        return replace(call, allow_items=np.asarray(allow_items, dtype=np.int64))
+            given = "ALLOW_ITEMS" if allow_items is not None else "ALLOW_SUBSET"
+            raise InvalidInput(f"model {self.name} has no input {given!r}: it was not built with --constrained")
+        if allow_items is not None:
+            if len(allow_items) == 0:
+                raise InvalidInput("input ALLOW_ITEMS is empty: it allows no item (leave it out to allow every item)")
+            call = replace(call, allow_items=np.asarray(allow_items, dtype=np.int64))
+        if subset is not None:
+            if not isinstance(subset, str) or not subset:
+                raise InvalidInput("ALLOW_SUBSET must name a subset of the catalogue (a non-empty text)")
+            call = replace(call, allow_subset=subset)
+        return call
 
     def call(self, items: Sequence[bytes], shape: Sequence[int] | None = None) -> EngineCall:
         """The engine call of texts (UTF-8), checked as a TEXT input of `shape` is (None: one

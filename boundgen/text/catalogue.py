@@ -22,15 +22,22 @@ node of the same row one level up. Measured: a million items of 5 tokens build i
 core with a peak of 0.37 GB (75 bytes an item-token: the matrix, its sorted copy, the per-level
 masks); the index takes 20 bytes a node (row_ptr 8, child_token 4, node_item 8).
 
-On disk (`save`, `load`): CAT_DIR/trie.npz (the four arrays, uncompressed) and
-CAT_DIR/catalogue.json (format version, counts, depth, the largest number of children of a node
-per depth, the sha256 of the arrays, and the tokenizer it was built with). No torch here.
+Named subsets (`subsets`, e.g. a category or "in stock"): a name -> the sorted ids of its items,
+registered with the catalogue when it is built (each item's `subsets` field, text/catalogue_items.py).
+A request names one instead of sending its ids (ALLOW_SUBSET); the server derives each subset's
+reach once, at load (runtime/catalogue.py). Names: 1-64 of [A-Za-z0-9_.-], at most MAX_SUBSETS.
+
+On disk (`save`, `load`): CAT_DIR/trie.npz (the four arrays, uncompressed), CAT_DIR/subsets.npz
+(one int64 array a subset, only when there are any) and CAT_DIR/catalogue.json (format version,
+counts, depth, the largest number of children of a node per depth, each subset's item count, the
+sha256 of the arrays and subsets, and the tokenizer it was built with). No torch here.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
@@ -41,7 +48,9 @@ from boundgen.errors import ConfigError
 
 FORMAT_VERSION = 1
 ARRAYS = ("row_ptr", "child_token", "node_item", "level_ptr")
-INDEX_FILE, META_FILE = "trie.npz", "catalogue.json"
+INDEX_FILE, META_FILE, SUBSETS_FILE = "trie.npz", "catalogue.json", "subsets.npz"
+SUBSET_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+MAX_SUBSETS = 1024  # each costs the server two bytes a trie node on the device (runtime/catalogue.py)
 
 
 @dataclass
@@ -51,6 +60,7 @@ class Catalogue:
     node_item: np.ndarray
     level_ptr: np.ndarray
     tokenizer: dict = field(default_factory=dict)  # {"vocab_size": V, "sha256": of tokenizer.json}
+    subsets: dict[str, np.ndarray] = field(default_factory=dict)  # name -> its item ids, ascending, unique
 
     # -- building ------------------------------------------------------------------------------
 
@@ -136,9 +146,12 @@ class Catalogue:
         return np.concatenate(([-1], np.repeat(np.arange(self.num_nodes, dtype=np.int64), self.degree())))
 
     def content_sha256(self) -> str:
+        """Of the arrays and the subsets (a catalogue without subsets hashes as before they existed)."""
         h = hashlib.sha256()
-        for name in ARRAYS:
-            array = np.ascontiguousarray(getattr(self, name))
+        named = [(name, getattr(self, name)) for name in ARRAYS]
+        named += [(f"subset {name}", self.subsets[name]) for name in sorted(self.subsets)]
+        for name, array in named:
+            array = np.ascontiguousarray(array)
             h.update(f"{name}:{array.dtype.str}:{array.shape}".encode())
             h.update(array.tobytes())
         return h.hexdigest()
@@ -159,9 +172,51 @@ class Catalogue:
         return self.child_token[self.row_ptr[node]:self.row_ptr[node + 1]].tolist()
 
     def metadata(self) -> dict:
+        subsets = {"subsets": {name: len(ids) for name, ids in sorted(self.subsets.items())}} if self.subsets else {}
         return {"format": "boundgen-catalogue", "format_version": FORMAT_VERSION, "items": self.num_items,
-                "nodes": self.num_nodes, "depth": self.depth, "max_degree": self.max_degree(),
+                "nodes": self.num_nodes, "depth": self.depth, "max_degree": self.max_degree(), **subsets,
                 "sha256": self.content_sha256(), "tokenizer": self.tokenizer}
+
+    # -- named subsets -------------------------------------------------------------------------
+
+    def with_subsets(self, subsets: dict[str, Sequence[int] | np.ndarray]) -> "Catalogue":
+        """This catalogue with named subsets of its items (repeats within one are fine); a bad name,
+        an empty subset or an id that is no item of the catalogue is a ConfigError."""
+        if len(subsets) > MAX_SUBSETS:
+            raise ConfigError(f"{len(subsets):,} subsets, more than the {MAX_SUBSETS:,} a catalogue may register")
+        items = np.sort(self.node_item[self.node_item >= 0])
+        checked = {}
+        for name, ids in subsets.items():
+            check_subset_name(name)
+            ids = np.unique(np.asarray(ids, dtype=np.int64))
+            if not ids.size:
+                raise ConfigError(f"subset {name!r} has no items")
+            at = np.searchsorted(items, ids).clip(max=len(items) - 1)
+            unknown = ids[items[at] != ids]
+            if unknown.size:
+                raise ConfigError(f"subset {name!r}: items {unknown[:5].tolist()} are not in the catalogue")
+            checked[name] = ids
+        return Catalogue(self.row_ptr, self.child_token, self.node_item, self.level_ptr, dict(self.tokenizer), checked)
+
+    def subset(self, name: str) -> np.ndarray:
+        """A named subset's item ids (ascending); ConfigError naming the ones there are."""
+        try:
+            return self.subsets[name]
+        except KeyError:
+            have = ", ".join(sorted(self.subsets)[:20]) or "none"
+            raise ConfigError(f"the catalogue has no subset {name!r} (its subsets: {have})") from None
+
+    def allowed_ids(self, allow_items: Sequence[int] | None = None, subset: str | None = None) -> np.ndarray | None:
+        """The item ids a request allows: its allow-list within its named subset (None and None:
+        every item, None). Ids not in the catalogue are a ConfigError, inside the subset or not."""
+        within = None if subset is None else self.subset(subset)
+        if allow_items is None:
+            return within
+        ids = np.unique(np.asarray(list(allow_items), dtype=np.int64))
+        present = np.isin(ids, self.node_item)
+        if not present.all():
+            raise ConfigError(f"allowed items {ids[~present][:5].tolist()} are not in the catalogue")
+        return ids if within is None else ids[np.isin(ids, within, assume_unique=True)]
 
     # -- allow-lists ---------------------------------------------------------------------------
 
@@ -190,6 +245,10 @@ class Catalogue:
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         np.savez(out / INDEX_FILE, **{name: getattr(self, name) for name in ARRAYS})
+        if self.subsets:
+            np.savez(out / SUBSETS_FILE, **self.subsets)
+        else:
+            (out / SUBSETS_FILE).unlink(missing_ok=True)  # an earlier catalogue's (--force)
         meta = self.metadata()
         (out / META_FILE).write_text(json.dumps(meta, indent=1) + "\n")
         return meta
@@ -213,6 +272,12 @@ class Catalogue:
                 cat = cls(**{name: arrays[name] for name in ARRAYS}, tokenizer=meta.get("tokenizer", {}))
         except (OSError, KeyError, ValueError) as exc:
             raise ConfigError(f"{path / INDEX_FILE} is missing or damaged: {exc}") from None
+        if meta.get("subsets"):
+            try:
+                with np.load(path / SUBSETS_FILE, allow_pickle=False) as arrays:
+                    cat.subsets = {name: arrays[name] for name in meta["subsets"]}
+            except (OSError, KeyError, ValueError) as exc:
+                raise ConfigError(f"{path / SUBSETS_FILE} is missing or damaged: {exc}") from None
         nodes = len(cat.node_item)
         if (len(cat.row_ptr) != nodes + 1 or len(cat.child_token) != nodes - 1 or cat.row_ptr[-1] != nodes - 1
                 or cat.level_ptr[-1] != nodes or nodes != meta.get("nodes")):
@@ -220,6 +285,11 @@ class Catalogue:
         if verify and cat.content_sha256() != meta.get("sha256"):
             raise ConfigError(f"{cat_dir}: the trie's content does not match the sha256 in {META_FILE}")
         return cat
+
+
+def check_subset_name(name) -> None:
+    if not isinstance(name, str) or not SUBSET_NAME.fullmatch(name):
+        raise ConfigError(f"subset name {name!r} is not 1-64 letters, digits, '_', '.' or '-'")
 
 
 def tokenizer_sha256(model_dir: str | Path | None) -> str | None:

@@ -1,15 +1,17 @@
 """Reading a catalogue's items from JSON lines, every error naming its line.
 
     ITEMS.jsonl: one object a line, {"item_id": INT, "token_ids": [INT, ...]} or
-                 {"item_id": INT, "text": "..."} (blank lines are skipped)
-    -> item ids [items] int64, codes (token id lists), line numbers [items] int64
-    -> Catalogue.from_sequences (text/catalogue.py)
+                 {"item_id": INT, "text": "..."} (blank lines are skipped), either with an
+                 optional "subsets": ["NAME", ...] (the named subsets the item belongs to)
+    -> item ids [items] int64, codes (token id lists), line numbers [items] int64, subsets
+    -> Catalogue.from_sequences (text/catalogue.py), Catalogue.with_subsets
 
 Texts are tokenized with the catalogue's tokenizer (no template, no special tokens), in batches.
 Checked, each error naming the line (1-based): UTF-8, JSON, an object with exactly `item_id` and
-one of `token_ids` / `text`, item_id an integer in [0, 2^63), token ids integers in
-[0, vocab_size), no empty sequence, none longer than `max_depth`, no item_id twice (both lines
-named). One sequence for two item_ids is checked on the sorted codes (Catalogue.from_sequences).
+one of `token_ids` / `text` (and optionally `subsets`, a list of names), item_id an integer in
+[0, 2^63), token ids integers in [0, vocab_size), no empty sequence, none longer than
+`max_depth`, no item_id twice (both lines named), subset names as text/catalogue.py's
+SUBSET_NAME. One sequence for two item_ids is checked on the sorted codes (Catalogue.from_sequences).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typing import Callable
 import numpy as np
 
 from boundgen.errors import ConfigError
-from boundgen.text.catalogue import Catalogue, tokenizer_sha256
+from boundgen.text.catalogue import Catalogue, check_subset_name, tokenizer_sha256
 
 PROGRESS_EVERY = 1_000_000  # lines between progress reports
 TEXT_BATCH = 4096  # texts tokenized per call
@@ -37,6 +39,7 @@ def build_catalogue(items_file: str | Path, tokenizer, max_depth: int | None = N
     """ITEMS.jsonl + a Tokenizer (text/tokenizer.py) -> the Catalogue (not yet saved)."""
     vocab = tokenizer.vocab_size
     ids, codes, lines = [], [], []
+    subsets: dict[str, list[int]] = {}  # name -> its item ids
     texts: list[tuple[int, str]] = []  # (index into codes, text): tokenized in batches
 
     def tokenize():
@@ -57,7 +60,9 @@ def build_catalogue(items_file: str | Path, tokenizer, max_depth: int | None = N
                 raise ItemsError(f"line {line_no}: not UTF-8 ({exc.reason} at byte {exc.start})") from None
             if not line.strip():
                 continue
-            item_id, code, text = _parse(line, line_no, vocab, max_depth)
+            item_id, code, text, names = _parse(line, line_no, vocab, max_depth)
+            for name in names:
+                subsets.setdefault(name, []).append(item_id)
             lines.append(line_no)
             ids.append(item_id)
             codes.append(code)
@@ -73,7 +78,8 @@ def build_catalogue(items_file: str | Path, tokenizer, max_depth: int | None = N
     _check_unique_ids(item_ids, line_arr)
     if progress:
         progress(f"catalogue: {len(ids):,} items read; building the trie")
-    return Catalogue.from_sequences(item_ids, codes, tokenizer_identity(tokenizer), lines=line_arr)
+    cat = Catalogue.from_sequences(item_ids, codes, tokenizer_identity(tokenizer), lines=line_arr)
+    return cat.with_subsets(subsets) if subsets else cat
 
 
 def tokenizer_identity(tokenizer) -> dict:
@@ -89,9 +95,10 @@ def _parse(line: str, line_no: int, vocab: int, max_depth: int | None):
     if not isinstance(obj, dict):
         raise ItemsError(f"line {line_no}: expected a JSON object, got {type(obj).__name__}")
     keys = set(obj)
-    extra = sorted(keys - {"item_id", "token_ids", "text"})
+    extra = sorted(keys - {"item_id", "token_ids", "text", "subsets"})
     if extra:
-        raise ItemsError(f"line {line_no}: unknown fields {extra}; an item has item_id and token_ids or text")
+        raise ItemsError(f"line {line_no}: unknown fields {extra}; an item has item_id and token_ids or text "
+                         "(and optionally subsets)")
     if "item_id" not in keys:
         raise ItemsError(f"line {line_no}: no item_id")
     if ("token_ids" in keys) == ("text" in keys):
@@ -103,12 +110,24 @@ def _parse(line: str, line_no: int, vocab: int, max_depth: int | None):
         text = obj["text"]
         if not isinstance(text, str) or not text:
             raise ItemsError(f"line {line_no}: text must be a non-empty string, got {text!r}")
-        return item_id, None, text
+        return item_id, None, text, _subsets(obj, line_no)
     code = obj["token_ids"]
     if not isinstance(code, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in code):
         raise ItemsError(f"line {line_no}: token_ids must be a list of integers")
     _check_code(code, line_no, vocab, max_depth, from_text=False)
-    return item_id, code, None
+    return item_id, code, None, _subsets(obj, line_no)
+
+
+def _subsets(obj: dict, line_no: int) -> list[str]:
+    names = obj.get("subsets", [])
+    if not isinstance(names, list):
+        raise ItemsError(f"line {line_no}: subsets must be a list of names, got {names!r}")
+    for name in names:
+        try:
+            check_subset_name(name)
+        except ConfigError as exc:
+            raise ItemsError(f"line {line_no}: {exc}") from None
+    return names
 
 
 def _check_code(code: list, line_no: int, vocab: int, max_depth: int | None, from_text: bool):

@@ -42,9 +42,10 @@ def plain_artifact(tiny_qwen2_dir, tmp_path_factory):
 def test_harness_writes_a_catalogue_and_reports_every_search(constrained_build, plain_artifact, tmp_path, capsys):
     art, cat_dir = constrained_build["artifact"], tmp_path / "cat"
     assert main(["--make-catalogue", str(cat_dir), "--items", "40", "--code-length", "2", "--code-vocab", "64",
-                 "--model-dir", str(art)]) == 0
+                 "--subset-items", "2", "--model-dir", str(art)]) == 0
     cat = Catalogue.load(cat_dir)
     assert (cat.num_items, cat.depth) == (40, 2) and int(cat.child_token.max()) < 64
+    assert list(cat.subsets) == ["sample2"] and len(cat.subsets["sample2"]) == 2
     assert cat.tokenizer["sha256"] == tokenizer_sha256(art)
     capsys.readouterr()
 
@@ -55,8 +56,9 @@ def test_harness_writes_a_catalogue_and_reports_every_search(constrained_build, 
     assert code == 0, printed
     report = json.loads(out.read_text())
     rows = {r["search"]: r for r in report["rows"]}
-    assert list(rows) == ["constrained", "constrained, allow-list of 2", "plain"]
-    assert (report["items"], report["depth"]) == (40, 2)
+    assert list(rows) == ["constrained", "constrained, allow-list of 2", "constrained, subset sample2 of 2", "plain"]
+    assert (report["items"], report["depth"]) == (40, 2) and report["subsets"] == {"sample2": 2}
+    assert report["derive_ms"] > 0
     width = BEAM_OPTIONS["width"]
     for r in rows.values():
         assert r["requests"] == 3 and r["candidates"] == 3 * width
@@ -65,9 +67,11 @@ def test_harness_writes_a_catalogue_and_reports_every_search(constrained_build, 
     assert (whole["missing"], whole["items_ok"], whole["items_fraction"]) == (0, 3 * width, 1.0)
     allow = rows["constrained, allow-list of 2"]  # two items reachable: two slots of each request are -1
     assert (allow["missing"], allow["items_ok"]) == (3 * (width - 2), 3 * 2)
+    named = rows["constrained, subset sample2 of 2"]  # the same two items, named: the same counts
+    assert (named["missing"], named["items_ok"]) == (allow["missing"], allow["items_ok"])
     assert rows["plain"]["missing"] == 0
     table = [line for line in printed.splitlines() if line.startswith("| ")]
-    assert len(table) == 1 + 3 and table[0].startswith("| search | requests | mean ms | p50 ms | p99 ms |")
+    assert len(table) == 1 + 4 and table[0].startswith("| search | requests | mean ms | p50 ms | p99 ms |")
 
 
 def test_a_title_like_catalogue_over_the_real_vocabulary(tiny_qwen2_dir, tmp_path, capsys):

@@ -129,6 +129,19 @@ def test_replacing_the_catalogue_serves_the_new_one(constrained_build, tmp_path)
     assert sorted(items) == [-1, -1, 0, 1]
 
 
+@pytest.mark.parametrize("allow, subset", [(None, "sale"), ((11, 12, 17), "shoes")])
+def test_a_named_subset_equals_the_eager_program_and_its_allow_list(compiled, tiny_qwen2_dir, constrained_build,
+                                                                     allow, subset):
+    """ALLOW_SUBSET on the compiled artifact (its trie inputs derived at load) against the eager
+    program given the subset's ids (Catalogue.allowed_ids) and the checkpoint's CLI flag."""
+    reference = eager_engine(tiny_qwen2_dir, SPEC, catalogue=constrained_build["catalogue"], allow_items=allow,
+                             allow_subset=subset)
+    for prompt in PROMPTS:
+        got = compiled.beam(prompt, allow_items=allow, allow_subset=subset).candidates()
+        want = reference.beam(prompt).candidates()
+        assert [(c["token_ids"], c["item_id"]) for c in got] == [(c["token_ids"], c["item_id"]) for c in want]
+
+
 def cli(*args):
     return subprocess.run([sys.executable, "-m", "boundgen", *map(str, args)], cwd=REPO, capture_output=True,
                           text=True, timeout=300)
@@ -142,9 +155,15 @@ def test_cli_beam_on_the_artifact_prints_item_ids(compiled, constrained_build, t
     assert [(c["token_ids"], c["item_id"], c["score"] is None) for c in got] == \
         [(c["token_ids"], c["item_id"], c["score"] is None) for c in want]
     assert {c["item_id"] for c in got} == {11, 16, -1}
+    proc = cli("beam", art, "--catalogue", cat, "--text", PROMPTS[0], "--allow-subset", "sale")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    want = compiled.beam(PROMPTS[0], allow_subset="sale").candidates()
+    assert [c["item_id"] for c in json.loads(proc.stdout)["candidates"]] == [c["item_id"] for c in want]
     deep = _catalogue(tmp_path, [[40, 50, 60, 70]])
     for args, words in (([], "pass --catalogue CAT_DIR"), (["--catalogue", deep], "this beam search generates 3"),
-                        (["--catalogue", cat, "--allow-items", "99"], "[99] are not in the catalogue")):
+                        (["--catalogue", cat, "--allow-items", "99"], "[99] are not in the catalogue"),
+                        (["--catalogue", cat, "--allow-subset", "hats"], "no subset 'hats'"),
+                        (["--allow-subset", "sale"], "--allow-subset needs --catalogue")):
         proc = cli("beam", art, "--text", PROMPTS[0], *args)
         assert proc.returncode != 0 and words in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-2000:]
 

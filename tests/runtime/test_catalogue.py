@@ -87,6 +87,49 @@ def test_an_allow_list_longer_than_the_catalogue_is_refused_before_any_derivatio
         assert_same_trie(served.trie(ids[1:] + ids[1:2]), served.trie(ids[1:]))  # a repeat within the bound
 
 
+def served_with_subsets(seed, items=120):
+    """served_pair's catalogue with three named subsets: (item ids, host path, device path, subsets)."""
+    cat, ids, _, _ = served_pair(seed, items)
+    rng = random.Random(seed + 9)
+    subsets = {"a": rng.sample(ids, len(ids) // 3), "b": rng.sample(ids, 5), "one": ids[:1]}
+    cat = cat.with_subsets(subsets)
+    return (ids, *(ServedCatalogue.on_device(cat, VOCAB, "cpu", reach_on_device=on) for on in (False, True)),
+            subsets)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_a_named_subset_is_its_ids_allow_list_derived_once(seed):
+    """ALLOW_SUBSET: the trie inputs equal an allow-list of the subset's ids, on either path; they
+    are derived at load, so every request naming it gets the same tensors (no derivation, and a
+    context that holds them copies nothing); an allow-list within a subset is the list's ids that
+    are in it."""
+    ids, host, dev, subsets = served_with_subsets(seed)
+    for served in (host, dev):
+        assert set(served.subsets) == {"a", "b", "one"}
+        assert served.subset_bytes == 3 * 2 * served.full.reach.numel()
+        for name, members in subsets.items():
+            assert_same_trie(served.trie(subset=name), host.trie(members))
+            assert served.trie(subset=name) is served.trie(subset=name)
+        listed = random.Random(seed).sample(ids, len(ids) // 2) + subsets["b"][:2]
+        within = [i for i in listed if i in set(subsets["a"])]
+        assert_same_trie(served.trie(listed, "a"), host.trie(within))
+        assert_same_trie(served.trie(subsets["b"], "b"), served.trie(subset="b"))
+
+
+@pytest.mark.parametrize("allow, subset, words", [
+    (None, "hats", r"ALLOW_SUBSET: the catalogue has no subset 'hats' \(its subsets: a, b, one\)"),
+    ([10**9], "a", r"ALLOW_ITEMS: allowed items \[1000000000\] are not in the catalogue"),
+    ("outside", "one", r"ALLOW_ITEMS: the allow-list leaves no item of the catalogue to generate within subset 'one'"),
+], ids=["unknown-subset", "unknown-id-in-a-subset", "nothing-within"])
+def test_bad_subset_requests_are_refused_alike(allow, subset, words):
+    ids, host, dev, subsets = served_with_subsets(2)
+    if allow == "outside":
+        allow = [i for i in ids if i not in subsets["one"]][:3]
+    for served in (host, dev):
+        with pytest.raises(InvalidInput, match=words):
+            served.trie(allow, subset)
+
+
 def test_default_derivation_follows_the_device():
     cat = Catalogue.from_sequences([1, 2], [[3], [4, 5]])
     assert ServedCatalogue.on_device(cat, VOCAB, "cpu").index is None  # the CPU: the host's numpy
@@ -97,12 +140,15 @@ def test_default_derivation_follows_the_device():
 def test_gpu_device_path_equals_host_path():
     rng = np.random.default_rng(0)
     codes = np.unique(rng.integers(0, 2000, size=(200_000, 4)), axis=0)
-    cat = Catalogue.from_sequences(np.arange(len(codes)), codes.tolist())
+    subset = rng.choice(len(codes), size=50_000, replace=False)
+    cat = Catalogue.from_sequences(np.arange(len(codes)), codes.tolist()).with_subsets({"half": subset})
     dev = ServedCatalogue.on_device(cat, 4096, "cuda")
     host = ServedCatalogue.on_device(cat, 4096, "cuda", reach_on_device=False)
     assert dev.index is not None and dev.index.stream is not None
     allow = rng.choice(len(codes), size=10_000, replace=False).tolist()
     assert_same_trie(dev.trie(allow), host.trie(allow))
+    assert_same_trie(dev.subsets["half"], host.subsets["half"])
+    assert_same_trie(dev.trie(allow, "half"), host.trie(allow, "half"))
     for served in (dev, host):  # an unknown id, found as the device derives the list: the same words
         with pytest.raises(InvalidInput, match=r"allowed items \[999999999\] are not in the catalogue"):
             served.trie(allow[:5] + [999_999_999])

@@ -1,7 +1,8 @@
 """`boundgen serve ART --catalogue NAME=CAT_DIR` over a constrained beam artifact (built once per
-session): ITEM_IDS and ALLOW_ITEMS through tritonclient over HTTP and gRPC and `allow_items` /
-`item_id` on /v1/beam equal the engine in this process; bad allow-lists (unknown ids, empty, longer
-than the catalogue) are 400 / INVALID_ARGUMENT naming the problem; serve refuses to start without a
+session): ITEM_IDS, ALLOW_ITEMS and ALLOW_SUBSET through tritonclient over HTTP and gRPC and
+`allow_items` / `allow_subset` / `item_id` on /v1/beam equal the engine in this process; bad
+allow-lists (unknown ids, empty, longer than the catalogue) and subsets (unknown, or nothing in
+them) are 400 / INVALID_ARGUMENT naming the problem; serve refuses to start without a
 catalogue, or with one for another model."""
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from tritonclient.utils import InferenceServerException
 
 import boundgen
 from boundgen.text.catalogue import Catalogue
+from tests.conftest import CONSTRAINED_SUBSETS
 from tests.server.conftest import REPO, post_json
 
 pytestmark = pytest.mark.slow  # one AOTInductor build
@@ -43,7 +45,7 @@ def engine(constrained_build):
     return boundgen.load(constrained_build["artifact"], catalogue=constrained_build["catalogue"])
 
 
-def infer(protocol, server, allow=None):
+def infer(protocol, server, allow=None, subset=None):
     mod = thttp if protocol == "http" else tgrpc
     client = mod.InferenceServerClient(server.http_url if protocol == "http" else server.grpc_url)
     text = mod.InferInput("TEXT", [1], "BYTES")
@@ -53,7 +55,17 @@ def infer(protocol, server, allow=None):
         items = mod.InferInput("ALLOW_ITEMS", [len(allow)], "INT64")
         items.set_data_from_numpy(np.asarray(allow, dtype=np.int64))
         inputs.append(items)
+    if subset is not None:
+        named = mod.InferInput("ALLOW_SUBSET", [1], "BYTES")
+        named.set_data_from_numpy(np.array([subset.encode()], dtype=object))
+        inputs.append(named)
     return client.infer("cbeam", inputs)
+
+
+def assert_same_result(result, expected):
+    np.testing.assert_array_equal(result.as_numpy("ITEM_IDS"), expected.item_ids)
+    np.testing.assert_array_equal(result.as_numpy("TOKEN_IDS"), expected.token_ids)
+    np.testing.assert_allclose(result.as_numpy("SCORES"), expected.scores, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
@@ -69,9 +81,35 @@ def test_item_ids_and_allow_items_equal_the_engine(server, engine, protocol, all
         assert set(result.as_numpy("ITEM_IDS").tolist()) <= set(allow) | {-1}
 
 
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+@pytest.mark.parametrize("allow, subset", [(None, "shoes"), (None, "sale"), ([12, 13, 17, 18], "sale")])
+def test_allow_subset_equals_the_engine_and_the_subsets_allow_list(server, engine, protocol, allow, subset):
+    """ALLOW_SUBSET names a subset registered with the catalogue (tests/conftest.py); with
+    ALLOW_ITEMS, the listed items within it."""
+    result = infer(protocol, server, allow, subset)
+    assert_same_result(result, engine.beam(PROMPT, allow_items=allow, allow_subset=subset))
+    members = set(CONSTRAINED_SUBSETS[subset]) & (set(allow) if allow else set(CONSTRAINED_SUBSETS[subset]))
+    assert_same_result(result, engine.beam(PROMPT, allow_items=sorted(members)))
+    assert set(result.as_numpy("ITEM_IDS").tolist()) <= members | {-1}
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+@pytest.mark.parametrize("allow, subset, words", [
+    (None, "hats", "ALLOW_SUBSET: the catalogue has no subset 'hats' (its subsets: sale, shoes)"),
+    ([11, 13], "sale", "leaves no item of the catalogue to generate within subset 'sale'"),
+    ([99], "sale", "[99] are not in the catalogue"),
+])
+def test_bad_subsets_are_invalid_argument(server, protocol, allow, subset, words):
+    with pytest.raises(InferenceServerException) as err:
+        infer(protocol, server, allow, subset)
+    assert err.value.status() in ("400", "StatusCode.INVALID_ARGUMENT")
+    assert words in err.value.message(), err.value.message()
+
+
 def test_metadata_lists_allow_items_and_item_ids(server):
     meta = thttp.InferenceServerClient(server.http_url).get_model_metadata("cbeam")
-    assert [(i["name"], i["datatype"]) for i in meta["inputs"]] == [("TEXT", "BYTES"), ("ALLOW_ITEMS", "INT64")]
+    assert [(i["name"], i["datatype"]) for i in meta["inputs"]] == [("TEXT", "BYTES"), ("ALLOW_ITEMS", "INT64"),
+                                                                    ("ALLOW_SUBSET", "BYTES")]
     assert ("ITEM_IDS", "INT64", [4]) in [(o["name"], o["datatype"], o["shape"]) for o in meta["outputs"]]
 
 
@@ -93,6 +131,14 @@ def test_v1_beam_takes_allow_items_and_answers_item_ids(server, engine):
         [(c["token_ids"], c["item_id"], c["score"] is None) for c in want]
     status, answer = post_json(server, "/v1/beam", {"prompt": PROMPT, "allow_items": [99]})
     assert status == 400 and "not in the catalogue" in answer["error"]
+    status, answer = post_json(server, "/v1/beam", {"prompt": PROMPT, "allow_subset": "shoes"})
+    assert status == 200, answer
+    want = engine.beam(PROMPT, allow_subset="shoes").candidates()
+    assert [(c["token_ids"], c["item_id"]) for c in answer["candidates"]] == \
+        [(c["token_ids"], c["item_id"]) for c in want]
+    for bad, words in (("hats", "no subset 'hats'"), (3, "allow_subset must name a subset")):
+        status, answer = post_json(server, "/v1/beam", {"prompt": PROMPT, "allow_subset": bad})
+        assert status == 400 and words in answer["error"], answer
 
 
 def serve_refuses(args, words):

@@ -216,9 +216,20 @@ def test_constrained_outputs_equal_one_process(constrained_server, constrained_e
     assert set(expected.item_ids.tolist()) <= {12, 14, -1}
 
 
-def one_process_refusal(engine, allow) -> str:
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_named_subsets_through_front_ends_equal_one_process(constrained_server, constrained_engine, protocol):
+    for allow, subset in ((None, "shoes"), ([12, 13, 17], "sale")):
+        expected = constrained_engine.beam(constrained.PROMPT, allow_items=allow, allow_subset=subset)
+        constrained.assert_same_result(constrained.infer(protocol, constrained_server, allow, subset), expected)
+    with pytest.raises(InferenceServerException) as err:
+        constrained.infer(protocol, constrained_server, None, "hats")
+    assert err.value.status() in ("400", "StatusCode.INVALID_ARGUMENT")
+    assert err.value.message() == one_process_refusal(constrained_engine, None, "hats")
+
+
+def one_process_refusal(engine, allow, subset=None) -> str:
     with pytest.raises(InvalidInput) as refused:
-        engine.beam(constrained.PROMPT, allow_items=allow)
+        engine.beam(constrained.PROMPT, allow_items=allow, allow_subset=subset)
     return str(refused.value)
 
 

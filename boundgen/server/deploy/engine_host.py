@@ -179,11 +179,12 @@ class EngineHost:
         packed = PackedBatch(tokens=torch.from_numpy(tokens.astype(np.int64)),
                              positions=torch.from_numpy(link.unpack_array(message["positions"]).astype(np.int64)),
                              cu_seqlens=torch.from_numpy(cu.astype(np.int32)), lengths=list(message["lengths"]))
-        allow = message.get("allow_items")
+        allow, subset = message.get("allow_items"), message.get("allow_subset")
         cancelled = threading.Event()
         try:
             ticket = model.engine.enqueue(packed, message.get("deadline"), cancelled, str(message.get("client", "")),
-                                          self.max_queue, None if allow is None else link.unpack_array(allow))
+                                          self.max_queue, None if allow is None else link.unpack_array(allow),
+                                          None if subset is None else str(subset))
         except BoundgenError as exc:
             return conn.send(_error(rid, _kind(exc), str(exc)))
         except RuntimeError as exc:  # the engine is closed

@@ -1,7 +1,8 @@
 """The link between front-end processes and the engine process: messages on a Unix socket.
 
     front end -> engine   SUBMIT  {id, model, deadline, client, tokens, positions, cu_seqlens, lengths
-                                   [, allow_items]}  (a constrained beam request's allow-list, int64 [K])
+                                   [, allow_items, allow_subset]}  (a constrained beam request's
+                                   allow-list, int64 [K]; its named subset, a text)
                           CANCEL  {id}                 (client gone, or its deadline passed)
                           STATE   {state}              (the front end is listening / ready)
     engine -> front end   MODELS  {state, models: [{name, source, spec, ...}]}  (on connect, on change)

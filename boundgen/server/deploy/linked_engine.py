@@ -3,7 +3,7 @@
     ServedModel.run (event loop)
       -> LinkedEngine.run: RequestPacker.encode (bounds, template, token ids)        "pre"
            (a constrained beam request: its allow-list's length against the catalogue's items)
-      -> EngineLink.call: SUBMIT on the link (token ids, and the allow-list, as raw arrays);
+      -> EngineLink.call: SUBMIT on the link (token ids, the allow-list as raw arrays, a subset by name);
            await RESULT or ERROR (the engine derives the allow-list's trie: unknown ids
            come back as InvalidInput, the words of one process)                     "queue" + "model"
            deadline passes first, or the client goes away: CANCEL (the engine withdraws it,
@@ -76,11 +76,12 @@ class EngineLink:
         return self.state
 
     async def call(self, model: str, packed, deadline: float, client: str = "",
-                   allow_items: np.ndarray | None = None) -> dict:
+                   allow_items: np.ndarray | None = None, allow_subset: str | None = None) -> dict:
         """Queue one tokenized request in the engine and await its RESULT; raises the engine's
         error, DeadlineExceeded when `deadline` passes first (it is withdrawn there, unrun, if it
         still waits), and sends CANCEL if the caller is cancelled. `client`: who sent it (its
-        turn in the engine's queue); `allow_items`: a constrained request's allow-list."""
+        turn in the engine's queue); `allow_items`, `allow_subset`: a constrained request's
+        allow-list and named subset."""
         if self.closed.is_set():
             raise Unavailable("the engine process has stopped; this server is shutting down")
         rid = next(self._ids)
@@ -93,6 +94,8 @@ class EngineLink:
                    "lengths": list(packed.lengths)}
         if allow_items is not None:
             message["allow_items"] = link.pack_array(np.asarray(allow_items, dtype="<i8"))
+        if allow_subset is not None:
+            message["allow_subset"] = allow_subset
         self._send(message)
         try:
             return await asyncio.wait_for(asyncio.shield(future), max(0.0, deadline - time.monotonic()))
@@ -167,7 +170,7 @@ class LinkedEngine(Engine):
         if call.allow_items is not None and self.catalogue_items is not None:  # before it crosses the link
             check_allow_count(len(call.allow_items), self.catalogue_items)
         t1 = time.perf_counter()
-        answer = await self.link.call(self.spec.name, packed, deadline, client, call.allow_items)
+        answer = await self.link.call(self.spec.name, packed, deadline, client, call.allow_items, call.allow_subset)
         t2 = time.perf_counter()
         share = CallShare([link.unpack_array(r) for r in answer["rows"]], answer["queue_s"], answer["model_s"],
                           answer["requests_in_call"])

@@ -368,7 +368,8 @@ class HttpFrontend:
             name = beam_api.pick_model(self.models, parsed["model"])
             with self.models.observe("http", name):
                 deadline = self.models.deadline(arrived, None)
-                results = await beam_api.run(self.models, name, parsed["prompts"], deadline, parsed["allow_items"])
+                results = await beam_api.run(self.models, name, parsed["prompts"], deadline, parsed["allow_items"],
+                                             parsed["allow_subset"])
                 response = web.json_response(beam_api.response(name, results, parsed["single"]))
                 check_deadline(deadline, name)
                 return response

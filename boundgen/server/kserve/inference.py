@@ -71,6 +71,16 @@ def engine_call(signature: Signature, tensors: Sequence[Tensor]) -> EngineCall:
         if len(allow.shape) != 1:
             raise InvalidInput(f"input ALLOW_ITEMS must have shape [K] (a list of item ids), got {list(allow.shape)}")
         call = signature.allowing(call, allow.data)
+    subset = by_name.get("ALLOW_SUBSET")
+    if subset is not None:
+        if subset.datatype != "BYTES" or list(subset.shape) != [1] or len(subset.data) != 1:
+            raise InvalidInput(f"input ALLOW_SUBSET must be BYTES of shape [1] (one subset's name), got "
+                               f"{subset.datatype} {list(subset.shape)}")
+        try:
+            name = bytes(subset.data[0]).decode("utf-8")
+        except UnicodeDecodeError:
+            raise InvalidInput("input ALLOW_SUBSET is not UTF-8") from None
+        call = signature.allowing(call, subset=name)
     return call
 
 
