@@ -313,12 +313,14 @@ def in_place_equal(logp: torch.Tensor, nodes: torch.Tensor, trie: tuple, degree:
 
 def bench_allow_list(cat: Catalogue, constraint: CatalogueConstraint, allow: int, device: torch.device,
                      repeats: int, left_out: dict, seed: int = 0) -> list[StepTiming]:
-    """A request's allow-list of `allow` random item ids: its ends / reach, three ways."""
+    """A request's allow-list of `allow` random item ids: its ends / reach, four ways (the level
+    walk from the ids, serving's path table, from a bitmap, numpy on the host)."""
     rng = np.random.default_rng(seed)
     ids = rng.choice(cat.node_item[cat.node_item >= 0], size=min(allow, cat.num_items), replace=False)
     n = cat.num_nodes
     row_ptr = constraint.row_ptr  # the program's trie arrays, one length M, as trie_reach takes them
     keys, item_nodes = trie_reach.item_index(constraint.node_item)
+    paths = trie_reach.item_paths(item_nodes, row_ptr, cat.depth)
     allow_items = torch.from_numpy(ids).to(device)
     ends = trie_reach.reach_from_allowed(allow_items, keys, item_nodes, row_ptr, cat.depth)[0]
     levels = cat.level_ptr.tolist()
@@ -326,8 +328,11 @@ def bench_allow_list(cat: Catalogue, constraint: CatalogueConstraint, allow: int
     want_ends, want_reach = cat.reachable(ids)
     want_reach, want_ends = catalogue_search.padded(cat, (want_reach, want_ends))
     from_ids = (lambda: trie_reach.reach_from_allowed(allow_items, keys, item_nodes, row_ptr, cat.depth))
+    from_paths = (lambda: trie_reach.reach_from_paths(allow_items, keys, paths, row_ptr.shape[0]))
     from_bitmap = (lambda: trie_reach.reach_from_ends(ends, row_ptr, levels))
     impls = {"reach from ids": (from_ids, 2.0 * n, lambda: same_rows(from_ids()[:2], (want_ends, want_reach))),
+             "reach from ids, path table": (from_paths, 2.0 * n,
+                                            lambda: same_rows(from_paths()[:2], (want_ends, want_reach))),
              "reach from bitmap": (from_bitmap, 6.0 * n, lambda: same_rows((from_bitmap(),), (want_reach,)))}
     rows = timed(cat.num_items, case, 1, impls, device, repeats, left_out)
     host = cpu_ms(lambda: cat.reachable(ids), repeats)

@@ -14,7 +14,8 @@ the engine's stage before the call, tokenizing and the request's trie inputs, so
 derivation, mean):
 - constrained: the whole catalogue;
 - constrained, allow-list of K: a seeded random K items of the catalogue a request (the same
-  list for every request), derived into the request's trie inputs as serving does; the
+  list for every request, one int64 array as a served ALLOW_ITEMS arrives: a Python list of
+  ids would add its conversion), derived into the request's trie inputs as serving does; the
   derivation alone is timed apart too (`derive_ms`: `ServedCatalogue.trie(ids)`, mean, after
   the device finished it, as a request waits for it);
 - constrained, subset NAME of K: each named subset registered with the catalogue (ALLOW_SUBSET;
@@ -211,9 +212,10 @@ def bench(artifact: str | Path, cat_dir: str | Path, texts: Sequence[str], allow
             rows.append(check_row(name, *run_requests(engine, texts, warmup), cat, stops))
             if allow:
                 ids = random_allow_list(cat, allow, seed)
+                array = np.asarray(ids, dtype=np.int64)  # as a served request's ALLOW_ITEMS arrives
                 rows.append(check_row(f"{name}, allow-list of {len(ids):,}",
-                                      *run_requests(engine, texts, warmup, ids), cat, stops, ids))
-                derive_ms = derive_ms or derivation_ms(served, np.asarray(ids, dtype=np.int64), device)
+                                      *run_requests(engine, texts, warmup, array), cat, stops, ids))
+                derive_ms = derive_ms or derivation_ms(served, array, device)
             for subset, members in sorted(cat.subsets.items()):
                 rows.append(check_row(f"{name}, subset {subset} of {len(members):,}",
                                       *run_requests(engine, texts, warmup, allow_subset=subset), cat, stops,

@@ -18,9 +18,10 @@ a request without one shares the catalogue's. Two ways to the same arrays ([M], 
 takes them; tests/runtime/test_catalogue.py checks them equal):
 - on the host (the reference, and the CPU's way): text/catalogue_search.py `allowed`, numpy,
   O(nodes) per request (every level of the trie), then copied to the device;
-- on the device (`reach_on_device`, CUDA's way): ops/trie_reach.py from the K allowed leaves
-  upwards, K x depth binary searches and two [M] fills, on a stream of the catalogue's own,
-  which the request's thread waits for (only that stream's work, not the model's calls), so the
+- on the device (`reach_on_device`, CUDA's way): ops/trie_reach.py `reach_from_paths`, the K
+  allowed items' rows of the catalogue's path table (each item's node and its ancestors, built
+  at load: 4 bytes an item a level), K binary searches and two [M] fills, on a stream of the
+  catalogue's own, which the request's thread waits for (only that stream's work, not the model's calls), so the
   arrays are complete before any call reads them. The ids are checked as they are derived: the
   K ids' lookups among the item ids are the derivation's first step, and the host reads back
   which were found ([K] bool, the one sync) before the arrays are used: an unknown id is an error
@@ -28,7 +29,7 @@ takes them; tests/runtime/test_catalogue.py checks them equal):
   a million sorted item ids: ~4.6 ms for 10,000 ids on a 2-core VM) cost more than the derivation.
 A named subset (ALLOW_SUBSET, text/catalogue.py) costs a request nothing: its `reach` and `ends`
 are derived once, when the catalogue is loaded (the same two ways, from its item ids), and held
-on the device, 2 bytes a trie node each (`subset_bytes`); requests naming it share those tensors,
+on the device, 1 byte a trie node each (`subset_bytes`); requests naming it share those tensors,
 so they share calls, and a context that holds them copies nothing. An allow-list within a subset
 is derived as an allow-list is, keeping only the ids whose item is in the subset (`within`).
 Ids not in the catalogue, or a list that leaves nothing to generate, are InvalidInput (400).
@@ -62,7 +63,7 @@ log = logging.getLogger(__name__)
 class ItemIndex:
     """What deriving an allow-list on the device needs (ops/trie_reach.py), built once at load."""
     item_keys: torch.Tensor  # [I] int64, the item ids ascending
-    item_nodes: torch.Tensor  # [I] int64, the node each item ends at
+    item_paths: torch.Tensor  # [I, depth + 1] int32, each item's node and its ancestors (trie_reach.item_paths)
     stream: torch.cuda.Stream | None  # the derivation's own stream (None on the CPU)
 
 
@@ -87,8 +88,9 @@ class ServedCatalogue:
             from boundgen.ops import trie_reach  # here: a server of plain artifacts never imports the op (Triton)
 
             item_keys, item_nodes = trie_reach.item_index(full.node_item)
+            paths = trie_reach.item_paths(item_nodes, full.row_ptr, cat.depth)
             stream = torch.cuda.Stream(device) if device.type == "cuda" else None
-            index = ItemIndex(item_keys, item_nodes, stream)
+            index = ItemIndex(item_keys, paths, stream)
         served = cls(path, cat.metadata(), cat, full, index)
         for name, ids in cat.subsets.items():  # each derived as an allow-list of its ids is, once
             served.subsets[name] = served._allowing(ids, None, f"subset {name!r}")
@@ -147,9 +149,8 @@ class ServedCatalogue:
         within = None if subset is None else self.subsets[subset].ends
         scope = torch.cuda.stream(index.stream) if index.stream is not None else contextlib.nullcontext()
         with scope:
-            ends, reach, known = trie_reach.reach_from_allowed(torch.from_numpy(ids).to(device), index.item_keys,
-                                                               index.item_nodes, self.full.row_ptr,
-                                                               self.catalogue.depth, within)
+            ends, reach, known = trie_reach.reach_from_paths(torch.from_numpy(ids).to(device), index.item_keys,
+                                                             index.item_paths, self.full.row_ptr.shape[0], within)
             # One sync, for both answers; it waits for this stream's work, so the arrays are
             # complete before a call on another stream reads them.
             answer = torch.cat((known, reach[:1])).cpu().numpy()

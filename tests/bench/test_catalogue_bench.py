@@ -31,9 +31,9 @@ def test_runs_end_to_end_on_cpu(capsys):
         assert all(line.endswith("| yes |") for line in case[2:])
     assert sum("| walk, 3 columns | 2 | torch |" in line for line in lines) == 1
     reach = [line for line in lines if "allow-list of 50 items" in line]
-    assert [line.split(" | ")[3] for line in reach] == ["reach from ids", "reach from bitmap",
-                                                          "numpy Catalogue.reachable (host)"]
-    assert all(line.endswith("| yes |") for line in reach[:2])
+    assert [line.split(" | ")[3] for line in reach] == ["reach from ids", "reach from ids, path table",
+                                                          "reach from bitmap", "numpy Catalogue.reachable (host)"]
+    assert all(line.endswith("| yes |") for line in reach[:3])
     assert "left out" not in out and "| NO |" not in out
 
 

@@ -1,5 +1,6 @@
 """trie_reach: a per-request allow-list's ends / reach derived with tensor code, equal to the
-catalogue's own numpy derivation (text/catalogue.py `reachable`), from item ids and from a bitmap."""
+catalogue's own numpy derivation (text/catalogue.py `reachable`), from item ids (the level walk,
+and serving's path table, with and without a subset's `within`) and from a bitmap."""
 
 import random
 
@@ -32,6 +33,50 @@ def host(cat, allow):
     ends, reach = cat.reachable(allow)
     reach, ends = catalogue_search.padded(cat, (reach, ends))
     return ends, reach
+
+
+def by_paths(cat, allow, within=None):
+    """reach_from_paths over the catalogue's path table (serving's derivation)."""
+    keys, nodes, row_ptr = device_trie(cat)
+    paths = op.item_paths(nodes, row_ptr, cat.depth)
+    assert paths.shape == (len(keys), cat.depth + 1) and paths.dtype == torch.int32
+    return op.reach_from_paths(torch.as_tensor(allow, dtype=torch.int64), keys, paths, row_ptr.shape[0], within)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("share", [0.0, 0.02, 0.3, 1.0])
+def test_the_path_table_equals_the_level_walk(seed, share):
+    cat, ids = make_catalogue(seed)
+    rng = random.Random(seed + 10)
+    allow = (rng.sample(ids, int(share * len(ids))) if share < 1 else ids) + [-5, max(ids) + 1] + ids[:3]
+    keys, nodes, row_ptr = device_trie(cat)
+    walked = op.reach_from_allowed(torch.tensor(allow, dtype=torch.int64), keys, nodes, row_ptr, cat.depth)
+    for got, want in zip(by_paths(cat, allow), walked):
+        assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_within_keeps_the_ids_of_a_subset(seed):
+    """`within` (a subset's ends): the ids outside it allow nothing, yet are still `known`."""
+    cat, ids = make_catalogue(seed)
+    rng = random.Random(seed + 20)
+    subset, allow = rng.sample(ids, len(ids) // 4), rng.sample(ids, len(ids) // 2) + [-5]
+    within = torch.from_numpy(host(cat, subset)[0])
+    ends, reach, known = by_paths(cat, allow, within)
+    want_ends, want_reach = host(cat, sorted(set(allow) & set(subset)))
+    assert np.array_equal(ends.numpy(), want_ends) and np.array_equal(reach.numpy(), want_reach)
+    assert known.tolist() == [True] * (len(allow) - 1) + [False]
+    ends, reach, _ = by_paths(cat, sorted(set(ids) - set(subset))[:5], within)
+    assert not ends.any() and not reach.any()
+
+
+def test_the_path_table_of_a_single_item_and_of_nothing():
+    cat = Catalogue.from_sequences([7], [[3, 1, 4]])
+    ends, reach, known = by_paths(cat, [7, 8])
+    assert known.tolist() == [True, False]
+    assert ends.tolist() == [False, False, False, True, False] and reach.tolist() == [True] * 4 + [False]
+    ends, reach, known = by_paths(cat, torch.zeros(0, dtype=torch.int64))
+    assert known.numel() == 0 and not ends.any() and not reach.any()
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -113,4 +158,8 @@ def test_gpu_large_catalogue():
     want_ends, want_reach = host(cat, allow.tolist())
     assert known.all()
     assert np.array_equal(ends.cpu().numpy(), want_ends) and np.array_equal(reach.cpu().numpy(), want_reach)
+    paths = op.item_paths(nodes, row_ptr, cat.depth)
+    for got, want in zip(op.reach_from_paths(torch.from_numpy(allow).cuda(), keys, paths, row_ptr.shape[0]),
+                         (ends, reach, known)):
+        assert torch.equal(got, want)
     assert np.array_equal(op.reach_from_ends(ends, row_ptr, cat.level_ptr.tolist()).cpu().numpy(), want_reach)
