@@ -18,8 +18,8 @@ request never runs after it. A constrained beam model's catalogue is loaded here
 artifact (its engine factory loads it, as in one process); the front ends know the model is
 constrained from its spec (ALLOW_ITEMS in, ITEM_IDS out) and the catalogue's item count from
 `_describe`, and never load the catalogue. An allow-list's trie is derived on its front end's
-reader thread (on CUDA: K x depth binary searches on the catalogue's stream), as one process
-derives it on the request's thread.
+reader thread (on CUDA: K binary searches and the path table's rows, on the catalogue's stream),
+as one process derives it on the request's thread; a named subset's was derived at load.
 """
 
 from __future__ import annotations
