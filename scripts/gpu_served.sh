@@ -65,7 +65,10 @@
 #                 CONSTRAINED_VARIANTS; those built) also served with the catalogue (served_cbeam_NAME, W2 over
 #                 gRPC, the beam sweep), beside the plain beam lane and like it through FRONTENDS front-end
 #                 processes (the engine process holds the catalogue), so the plain lane is its peer;
-#                 FRONTENDS_AB=1 adds the plain lane in one process.
+#                 FRONTENDS_AB=1 adds the plain lane in one process. CONSTRAINED_SERVED_FILTERS ("subset items"):
+#                 each such lane again with every request filtered: `subset` names the made catalogue's
+#                 subset sample10000 (ALLOW_SUBSET), `items` sends 10,000 random items of it, each request
+#                 of the pool its own list (ALLOW_ITEMS): served_cbeam_NAME_subset, served_cbeam_NAME_items.
 #   REPORT=1      per artifact: `python -m boundgen.compile.report` (build seconds, size, load, first and
 #                 warm call, validation) in a fresh process, and the C++ wrapper of each package (which
 #                 kernels and copies a call launches) under $RES/wrapper_ART/.
@@ -220,7 +223,7 @@ fi
 
 # served NAME ART MODEL_DIR WORKLOADS FRONTENDS SWEEP [SERVE FLAGS]: serve ART on SERVER_CORES, bench it over gRPC.
 served() {
-  local name=$1 art=$2 model_dir=$3 wl=$4 frontends=$5 sweep=$6 extra=${7:-}
+  local name=$1 art=$2 model_dir=$3 wl=$4 frontends=$5 sweep=$6 extra=${7:-} bench_extra=${8:-}
   mkdir -p "$RES/$name"
   echo "--frontends $frontends $extra" > "$RES/$name/serve_flags"
   # shellcheck disable=SC2086
@@ -251,7 +254,7 @@ served() {
     --model "$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["name"])' "$art/manifest.json")" \
     $([[ "$fp8" != none ]] && echo --fp8-groups "$fp8") \
     --model-dir "$model_dir" --client-procs "$CLIENT_PROCS" --server-cores "$SERVER_CORES" --out "$RES/$name" \
-    --seed 0 $sweep
+    --seed 0 $sweep $bench_extra
   kill -TERM $pid; wait $pid
   log "$name: serve exit $?"
 }
@@ -343,6 +346,15 @@ for variant in ${CONSTRAINED_SERVED_VARIANTS:-}; do
     || continue
   served "served_cbeam_$variant" "$WORK/art/cbeam_$variant" "$Q2" W2 "$FRONTENDS" "$SWEEP_BEAM" \
     "--catalogue cbeam_$variant=$WORK/catalogue"
+  for filter in ${CONSTRAINED_SERVED_FILTERS:-}; do  # the same lane, every request filtered
+    case $filter in
+      subset) flags="--allow-subset sample10000" ;;
+      items) flags="--allow-items 10000 --catalogue $WORK/catalogue" ;;
+      *) log "CONSTRAINED_SERVED_FILTERS: unknown filter $filter"; continue ;;
+    esac
+    served "served_cbeam_${variant}_$filter" "$WORK/art/cbeam_$variant" "$Q2" W2 "$FRONTENDS" "$SWEEP_BEAM" \
+      "--catalogue cbeam_$variant=$WORK/catalogue" "$flags"
+  done
 done
 shopt -s nullglob
 { echo "# boundgen served vs in process ($(( SECONDS - start )) s)"; cat "$RES/env.txt"; echo

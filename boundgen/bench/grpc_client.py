@@ -10,6 +10,7 @@ Results carry no timings: over RPC the whole latency counts as one piece.
 from __future__ import annotations
 
 import struct
+from typing import Sequence
 
 import numpy as np
 
@@ -59,12 +60,17 @@ def to_result(task: str, outs: dict):
 class GrpcTarget:
     """Callable `request -> ScoreResult | BeamResult` against one model of a running server."""
 
-    def __init__(self, address: str, model: str, task: str, timeout_s: float = 30.0):
+    def __init__(self, address: str, model: str, task: str, timeout_s: float = 30.0, allow_subset: str | None = None,
+                 allow_lists: Sequence[bytes] = ()):
+        """allow_subset: every request names this subset of a constrained model's catalogue
+        (ALLOW_SUBSET); allow_lists: raw int64 ALLOW_ITEMS, request i sending list i % len (so
+        that the requests of a pool bring distinct lists, as distinct users do)."""
         import grpc
 
         bench_task(task)  # ValueError for a task that is none
         pb = _pb()
         self.pb, self.model, self.task, self.timeout_s = pb, model, task, timeout_s
+        self.allow_subset, self.allow_lists = allow_subset, list(allow_lists)
         self.channel = grpc.insecure_channel(address, options=[("grpc.max_receive_message_length", 64 << 20),
                                                                  ("grpc.max_send_message_length", 64 << 20)])
         prefix = f"/{pb.SERVICE}/"
@@ -83,8 +89,20 @@ class GrpcTarget:
         tensor.name, tensor.datatype = "TEXT", "BYTES"
         tensor.shape.append(len(texts))
         req.raw_input_contents.append(encode_bytes([t.encode("utf-8") for t in texts]))
+        if self.allow_lists:  # a constrained model's filters: an allow-list of this request's own
+            ids = self.allow_lists[request.index % len(self.allow_lists)]
+            self._add_raw(req, "ALLOW_ITEMS", "INT64", len(ids) // 8, ids)
+        if self.allow_subset is not None:
+            self._add_raw(req, "ALLOW_SUBSET", "BYTES", 1, encode_bytes([self.allow_subset.encode("utf-8")]))
         req.parameters[self.pb.TIMINGS_PARAMETER].bool_param = True  # the server's stage timings come back with the answer
         return self.parse(self._infer(req, timeout=self.timeout_s))
+
+    @staticmethod
+    def _add_raw(req, name: str, datatype: str, count: int, raw: bytes) -> None:
+        tensor = req.inputs.add()
+        tensor.name, tensor.datatype = name, datatype
+        tensor.shape.append(count)
+        req.raw_input_contents.append(raw)
 
     def parse(self, resp):
         outs = {}

@@ -44,6 +44,7 @@ class Plan:
     client_procs: int
     peer_modes: tuple[str, ...]
     command: str  # the command line, recorded with every result
+    filters: dict | None = None  # a constrained model's filters sent with every request (runner.remote_target)
 
 
 def progress(line: str) -> None:
@@ -101,7 +102,8 @@ def _run_boundgen(args, plan: Plan, results, save, tokenizer, load_engine: Calla
     engine, target, fp8, clients = None, None, (), None
     try:
         if remote:
-            target_spec, target = runner.remote_target(specs[0].task, grpc=args.grpc, http=args.http, model=args.model)
+            target_spec, target = runner.remote_target(specs[0].task, grpc=args.grpc, http=args.http, model=args.model,
+                                                       filters=plan.filters)
             clients = ClientSetup(target_spec, plan.client_procs, check=args.check_clients is not False)
             engine = target_spec.build()  # this process's own, for the warm-up calls
         else:

@@ -180,14 +180,37 @@ def _check_clients(setup: clients.ClientSetup, requests, capacity: loadgen.Level
     return check
 
 
-def remote_target(task: str, *, grpc: str | None = None, http: str | None = None, model: str) -> tuple[
-        clients.TargetSpec, str]:
-    """(how a client process builds its target, a description) for a running server's model."""
+def remote_target(task: str, *, grpc: str | None = None, http: str | None = None, model: str,
+                  filters: dict | None = None) -> tuple[clients.TargetSpec, str]:
+    """(how a client process builds its target, a description) for a running server's model;
+    filters: GrpcTarget's allow_subset / allow_lists (a constrained model's, over gRPC)."""
     if bool(grpc) == bool(http):
         raise ValueError("a remote target is one of grpc or http")
+    if filters and not grpc:
+        raise ValueError("allow-lists and subsets are sent over gRPC (--grpc)")
     factory, address, kind = (GrpcTarget, grpc, "grpc") if grpc else (HttpTarget, http, "http")
-    return (clients.TargetSpec(factory, {"address": address, "model": model, "task": task}),
-            f"{kind} {address} model {model}")
+    described = f"{kind} {address} model {model}"
+    if filters and filters.get("allow_subset"):
+        described += f", subset {filters['allow_subset']}"
+    if filters and filters.get("allow_lists"):
+        lists = filters["allow_lists"]
+        described += f", {len(lists)} distinct allow-lists of {len(lists[0]) // 8:,} items"
+    return (clients.TargetSpec(factory, {"address": address, "model": model, "task": task, **(filters or {})}),
+            described)
+
+
+def allow_lists(cat_dir: str, count: int, lists: int, seed: int = 0) -> list[bytes]:
+    """`lists` seeded random allow-lists of `count` items of the catalogue in CAT_DIR, as raw
+    little-endian int64 (ALLOW_ITEMS): one a request of the pool, each its own."""
+    import numpy as np
+
+    from boundgen.text.catalogue import Catalogue
+
+    items = np.sort(Catalogue.load(cat_dir, verify=False).node_item)
+    items = items[items >= 0]
+    rng = np.random.default_rng(seed)
+    return [np.sort(rng.choice(items, size=min(count, len(items)), replace=False)).astype("<i8").tobytes()
+            for _ in range(lists)]
 
 
 def open_loop_rate(setting, sweep: loadgen.Sweep) -> float | None:

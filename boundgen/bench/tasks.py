@@ -39,7 +39,8 @@ def _score_result(outs: dict) -> ScoreResult:
 def _beam_result(outs: dict) -> BeamResult:
     ids = outs["TOKEN_IDS"].astype(np.int32)
     return BeamResult(token_ids=ids, scores=outs["SCORES"], finished=(ids < 0).any(axis=1),
-                      texts=[b.decode("utf-8", errors="replace") for b in outs.get("TEXT_OUT", [])])
+                      texts=[b.decode("utf-8", errors="replace") for b in outs.get("TEXT_OUT", [])],
+                      item_ids=outs.get("ITEM_IDS"))  # a constrained model's
 
 
 def _score_peer_batch(peer, spec):

@@ -67,6 +67,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--open-loop-rate", default=None, metavar="R",
                    help="also run open loop (Poisson) at R requests/s; 'auto' = 1.2 x best closed-loop QPS")
     p.add_argument("--pool", type=int, default=64, help="distinct requests per workload (default %(default)s)")
+    p.add_argument("--allow-subset", metavar="NAME", help="--grpc, a constrained beam model: every request names "
+                   "this subset of its catalogue (ALLOW_SUBSET)")
+    p.add_argument("--allow-items", type=int, default=None, metavar="K",
+                   help="--grpc, a constrained beam model: every request sends an allow-list of K random items "
+                        "of --catalogue (ALLOW_ITEMS), each request of the pool its own")
+    p.add_argument("--catalogue", metavar="CAT_DIR", help="with --allow-items: the catalogue the server serves")
     p.add_argument("--seed", type=int, default=0, help="workload seed (default %(default)s)")
     p.add_argument("--out", default="out/bench", help="output directory (default %(default)s)")
     p.add_argument("--profile", action="store_true", help="torch.profiler at the capacity point (boundgen)")
@@ -173,6 +179,7 @@ def run(args) -> int:
     if args.client_procs is not None and args.client_procs < 1:
         raise ConfigError(f"--client-procs must be at least 1, got {args.client_procs}")
     procs = (args.client_procs or default_client_procs()) if remote else 1
+    filters = _filters(args, specs)
     cfg = runner.BenchConfig(concurrencies=parse_levels(args.concurrency), duration_s=args.duration,
                              warmup_s=args.warmup, max_requests=args.max_requests,
                              open_loop_rate=args.open_loop_rate, seed=args.seed)
@@ -182,8 +189,27 @@ def run(args) -> int:
                           "workloads")
     command = "boundgen bench " + shlex.join(sys.argv[2:] if sys.argv[1:2] == ["bench"] else sys.argv[1:])
     plan = orchestrate.Plan(specs=tuple(specs), config=cfg, out=Path(args.out), tokenizer_dir=tok_dir,
-                            client_procs=procs, peer_modes=tuple(modes), command=command)
+                            client_procs=procs, peer_modes=tuple(modes), command=command, filters=filters)
     return orchestrate.run(args, plan, load_engine=_engine)
+
+
+def _filters(args, specs) -> dict | None:
+    """A constrained model's filters for every request (--allow-subset, --allow-items), checked."""
+    from boundgen.bench import runner
+    if args.allow_subset is None and args.allow_items is None:
+        if args.catalogue is not None:
+            raise ConfigError("--catalogue is for --allow-items")
+        return None
+    if not args.grpc or specs[0].task != "beam":
+        raise ConfigError("--allow-subset and --allow-items filter a constrained beam model served over --grpc")
+    filters = {}
+    if args.allow_subset is not None:
+        filters["allow_subset"] = args.allow_subset
+    if args.allow_items is not None:
+        if args.allow_items < 1 or not args.catalogue:
+            raise ConfigError("--allow-items K needs K >= 1 and --catalogue CAT_DIR (the served catalogue)")
+        filters["allow_lists"] = runner.allow_lists(args.catalogue, args.allow_items, args.pool, args.seed)
+    return filters
 
 
 def main(argv=None) -> int:

@@ -65,7 +65,7 @@ def test_bench_records_an_engine_that_cannot_start(tmp_path, tiny_qwen3_dir, mon
     assert result["systems"]["boundgen"]["error"] == "FileNotFoundError: no manifest.json"
 
 
-def test_argument_checks(tmp_path):
+def test_argument_checks(tmp_path, capsys):
     assert bench_cli.parse_levels("1,2,4") == (1, 2, 4)
     for bad in ("4,2", "0,1", "a"):
         with pytest.raises(ConfigError):
@@ -78,6 +78,14 @@ def test_argument_checks(tmp_path):
                  "--out", str(tmp_path)]) == 2  # client processes drive a server
     assert main(["bench", "--workload", "W1", "--http", "h:1", "--model", "m", "--model-dir", "x",
                  "--client-procs", "0", "--out", str(tmp_path)]) == 2
+    remote = ["--grpc", "h:1", "--model", "m", "--model-dir", "x", "--out", str(tmp_path)]
+    for bad, words in ((["--workload", "W1", "--allow-subset", "s"], "filter a constrained beam model"),
+                       (["--workload", "W2", "--allow-items", "10"], "needs K >= 1 and --catalogue"),
+                       (["--workload", "W2", "--catalogue", "c"], "--catalogue is for --allow-items"),
+                       (["--workload", "W2", "--allow-items", "10", "--catalogue", str(tmp_path)],
+                        "is not a catalogue directory")):
+        assert main(["bench", *bad, *remote]) == 2
+        assert words in capsys.readouterr().err, bad
 
 
 def test_bench_over_http_from_client_processes(tmp_path, monkeypatch):

@@ -22,7 +22,7 @@ from tritonclient.utils import InferenceServerException
 
 import boundgen
 from boundgen.text.catalogue import Catalogue
-from tests.conftest import CONSTRAINED_SUBSETS
+from tests.conftest import CONSTRAINED_ITEMS, CONSTRAINED_SUBSETS
 from tests.server.conftest import REPO, post_json
 
 pytestmark = pytest.mark.slow  # one AOTInductor build
@@ -104,6 +104,29 @@ def test_bad_subsets_are_invalid_argument(server, protocol, allow, subset, words
         infer(protocol, server, allow, subset)
     assert err.value.status() in ("400", "StatusCode.INVALID_ARGUMENT")
     assert words in err.value.message(), err.value.message()
+
+
+def test_the_load_generator_sends_subsets_and_allow_lists(server, engine, constrained_build):
+    """`boundgen bench --grpc --allow-subset / --allow-items`: its gRPC target sends the filters,
+    each request of the pool its own allow-list, and reads ITEM_IDS back."""
+    from types import SimpleNamespace
+
+    from boundgen.bench.grpc_client import GrpcTarget
+    from boundgen.bench.runner import allow_lists
+
+    def request(index):
+        return SimpleNamespace(index=index, texts=(PROMPT,), samples=1)
+
+    named = GrpcTarget(server.grpc_url, "cbeam", "beam", allow_subset="sale")(request(0))
+    np.testing.assert_array_equal(named.item_ids, engine.beam(PROMPT, allow_subset="sale").item_ids)
+    lists = allow_lists(str(constrained_build["catalogue"]), 2, lists=3, seed=1)
+    assert len({raw for raw in lists}) > 1  # the requests' lists differ
+    target = GrpcTarget(server.grpc_url, "cbeam", "beam", allow_lists=lists)
+    for index in (0, 1, 4):
+        ids = np.frombuffer(lists[index % 3], dtype="<i8").tolist()
+        assert len(ids) == 2 and set(ids) <= {i for i, _ in CONSTRAINED_ITEMS}
+        np.testing.assert_array_equal(target(request(index)).item_ids, engine.beam(PROMPT, allow_items=ids).item_ids)
+    target.close()
 
 
 def test_metadata_lists_allow_items_and_item_ids(server):
