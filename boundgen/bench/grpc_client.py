@@ -85,10 +85,7 @@ class GrpcTarget:
     def __call__(self, request):
         texts = task_named(self.task).request_texts(request.texts)
         req = self.pb.ModelInferRequest(model_name=self.model)
-        tensor = req.inputs.add()
-        tensor.name, tensor.datatype = "TEXT", "BYTES"
-        tensor.shape.append(len(texts))
-        req.raw_input_contents.append(encode_bytes([t.encode("utf-8") for t in texts]))
+        self._add_raw(req, "TEXT", "BYTES", len(texts), encode_bytes([t.encode("utf-8") for t in texts]))
         if self.allow_lists:  # a constrained model's filters: an allow-list of this request's own
             ids = self.allow_lists[request.index % len(self.allow_lists)]
             self._add_raw(req, "ALLOW_ITEMS", "INT64", len(ids) // 8, ids)

@@ -21,8 +21,8 @@ takes them; tests/runtime/test_catalogue.py checks them equal):
 - on the device (`reach_on_device`, CUDA's way): ops/trie_reach.py `reach_from_paths`, the K
   allowed items' rows of the catalogue's path table (each item's node and its ancestors, built
   at load: 4 bytes an item a level), K binary searches and two [M] fills, on a stream of the
-  catalogue's own, which the request's thread waits for (only that stream's work, not the model's calls), so the
-  arrays are complete before any call reads them. The ids are checked as they are derived: the
+  catalogue's own, which the request's thread waits for (only that stream's work, not the
+  model's calls), so the arrays are complete before any call reads them. The ids are checked as they are derived: the
   K ids' lookups among the item ids are the derivation's first step, and the host reads back
   which were found ([K] bool, the one sync) before the arrays are used: an unknown id is an error
   (the derivation ignored it). A check on the host first (a numpy searchsorted of the ids among
@@ -109,9 +109,9 @@ class ServedCatalogue:
     def trie(self, allow_items: Sequence[int] | None = None, subset: str | None = None) -> Trie:
         """The program inputs of a request (allow_items None: every item; subset: a named subset,
         within which the allow-list applies)."""
-        within = self.full if subset is None else self._subset(subset)
+        base = self.full if subset is None else self._subset(subset)
         if allow_items is None:
-            return within
+            return base
         check_allow_count(len(allow_items), self.items)
         return self._allowing(_item_ids(allow_items), subset, "ALLOW_ITEMS")
 
@@ -123,7 +123,9 @@ class ServedCatalogue:
             raise InvalidInput(f"ALLOW_SUBSET: the catalogue has no subset {name!r} (its subsets: {have})") from None
 
     def _allowing(self, ids: np.ndarray, subset: str | None, what: str) -> Trie:
-        reach, ends = self._on_device(ids, subset, what) if self.index is not None else self._on_host(ids, subset, what)
+        """The trie inputs allowing `ids` (within `subset`); `what` names the input in errors."""
+        derive = self._on_device if self.index is not None else self._on_host
+        reach, ends = derive(ids, subset, what)
         return self.full._replace(reach=reach, ends=ends)
 
     def _on_host(self, ids: np.ndarray, subset: str | None, what: str) -> tuple[torch.Tensor, torch.Tensor]:

@@ -21,9 +21,10 @@ A constrained beam artifact takes its catalogue's trie as program inputs: the en
 that moment (its allow-list's, if any) on the caller thread, so that a replacement never mixes
 two catalogues in one request. Requests share a call only when they share those tensors (so a
 request with an allow-list runs alone; requests naming one subset share its tensors). With CUDA
-graphs each context holds trie buffers of one length M_cap (runtime/context.py), which its graphs read: a call first copies its request's trie
-into them on the context's stream (the catalogue's arrays only when the context held another
-catalogue, reach and ends only when they changed). M_cap is fixed when the first catalogue is
+graphs each context holds trie buffers of one length M_cap (runtime/context.py), which its
+graphs read: a call first copies its request's trie into them on the context's stream (the
+catalogue's arrays only when the context held another catalogue, reach and ends only when they
+changed). M_cap is fixed when the first catalogue is
 set (`catalogue_max_nodes`, else that catalogue's nodes and a quarter more), and the graphs are
 captured then, before the catalogue is published, so no request can reach a context before
 (`boundgen.load` and `serve` set it before warm-up; a model loaded without one captures at its

@@ -101,5 +101,6 @@ def test_cli_summary_lists_the_subsets(tmp_path, tiny_qwen3_dir, capsys):
     from boundgen.cli.main import main
 
     items = write(tmp_path, ITEMS)
-    assert main(["catalogue", "build", str(items), "--tokenizer", str(tiny_qwen3_dir), "--out", str(tmp_path / "c")]) == 0
+    out = tmp_path / "c"
+    assert main(["catalogue", "build", str(items), "--tokenizer", str(tiny_qwen3_dir), "--out", str(out)]) == 0
     assert json.loads(capsys.readouterr().out)["subsets"] == {"sale": 2, "shoes": 2}
