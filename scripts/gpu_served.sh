@@ -65,10 +65,11 @@
 #                 CONSTRAINED_VARIANTS; those built) also served with the catalogue (served_cbeam_NAME, W2 over
 #                 gRPC, the beam sweep), beside the plain beam lane and like it through FRONTENDS front-end
 #                 processes (the engine process holds the catalogue), so the plain lane is its peer;
-#                 FRONTENDS_AB=1 adds the plain lane in one process. CONSTRAINED_SERVED_FILTERS ("subset items"):
-#                 each such lane again with every request filtered: `subset` names the made catalogue's
-#                 subset sample10000 (ALLOW_SUBSET), `items` sends 10,000 random items of it, each request
-#                 of the pool its own list (ALLOW_ITEMS): served_cbeam_NAME_subset, served_cbeam_NAME_items.
+#                 FRONTENDS_AB=1 adds the plain lane in one process. CONSTRAINED_SERVED_FILTERS ("none", the
+#                 default; e.g. "none subset items"): the lanes of each variant, `none` unfiltered, `subset` with
+#                 every request naming the made catalogue's subset sample10000 (ALLOW_SUBSET), `items` with
+#                 10,000 random items of it sent with each request, each request of the pool its own list
+#                 (ALLOW_ITEMS): served_cbeam_NAME, served_cbeam_NAME_subset, served_cbeam_NAME_items.
 #   REPORT=1      per artifact: `python -m boundgen.compile.report` (build seconds, size, load, first and
 #                 warm call, validation) in a fresh process, and the C++ wrapper of each package (which
 #                 kernels and copies a call launches) under $RES/wrapper_ART/.
@@ -344,15 +345,14 @@ done
 for variant in ${CONSTRAINED_SERVED_VARIANTS:-}; do
   [[ "${CONSTRAINED_SERVED:-0}" == 1 && -f "$WORK/art/cbeam_$variant/manifest.json" && -f "$WORK/catalogue/flags" ]] \
     || continue
-  served "served_cbeam_$variant" "$WORK/art/cbeam_$variant" "$Q2" W2 "$FRONTENDS" "$SWEEP_BEAM" \
-    "--catalogue cbeam_$variant=$WORK/catalogue"
-  for filter in ${CONSTRAINED_SERVED_FILTERS:-}; do  # the same lane, every request filtered
+  for filter in ${CONSTRAINED_SERVED_FILTERS:-none}; do  # the lane, unfiltered or every request filtered
     case $filter in
-      subset) flags="--allow-subset sample10000" ;;
-      items) flags="--allow-items 10000 --catalogue $WORK/catalogue" ;;
+      none) name="served_cbeam_$variant" flags="" ;;
+      subset) name="served_cbeam_${variant}_subset" flags="--allow-subset sample10000" ;;
+      items) name="served_cbeam_${variant}_items" flags="--allow-items 10000 --catalogue $WORK/catalogue" ;;
       *) log "CONSTRAINED_SERVED_FILTERS: unknown filter $filter"; continue ;;
     esac
-    served "served_cbeam_${variant}_$filter" "$WORK/art/cbeam_$variant" "$Q2" W2 "$FRONTENDS" "$SWEEP_BEAM" \
+    served "$name" "$WORK/art/cbeam_$variant" "$Q2" W2 "$FRONTENDS" "$SWEEP_BEAM" \
       "--catalogue cbeam_$variant=$WORK/catalogue" "$flags"
   done
 done
