@@ -144,8 +144,9 @@ class HeldEngine:
             assert self.release.wait(10), "the test never released the engine"
         return [CallShare([np.zeros((1, 2), np.float32)], 0.0, 0.0, 1)]
 
-    def enqueue(self, packed, deadline=None, cancelled=None, client="", max_queue=None, allow_items=None):
-        assert allow_items is None  # a score model: no allow-list comes
+    def enqueue(self, packed, deadline=None, cancelled=None, client="", max_queue=None, allow_items=None,
+                allow_subset=None):
+        assert allow_items is None and allow_subset is None  # a score model: no filter comes
         return self._batcher.enqueue(packed, deadline, cancelled, client, max_queue)
 
     def withdraw(self, ticket):
