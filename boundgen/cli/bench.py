@@ -195,12 +195,14 @@ def run(args) -> int:
 
 def _filters(args, specs) -> dict | None:
     """A constrained model's filters for every request (--allow-subset, --allow-items), checked."""
+    from boundgen.artifact.tasks import task_named
     from boundgen.bench import runner
+
     if args.allow_subset is None and args.allow_items is None:
         if args.catalogue is not None:
             raise ConfigError("--catalogue is for --allow-items")
         return None
-    if not args.grpc or specs[0].task != "beam":
+    if not args.grpc or not task_named(specs[0].task).takes_catalogue:
         raise ConfigError("--allow-subset and --allow-items filter a constrained beam model served over --grpc")
     filters = {}
     if args.allow_subset is not None:
