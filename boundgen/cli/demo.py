@@ -23,6 +23,7 @@ BEAM_PROMPT = "query: running shoes -> item id:"
 ITEMS = {101: "trail running shoe", 102: "running shoe", 103: "desk lamp", 104: "coffee mug", 105: "yoga mat",
          106: "water bottle", 107: "rain jacket", 108: "latte"}
 ALLOW = [101, 103, 105]  # a per-request allow-list (ALLOW_ITEMS)
+SUBSETS = {"shoes": [101, 102], "home": [103, 104, 106]}  # registered with the catalogue (ALLOW_SUBSET)
 
 
 def register(sub):
@@ -77,11 +78,13 @@ def run(args):
     if not (cbeam_art / "manifest.json").is_file():
         _boundgen("build", str(model), "--task", "beam", "--constrained", "--width", "4", "--steps", "4",
                   "--name", "demo-cbeam", "--max-prompt-tokens", "128", "--out", str(cbeam_art))
-    if not (catalogue / "catalogue.json").is_file():
+    meta = catalogue / "catalogue.json"
+    if not meta.is_file() or "subsets" not in json.loads(meta.read_text()):  # absent, or an earlier demo's
         items = out / "items.jsonl"
-        items.write_text("".join(json.dumps({"item_id": i, "text": t}) + "\n" for i, t in ITEMS.items()))
+        items.write_text("".join(json.dumps({"item_id": i, "text": t, "subsets": _subsets_of(i)}) + "\n"
+                                 for i, t in ITEMS.items()))
         _boundgen("catalogue", "build", str(items), "--tokenizer", str(cbeam_art), "--max-depth", "4",
-                  "--out", str(catalogue))
+                  "--out", str(catalogue), "--force")
     http_port, grpc_port = free_port(), free_port()
     cmd = [sys.executable, "-m", "boundgen", "serve", str(score_art), str(beam_art), str(cbeam_art),
            "--catalogue", f"demo-cbeam={catalogue}", "--http-port", str(http_port), "--grpc-port", str(grpc_port)]
@@ -124,8 +127,8 @@ def _query(http_port, grpc_port, n):
         for ids, score, text in list(zip(res.as_numpy("TOKEN_IDS"), res.as_numpy("SCORES"),
                                          res.as_numpy("TEXT_OUT")))[:3]:
             print(f"    {score:9.4f}  {ids.tolist()}  {text.decode()!r}")
-        for allow in (None, ALLOW):
-            _constrained(mod, client, proto, allow)
+        for allow, subset in ((None, None), (ALLOW, None), (None, "shoes")):
+            _constrained(mod, client, proto, allow, subset)
         for model, texts, outs in (("demo-score", SCORE_TEXTS, ["SCORES"]), ("demo-beam", [BEAM_PROMPT], ["SCORES"])):
             times = []
             for _ in range(n):
@@ -136,8 +139,13 @@ def _query(http_port, grpc_port, n):
                   f"p50 {np.percentile(times, 50):.1f} ms, max {max(times):.1f} ms (CPU, tiny model)")
 
 
-def _constrained(mod, client, proto, allow):
-    """The constrained model's candidates (each an item of the catalogue), with an allow-list or without."""
+def _subsets_of(item: int) -> list[str]:
+    return [name for name, members in SUBSETS.items() if item in members]
+
+
+def _constrained(mod, client, proto, allow, subset):
+    """The constrained model's candidates (each an item of the catalogue), with an allow-list, a
+    named subset, or neither."""
     import numpy as np
 
     text = mod.InferInput("TEXT", [1], "BYTES")
@@ -147,8 +155,13 @@ def _constrained(mod, client, proto, allow):
         items = mod.InferInput("ALLOW_ITEMS", [len(allow)], "INT64")
         items.set_data_from_numpy(np.asarray(allow, dtype=np.int64))
         inputs.append(items)
+    if subset is not None:
+        named = mod.InferInput("ALLOW_SUBSET", [1], "BYTES")
+        named.set_data_from_numpy(np.array([subset.encode()], dtype=object))
+        inputs.append(named)
     res = client.infer("demo-cbeam", inputs)
-    _step(f"{proto} constrained beam (W=4, N=4) over {len(ITEMS)} items"
-          f"{f', ALLOW_ITEMS {allow}' if allow else ''}:")
+    by_name = f", ALLOW_SUBSET {subset!r} {SUBSETS[subset]}" if subset else ""
+    _step(f"{proto} constrained beam (W=4, N=4) over {len(ITEMS)} items{f', ALLOW_ITEMS {allow}' if allow else ''}"
+          f"{by_name}:")
     for item, score, out in zip(res.as_numpy("ITEM_IDS"), res.as_numpy("SCORES"), res.as_numpy("TEXT_OUT")):
         print(f"    item {int(item):4d}  {score:9.4f}  {out.decode()!r}" if item >= 0 else "    (no more items)")
