@@ -204,13 +204,11 @@ def allow_lists(cat_dir: str, count: int, lists: int, seed: int = 0) -> list[byt
     little-endian int64 (ALLOW_ITEMS): one a request of the pool, each its own."""
     import numpy as np
 
+    from boundgen.bench.constrained import random_allow_list  # lazily: it imports torch
     from boundgen.text.catalogue import Catalogue
 
-    items = np.sort(Catalogue.load(cat_dir, verify=False).node_item)
-    items = items[items >= 0]
-    rng = np.random.default_rng(seed)
-    return [np.sort(rng.choice(items, size=min(count, len(items)), replace=False)).astype("<i8").tobytes()
-            for _ in range(lists)]
+    cat = Catalogue.load(cat_dir, verify=False)
+    return [np.asarray(random_allow_list(cat, count, seed + i), dtype="<i8").tobytes() for i in range(lists)]
 
 
 def open_loop_rate(setting, sweep: loadgen.Sweep) -> float | None:

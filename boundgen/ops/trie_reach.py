@@ -9,7 +9,8 @@ rows.
     -> ends [M] bool   an allowed item ends at the node
        reach [M] bool  an allowed item ends at or below the node
        known [K] bool  the id names an item of the catalogue (unknown ids allow nothing)
-    within [M] bool (optional: a named subset's `ends`): only the ids whose item ends there count
+    within [M] bool (`reach_from_paths`, optional: a named subset's `ends`): only the ids whose
+                    item ends there count
 
 ends and reach come out as the program's `ends` / `reach` inputs: M long, False past the
 catalogue's nodes (as catalogue_search pads them), so a request's allow-list replaces those two
@@ -80,15 +81,17 @@ def parent_of(node: torch.Tensor, row_ptr: torch.Tensor) -> torch.Tensor:
     return torch.where(inside, up, node)
 
 
-def reach_from_allowed(allow_items: torch.Tensor, item_keys: torch.Tensor, item_nodes: torch.Tensor,
-                       row_ptr: torch.Tensor, depth: int,
-                       within: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    length = row_ptr.shape[0]  # M; node M - 1 has no row: no item ends there, no edge leads there
+def _lookup(allow_items: torch.Tensor, item_keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(at [K]: each id's row in the item index, known [K]: the id is an item there)."""
     at = torch.searchsorted(item_keys, allow_items).clamp(max=item_keys.shape[0] - 1)  # a catalogue has items
-    known = item_keys[at] == allow_items
-    leaf = item_nodes[at]
-    kept = known if within is None else known & within[leaf]
-    node = torch.where(kept, leaf, length)  # [K]; unknown ids (and those outside `within`) to the spare slot M
+    return at, item_keys[at] == allow_items
+
+
+def reach_from_allowed(allow_items: torch.Tensor, item_keys: torch.Tensor, item_nodes: torch.Tensor,
+                       row_ptr: torch.Tensor, depth: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    length = row_ptr.shape[0]  # M; node M - 1 has no row: no item ends there, no edge leads there
+    at, known = _lookup(allow_items, item_keys)
+    node = torch.where(known, item_nodes[at], length)  # [K]; unknown ids to the spare slot M
     ends = torch.zeros(length + 1, dtype=torch.bool, device=row_ptr.device).index_fill_(0, node, True)
     reach = ends.clone()
     for _ in range(depth):  # every cursor one level up (the spare slot stays where it is)
@@ -113,8 +116,7 @@ def reach_from_ends(ends: torch.Tensor, row_ptr: torch.Tensor, level_ptr: Sequen
 def reach_from_paths(allow_items: torch.Tensor, item_keys: torch.Tensor, item_paths: torch.Tensor, length: int,
                      within: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """reach_from_allowed's (ends, reach, known) from the path table (`item_paths`); length: M."""
-    at = torch.searchsorted(item_keys, allow_items).clamp(max=item_keys.shape[0] - 1)  # a catalogue has items
-    known = item_keys[at] == allow_items
+    at, known = _lookup(allow_items, item_keys)
     path = item_paths[at].long()  # [K, depth + 1]: each id's node, then its ancestors
     kept = known if within is None else known & within[path[:, 0]]
     path = torch.where(kept.unsqueeze(1), path, length)  # unknown ids (and those outside `within`) to slot M

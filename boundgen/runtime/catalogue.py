@@ -129,8 +129,8 @@ class ServedCatalogue:
         return self.full._replace(reach=reach, ends=ends)
 
     def _on_host(self, ids: np.ndarray, subset: str | None, what: str) -> tuple[torch.Tensor, torch.Tensor]:
-        try:
-            ids = self.catalogue.allowed_ids(ids, subset)
+        try:  # the ids within the subset (a list alone: `allowed` checks it, once)
+            ids = ids if subset is None else self.catalogue.allowed_ids(ids, subset)
         except ConfigError as exc:
             raise InvalidInput(f"{what}: {exc}") from None
         try:
