@@ -112,6 +112,9 @@ class BeamSpec:
     # children are looked up in this many slots (the root's in V), so deeper nodes of a
     # catalogue served with the artifact may have at most this many children each.
     catalogue_max_degree: int = option(4096, "constrained: the most children a trie node below the root may have")
+    # How a constrained program takes the allow-lists (artifact/tensors.py TRIE_LAYOUT): "rows",
+    # one per request of a call; "shared", one for the call (manifests written before the rows).
+    trie_layout: str = "rows"
     task: str = field(default="beam", init=False)
 
     def __post_init__(self):
@@ -183,6 +186,8 @@ def spec_from_dict(raw: dict):
     unknown = sorted(set(raw) - names)
     if unknown:
         raise ConfigError(f"unknown {task} options: {', '.join(unknown)}")
+    if task == "beam" and raw.get("constrained"):
+        raw.setdefault("trie_layout", "shared")  # written before the field: reach and ends were [M]
     for key in ("labels", "label_token_ids", "stop_token_ids"):
         if key in raw:
             raw[key] = tuple(raw[key])

@@ -21,7 +21,7 @@ from typing import Sequence
 import numpy as np
 
 from boundgen.artifact.program import SPECS, BeamSpec, ScoreSpec
-from boundgen.artifact.tensors import BEAM_OUTPUTS, ITEM_OUTPUT, TRIE, score_outputs
+from boundgen.artifact.tensors import BEAM_OUTPUTS, FILTERS, ITEM_OUTPUT, TRIE, score_outputs
 from boundgen.errors import ConfigError, InvalidInput
 
 # Requests one batched score call may hold (a beam program records its own, BeamSpec.max_requests; a score
@@ -292,11 +292,12 @@ class BeamTask(Task):
         return out
 
     def tensor_interface(self, spec: BeamSpec, num_classes: int) -> dict:
-        """A constrained program also takes the catalogue's trie, all of one length M (artifact/tensors.py)."""
+        """A constrained program also takes the catalogue's trie, of one length M, the allow-lists'
+        reach and ends a row per request (artifact/tensors.py)."""
         tensors = super().tensor_interface(spec, num_classes)
         if spec.constrained:
-            tensors.update({name: {"direction": "input", "dtype": "bool" if name in ("reach", "ends") else "int64",
-                                   "shape": ["M"]} for name in TRIE})
+            tensors.update({name: {"direction": "input", "dtype": "bool" if name in FILTERS else "int64",
+                                   "shape": ["R", "M"] if name in FILTERS else ["M"]} for name in TRIE})
         return tensors
 
     def dim_bounds(self, spec: BeamSpec) -> dict:

@@ -16,13 +16,16 @@ beam  (three packages, STAGES) -> token_ids [R*W, N] int64, scores [R*W] FP32,
 
 A constrained beam program also takes the catalogue's trie as inputs (TRIE, a `Trie`), so that
 the catalogue is chosen when the artifact is served, not when it is built. M is the trie's node
-count plus one, padded (text/catalogue_search.py); edge e leads to node e + 1; all [M]:
+count plus one, padded (text/catalogue_search.py); edge e leads to node e + 1:
 
-    row_ptr int64, child_token int64, edge_keys int64 (parent x V + token, ascending),
-    node_item int64 (-1: no item ends there), reach bool (an allowed item ends at or below the
-    node), ends bool (an allowed item ends at the node)
+    row_ptr [M] int64, child_token [M] int64, edge_keys [M] int64 (parent x V + token, ascending),
+    node_item [M] int64 (-1: no item ends there), reach [R, M] bool (an allowed item ends at or
+    below the node), ends [R, M] bool (an allowed item ends at the node)
 
-reach and ends carry a request's allow-list; the other four are the catalogue's own.
+reach and ends (FILTERS) carry each request's allow-list, one row per request of the call, so
+that requests with different allow-lists share a call; the other four are the catalogue's own.
+Artifacts built before the rows existed took reach and ends as [M] (TRIE_LAYOUT: the program
+spec's `trie_layout`): they are refused at load with a rebuild message.
 
 A beam search runs as prefill, `steps - 1` decode steps and finish (`run_stages`); between
 them travels the search state, a `BeamState` (its fields by name, in BEAM_STATE order). It is
@@ -43,6 +46,8 @@ BEAM_RESULTS = BEAM_OUTPUTS[:3]  # what a client gets (beam_indices stay on the 
 ITEM_OUTPUT = "item_ids"  # a constrained beam program's fifth output
 TRIE = ("row_ptr", "child_token", "edge_keys", "node_item", "reach", "ends")  # a constrained program's inputs
 Trie = namedtuple("Trie", TRIE)
+FILTERS = ("reach", "ends")  # a request's allow-list: [R, M], one row per request of a call
+TRIE_LAYOUT = "rows"  # a constrained program spec's trie_layout since FILTERS have rows (older: "shared")
 SCORE_PACKAGE = "model"  # a score artifact's one package
 STAGES = ("prefill", "step", "finish")  # a beam artifact's packages, in call order
 
@@ -75,6 +80,13 @@ def score_outputs(topk: int, vocab: bool = True) -> tuple[str, ...]:
 def has_vocab_outputs(interface: dict) -> bool:
     """Whether an artifact's recorded tensors (the manifest's "interface") include VOCAB_OUTPUTS."""
     return all(name in interface.get("tensors", {}) for name in VOCAB_OUTPUTS)
+
+
+def trie_rows(trie: Trie, rows: int) -> Trie:
+    """`trie` with its FILTERS as [rows, M], the one allow-list given ([M] or [1, M]) on every row:
+    what a call of `rows` requests that share it takes."""
+    return trie._replace(**{name: getattr(trie, name).reshape(1, -1).expand(rows, -1).contiguous()
+                            for name in FILTERS})
 
 
 def run_stages(prefill: Callable, step: Callable, finish: Callable, step_ids: Sequence, tokens, positions,

@@ -9,8 +9,9 @@ per request within the spec's bounds, and the export says so:
     beam "step":    step [1], prefix_k/prefix_v [layers, L, ...], cu_seqlens [R+1], suffix_k/v [layers, R*W, ...],
                     the search state [R, ...]
     beam "finish":  the search state [R, ...]
-    constrained beam: every stage also takes the TRIE tensors (artifact/tensors.py), all [M],
-                    M in [MIN_NODES + 1, inf); traced on `example_catalogue`
+    constrained beam: every stage also takes the TRIE tensors (artifact/tensors.py), [M] and
+                    reach, ends [R, M] (a row per request), M in [MIN_NODES + 1, inf); traced on
+                    `example_catalogue`
 
 B has room for one sequence more than a request may bring: the filler sequence that bucketed
 padding appends for CUDA graphs (runtime/graphs.py). The beam stages' example inputs are what
@@ -28,7 +29,7 @@ import torch
 
 from boundgen.artifact.program import BeamSpec, ScoreSpec
 from boundgen.artifact.tasks import task_of
-from boundgen.artifact.tensors import BEAM_STATE, SCORE_PACKAGE, TRIE
+from boundgen.artifact.tensors import BEAM_STATE, FILTERS, SCORE_PACKAGE, TRIE, Trie, trie_rows
 from boundgen.text import catalogue_search
 from boundgen.text.catalogue import Catalogue
 
@@ -100,9 +101,10 @@ def example_catalogue(spec: BeamSpec, vocab_size: int, items: int = 40, seed: in
         items += 1
 
 
-def trie_tensors(arrays: dict[str, np.ndarray], device) -> tuple[torch.Tensor, ...]:
-    """The TRIE arrays (text/catalogue_search.py) as tensors on the device, in TRIE order."""
-    return tuple(torch.from_numpy(arrays[name]).to(device) for name in TRIE)
+def trie_tensors(arrays: dict[str, np.ndarray], device, requests: int = 1) -> Trie:
+    """The TRIE arrays (text/catalogue_search.py) as tensors on the device, in TRIE order, the
+    allow-list's reach and ends on `requests` rows (a call of that many requests)."""
+    return trie_rows(Trie(*(torch.from_numpy(arrays[name]).to(device) for name in TRIE)), requests)
 
 
 def export_programs(program: torch.nn.Module, spec: ScoreSpec | BeamSpec, device,
@@ -118,9 +120,10 @@ def _export_score(program, spec: ScoreSpec, inputs) -> dict[str, torch.export.Ex
     return {SCORE_PACKAGE: torch.export.export(program, inputs, dynamic_shapes=dynamic_shapes(spec), strict=False)}
 
 
-def _trie_shapes() -> tuple[dict, ...]:
+def _trie_shapes(requests) -> tuple[dict, ...]:
+    """requests: the R Dim (None where static)."""
     nodes = torch.export.Dim("M", min=catalogue_search.MIN_NODES + 1)
-    return ({0: nodes},) * len(TRIE)
+    return tuple({0: requests, 1: nodes} if name in FILTERS else {0: nodes} for name in TRIE)
 
 
 def _export_beam_stages(program, spec: BeamSpec, inputs) -> dict[str, torch.export.ExportedProgram]:
@@ -128,7 +131,8 @@ def _export_beam_stages(program, spec: BeamSpec, inputs) -> dict[str, torch.expo
     trie = ()
     if spec.constrained:
         vocab = program.model.cfg.vocab_size
-        trie = trie_tensors(catalogue_search.arrays(example_catalogue(spec, vocab), vocab), inputs[0].device)
+        trie = trie_tensors(catalogue_search.arrays(example_catalogue(spec, vocab), vocab), inputs[0].device,
+                            inputs[2].shape[0] - 1)
     stages = program.stages()
     dims = named_dims(spec)
     r = dims["R"]  # None where static
@@ -137,7 +141,7 @@ def _export_beam_stages(program, spec: BeamSpec, inputs) -> dict[str, torch.expo
     prefix = {1: prompt[0]} if prompt else None
     requests = {0: r} if r is not None else None
     beams = {1: spec.width * r} if r is not None else None  # suffix K/V rows: R * W
-    trie_shapes = _trie_shapes() if trie else ()
+    trie_shapes = _trie_shapes(r) if trie else ()
     state = stages["prefill"](*inputs, *trie)  # prefix_k, prefix_v, suffix_k, suffix_v, *state
     step_inputs = (torch.zeros(1, dtype=torch.int64, device=inputs[0].device), state[0], state[1], inputs[2],
                    *trie, *state[2:])

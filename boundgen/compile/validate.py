@@ -61,6 +61,7 @@ import torch
 
 from boundgen.artifact.manifest import RuntimeConfig
 from boundgen.artifact.tasks import Case, task_of
+from boundgen.artifact.tensors import Trie, trie_rows
 from boundgen.compile.export import packed_example
 from boundgen.errors import BoundgenError
 
@@ -125,7 +126,8 @@ def validate(compiled, reference, spec, output_names: tuple[str, ...], dtype: st
               "ids_must_match": exact_required, "cases": []}
     for i, case in enumerate(cases(spec, token_bucket)):
         inputs = packed_example(list(case.lengths), device, vocab_size, seed=1000 + i, tail=case.tail)
-        got, got_s = _timed(compiled, tuple(inputs) + tuple(trie), device)
+        rows = trie_rows(Trie(*trie), inputs[2].shape[0] - 1) if trie else ()  # one allow-list row a prompt
+        got, got_s = _timed(compiled, tuple(inputs) + tuple(rows), device)
         want, want_s = _timed(reference, inputs, device)
         outputs = {}
         for name, g, w in zip(output_names, got, want):

@@ -2,14 +2,18 @@
 
     nodes [B] int64 (each beam's trie node; -1: a beam off the catalogue), the trie in CSR form
     as the beam program takes it (artifact/tensors.py TRIE, text/catalogue_search.py `arrays`),
-    four arrays of one length M: row_ptr [M] int64 (the row offsets of M - 1 nodes),
-    child_token [M] int64 or int32 (edge e leads to node e + 1), reach [M] bool (an allowed item
-    lies at or below the node), ends [M] bool (an allowed item ends at the node);
-    stop_token_ids [S] int64 (the tokens that may end an item), vocab V, max_degree D (at least
-    the children of any node given)
+    arrays of one length M: row_ptr [M] int64 (the row offsets of M - 1 nodes), child_token [M]
+    int64 or int32 (edge e leads to node e + 1), and the allow-lists' rows reach [Q, M] bool (an
+    allowed item lies at or below the node) and ends [Q, M] bool (an allowed item ends at the
+    node), Q dividing B; stop_token_ids [S] int64 (the tokens that may end an item), vocab V,
+    max_degree D (at least the children of any node given)
     -> bias [B, V] FP32: 0 on the allowed tokens, -inf elsewhere.
 
-One length M for the four (one dynamic dim of a compiled program): a catalogue of `nodes` nodes
+Rows: beam b reads row b // (B / Q) of reach and ends (`filter_rows`). A beam program passes one
+row per request (its W beams a request, its prompts one a request at the root), so that requests
+with different allow-lists share a call; Q = 1 is one allow-list for every beam.
+
+One length M for the arrays (one dynamic dim of a compiled program): a catalogue of `nodes` nodes
 has M = nodes + 1 or more, padded (catalogue_search) with nodes that have no children and edges
 that no node owns. Its edges (nodes - 1 <= M - 2) are all the op reads of child_token, and
 reach at edge + 1 <= M - 1; the entries past them are never read for an allowed token, node
@@ -67,6 +71,12 @@ import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
 
+def filter_rows(beams: int, rows: int, device) -> torch.Tensor:
+    """[beams] int64: the row of reach and ends [rows, M] each beam reads (rows divides beams:
+    consecutive beams share a row, as a request's beams do)."""
+    return torch.arange(beams, device=device) // (beams // rows)
+
+
 def allowed_tokens(nodes: torch.Tensor, row_ptr: torch.Tensor, child_token: torch.Tensor, reach: torch.Tensor,
                    ends: torch.Tensor, stop_token_ids: torch.Tensor, vocab: int, max_degree: int) -> torch.Tensor:
     """[B, max(D, 1) + S] int64: each beam's allowed tokens (its reachable children in token order,
@@ -76,16 +86,18 @@ def allowed_tokens(nodes: torch.Tensor, row_ptr: torch.Tensor, child_token: torc
     beams = nodes.shape[0]
     alive = nodes >= 0
     node = nodes.clamp(min=0)
+    row = filter_rows(beams, reach.shape[0], nodes.device)  # [B]
     start = row_ptr[node]  # [B]
     degree = torch.where(alive, row_ptr[node + 1] - start, torch.zeros_like(start))
     slot = torch.arange(max(max_degree, 1), device=nodes.device)  # [D]
-    edge = (start[:, None] + slot[None, :]).clamp(max=reach.shape[0] - 2)  # [B, D]; past the degree: masked
-    valid = (slot[None, :] < degree[:, None]) & reach[edge + 1]
+    edge = (start[:, None] + slot[None, :]).clamp(max=row_ptr.shape[0] - 2)  # [B, D]; past the degree: masked
+    valid = (slot[None, :] < degree[:, None]) & reach[row[:, None], edge + 1]
     spare = torch.full_like(edge, vocab)
     cols = torch.where(valid, child_token[edge], spare)
     if stop_token_ids.numel():
         stops = stop_token_ids[None, :].expand(beams, -1)
-        cols = torch.cat((cols, torch.where((alive & ends[node])[:, None], stops, torch.full_like(stops, vocab))), 1)
+        ending = alive & ends[row, node]
+        cols = torch.cat((cols, torch.where(ending[:, None], stops, torch.full_like(stops, vocab))), 1)
     return cols
 
 
@@ -109,10 +121,13 @@ def apply_reference(scores: torch.Tensor, nodes: torch.Tensor, row_ptr: torch.Te
 
 @triton.jit
 def _trie_mask_kernel(nodes_ptr, row_ptr_ptr, child_token_ptr, reach_ptr, ends_ptr, stop_ptr, out_ptr,
-                      num_nodes, vocab, stride_row, max_degree, num_stops,
+                      num_nodes, vocab, stride_row, max_degree, num_stops, beams_per_row, stride_filter,
                       BLOCK: tl.constexpr, CHILD_BLOCK: tl.constexpr, IN_PLACE: tl.constexpr):
     beam = tl.program_id(0).to(tl.int64)
     lo = tl.program_id(1) * BLOCK
+    filter_row = (beam // beams_per_row) * stride_filter  # this beam's row of reach and ends
+    reach_ptr += filter_row
+    ends_ptr += filter_row
     cols = lo + tl.arange(0, BLOCK)  # [BLOCK]
     node = tl.load(nodes_ptr + beam)
     alive = (node >= 0) & (node < num_nodes)
@@ -177,8 +192,13 @@ def _check(op: str, nodes, row_ptr, child_token, reach, ends, stop_token_ids, vo
     if length < 2:
         raise ValueError(f"{op}: row_ptr must hold at least 2 row offsets (a root and its end); got {length}")
     vector("child_token", child_token, (torch.int64, torch.int32), length)
-    vector("reach", reach, (torch.bool,), length)
-    vector("ends", ends, (torch.bool,), length)
+    for name, t in (("reach", reach), ("ends", ends)):
+        if (t.dim() != 2 or t.dtype != torch.bool or t.shape[1] != length or t.shape[0] < 1
+                or nodes.shape[0] % t.shape[0] or (t.numel() and t.stride() != (length, 1))):
+            raise ValueError(f"{op}: {name} must be a contiguous bool [Q, {length}] (row_ptr's length) with Q "
+                             f"dividing the {nodes.shape[0]} beams; got {t.dtype} {tuple(t.shape)}, strides {t.stride()}")
+    if reach.shape[0] != ends.shape[0]:
+        raise ValueError(f"{op}: reach and ends must have one row count; got {reach.shape[0]} and {ends.shape[0]}")
     vector("stop_token_ids", stop_token_ids, (torch.int64,))
     devices = {t.device for t in (nodes, row_ptr, child_token, reach, ends, stop_token_ids)}
     if len(devices) != 1:
@@ -199,7 +219,7 @@ def _launch(out, nodes, row_ptr, child_token, reach, ends, stop_token_ids, vocab
         nodes, row_ptr, child_token, reach, ends, stops, out,  # bool vectors: *i1 pointers (a dtype view here
         # is an aten.view.dtype that Inductor of torch 2.11 cannot lower for bool)
         row_ptr.shape[0] - 1, vocab, out.stride(0), max(max_degree, 1), stop_token_ids.shape[0],
-        BLOCK=block, CHILD_BLOCK=child_block, IN_PLACE=in_place, num_warps=num_warps or DEFAULT_WARPS)
+        nodes.shape[0] // reach.shape[0], reach.stride(0), BLOCK=block, CHILD_BLOCK=child_block, IN_PLACE=in_place, num_warps=num_warps or DEFAULT_WARPS)
 
 
 def launch(nodes: torch.Tensor, row_ptr: torch.Tensor, child_token: torch.Tensor, reach: torch.Tensor,

@@ -33,6 +33,9 @@ hypothesis (so codes shorter than N need a stop token; its log-prob counts in th
 first, so that an item comes back once, not once per stop token); a code of N tokens finishes at
 max length. The allow-list (a subset of item ids) keeps only children whose subtree holds an
 allowed item and stop tokens only at allowed items' ends (the trie's reach and ends arrays).
+Those two are [Q, M], one row per request of the call or one for all (Q = 1: the eager
+program's own catalogue): beam b reads row b // (B / Q) (ops/trie_mask.py `filter_rows`), so that
+requests with different allow-lists share a call.
 
 Checked at construction against the program (text/catalogue_search.py `check`): no code longer
 than N, every token id inside the model's vocabulary, no stop token inside a code, and stop
@@ -46,7 +49,8 @@ from typing import Callable, Sequence
 import torch
 from torch import nn
 
-from boundgen.artifact.tensors import TRIE, Trie
+from boundgen.artifact.tensors import FILTERS, TRIE, Trie
+from boundgen.ops.trie_mask import filter_rows
 from boundgen.text import catalogue_search
 from boundgen.text.catalogue import Catalogue
 
@@ -70,7 +74,8 @@ class CatalogueConstraint(nn.Module):
         self.root_degree = int(cat.max_degree()[0])
         self.max_degree = max(cat.max_degree()[1:] or [0])
         for name in TRIE:
-            self.register_buffer(name, torch.from_numpy(arrays[name]), persistent=False)
+            array = torch.from_numpy(arrays[name])
+            self.register_buffer(name, array[None] if name in FILTERS else array, persistent=False)
 
     @classmethod
     def inputs(cls, vocab: int, steps: int, stop_token_ids: Sequence[int], max_degree: int) -> "CatalogueConstraint":
@@ -116,4 +121,5 @@ class CatalogueConstraint(nn.Module):
         (or names an item the allow-list leaves out)."""
         node = self.nodes(trie, seq)
         safe = node.clamp(min=0)
-        return torch.where((node >= 0) & trie.ends[safe], trie.node_item[safe], torch.full_like(node, -1))
+        row = filter_rows(seq.shape[0], trie.ends.shape[0], seq.device)
+        return torch.where((node >= 0) & trie.ends[row, safe], trie.node_item[safe], torch.full_like(node, -1))

@@ -5,14 +5,15 @@ buffers of the same capacity, and its own CUDA stream. The hot path writes the v
 and passes views of logical shape; nothing is allocated per request for the inputs.
 
 A constrained beam program served with CUDA graphs also reads the trie from the context
-(`hold_trie`): six device buffers of one fixed length M_cap (artifact/tensors.py TRIE), so that
-the graphs captured on the context replay with the same addresses and shapes for every
-catalogue and allow-list. `stage_trie` copies a request's trie in, on the context's stream,
-before its call:
+(`hold_trie`): device buffers of one fixed length M_cap (artifact/tensors.py TRIE), the four
+catalogue arrays [M_cap] and reach, ends [R_cap, M_cap] (a row per request a call may hold), so
+that the graphs captured on the context replay with the same addresses and shapes for every
+catalogue and allow-list. `stage_trie` copies a call's tries in, on the context's stream,
+before the call (its requests share one catalogue: the engine's rule):
 - the catalogue's four arrays (row_ptr, child_token, edge_keys, node_item) only when the
   context holds another catalogue's (a catalogue was replaced; M x 32 bytes, once per context);
-- reach and ends only when they are not the pair the context holds (the catalogue's own is
-  copied once; each request with an allow-list brings its own: M x 2 bytes).
+- request r's reach and ends into row r, only when they are not the pair that row holds (the
+  catalogue's own is copied once a row; a request with an allow-list brings its own: M x 2 bytes).
 Past a catalogue's M the buffers hold the padding of text/catalogue_search.py (nodes without
 children or items, edges keyed above every real key), which leaves the search unchanged
 (tests/runtime/test_trie_buffers.py). What the context holds is known by weak references to
@@ -24,13 +25,14 @@ from __future__ import annotations
 
 import contextlib
 import weakref
+from typing import Sequence
 
 import torch
 
-from boundgen.artifact.tensors import TRIE, Trie
+from boundgen.artifact.tensors import FILTERS, TRIE, Trie
 from boundgen.text.catalogue_search import PADDING
 
-CATALOGUE_ARRAYS = TRIE[:4]  # a catalogue's own; reach and ends carry a request's allow-list
+CATALOGUE_ARRAYS = tuple(name for name in TRIE if name not in FILTERS)  # a catalogue's own
 
 
 class RequestContext:
@@ -49,8 +51,9 @@ class RequestContext:
         else:
             self.dev = self.host
             self.stream = None
-        self.trie: Trie | None = None  # the trie buffers, [M_cap] each (hold_trie); None: tries passed as given
-        self._held: dict[str, weakref.ref | None] = {}  # TRIE name -> the tensor last copied into its buffer
+        self.trie: Trie | None = None  # the trie buffers (hold_trie); None: tries passed as given
+        self._held: dict[str, weakref.ref | None] = {}  # catalogue array name -> the tensor last copied in
+        self._rows: list[tuple[weakref.ref, weakref.ref] | None] = []  # per row: the reach, ends copied in
 
     def stage(self, tokens: torch.Tensor, positions: torch.Tensor, cu_seqlens: torch.Tensor):
         """Write a packed batch into this context's buffers; return device views of logical shape."""
@@ -65,44 +68,55 @@ class RequestContext:
                 self.dev[key][:m].copy_(self.host[key][:m], non_blocking=True)
         return self.dev["tokens"][:n], self.dev["positions"][:n], self.dev["cu_seqlens"][:b]
 
-    def hold_trie(self, length: int) -> None:
-        """Allocate the trie buffers, `length` (M_cap) entries each, holding an empty trie (padding
-        only: the root has no children) until `stage_trie` copies one in."""
-        def full(value, dtype):
-            return torch.full((length,), value, dtype=dtype, device=self.device)
+    def hold_trie(self, length: int, rows: int) -> None:
+        """Allocate the trie buffers, `length` (M_cap) entries each, reach and ends on `rows` (R_cap)
+        rows, holding an empty trie (padding only: the root has no children) until `stage_trie`
+        copies one in."""
+        def full(name, value):
+            shape = (rows, length) if name in FILTERS else (length,)
+            return torch.full(shape, value, dtype=torch.bool if name in FILTERS else torch.int64, device=self.device)
 
         with self.stream_scope():  # filled on the stream that copies into them next
-            self.trie = Trie(row_ptr=full(0, torch.int64),
-                             **{name: full(PADDING[name], torch.bool if name in ("reach", "ends") else torch.int64)
-                                for name in TRIE[1:]})
-        self._held = dict.fromkeys(TRIE)
+            self.trie = Trie(row_ptr=full("row_ptr", 0), **{name: full(name, PADDING[name]) for name in TRIE[1:]})
+        self._held = dict.fromkeys(CATALOGUE_ARRAYS)
+        self._rows = [None] * rows
 
-    def stage_trie(self, trie: Trie) -> Trie:
-        """Copy a request's trie (tensors of one length M <= M_cap, on this device) into the buffers
-        where they hold other tensors (module docstring); returns the buffers, to pass to the program."""
-        buffers, m = self.trie, trie.row_ptr.shape[0]
+    def stage_trie(self, tries: Sequence[Trie]) -> Trie:
+        """Copy a call's tries (one a request, in call order; one catalogue, tensors of one length
+        M <= M_cap on this device, reach and ends [M]) into the buffers where they hold other
+        tensors (module docstring); returns the buffers, reach and ends cut to the call's rows."""
+        buffers, m, rows = self.trie, tries[0].row_ptr.shape[0], len(tries)
         if m > buffers.row_ptr.shape[0]:
             raise ValueError(f"a trie of {m} entries does not fit this context's buffers of {buffers.row_ptr.shape[0]}")
+        if rows > len(self._rows):
+            raise ValueError(f"a call of {rows} requests does not fit this context's {len(self._rows)} trie rows")
         with self.stream_scope():
+            trie = tries[0]
             if not all(self._holds(name, getattr(trie, name)) for name in CATALOGUE_ARRAYS):
                 rest = buffers.row_ptr.shape[0] - m
                 buffers.row_ptr[m:].copy_(trie.row_ptr[m - 1:].expand(rest))  # the last offset: no children
                 for name in TRIE[1:]:
-                    getattr(buffers, name)[m:].fill_(PADDING[name])
-                self._copy(buffers, trie, CATALOGUE_ARRAYS, m)
-                self._held.update(reach=None, ends=None)  # the new catalogue's reach and ends too
-            if not (self._holds("reach", trie.reach) and self._holds("ends", trie.ends)):
-                self._copy(buffers, trie, ("reach", "ends"), m)
-        return buffers
+                    getattr(buffers, name)[..., m:].fill_(PADDING[name])
+                for name in CATALOGUE_ARRAYS:
+                    self._copy(name, getattr(buffers, name)[:m], getattr(trie, name))
+                    self._held[name] = weakref.ref(getattr(trie, name))
+                self._rows = [None] * len(self._rows)  # every row takes the new catalogue's reach and ends
+            for row, trie in enumerate(tries):
+                held = self._rows[row]
+                if held is None or held[0]() is not trie.reach or held[1]() is not trie.ends:
+                    for name in FILTERS:
+                        self._copy(name, getattr(buffers, name)[row, :m], getattr(trie, name))
+                    self._rows[row] = (weakref.ref(trie.reach), weakref.ref(trie.ends))
+        return buffers._replace(reach=buffers.reach[:rows], ends=buffers.ends[:rows])
 
     def _holds(self, name: str, tensor: torch.Tensor) -> bool:
         held = self._held[name]
         return held is not None and held() is tensor
 
-    def _copy(self, buffers: Trie, trie: Trie, names, m: int) -> None:
-        for name in names:
-            getattr(buffers, name)[:m].copy_(getattr(trie, name), non_blocking=True)
-            self._held[name] = weakref.ref(getattr(trie, name))
+    @staticmethod
+    def _copy(name: str, buffer: torch.Tensor, tensor: torch.Tensor) -> None:
+        """One array into (part of) its buffer, on the current stream (name: which, for tests)."""
+        buffer.copy_(tensor, non_blocking=True)
 
     def stream_scope(self):
         """Context manager making this context's stream current (no-op on CPU)."""

@@ -21,7 +21,7 @@ import torch
 
 from boundgen.artifact.manifest import Manifest, check_versions, read_manifest, verify_files as verify_artifact_files
 from boundgen.artifact.tasks import task_of
-from boundgen.artifact.tensors import has_vocab_outputs
+from boundgen.artifact.tensors import TRIE_LAYOUT, has_vocab_outputs
 from boundgen.errors import ArtifactError
 from boundgen.runtime import libstdcxx
 from boundgen.runtime.compiled import load_runner
@@ -51,6 +51,10 @@ def load_artifact_engine(path, verify_files: bool = True, libstdcxx_check: str =
     check_versions(manifest, {"torch": torch.__version__, "cuda": torch.version.cuda})
     _check_libstdcxx(libstdcxx_check)
     compiled, spec = manifest.compile, manifest.program
+    if getattr(spec, "constrained", False) and spec.trie_layout != TRIE_LAYOUT:
+        raise ArtifactError(f"artifact {manifest.name} was built by a boundgen whose constrained programs take one "
+                            "allow-list a call (reach and ends [M]); this one gives each request of a call its own: "
+                            "rebuild it with `boundgen build ... --task beam --constrained`")
     runtime = settings_in_effect(manifest.runtime.replace(**runtime), spec, str(device))
     tokenizer = Tokenizer.from_dir(root, fast=fast_tokenizer, joined=joined_tokenizing)
     try:

@@ -19,12 +19,13 @@ for every padded shape (runtime/graphs.py), never while serving.
 A constrained beam artifact takes its catalogue's trie as program inputs: the engine holds one
 `ServedCatalogue` (runtime/catalogue.py; `set_catalogue`), and each request takes the trie of
 that moment (its allow-list's, if any) on the caller thread, so that a replacement never mixes
-two catalogues in one request. Requests share a call only when they share those tensors (so a
-request with an allow-list runs alone; requests naming one subset share its tensors). With CUDA
-graphs each context holds trie buffers of one length M_cap (runtime/context.py), which its
-graphs read: a call first copies its request's trie into them on the context's stream (the
-catalogue's arrays only when the context held another catalogue, reach and ends only when they
-changed). M_cap is fixed when the first catalogue is
+two catalogues in one request. Requests share a call when they share the catalogue, whatever
+their allow-lists: the program takes reach and ends with a row per request (artifact/tensors.py),
+request r's allow-list on row r. With CUDA graphs each context holds trie buffers of one length
+M_cap, reach and ends on max_requests rows (runtime/context.py), which its graphs read: a call
+first copies its requests' tries into them on the context's stream (the catalogue's arrays only
+when the context held another catalogue, a row's reach and ends only when they changed);
+without, the call's rows are stacked (`call_trie`). M_cap is fixed when the first catalogue is
 set (`catalogue_max_nodes`, else that catalogue's nodes and a quarter more), and the graphs are
 captured then, before the catalogue is published, so no request can reach a context before
 (`boundgen.load` and `serve` set it before warm-up; a model loaded without one captures at its
@@ -43,7 +44,7 @@ import torch
 
 from boundgen.artifact.manifest import RuntimeConfig
 from boundgen.artifact.tasks import task_of
-from boundgen.artifact.tensors import Trie
+from boundgen.artifact.tensors import FILTERS, Trie
 from boundgen.errors import ConfigError, InvalidInput
 from boundgen.runtime.batcher import Batcher, Ticket
 from boundgen.runtime.catalogue import ServedCatalogue, load_catalogue
@@ -142,7 +143,7 @@ class LocalEngine(Engine):
                               f"with --catalogue-max-nodes {nodes} or more, or with --no-cuda-graphs")
         if first:
             for ctx in self.contexts:
-                ctx.hold_trie(catalogue_search.length(most))
+                ctx.hold_trie(catalogue_search.length(most), self.spec.program.call_max_samples)
             self._capture(catalogue.trie())
             self.catalogue_max_nodes = most
 
@@ -206,21 +207,25 @@ class LocalEngine(Engine):
 
     def _fits(self, batch: list, item) -> bool:
         """Whether waiting request `item` may join the call that holds `batch` (the batcher's rule)."""
-        return (item.trie is batch[0].trie  # one catalogue and allow-list a call
+        return (one_catalogue(item.trie, batch[0].trie)  # allow-lists may differ: a row each
                 and fits_one_call(self.spec.program, [queued.packed for queued in batch] + [item.packed]))
 
-    def _call(self, ctx: RequestContext, tokens, positions, cu_seqlens, trie: Trie | None = None) -> list[torch.Tensor]:
+    def _call(self, ctx: RequestContext, tokens, positions, cu_seqlens,
+              tries: Sequence[Trie] | None = None) -> list[torch.Tensor]:
         """The program on staged inputs, on the context's stream; its outputs stay on the device.
-        trie: the request's, copied first into the context's trie buffers where it holds them."""
+        tries: the requests' (one each, in call order), copied first into the context's trie
+        buffers where it holds them, else stacked."""
         with self._executors, ctx.stream_scope():
-            if trie is not None and ctx.trie is not None:
-                trie = ctx.stage_trie(trie)
+            trie = None
+            if tries:
+                trie = ctx.stage_trie(tries) if ctx.trie is not None else call_trie(tries)
             return self.runner(tokens, positions, cu_seqlens, *(trie or ()))
 
     def _run_batch(self, ctx: RequestContext, items: list[Queued]) -> list[CallShare]:
         start = time.perf_counter()
         batches = [queued.packed for queued in items]
-        out = self._call(ctx, *self.packer.stage(ctx, concat_packed(batches)), trie=items[0].trie)
+        tries = [queued.trie for queued in items] if items[0].trie is not None else None
+        out = self._call(ctx, *self.packer.stage(ctx, concat_packed(batches)), tries=tries)
         host = to_host(ctx, out[:self.builder.outputs])
         seconds = time.perf_counter() - start
         return [CallShare(rows, start - queued.submitted, seconds, len(items))
@@ -244,7 +249,8 @@ class LocalEngine(Engine):
         batches = self.packer.warm_batches() if isinstance(self.runner, GraphRunner) else []
         for ctx in self.contexts:
             for tokens, positions, cu_seqlens in batches:
-                self._call(ctx, *ctx.stage(tokens, positions, cu_seqlens), trie=trie)
+                tries = [trie] * (cu_seqlens.shape[0] - 1) if trie is not None else None  # beam: a prompt a request
+                self._call(ctx, *ctx.stage(tokens, positions, cu_seqlens), tries=tries)
                 if ctx.stream is not None:  # the host buffers are rewritten by the next stage
                     ctx.stream.synchronize()
         self.graph_shapes = len(batches)
@@ -257,16 +263,17 @@ class LocalEngine(Engine):
         b = self.spec.program
         ctx = RequestContext(b.call_max_tokens, b.call_max_samples, self.contexts[0].device)
         if self.contexts[0].trie is not None:
-            ctx.hold_trie(self.contexts[0].trie.row_ptr.shape[0])
+            ctx.hold_trie(self.contexts[0].trie.row_ptr.shape[0], b.call_max_samples)
         packed = self.packer.encode(list(texts))
         batches = [packed] * copies
         if not fits_one_call(b, batches):
             raise ValueError(f"{copies} copies of this request exceed one call's bounds ({b.describe()})")
         staged = self.packer.stage(ctx, concat_packed(batches))
         trie = self._trie(None)
+        tries = [trie] * copies if trie is not None else None
 
         def call():
-            out = self._call(ctx, *staged, trie=trie)
+            out = self._call(ctx, *staged, tries=tries)
             if ctx.stream is not None:
                 ctx.stream.synchronize()
             return out
@@ -275,6 +282,17 @@ class LocalEngine(Engine):
 
     def close(self) -> None:
         self._batcher.close()
+
+
+def one_catalogue(a: Trie | None, b: Trie | None) -> bool:
+    """Whether two requests' tries are one catalogue's (allow-lists aside; both None: unconstrained)."""
+    return a is b or (a is not None and b is not None and a.row_ptr is b.row_ptr)
+
+
+def call_trie(tries: Sequence[Trie]) -> Trie:
+    """The program's trie inputs for a call of these requests' tries (one catalogue): its arrays,
+    and reach and ends [R, M] with request r's allow-list on row r."""
+    return tries[0]._replace(**{name: torch.stack([getattr(t, name) for t in tries]) for name in FILTERS})
 
 
 def fits_one_call(program, batches: Sequence[PackedBatch]) -> bool:

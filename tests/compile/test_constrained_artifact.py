@@ -15,7 +15,7 @@ import torch
 import boundgen
 from boundgen.artifact.program import BeamSpec
 from boundgen.artifact.tensors import TRIE
-from boundgen.errors import ConfigError, InvalidInput
+from boundgen.errors import ArtifactError, ConfigError, InvalidInput
 from boundgen.programs.eager import eager_engine
 from boundgen.text.catalogue import Catalogue
 from tests.conftest import CONSTRAINED_ITEMS
@@ -41,7 +41,9 @@ def test_manifest_records_the_constrained_interface(constrained_build):
     manifest = json.loads((constrained_build["artifact"] / "manifest.json").read_text())
     assert manifest["program"]["constrained"] is True
     tensors = manifest["interface"]["tensors"]
-    assert all(tensors[name]["direction"] == "input" and tensors[name]["shape"] == ["M"] for name in TRIE)
+    assert all(tensors[name]["direction"] == "input" for name in TRIE)
+    assert [tensors[name]["shape"] for name in TRIE] == [["M"]] * 4 + [["R", "M"]] * 2  # reach, ends: a row a request
+    assert manifest["program"]["trie_layout"] == "rows"
     assert tensors["item_ids"] == {"direction": "output", "dtype": "int64", "shape": ["R*4"]}
     names = [case["name"] for case in manifest["validation"]["cases"]]
     assert "representative" in names and "representative+allow_list" in names
@@ -210,3 +212,13 @@ def assert_equal_candidates(lowered, compiled):
             np.testing.assert_array_equal(got.token_ids, want.token_ids)
             np.testing.assert_array_equal(got.item_ids, want.item_ids)
             np.testing.assert_allclose(got.scores, want.scores, rtol=0, atol=1e-5)
+
+
+def test_an_artifact_of_one_allow_list_a_call_is_refused_with_a_rebuild(constrained_build, artifact_copy):
+    """A constrained artifact built before reach and ends had a row per request (its manifest
+    without `trie_layout`) would be called with inputs it cannot take: loading says to rebuild it."""
+    from tests.compile.test_loading import edit_manifest
+    art = artifact_copy(constrained_build["artifact"])
+    edit_manifest(art, lambda manifest: manifest["program"].pop("trie_layout"))
+    with pytest.raises(ArtifactError, match=r"one allow-list a call .* rebuild it with `boundgen build"):
+        boundgen.load(art, catalogue=constrained_build["catalogue"])

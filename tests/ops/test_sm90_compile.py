@@ -106,13 +106,15 @@ KERNELS = {
     "trie_mask": ("trie_mask", "_trie_mask_kernel",
                   {"nodes_ptr": "*i64", "row_ptr_ptr": "*i64", "child_token_ptr": "*i64", "reach_ptr": "*u8",
                    "ends_ptr": "*u8", "stop_ptr": "*i64", "out_ptr": "*fp32", "num_nodes": "i32", "vocab": "i32",
-                   "stride_row": "i32", "max_degree": "i32", "num_stops": "i32"},
+                   "stride_row": "i32", "max_degree": "i32", "num_stops": "i32", "beams_per_row": "i32",
+                   "stride_filter": "i32"},
                   {"BLOCK": 2048, "CHILD_BLOCK": 128, "IN_PLACE": False}, "DEFAULT_WARPS"),
     # In place on bf16 scores, the catalogue's int32 tokens, one stop token (specialised to a constant).
     "trie_mask_in_place": ("trie_mask", "_trie_mask_kernel",
                            {"nodes_ptr": "*i64", "row_ptr_ptr": "*i64", "child_token_ptr": "*i32", "reach_ptr": "*u8",
                             "ends_ptr": "*u8", "stop_ptr": "*i64", "out_ptr": "*bf16", "num_nodes": "i32",
-                            "vocab": "i32", "stride_row": "i32", "max_degree": "i32"},
+                            "vocab": "i32", "stride_row": "i32", "max_degree": "i32", "beams_per_row": "i32",
+                            "stride_filter": "i32"},
                            {"num_stops": 1, "BLOCK": 2048, "CHILD_BLOCK": 128, "IN_PLACE": True}, "DEFAULT_WARPS"),
 }
 

@@ -24,7 +24,8 @@ STOPS = [41, 45]
 def make_trie(seed=0, items=60, lengths=(1, 2, 3), tokens=40, allow_every=3, pad=0, junk=False):
     """A random catalogue (shared prefixes, short codes inside longer ones), an allow-list that
     empties some subtrees, and the trie as the op takes it: the beam program's arrays
-    (catalogue_search.arrays, all of one length M), with `pad` more nodes without children;
+    (catalogue_search.arrays, row_ptr and child_token of one length M, reach and ends [1, M]: one
+    allow-list row), with `pad` more nodes without children;
     `junk`: the entries past the catalogue's edges hold random tokens and reach True (the op
     must not read them for an allowed token)."""
     rng = random.Random(seed)
@@ -41,7 +42,7 @@ def make_trie(seed=0, items=60, lengths=(1, 2, 3), tokens=40, allow_every=3, pad
         gen = torch.Generator().manual_seed(seed)
         trie[1][edges:] = torch.randint(0, VOCAB, (len(trie[1]) - edges,), generator=gen)
         trie[2][edges + 1:] = True
-    return cat, tuple(trie)
+    return cat, (trie[0], trie[1], trie[2][None], trie[3][None])
 
 
 def pick_nodes(cat, reach, count, seed=0):
@@ -50,7 +51,7 @@ def pick_nodes(cat, reach, count, seed=0):
     rng = random.Random(seed)
     degree = cat.degree()
     ends = (cat.node_item >= 0)
-    kinds = [degree == 0, ~reach.numpy()[:cat.num_nodes], ends & (degree > 0)]
+    kinds = [degree == 0, ~reach[0].numpy()[:cat.num_nodes], ends & (degree > 0)]
     special = [0, -1] + [int(np.flatnonzero(kind)[0]) for kind in kinds if kind.any()]
     rest = [rng.randrange(-1, cat.num_nodes) for _ in range(max(count - len(special), 0))]
     return torch.tensor((special + rest)[:count], dtype=torch.int64)
@@ -122,9 +123,35 @@ def test_dense_node_no_stops_and_nothing_allowed():
     assert cat.max_degree()[0] == 40
     nodes = torch.tensor([0, 0, 1, -1])
     got = assert_bias_matches(nodes, trie, [], VOCAB, 40, block=64, child_block=16)
-    assert (got[0] == 0).sum() == int(trie[2][1:41].sum())
+    assert (got[0] == 0).sum() == int(trie[2][0, 1:41].sum())
     nothing = (*trie[:2], torch.zeros_like(trie[2]), torch.zeros_like(trie[3]))
     assert torch.isneginf(assert_bias_matches(nodes, nothing, STOPS, VOCAB, 40, block=64)).all()
+
+
+def rows_trie(seed=4, requests=3):
+    """One catalogue under `requests` different allow-lists (every 2nd, 3rd, ... item): reach and
+    ends [requests, M], and each row alone as [1, M]."""
+    cat, trie = make_trie(seed=seed, allow_every=2)
+    rows = [make_trie(seed=seed, allow_every=2 + r)[1] for r in range(requests)]
+    stacked = (*trie[:2], torch.cat([t[2] for t in rows]), torch.cat([t[3] for t in rows]))
+    return cat, stacked, rows
+
+
+@needs_kernel
+@pytest.mark.parametrize("per_row", [1, 4])
+def test_rows_each_request_its_allow_list(per_row):
+    """reach and ends [Q, M]: beam b reads row b // (B / Q), so that a call of requests with
+    different allow-lists equals each request's beams under its own list alone, kernel and
+    reference both, as bias and in place."""
+    cat, stacked, rows = rows_trie()
+    nodes = pick_nodes(cat, rows[0][2], per_row * len(rows), seed=5)
+    degree = max(cat.max_degree())
+    got = assert_bias_matches(nodes, stacked, STOPS, VOCAB, degree, block=32)
+    for r, alone in enumerate(rows):
+        part = slice(r * per_row, (r + 1) * per_row)
+        assert torch.equal(got[part], op.reference(nodes[part], *alone, torch.tensor(STOPS), VOCAB, degree))
+    assert_apply_matches(nodes, stacked, STOPS, degree, block=32)
+    assert not all(torch.equal(rows[0][2], t[2]) for t in rows[1:])  # the lists differ
 
 
 @needs_kernel
@@ -156,7 +183,7 @@ def test_program_arrays_padded_past_the_catalogue(pad, junk):
     reference, and the reference equals the catalogue's own minimal arrays."""
     cat, trie = make_trie(seed=8, pad=pad, junk=junk)
     _, plain = make_trie(seed=8)
-    assert trie[0].shape[0] == plain[0].shape[0] + pad and len({t.shape[0] for t in trie}) == 1
+    assert trie[0].shape[0] == plain[0].shape[0] + pad and len({t.shape[-1] for t in trie}) == 1
     nodes = torch.cat((pick_nodes(cat, plain[2], 8, seed=8), torch.tensor([cat.num_nodes - 1, 0])))
     degree = max(cat.max_degree())
     got = assert_bias_matches(nodes, trie, STOPS, VOCAB, degree, block=16, child_block=4)
@@ -169,7 +196,7 @@ def test_reference_against_the_catalogue():
     cat, trie = make_trie(seed=6)
     nodes = torch.arange(-1, cat.num_nodes)
     bias = op.reference(nodes, *trie, torch.tensor(STOPS), VOCAB, max(cat.max_degree()))
-    reach, ends = trie[2].numpy(), trie[3].numpy()
+    reach, ends = trie[2][0].numpy(), trie[3][0].numpy()
     for n, row in zip(nodes.tolist(), bias):
         want = set()
         if n >= 0:
@@ -194,10 +221,16 @@ def test_launchers_reject_bad_inputs():
     nodes, stops = torch.tensor([0, 1]), torch.tensor(STOPS)
     with pytest.raises(ValueError, match="nodes must be a contiguous int64 vector"):
         op.launch(nodes.int(), *trie, stops, VOCAB, 4)
-    with pytest.raises(ValueError, match=r"reach must be a contiguous bool vector \[\d+\] \(row_ptr's length"):
-        op.launch(nodes, *trie[:2], trie[2][:-1], trie[3], stops, VOCAB, 4)
+    with pytest.raises(ValueError, match=r"reach must be a contiguous bool \[Q, \d+\] \(row_ptr's length\)"):
+        op.launch(nodes, *trie[:2], trie[2][:, :-1].contiguous(), trie[3], stops, VOCAB, 4)
+    with pytest.raises(ValueError, match=r"reach must be .* \[Q, \d+\]"):  # the [M] form of before the rows
+        op.launch(nodes, *trie[:2], trie[2][0], trie[3], stops, VOCAB, 4)
+    with pytest.raises(ValueError, match=r"ends must be .* with Q dividing the 2 beams"):
+        op.launch(nodes, *trie[:3], trie[3].expand(3, -1).contiguous(), stops, VOCAB, 4)
+    with pytest.raises(ValueError, match="reach and ends must have one row count"):
+        op.launch(nodes, *trie[:3], trie[3].expand(2, -1).contiguous(), stops, VOCAB, 4)
     catalogue_form = (torch.from_numpy(cat.row_ptr), torch.from_numpy(cat.child_token.astype(np.int64)),
-                      trie[2][:cat.num_nodes], trie[3][:cat.num_nodes])  # [nodes + 1], [nodes - 1], [nodes]
+                      trie[2][:, :cat.num_nodes], trie[3][:, :cat.num_nodes])  # [nodes + 1], [nodes - 1], [nodes]
     with pytest.raises(ValueError, match=r"child_token must be .* vector \[\d+\] \(row_ptr's length"):
         op.apply_launch(torch.zeros(2, VOCAB), nodes, *catalogue_form, stops, 4)
     with pytest.raises(ValueError, match="row_ptr must hold at least 2"):
@@ -255,8 +288,8 @@ def test_op_survives_export_with_dynamic_beams():
 
 _TRACE_SCRIPT = one_kernel_trace_script("""
     from boundgen.ops import trie_mask as op
-    trie = (torch.tensor([0, 2, 2, 2]), torch.tensor([4, 7, 0, 0]), torch.ones(4, dtype=torch.bool),
-            torch.ones(4, dtype=torch.bool), torch.tensor([9]))
+    trie = (torch.tensor([0, 2, 2, 2]), torch.tensor([4, 7, 0, 0]), torch.ones(1, 4, dtype=torch.bool),
+            torch.ones(1, 4, dtype=torch.bool), torch.tensor([9]))
     graph = make_fx(lambda nodes, *trie: op.launch(nodes, *trie, 151936, 2),
                     tracing_mode="symbolic")(torch.tensor([0, 1, -1, 2, 0]), *trie).graph
 """)
@@ -283,6 +316,7 @@ def test_gpu_qwen_vocabulary(beams):
     allow = catalogue_search.allowed(cat, np.arange(0, len(codes), 7).tolist())
     arrays = catalogue_search.arrays(cat, 151936, allow)
     trie = tuple(torch.from_numpy(arrays[name]) for name in ("row_ptr", "child_token", "reach", "ends"))
+    trie = (*trie[:2], trie[2][None], trie[3][None])
     nodes = torch.from_numpy(rng.integers(-1, cat.num_nodes, size=beams))
     nodes[0] = 0
     trie = on("cuda", *trie)

@@ -72,3 +72,20 @@ def test_no_stop_tokens():
     nodes = pick_nodes(cat, trie[2], 12, seed=9)
     logits = distinct_logits(12, 9)
     check(logits, nodes, trie, [], None, 4, int(max(cat.degree())))
+
+
+def test_rows_each_request_its_allow_list():
+    """reach and ends [Q, M] (a call of requests with different allow-lists): each request's beams
+    select what they select under their own list alone, and the separate ops agree."""
+    from tests.ops.test_trie_mask import rows_trie
+    cat, stacked, rows = rows_trie()
+    per_row = 4
+    nodes = pick_nodes(cat, rows[0][2], per_row * len(rows), seed=6)
+    logits = distinct_logits(nodes.shape[0], seed=6)
+    degree, stops = max(cat.max_degree()), torch.tensor(STOPS)
+    check(logits, nodes, stacked, STOPS, None, 6, degree)
+    logp, ids = trie_topk.reference(logits, nodes, *stacked, stops, None, 6, degree)
+    for r, alone in enumerate(rows):
+        part = slice(r * per_row, (r + 1) * per_row)
+        want_logp, want_ids = trie_topk.reference(logits[part], nodes[part], *alone, stops, None, 6, degree)
+        assert torch.equal(logp[part], want_logp) and torch.equal(ids[part], want_ids)

@@ -286,7 +286,8 @@ def test_trie_mask_against_a_loop():
     ends, reach = cat.reachable(list(range(0, 80, 3)))
     arrays = catalogue_search.arrays(cat, 16, (reach, ends))  # the program's trie arrays, one length M
     nodes = torch.tensor(list(range(cat.num_nodes)) + [-1])
-    trie = (torch.from_numpy(arrays[k]) for k in ("row_ptr", "child_token", "reach", "ends"))
+    trie = (torch.from_numpy(arrays[k]) for k in ("row_ptr", "child_token"))
+    trie = (*trie, *(torch.from_numpy(arrays[k])[None] for k in ("reach", "ends")))  # one allow-list row
     bias = trie_mask.reference(nodes, *trie, torch.tensor([11, 12]), 16, max(cat.max_degree()))
     for n, row in zip(nodes.tolist(), bias):
         want = set()

@@ -14,7 +14,7 @@ import torch
 
 from boundgen.artifact.manifest import RuntimeConfig
 from boundgen.artifact.program import BeamSpec
-from boundgen.artifact.tensors import TRIE
+from boundgen.artifact.tensors import FILTERS, TRIE
 from boundgen.errors import ConfigError
 from boundgen.model.loader import load_model
 from boundgen.ops import trie_mask
@@ -44,9 +44,9 @@ def random_catalogue(seed: int, items: int, alphabet=range(4, 40)) -> Catalogue:
     return Catalogue.from_sequences(rng.sample(range(10_000), items), [list(c) for c in sorted(codes)])
 
 
-def context(length: int) -> RequestContext:
-    ctx = RequestContext(16, 2, torch.device("cpu"))
-    ctx.hold_trie(length)
+def context(length: int, rows: int = 2) -> RequestContext:
+    ctx = RequestContext(16, rows, torch.device("cpu"))
+    ctx.hold_trie(length, rows)
     return ctx
 
 
@@ -69,10 +69,19 @@ def test_staged_buffers_are_the_catalogue_padded_to_their_length():
     allow = sorted(big.node_item[big.node_item >= 0][::4].tolist())
     # big, an allow-list of big, small (shorter: big's entries past its M must not stay), big again
     for name, cat, items in (("big", big, None), ("big", big, allow), ("small", small, None), ("big", big, None)):
-        buffers = ctx.stage_trie(served[name].trie(items))
+        buffers = ctx.stage_trie([served[name].trie(items)])
         want = padded_like_the_catalogue(cat, items, length)
         for field in TRIE:
-            assert torch.equal(getattr(buffers, field), want[field]), (name, items is not None, field)
+            got = getattr(buffers, field)
+            if field in FILTERS:  # a row per request of the call: one here
+                assert got.shape == (1, length)
+                got = got[0]
+            assert torch.equal(got, want[field]), (name, items is not None, field)
+    assert (ctx.trie.reach[1] == catalogue_search.PADDING["reach"]).all()  # the unused row: padding only
+    two = ctx.stage_trie([served["big"].trie(allow), served["big"].trie()])  # a call of two requests
+    for row, items in enumerate((allow, None)):
+        want = padded_like_the_catalogue(big, items, length)
+        assert torch.equal(two.reach[row], want["reach"]) and torch.equal(two.ends[row], want["ends"])
 
 
 def test_a_call_copies_only_what_changed(monkeypatch):
@@ -81,24 +90,28 @@ def test_a_call_copies_only_what_changed(monkeypatch):
     ctx = context(catalogue_search.length(max(cat.num_nodes, other.num_nodes)))
     copied = []
     copy = ctx._copy
-    monkeypatch.setattr(ctx, "_copy", lambda buffers, trie, names, m: (copied.append(tuple(names)),
-                                                                        copy(buffers, trie, names, m)))
+    monkeypatch.setattr(ctx, "_copy", lambda name, buffer, tensor: (copied.append(name), copy(name, buffer, tensor)))
 
-    def staged(trie):
+    def staged(*tries):
         copied.clear()
-        ctx.stage_trie(trie)
+        ctx.stage_trie(list(tries))
         return list(copied)
 
-    catalogue_arrays, pair = tuple(TRIE[:4]), ("reach", "ends")
-    assert staged(served.trie()) == [catalogue_arrays, pair]
-    assert staged(served.trie()) == []  # the catalogue it holds, every item allowed: nothing to copy
+    catalogue_arrays, pair = ["row_ptr", "child_token", "edge_keys", "node_item"], ["reach", "ends"]
+    full = served.trie()
+    assert staged(full) == catalogue_arrays + pair
+    assert staged(full) == []  # the catalogue it holds, every item allowed: nothing to copy
     items = cat.node_item[cat.node_item >= 0][:3].tolist()
-    assert staged(served.trie(items)) == [pair]  # an allow-list: its reach and ends only
-    assert staged(served.trie(items)) == [pair]  # each request's allow-list is its own pair
-    assert staged(served.trie()) == [pair]
-    assert staged(replaced.trie()) == [catalogue_arrays, pair]  # a replaced catalogue: everything
+    assert staged(served.trie(items)) == pair  # an allow-list: its reach and ends only
+    assert staged(served.trie(items)) == pair  # each request's allow-list is its own pair
+    assert staged(full, full) == pair * 2  # row 0 back to the whole catalogue, row 1 its first use
+    assert staged(full, served.trie(items)) == pair  # row 0 holds it: only row 1's allow-list
+    assert staged(replaced.trie()) == catalogue_arrays + pair  # a replaced catalogue: everything
+    assert staged(replaced.trie(), replaced.trie()) == pair  # row 1 too held the old catalogue's
     with pytest.raises(ValueError, match="does not fit"):
-        context(catalogue_search.length(cat.num_nodes) - 1).stage_trie(served.trie())
+        context(catalogue_search.length(cat.num_nodes) - 1).stage_trie([full])
+    with pytest.raises(ValueError, match="a call of 3 requests does not fit this context's 2 trie rows"):
+        ctx.stage_trie([full] * 3)
 
 
 @pytest.fixture(scope="module")
@@ -130,8 +143,8 @@ def test_padding_leaves_the_search_unchanged(small_model, lowering):
     for allow in (None, items):
         trie = served.trie(allow)
         with torch.no_grad():
-            own = program(*packed, *trie)
-            buffered = program(*packed, *ctx.stage_trie(trie))
+            own = program(*packed, *local_engine.call_trie([trie]))
+            buffered = program(*packed, *ctx.stage_trie([trie]))
         assert (own[4] >= 0).sum() >= 2  # candidates that name items
         for got, want in zip(buffered, own):
             assert torch.equal(got, want)
@@ -214,3 +227,41 @@ def test_catalogue_max_nodes_sizes_the_buffers(tiny_qwen2_dir):
         engine.close()
     with pytest.raises(ConfigError, match="catalogue_max_nodes must be an integer >= 0"):
         RuntimeConfig(catalogue_max_nodes=-1)
+
+
+# -- requests with different allow-lists in one call -----------------------------------------------
+
+@pytest.mark.parametrize("graphs", [True, False], ids=["trie-buffers", "stacked"])
+def test_a_call_of_different_allow_lists_equals_each_alone(tiny_qwen2_dir, graphs):
+    """Three requests, each with its own allow-list (or a subset, or none), one catalogue: the
+    batcher's rule lets them share a call, and the call gives each what it gets alone (the
+    program reads request r's allow-list from row r); another catalogue never joins."""
+    spec = dataclasses.replace(SPEC, max_requests=3)
+    runtime = RuntimeConfig(cuda_graphs=graphs, contexts=1, token_bucket=16, batching=True)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(local_engine, "settings_in_effect", lambda runtime, spec, device: runtime)
+        engine = eager_engine(tiny_qwen2_dir, spec, runtime=runtime)
+    try:
+        vocab = engine.runner.runner.program.model.cfg.vocab_size if graphs else None
+        vocab = vocab or engine.runner.program.model.cfg.vocab_size
+        cat = tiny_catalogue(CONSTRAINED_ITEMS).with_subsets({"sale": [12, 17, 18]})
+        engine.set_catalogue(ServedCatalogue.on_device(cat, vocab, "cpu"))
+        engine.warmup()
+        filters = [dict(allow_items=[11, 16]), dict(allow_subset="sale"), dict(), dict(allow_items=[13])]
+        alone = [engine.beam(PROMPTS[i % 2], **f) for i, f in enumerate(filters)]
+        queued = [local_engine.Queued(engine.packer.encode([PROMPTS[i % 2]]), 0.0, engine._trie(f.get("allow_items"),
+                                                                                              f.get("allow_subset")))
+                  for i, f in enumerate(filters[:3])]
+        assert engine._fits(queued[:1], queued[1]) and engine._fits(queued[:2], queued[2])
+        shares = engine._run_batch(engine.contexts[0], queued)
+        assert [share.requests_in_call for share in shares] == [3] * 3
+        for share, want in zip(shares, alone):
+            got = engine.builder.build(*share.rows)
+            assert got.token_ids.tolist() == want.token_ids.tolist() and got.item_ids.tolist() == want.item_ids.tolist()
+            torch.testing.assert_close(torch.from_numpy(got.scores), torch.from_numpy(want.scores), rtol=0, atol=1e-5)
+        assert len({tuple(a.item_ids.tolist()) for a in alone[:3]}) == 3  # the lists make a difference
+        assert set(alone[0].item_ids.tolist()) - {-1} <= {11, 16} and set(alone[1].item_ids.tolist()) - {-1} <= {12, 17, 18}
+        other = ServedCatalogue.on_device(tiny_catalogue(CONSTRAINED_ITEMS[:4]), vocab, "cpu")
+        assert not engine._fits(queued[:1], local_engine.Queued(queued[0].packed, 0.0, other.trie()))
+    finally:
+        engine.close()
