@@ -34,7 +34,8 @@ an engine idle for that long starts at once, and a lone client (a call of one, n
 waits.
 
 Workers are threads, one per request context; `run_batch(ctx, items)` does the work and
-returns one result per item (or raises, failing every item of that batch).
+returns one result per item, or an exception in an item's place (that item's error: a constrained
+request whose allow-list proved bad once its call ran), or raises, failing every item of that batch.
 """
 
 from __future__ import annotations
@@ -219,8 +220,11 @@ class Batcher:
                 self.batches += 1
                 self.items += len(batch)
                 self._last_call = (self._clock(), len(batch) + len(self._waiting))
-            for entry, result in zip(batch, results):
-                entry.future.set_result(result)
+            for entry, result in zip(batch, results):  # a request's result, or why it has none
+                if isinstance(result, BaseException):
+                    entry.future.set_exception(result)
+                else:
+                    entry.future.set_result(result)
 
     def _count(self, gone: str) -> None:
         if gone == "cancelled":

@@ -2,6 +2,7 @@
 
     load_catalogue(cat_dir, artifact_dir, device[, reach_on_device]) -> ServedCatalogue (checked against the artifact)
     ServedCatalogue.trie(allow_items, subset)                       -> Trie (artifact/tensors.py) of one request
+    ServedCatalogue.request_trie(allow_items, subset)               -> (Trie, Pending | None): the same, not waited for
 
 A constrained artifact takes the trie as program inputs (programs/beam.py), so the engine holds
 one `ServedCatalogue` and hands its tensors to every call (runtime/local_engine.py); with CUDA
@@ -21,12 +22,18 @@ takes them; tests/runtime/test_catalogue.py checks them equal):
 - on the device (`reach_on_device`, CUDA's way): ops/trie_reach.py `reach_from_paths`, the K
   allowed items' rows of the catalogue's path table (each item's node and its ancestors, built
   at load: 4 bytes an item a level), K binary searches and two [M] fills, on a stream of the
-  catalogue's own, which the request's thread waits for (only that stream's work, not the
-  model's calls), so the arrays are complete before any call reads them. The ids are checked as they are derived: the
-  K ids' lookups among the item ids are the derivation's first step, and the host reads back
-  which were found ([K] bool, the one sync) before the arrays are used: an unknown id is an error
-  (the derivation ignored it). A check on the host first (a numpy searchsorted of the ids among
-  a million sorted item ids: ~4.6 ms for 10,000 ids on a 2-core VM) cost more than the derivation.
+  catalogue's own. The ids are checked as they are derived: the K ids' lookups among the item
+  ids are the derivation's first step, and which were found ([K] bool, and whether the root
+  reaches anything) comes back as a `Pending`: `trie` waits for it and raises at once (the
+  stream's work only, not the model's calls); `request_trie` does not wait, so that the engine
+  (runtime/local_engine.py) neither holds its thread on a GPU busy with other calls nor
+  serialises the requests behind one stream: the call's stream waits for the derivation's event
+  before it copies the arrays, and the request's answer is the check's InvalidInput, read once
+  the call is done, in place of its rows (the call ran it with the unknown ids ignored). A check
+  on the host first (a numpy searchsorted of the ids among a million sorted item ids: ~4.6 ms for
+  10,000 ids on a 2-core VM) cost more than the derivation. Waiting on the request's thread held
+  served W2 with a list of its own a request to 91.0 QPS within the budget (c=8: link 9.1 ms a
+  request; docs/benchmarks.md).
 A named subset (ALLOW_SUBSET, text/catalogue.py) costs a request nothing: its `reach` and `ends`
 are derived once, when the catalogue is loaded (the same two ways, from its item ids), and held
 on the device, 1 byte a trie node each (`subset_bytes`); requests naming it share those tensors,
@@ -93,7 +100,10 @@ class ServedCatalogue:
             index = ItemIndex(item_keys, paths, stream)
         served = cls(path, cat.metadata(), cat, full, index)
         for name, ids in cat.subsets.items():  # each derived as an allow-list of its ids is, once
-            served.subsets[name] = served._allowing(ids, None, f"subset {name!r}")
+            trie, pending = served._allowing(ids, None, f"subset {name!r}")
+            if pending is not None:
+                pending.check()
+            served.subsets[name] = trie
         return served
 
     @property
@@ -108,10 +118,21 @@ class ServedCatalogue:
 
     def trie(self, allow_items: Sequence[int] | None = None, subset: str | None = None) -> Trie:
         """The program inputs of a request (allow_items None: every item; subset: a named subset,
-        within which the allow-list applies)."""
+        within which the allow-list applies), complete and checked (InvalidInput)."""
+        trie, pending = self.request_trie(allow_items, subset)
+        if pending is not None:
+            pending.check()
+        return trie
+
+    def request_trie(self, allow_items: Sequence[int] | None = None,
+                     subset: str | None = None) -> tuple[Trie, "Pending | None"]:
+        """`trie`'s inputs without waiting for a derivation on the device: the Pending (None: there
+        is none) says when they are complete and checks the ids once they are (module docstring).
+        What the host can refuse at once (no subset by that name, a list too long, not integers)
+        it refuses here."""
         base = self.full if subset is None else self._subset(subset)
         if allow_items is None:
-            return base
+            return base, None
         check_allow_count(len(allow_items), self.items)
         return self._allowing(_item_ids(allow_items), subset, "ALLOW_ITEMS")
 
@@ -122,11 +143,14 @@ class ServedCatalogue:
             have = ", ".join(sorted(self.subsets)[:20]) or "none"
             raise InvalidInput(f"ALLOW_SUBSET: the catalogue has no subset {name!r} (its subsets: {have})") from None
 
-    def _allowing(self, ids: np.ndarray, subset: str | None, what: str) -> Trie:
-        """The trie inputs allowing `ids` (within `subset`); `what` names the input in errors."""
-        derive = self._on_device if self.index is not None else self._on_host
-        reach, ends = derive(ids, subset, what)
-        return self.full._replace(reach=reach, ends=ends)
+    def _allowing(self, ids: np.ndarray, subset: str | None, what: str) -> tuple[Trie, "Pending | None"]:
+        """The trie inputs allowing `ids` (within `subset`), and the device derivation's Pending;
+        `what` names the input in errors."""
+        if self.index is None:
+            reach, ends = self._on_host(ids, subset, what)
+            return self.full._replace(reach=reach, ends=ends), None
+        reach, ends, pending = self._on_device(ids, subset, what)
+        return self.full._replace(reach=reach, ends=ends), pending
 
     def _on_host(self, ids: np.ndarray, subset: str | None, what: str) -> tuple[torch.Tensor, torch.Tensor]:
         try:  # the ids within the subset (a list alone: `allowed` checks it, once)
@@ -141,7 +165,8 @@ class ServedCatalogue:
         device = self.full.reach.device
         return torch.from_numpy(reach).to(device), torch.from_numpy(ends).to(device)
 
-    def _on_device(self, ids: np.ndarray, subset: str | None, what: str) -> tuple[torch.Tensor, torch.Tensor]:
+    def _on_device(self, ids: np.ndarray, subset: str | None,
+                   what: str) -> tuple[torch.Tensor, torch.Tensor, "Pending"]:
         from boundgen.ops import trie_reach  # imported by on_device already: a dictionary lookup
 
         if not ids.size:  # the root reaches an allowed item unless there is none
@@ -153,16 +178,37 @@ class ServedCatalogue:
         with scope:
             ends, reach, known = trie_reach.reach_from_paths(torch.from_numpy(ids).to(device), index.item_keys,
                                                              index.item_paths, self.full.row_ptr.shape[0], within)
-            # One sync, for both answers; it waits for this stream's work, so the arrays are
-            # complete before a call on another stream reads them.
-            answer = torch.cat((known, reach[:1])).cpu().numpy()
+            answer = torch.cat((known, reach[:1]))  # both answers, read back once (Pending.check)
+            ready = None
+            if index.stream is not None:
+                ready = torch.cuda.Event()
+                ready.record(index.stream)
+        return reach, ends, Pending(ready, answer, ids, what, subset)
+
+
+@dataclass
+class Pending:
+    """An allow-list's derivation on the device, not waited for: `ready` (a CUDA event; None on the
+    CPU, where it is done) marks the arrays complete; `check` reads which ids were found and
+    whether anything is left, and raises the InvalidInput a bad list deserves."""
+
+    ready: "torch.cuda.Event | None"
+    answer: torch.Tensor  # [K + 1] bool: each id found, then whether the root reaches an allowed item
+    ids: np.ndarray
+    what: str
+    subset: str | None
+
+    def check(self) -> None:
+        if self.ready is not None:
+            self.ready.synchronize()
+        answer = self.answer.cpu().numpy()
         known, anything = answer[:-1], bool(answer[-1])
         if not known.all():  # the host path's words (Catalogue.allowed_ids)
-            unknown = np.unique(ids[~known])
-            raise InvalidInput(f"{what}: allowed items {unknown[:5].tolist()} are not in the catalogue")
+            unknown = np.unique(self.ids[~known])
+            raise InvalidInput(f"{self.what}: allowed items {unknown[:5].tolist()} are not in the catalogue")
         if not anything:  # only with a subset: a list of known ids reaches the root
-            raise InvalidInput(f"{what}: the allow-list leaves no item of the catalogue to generate{_within(subset)}")
-        return reach, ends
+            raise InvalidInput(f"{self.what}: the allow-list leaves no item of the catalogue to generate"
+                               f"{_within(self.subset)}")
 
 
 def load_catalogue(cat_dir: str | Path, artifact_dir: str | Path, device: str | torch.device,

@@ -47,7 +47,7 @@ from boundgen.artifact.tasks import task_of
 from boundgen.artifact.tensors import FILTERS, Trie
 from boundgen.errors import ConfigError, InvalidInput
 from boundgen.runtime.batcher import Batcher, Ticket
-from boundgen.runtime.catalogue import ServedCatalogue, load_catalogue
+from boundgen.runtime.catalogue import Pending, ServedCatalogue, load_catalogue
 from boundgen.runtime.context import RequestContext
 from boundgen.runtime.engine import Engine, EngineSpec, Provenance
 from boundgen.runtime.graphs import GraphRunner
@@ -63,6 +63,7 @@ class Queued:
     packed: PackedBatch
     submitted: float  # time.perf_counter() when it was queued
     trie: Trie | None = None  # a constrained program's trie inputs for this request (runtime/catalogue.py)
+    pending: Pending | None = None  # its allow-list's derivation on the device, not waited for
 
 
 @dataclass(frozen=True)
@@ -144,7 +145,7 @@ class LocalEngine(Engine):
         if first:
             for ctx in self.contexts:
                 ctx.hold_trie(catalogue_search.length(most), self.spec.program.call_max_samples)
-            self._capture(catalogue.trie())
+            self._capture(catalogue.full)
             self.catalogue_max_nodes = most
 
     def load_catalogue(self, cat_dir) -> None:
@@ -153,25 +154,28 @@ class LocalEngine(Engine):
             raise ConfigError(f"model {self.spec.name} was not built with --constrained: it takes no catalogue")
         self.set_catalogue(load_catalogue(cat_dir, self.spec.provenance.artifact_dir, self.contexts[0].device))
 
-    def _trie(self, allow_items: Sequence[int] | None, allow_subset: str | None = None) -> Trie | None:
-        """The trie inputs of a request (None: an unconstrained program)."""
+    def _trie(self, allow_items: Sequence[int] | None,
+              allow_subset: str | None = None) -> tuple[Trie | None, Pending | None]:
+        """The trie inputs of a request (None: an unconstrained program) and its allow-list's
+        derivation, not waited for (runtime/catalogue.py: `_call` waits for it on the call's
+        stream, `_run_batch` checks it once the call is done)."""
         if not self.constrained:
             for given, name in ((allow_items, "ALLOW_ITEMS"), (allow_subset, "ALLOW_SUBSET")):
                 if given is not None:
                     raise InvalidInput(f"model {self.spec.name} has no catalogue: {name} does not apply")
-            return None
+            return None, None
         catalogue = self.catalogue  # one read: the whole request sees this catalogue
         if catalogue is None:
             raise InvalidInput(f"model {self.spec.name} is a constrained beam model and no catalogue is loaded")
-        return catalogue.trie(allow_items, allow_subset)
+        return catalogue.request_trie(allow_items, allow_subset)
 
     def _request(self, texts: list, deadline: float | None, cancelled: threading.Event | None, pack=None,
                  allow_items: Sequence[int] | None = None, allow_subset: str | None = None):
         t0 = time.perf_counter()
         packed = (pack or self.packer.encode)(texts)
-        trie = self._trie(allow_items, allow_subset)
+        trie, pending = self._trie(allow_items, allow_subset)
         t1 = time.perf_counter()
-        share: CallShare = self._batcher.submit(Queued(packed, t1, trie), deadline, cancelled)
+        share: CallShare = self._batcher.submit(Queued(packed, t1, trie, pending), deadline, cancelled)
         t2 = time.perf_counter()
         result = self.builder.build(*share.rows)
         end = time.perf_counter()
@@ -190,8 +194,9 @@ class LocalEngine(Engine):
         allow_items: a constrained request's allow-list ([K] int64), its trie derived here as `beam`
         derives it (InvalidInput for unknown ids, or a list that leaves nothing); allow_subset: a
         named subset of its catalogue (its trie inputs derived at load)."""
-        trie = self._trie(allow_items, allow_subset)
-        return self._batcher.enqueue(Queued(packed, time.perf_counter(), trie), deadline, cancelled, client, max_queue)
+        trie, pending = self._trie(allow_items, allow_subset)
+        return self._batcher.enqueue(Queued(packed, time.perf_counter(), trie, pending), deadline, cancelled, client,
+                                     max_queue)
 
     def withdraw(self, ticket: Ticket) -> bool:
         """Take a queued request back out (its client went away, or its deadline passed);
@@ -210,25 +215,33 @@ class LocalEngine(Engine):
         return (one_catalogue(item.trie, batch[0].trie)  # allow-lists may differ: a row each
                 and fits_one_call(self.spec.program, [queued.packed for queued in batch] + [item.packed]))
 
-    def _call(self, ctx: RequestContext, tokens, positions, cu_seqlens,
-              tries: Sequence[Trie] | None = None) -> list[torch.Tensor]:
+    def _call(self, ctx: RequestContext, tokens, positions, cu_seqlens, tries: Sequence[Trie] | None = None,
+              pending: Sequence[Pending | None] = ()) -> list[torch.Tensor]:
         """The program on staged inputs, on the context's stream; its outputs stay on the device.
         tries: the requests' (one each, in call order), copied first into the context's trie
-        buffers where it holds them, else stacked."""
+        buffers where it holds them, else stacked, once the stream has waited for the
+        derivations still `pending`."""
         with self._executors, ctx.stream_scope():
             trie = None
             if tries:
+                if ctx.stream is not None:
+                    for derivation in pending:
+                        if derivation is not None and derivation.ready is not None:
+                            ctx.stream.wait_event(derivation.ready)
                 trie = ctx.stage_trie(tries) if ctx.trie is not None else call_trie(tries)
             return self.runner(tokens, positions, cu_seqlens, *(trie or ()))
 
-    def _run_batch(self, ctx: RequestContext, items: list[Queued]) -> list[CallShare]:
+    def _run_batch(self, ctx: RequestContext, items: list[Queued]) -> list[CallShare | InvalidInput]:
+        """The call of `items`: each request's share of it, or the InvalidInput its allow-list
+        turned out to deserve (the derivation's check, read once the call is done)."""
         start = time.perf_counter()
         batches = [queued.packed for queued in items]
         tries = [queued.trie for queued in items] if items[0].trie is not None else None
-        out = self._call(ctx, *self.packer.stage(ctx, concat_packed(batches)), tries=tries)
+        out = self._call(ctx, *self.packer.stage(ctx, concat_packed(batches)), tries=tries,
+                         pending=[queued.pending for queued in items])
         host = to_host(ctx, out[:self.builder.outputs])
         seconds = time.perf_counter() - start
-        return [CallShare(rows, start - queued.submitted, seconds, len(items))
+        return [_checked(queued.pending) or CallShare(rows, start - queued.submitted, seconds, len(items))
                 for rows, queued in zip(self.builder.split(host, batches), items)]
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -242,7 +255,7 @@ class LocalEngine(Engine):
             return
         self._request(["warm up"], None, None)
         if not (self.constrained and self.catalogue_max_nodes):  # set_catalogue's `_fit` captured them
-            self._capture(self._trie(None))
+            self._capture(self._trie(None)[0])
 
     def _capture(self, trie: Trie | None) -> None:
         """Every padded shape once on every context: captured where not yet, replayed where captured."""
@@ -269,7 +282,7 @@ class LocalEngine(Engine):
         if not fits_one_call(b, batches):
             raise ValueError(f"{copies} copies of this request exceed one call's bounds ({b.describe()})")
         staged = self.packer.stage(ctx, concat_packed(batches))
-        trie = self._trie(None)
+        trie, _ = self._trie(None)
         tries = [trie] * copies if trie is not None else None
 
         def call():
@@ -282,6 +295,17 @@ class LocalEngine(Engine):
 
     def close(self) -> None:
         self._batcher.close()
+
+
+def _checked(pending: Pending | None) -> InvalidInput | None:
+    """The InvalidInput of a request whose allow-list's check fails (None: it passes, or there is none)."""
+    if pending is None:
+        return None
+    try:
+        pending.check()
+    except InvalidInput as exc:
+        return exc
+    return None
 
 
 def one_catalogue(a: Trie | None, b: Trie | None) -> bool:

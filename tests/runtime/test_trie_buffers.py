@@ -15,7 +15,7 @@ import torch
 from boundgen.artifact.manifest import RuntimeConfig
 from boundgen.artifact.program import BeamSpec
 from boundgen.artifact.tensors import FILTERS, TRIE
-from boundgen.errors import ConfigError
+from boundgen.errors import ConfigError, InvalidInput
 from boundgen.model.loader import load_model
 from boundgen.ops import trie_mask
 from boundgen.ops.lowering import OpLowering
@@ -245,15 +245,18 @@ def test_a_call_of_different_allow_lists_equals_each_alone(tiny_qwen2_dir, graph
         vocab = engine.runner.runner.program.model.cfg.vocab_size if graphs else None
         vocab = vocab or engine.runner.program.model.cfg.vocab_size
         cat = tiny_catalogue(CONSTRAINED_ITEMS).with_subsets({"sale": [12, 17, 18]})
-        engine.set_catalogue(ServedCatalogue.on_device(cat, vocab, "cpu"))
+        # the device's way of deriving allow-lists (tensor code, here on the CPU): checked after the call
+        engine.set_catalogue(ServedCatalogue.on_device(cat, vocab, "cpu", reach_on_device=True))
         engine.warmup()
         filters = [dict(allow_items=[11, 16]), dict(allow_subset="sale"), dict(), dict(allow_items=[13])]
         alone = [engine.beam(PROMPTS[i % 2], **f) for i, f in enumerate(filters)]
-        queued = [local_engine.Queued(engine.packer.encode([PROMPTS[i % 2]]), 0.0, engine._trie(f.get("allow_items"),
-                                                                                              f.get("allow_subset")))
-                  for i, f in enumerate(filters[:3])]
-        assert engine._fits(queued[:1], queued[1]) and engine._fits(queued[:2], queued[2])
-        shares = engine._run_batch(engine.contexts[0], queued)
+
+        def queued(prompt, allow_items=None, allow_subset=None):
+            return local_engine.Queued(engine.packer.encode([prompt]), 0.0, *engine._trie(allow_items, allow_subset))
+
+        calls = [queued(PROMPTS[i % 2], **f) for i, f in enumerate(filters[:3])]
+        assert engine._fits(calls[:1], calls[1]) and engine._fits(calls[:2], calls[2])
+        shares = engine._run_batch(engine.contexts[0], calls)
         assert [share.requests_in_call for share in shares] == [3] * 3
         for share, want in zip(shares, alone):
             got = engine.builder.build(*share.rows)
@@ -261,7 +264,15 @@ def test_a_call_of_different_allow_lists_equals_each_alone(tiny_qwen2_dir, graph
             torch.testing.assert_close(torch.from_numpy(got.scores), torch.from_numpy(want.scores), rtol=0, atol=1e-5)
         assert len({tuple(a.item_ids.tolist()) for a in alone[:3]}) == 3  # the lists make a difference
         assert set(alone[0].item_ids.tolist()) - {-1} <= {11, 16} and set(alone[1].item_ids.tolist()) - {-1} <= {12, 17, 18}
+        # an unknown id, or a list with nothing in its subset: that request's error, the others' rows
+        bad = [queued(PROMPTS[0], allow_items=[11, 999]), calls[0], queued(PROMPTS[1], [11], "sale")]
+        got = engine._run_batch(engine.contexts[0], bad)
+        assert isinstance(got[0], InvalidInput) and "allowed items [999] are not in the catalogue" in str(got[0])
+        assert isinstance(got[2], InvalidInput) and "leaves no item of the catalogue to generate within subset 'sale'" in str(got[2])
+        assert engine.builder.build(*got[1].rows).item_ids.tolist() == alone[0].item_ids.tolist()
+        with pytest.raises(InvalidInput, match=r"allowed items \[999\] are not in the catalogue"):
+            engine.beam(PROMPTS[0], allow_items=[999])
         other = ServedCatalogue.on_device(tiny_catalogue(CONSTRAINED_ITEMS[:4]), vocab, "cpu")
-        assert not engine._fits(queued[:1], local_engine.Queued(queued[0].packed, 0.0, other.trie()))
+        assert not engine._fits(calls[:1], local_engine.Queued(calls[0].packed, 0.0, other.full))
     finally:
         engine.close()
