@@ -18,13 +18,20 @@ arrays as they are. The same as text/catalogue.py's `Catalogue.reachable(allow_i
 on the host, [nodes]) padded to M, which raises on unknown ids; here the caller decides what an
 unknown id means (`known`), since raising would need the device's answer on the host.
 
-`reach_from_paths` (serving's): each item's path, its node and every ancestor up to the root,
+`reach_from_paths` (one request's list on its own): each item's path, its node and every ancestor up to the root,
 is a row of a table built once per catalogue (`item_paths`: [I, depth + 1] int32, 4 bytes an
 item a level, 20 MB for a million 4-token codes), so a request's derivation is one binary search
 per id among item_keys, one gather of the K rows, and two [M + 1] bool fills marking the rows'
 first column (ends) and every column (reach): about a dozen tensor ops, whatever the depth.
 Unknown ids (and ids outside `within`) are sent to a spare slot M, dropped at the end, so that
 every write is True (no ordering among repeats).
+
+`fill_rows` (what a call of several requests uses): the same from the same table, for the
+allow-lists of a whole call at once, written into the call's rows of reach and ends ([R, L], the
+program's inputs, runtime/context.py): the listed rows cleared, then each id's path marked in its
+request's row, an id not kept sent to the row's last slot L - 1 (a trie's spare node: no row, no
+edge leads to it, never read). One set of about a dozen ops a call, not a request, and no [M]
+arrays of a request's own to allocate, fill and copy.
 
 `reach_from_allowed` (the reference, no table): from the K allowed leaves upwards, one level a
 step: `depth` steps of parent(n) = searchsorted(row_ptr, n - 1, right) - 1 (edge n - 1 leads to
@@ -125,5 +132,25 @@ def reach_from_paths(allow_items: torch.Tensor, item_keys: torch.Tensor, item_pa
     return ends[:length], reach[:length], known
 
 
+def fill_rows(reach: torch.Tensor, ends: torch.Tensor, rows: torch.Tensor, row_of: torch.Tensor, path: torch.Tensor,
+              kept: torch.Tensor) -> None:
+    """reach, ends [R, L] bool, in place: rows `rows` [n] int64 cleared, then for each listed id k
+    that is `kept` ([K] bool) True in row row_of[k] ([K] int64, one of `rows`) at its path (reach:
+    path[k] [depth + 1], its node and ancestors, as `item_paths` gives them) and its node (ends)."""
+    length = reach.shape[1]
+    reach.index_fill_(0, rows, False)
+    ends.index_fill_(0, rows, False)
+    flat = row_of.unsqueeze(1) * length + torch.where(kept.unsqueeze(1), path.long(), length - 1)
+    reach.view(-1).index_fill_(0, flat.flatten(), True)
+    ends.view(-1).index_fill_(0, flat[:, 0], True)
+
+
+def lookup_paths(allow_items: torch.Tensor, item_keys: torch.Tensor,
+                 item_paths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(path [K, depth + 1]: each id's row of the path table, known [K]: the id is an item)."""
+    at, known = _lookup(allow_items, item_keys)
+    return item_paths[at], known
+
+
 reference = reach_from_allowed  # plain torch on any device, no table: the op's semantics
-IMPLEMENTATIONS = {"torch": reference}  # not a lowering: serving calls reach_from_paths, with its table
+IMPLEMENTATIONS = {"torch": reference}  # not a lowering: serving calls fill_rows, with its table

@@ -2,7 +2,8 @@
 
     load_catalogue(cat_dir, artifact_dir, device[, reach_on_device]) -> ServedCatalogue (checked against the artifact)
     ServedCatalogue.trie(allow_items, subset)                       -> Trie (artifact/tensors.py) of one request
-    ServedCatalogue.request_trie(allow_items, subset)               -> (Trie, Pending | None): the same, not waited for
+    ServedCatalogue.request_trie(allow_items, subset)               -> (Trie, AllowList | None): a served request's
+    ServedCatalogue.derive_rows(reach, ends, lists)                 -> RowsCheck: a call's allow-lists into its rows
 
 A constrained artifact takes the trie as program inputs (programs/beam.py), so the engine holds
 one `ServedCatalogue` and hands its tensors to every call (runtime/local_engine.py); with CUDA
@@ -19,21 +20,20 @@ a request without one shares the catalogue's. Two ways to the same arrays ([M], 
 takes them; tests/runtime/test_catalogue.py checks them equal):
 - on the host (the reference, and the CPU's way): text/catalogue_search.py `allowed`, numpy,
   O(nodes) per request (every level of the trie), then copied to the device;
-- on the device (`reach_on_device`, CUDA's way): ops/trie_reach.py `reach_from_paths`, the K
-  allowed items' rows of the catalogue's path table (each item's node and its ancestors, built
-  at load: 4 bytes an item a level), K binary searches and two [M] fills, on a stream of the
-  catalogue's own. The ids are checked as they are derived: the K ids' lookups among the item
-  ids are the derivation's first step, and which were found ([K] bool, and whether the root
-  reaches anything) comes back as a `Pending`: `trie` waits for it and raises at once (the
-  stream's work only, not the model's calls); `request_trie` does not wait, so that the engine
-  (runtime/local_engine.py) neither holds its thread on a GPU busy with other calls nor
-  serialises the requests behind one stream: the call's stream waits for the derivation's event
-  before it copies the arrays, and the request's answer is the check's InvalidInput, read once
-  the call is done, in place of its rows (the call ran it with the unknown ids ignored). A check
-  on the host first (a numpy searchsorted of the ids among a million sorted item ids: ~4.6 ms for
-  10,000 ids on a 2-core VM) cost more than the derivation. Waiting on the request's thread held
-  served W2 with a list of its own a request to 91.0 QPS within the budget (c=8: link 9.1 ms a
-  request; docs/benchmarks.md).
+- on the device (`reach_on_device`, CUDA's way): ops/trie_reach.py, from the catalogue's path
+  table (each item's node and its ancestors, built at load: 4 bytes an item a level): K binary
+  searches, a gather and the fills. A request's list is not derived when it arrives: `request_trie`
+  gives the request the catalogue's (or its subset's) trie and an `AllowList`, and the engine
+  derives the lists of a whole call at once, into the call's rows of reach and ends, on the call's
+  stream (`derive_rows`, ops/trie_reach.py `fill_rows`: one set of ops a call, nothing waited
+  for). Which ids were found, and whether a row reaches anything, come back as a `RowsCheck`,
+  read once the call is done: a request with an unknown id (or nothing left within its subset)
+  gets the InvalidInput in place of its rows (the call ran it with those ids ignored). `trie`
+  derives one list into rows of its own and raises at once (the host's words either way). Each
+  request deriving its own [M] arrays on its thread, waiting for them, held served W2 with a list
+  of its own a request to 91.0 QPS within the budget (docs/benchmarks.md). A check on the host
+  first (a numpy searchsorted of the ids among a million sorted item ids: ~4.6 ms for 10,000 ids
+  on a 2-core VM) cost more than the derivation.
 A named subset (ALLOW_SUBSET, text/catalogue.py) costs a request nothing: its `reach` and `ends`
 are derived once, when the catalogue is loaded (the same two ways, from its item ids), and held
 on the device, 1 byte a trie node each (`subset_bytes`); requests naming it share those tensors,
@@ -58,7 +58,7 @@ import torch
 
 from boundgen.artifact.manifest import read_manifest
 from boundgen.artifact.tasks import task_of
-from boundgen.artifact.tensors import TRIE, Trie
+from boundgen.artifact.tensors import FILTERS, TRIE, Trie
 from boundgen.errors import ConfigError, InvalidInput
 from boundgen.text import catalogue_search
 from boundgen.text.catalogue import Catalogue, check_tokenizer
@@ -100,10 +100,7 @@ class ServedCatalogue:
             index = ItemIndex(item_keys, paths, stream)
         served = cls(path, cat.metadata(), cat, full, index)
         for name, ids in cat.subsets.items():  # each derived as an allow-list of its ids is, once
-            trie, pending = served._allowing(ids, None, f"subset {name!r}")
-            if pending is not None:
-                pending.check()
-            served.subsets[name] = trie
+            served.subsets[name] = served._trie(ids, None, f"subset {name!r}")
         return served
 
     @property
@@ -118,23 +115,43 @@ class ServedCatalogue:
 
     def trie(self, allow_items: Sequence[int] | None = None, subset: str | None = None) -> Trie:
         """The program inputs of a request (allow_items None: every item; subset: a named subset,
-        within which the allow-list applies), complete and checked (InvalidInput)."""
-        trie, pending = self.request_trie(allow_items, subset)
-        if pending is not None:
-            pending.check()
-        return trie
+        within which the allow-list applies), reach and ends [M], complete and checked (InvalidInput)."""
+        return self._trie(allow_items, subset, "ALLOW_ITEMS")
 
     def request_trie(self, allow_items: Sequence[int] | None = None,
-                     subset: str | None = None) -> tuple[Trie, "Pending | None"]:
-        """`trie`'s inputs without waiting for a derivation on the device: the Pending (None: there
-        is none) says when they are complete and checks the ids once they are (module docstring).
-        What the host can refuse at once (no subset by that name, a list too long, not integers)
-        it refuses here."""
+                     subset: str | None = None) -> tuple[Trie, "AllowList | None"]:
+        """A served request's trie inputs and, on the device, its allow-list still to derive into its
+        call's row (`derive_rows`; None: nothing to derive). What the host can refuse at once (no
+        subset by that name, a list too long, not integers, empty) it refuses here; on the host
+        the list is derived and checked here, into the trie's own reach and ends."""
+        return self._request(allow_items, subset, "ALLOW_ITEMS")
+
+    def _request(self, allow_items, subset: str | None, what: str) -> tuple[Trie, "AllowList | None"]:
         base = self.full if subset is None else self._subset(subset)
         if allow_items is None:
             return base, None
         check_allow_count(len(allow_items), self.items)
-        return self._allowing(_item_ids(allow_items), subset, "ALLOW_ITEMS")
+        ids = _item_ids(allow_items)
+        if self.index is None:
+            reach, ends = self._on_host(ids, subset, what)
+            return base._replace(reach=reach, ends=ends), None
+        if not ids.size:  # the root reaches an allowed item unless there is none
+            raise InvalidInput(f"{what}: the allow-list leaves no item of the catalogue to generate")
+        return base, AllowList(self, ids, subset, what)
+
+    def _trie(self, allow_items, subset: str | None, what: str) -> Trie:
+        base, allow = self._request(allow_items, subset, what)
+        if allow is None:
+            return base
+        m = self.full.row_ptr.shape[0]  # one row of M + 1: the ids not kept mark the spare slot M, cut off
+        reach, ends = (torch.empty((1, m + 1), dtype=torch.bool, device=self.full.reach.device) for _ in FILTERS)
+        scope = torch.cuda.stream(self.index.stream) if self.index.stream is not None else contextlib.nullcontext()
+        with scope:
+            check = self.derive_rows(reach, ends, [allow])
+            error = check.errors().get(0)
+        if error is not None:
+            raise error
+        return base._replace(reach=reach[0, :m], ends=ends[0, :m])
 
     def _subset(self, name) -> Trie:
         try:
@@ -142,15 +159,6 @@ class ServedCatalogue:
         except (KeyError, TypeError):
             have = ", ".join(sorted(self.subsets)[:20]) or "none"
             raise InvalidInput(f"ALLOW_SUBSET: the catalogue has no subset {name!r} (its subsets: {have})") from None
-
-    def _allowing(self, ids: np.ndarray, subset: str | None, what: str) -> tuple[Trie, "Pending | None"]:
-        """The trie inputs allowing `ids` (within `subset`), and the device derivation's Pending;
-        `what` names the input in errors."""
-        if self.index is None:
-            reach, ends = self._on_host(ids, subset, what)
-            return self.full._replace(reach=reach, ends=ends), None
-        reach, ends, pending = self._on_device(ids, subset, what)
-        return self.full._replace(reach=reach, ends=ends), pending
 
     def _on_host(self, ids: np.ndarray, subset: str | None, what: str) -> tuple[torch.Tensor, torch.Tensor]:
         try:  # the ids within the subset (a list alone: `allowed` checks it, once)
@@ -165,50 +173,68 @@ class ServedCatalogue:
         device = self.full.reach.device
         return torch.from_numpy(reach).to(device), torch.from_numpy(ends).to(device)
 
-    def _on_device(self, ids: np.ndarray, subset: str | None,
-                   what: str) -> tuple[torch.Tensor, torch.Tensor, "Pending"]:
+    def derive_rows(self, reach: torch.Tensor, ends: torch.Tensor,
+                    lists: Sequence["AllowList | None"]) -> "RowsCheck":
+        """Derive a call's allow-lists into its rows of reach and ends ([R, L] bool, L >= M, on the
+        device: the program's inputs), on the current stream, without waiting: lists[r] is request
+        r's (None: its row stays as it is). Their check comes back to read after the call."""
         from boundgen.ops import trie_reach  # imported by on_device already: a dictionary lookup
 
-        if not ids.size:  # the root reaches an allowed item unless there is none
-            raise InvalidInput(f"{what}: the allow-list leaves no item of the catalogue to generate")
-        index = self.index
-        device = self.full.reach.device
-        within = None if subset is None else self.subsets[subset].ends
-        scope = torch.cuda.stream(index.stream) if index.stream is not None else contextlib.nullcontext()
-        with scope:
-            ends, reach, known = trie_reach.reach_from_paths(torch.from_numpy(ids).to(device), index.item_keys,
-                                                             index.item_paths, self.full.row_ptr.shape[0], within)
-            answer = torch.cat((known, reach[:1]))  # both answers, read back once (Pending.check)
-            ready = None
-            if index.stream is not None:
-                ready = torch.cuda.Event()
-                ready.record(index.stream)
-        return reach, ends, Pending(ready, answer, ids, what, subset)
+        rows = [r for r, allow in enumerate(lists) if allow is not None]
+        ids = [lists[r].ids for r in rows]
+        counts = [len(i) for i in ids]
+        host = torch.from_numpy(np.stack((np.concatenate(ids), np.repeat(rows, counts))))  # [2, K]: id, row
+        device = reach.device
+        given = host.to(device, non_blocking=device.type == "cuda" and host.is_pinned())
+        path, known = trie_reach.lookup_paths(given[0], self.index.item_keys, self.index.item_paths)
+        kept = known
+        offset = 0
+        for r, count in zip(rows, counts):
+            subset = lists[r].subset
+            if subset is not None:  # only the ids whose item is in the subset count
+                part = slice(offset, offset + count)
+                kept = kept.clone() if kept is known else kept
+                kept[part] &= self.subsets[subset].ends[path[part, 0].long()]
+            offset += count
+        rows_t = torch.tensor(rows, dtype=torch.int64).to(device)
+        trie_reach.fill_rows(reach, ends, rows_t, given[1], path, kept)
+        return RowsCheck(known, reach[rows_t, 0], [lists[r] for r in rows], rows, counts)
 
 
-@dataclass
-class Pending:
-    """An allow-list's derivation on the device, not waited for: `ready` (a CUDA event; None on the
-    CPU, where it is done) marks the arrays complete; `check` reads which ids were found and
-    whether anything is left, and raises the InvalidInput a bad list deserves."""
+@dataclass(frozen=True)
+class AllowList:
+    """A request's allow-list, to derive into its call's row (ServedCatalogue.derive_rows)."""
 
-    ready: "torch.cuda.Event | None"
-    answer: torch.Tensor  # [K + 1] bool: each id found, then whether the root reaches an allowed item
-    ids: np.ndarray
-    what: str
-    subset: str | None
+    catalogue: ServedCatalogue  # the one the request was given: a replacement never mixes
+    ids: np.ndarray  # [K] int64, not empty
+    subset: str | None  # the allow-list applies within this subset
+    what: str  # the input's name, in errors
 
-    def check(self) -> None:
-        if self.ready is not None:
-            self.ready.synchronize()
-        answer = self.answer.cpu().numpy()
-        known, anything = answer[:-1], bool(answer[-1])
-        if not known.all():  # the host path's words (Catalogue.allowed_ids)
-            unknown = np.unique(self.ids[~known])
-            raise InvalidInput(f"{self.what}: allowed items {unknown[:5].tolist()} are not in the catalogue")
-        if not anything:  # only with a subset: a list of known ids reaches the root
-            raise InvalidInput(f"{self.what}: the allow-list leaves no item of the catalogue to generate"
-                               f"{_within(self.subset)}")
+
+@dataclass(frozen=True)
+class RowsCheck:
+    """What a call's derivation found, on the device until `errors` reads it (after the call: no wait)."""
+
+    known: torch.Tensor  # [K] bool, every listed id, row after row: the id is an item of the catalogue
+    roots: torch.Tensor  # [n] bool, each derived row: its root reaches an allowed item
+    lists: list
+    rows: list
+    counts: list
+
+    def errors(self) -> dict[int, InvalidInput]:
+        """The InvalidInput of each row whose list has an unknown id or leaves nothing, by row."""
+        known, roots = self.known.cpu().numpy(), self.roots.cpu().numpy()
+        out, offset = {}, 0
+        for allow, row, count, anything in zip(self.lists, self.rows, self.counts, roots):
+            found = known[offset:offset + count]
+            offset += count
+            if not found.all():  # the host path's words (Catalogue.allowed_ids)
+                unknown = np.unique(allow.ids[~found])
+                out[row] = InvalidInput(f"{allow.what}: allowed items {unknown[:5].tolist()} are not in the catalogue")
+            elif not anything:  # only with a subset: a list of known ids reaches the root
+                out[row] = InvalidInput(f"{allow.what}: the allow-list leaves no item of the catalogue to generate"
+                                        f"{_within(allow.subset)}")
+        return out
 
 
 def load_catalogue(cat_dir: str | Path, artifact_dir: str | Path, device: str | torch.device,

@@ -13,7 +13,8 @@ before the call (its requests share one catalogue: the engine's rule):
 - the catalogue's four arrays (row_ptr, child_token, edge_keys, node_item) only when the
   context holds another catalogue's (a catalogue was replaced; M x 32 bytes, once per context);
 - request r's reach and ends into row r, only when they are not the pair that row holds (the
-  catalogue's own is copied once a row; a request with an allow-list brings its own: M x 2 bytes).
+  catalogue's own, or a subset's, is copied once a row); a request with an allow-list has its
+  list derived into its row instead (runtime/catalogue.py `derive_rows`), copied from nowhere.
 Past a catalogue's M the buffers hold the padding of text/catalogue_search.py (nodes without
 children or items, edges keyed above every real key), which leaves the search unchanged
 (tests/runtime/test_trie_buffers.py). What the context holds is known by weak references to
@@ -81,10 +82,12 @@ class RequestContext:
         self._held = dict.fromkeys(CATALOGUE_ARRAYS)
         self._rows = [None] * rows
 
-    def stage_trie(self, tries: Sequence[Trie]) -> Trie:
+    def stage_trie(self, tries: Sequence[Trie], derived: Sequence[int] = ()) -> Trie:
         """Copy a call's tries (one a request, in call order; one catalogue, tensors of one length
         M <= M_cap on this device, reach and ends [M]) into the buffers where they hold other
-        tensors (module docstring); returns the buffers, reach and ends cut to the call's rows."""
+        tensors (module docstring); returns the buffers, reach and ends cut to the call's rows.
+        derived: rows the caller writes itself (a request's allow-list, derived into its row:
+        runtime/catalogue.py `derive_rows`), not copied, and held by nothing after."""
         buffers, m, rows = self.trie, tries[0].row_ptr.shape[0], len(tries)
         if m > buffers.row_ptr.shape[0]:
             raise ValueError(f"a trie of {m} entries does not fit this context's buffers of {buffers.row_ptr.shape[0]}")
@@ -101,7 +104,11 @@ class RequestContext:
                     self._copy(name, getattr(buffers, name)[:m], getattr(trie, name))
                     self._held[name] = weakref.ref(getattr(trie, name))
                 self._rows = [None] * len(self._rows)  # every row takes the new catalogue's reach and ends
+            for row in derived:
+                self._rows[row] = None
             for row, trie in enumerate(tries):
+                if row in derived:
+                    continue
                 held = self._rows[row]
                 if held is None or held[0]() is not trie.reach or held[1]() is not trie.ends:
                     for name in FILTERS:

@@ -47,7 +47,7 @@ from boundgen.artifact.tasks import task_of
 from boundgen.artifact.tensors import FILTERS, Trie
 from boundgen.errors import ConfigError, InvalidInput
 from boundgen.runtime.batcher import Batcher, Ticket
-from boundgen.runtime.catalogue import Pending, ServedCatalogue, load_catalogue
+from boundgen.runtime.catalogue import AllowList, RowsCheck, ServedCatalogue, load_catalogue
 from boundgen.runtime.context import RequestContext
 from boundgen.runtime.engine import Engine, EngineSpec, Provenance
 from boundgen.runtime.graphs import GraphRunner
@@ -63,7 +63,7 @@ class Queued:
     packed: PackedBatch
     submitted: float  # time.perf_counter() when it was queued
     trie: Trie | None = None  # a constrained program's trie inputs for this request (runtime/catalogue.py)
-    pending: Pending | None = None  # its allow-list's derivation on the device, not waited for
+    allow: AllowList | None = None  # its allow-list, derived into its call's row (runtime/catalogue.py)
 
 
 @dataclass(frozen=True)
@@ -155,10 +155,10 @@ class LocalEngine(Engine):
         self.set_catalogue(load_catalogue(cat_dir, self.spec.provenance.artifact_dir, self.contexts[0].device))
 
     def _trie(self, allow_items: Sequence[int] | None,
-              allow_subset: str | None = None) -> tuple[Trie | None, Pending | None]:
-        """The trie inputs of a request (None: an unconstrained program) and its allow-list's
-        derivation, not waited for (runtime/catalogue.py: `_call` waits for it on the call's
-        stream, `_run_batch` checks it once the call is done)."""
+              allow_subset: str | None = None) -> tuple[Trie | None, AllowList | None]:
+        """The trie inputs of a request (None: an unconstrained program) and its allow-list still to
+        derive (runtime/catalogue.py: `_call` derives a call's lists into its rows, `_run_batch`
+        reads their check once the call is done)."""
         if not self.constrained:
             for given, name in ((allow_items, "ALLOW_ITEMS"), (allow_subset, "ALLOW_SUBSET")):
                 if given is not None:
@@ -173,9 +173,9 @@ class LocalEngine(Engine):
                  allow_items: Sequence[int] | None = None, allow_subset: str | None = None):
         t0 = time.perf_counter()
         packed = (pack or self.packer.encode)(texts)
-        trie, pending = self._trie(allow_items, allow_subset)
+        trie, allow = self._trie(allow_items, allow_subset)
         t1 = time.perf_counter()
-        share: CallShare = self._batcher.submit(Queued(packed, t1, trie, pending), deadline, cancelled)
+        share: CallShare = self._batcher.submit(Queued(packed, t1, trie, allow), deadline, cancelled)
         t2 = time.perf_counter()
         result = self.builder.build(*share.rows)
         end = time.perf_counter()
@@ -194,8 +194,8 @@ class LocalEngine(Engine):
         allow_items: a constrained request's allow-list ([K] int64), its trie derived here as `beam`
         derives it (InvalidInput for unknown ids, or a list that leaves nothing); allow_subset: a
         named subset of its catalogue (its trie inputs derived at load)."""
-        trie, pending = self._trie(allow_items, allow_subset)
-        return self._batcher.enqueue(Queued(packed, time.perf_counter(), trie, pending), deadline, cancelled, client,
+        trie, allow = self._trie(allow_items, allow_subset)
+        return self._batcher.enqueue(Queued(packed, time.perf_counter(), trie, allow), deadline, cancelled, client,
                                      max_queue)
 
     def withdraw(self, ticket: Ticket) -> bool:
@@ -216,20 +216,19 @@ class LocalEngine(Engine):
                 and fits_one_call(self.spec.program, [queued.packed for queued in batch] + [item.packed]))
 
     def _call(self, ctx: RequestContext, tokens, positions, cu_seqlens, tries: Sequence[Trie] | None = None,
-              pending: Sequence[Pending | None] = ()) -> list[torch.Tensor]:
+              allows: Sequence[AllowList | None] = ()) -> tuple[list[torch.Tensor], RowsCheck | None]:
         """The program on staged inputs, on the context's stream; its outputs stay on the device.
         tries: the requests' (one each, in call order), copied first into the context's trie
-        buffers where it holds them, else stacked, once the stream has waited for the
-        derivations still `pending`."""
+        buffers where it holds them, else stacked; allows: their allow-lists (None: none), derived
+        into their rows before the call, whose check is returned to read after it."""
         with self._executors, ctx.stream_scope():
-            trie = None
+            trie, check = None, None
             if tries:
-                if ctx.stream is not None:
-                    for derivation in pending:
-                        if derivation is not None and derivation.ready is not None:
-                            ctx.stream.wait_event(derivation.ready)
-                trie = ctx.stage_trie(tries) if ctx.trie is not None else call_trie(tries)
-            return self.runner(tokens, positions, cu_seqlens, *(trie or ()))
+                derived = [r for r, allow in enumerate(allows) if allow is not None]
+                trie = ctx.stage_trie(tries, derived) if ctx.trie is not None else call_trie(tries)
+                if derived:
+                    check = allows[derived[0]].catalogue.derive_rows(trie.reach, trie.ends, allows)
+            return self.runner(tokens, positions, cu_seqlens, *(trie or ())), check
 
     def _run_batch(self, ctx: RequestContext, items: list[Queued]) -> list[CallShare | InvalidInput]:
         """The call of `items`: each request's share of it, or the InvalidInput its allow-list
@@ -237,12 +236,13 @@ class LocalEngine(Engine):
         start = time.perf_counter()
         batches = [queued.packed for queued in items]
         tries = [queued.trie for queued in items] if items[0].trie is not None else None
-        out = self._call(ctx, *self.packer.stage(ctx, concat_packed(batches)), tries=tries,
-                         pending=[queued.pending for queued in items])
+        out, check = self._call(ctx, *self.packer.stage(ctx, concat_packed(batches)), tries=tries,
+                                allows=[queued.allow for queued in items])
         host = to_host(ctx, out[:self.builder.outputs])
+        errors = check.errors() if check is not None else {}
         seconds = time.perf_counter() - start
-        return [_checked(queued.pending) or CallShare(rows, start - queued.submitted, seconds, len(items))
-                for rows, queued in zip(self.builder.split(host, batches), items)]
+        return [errors.get(r) or CallShare(rows, start - queued.submitted, seconds, len(items))
+                for r, (rows, queued) in enumerate(zip(self.builder.split(host, batches), items))]
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -286,7 +286,7 @@ class LocalEngine(Engine):
         tries = [trie] * copies if trie is not None else None
 
         def call():
-            out = self._call(ctx, *staged, tries=tries)
+            out, _ = self._call(ctx, *staged, tries=tries)
             if ctx.stream is not None:
                 ctx.stream.synchronize()
             return out
@@ -295,17 +295,6 @@ class LocalEngine(Engine):
 
     def close(self) -> None:
         self._batcher.close()
-
-
-def _checked(pending: Pending | None) -> InvalidInput | None:
-    """The InvalidInput of a request whose allow-list's check fails (None: it passes, or there is none)."""
-    if pending is None:
-        return None
-    try:
-        pending.check()
-    except InvalidInput as exc:
-        return exc
-    return None
 
 
 def one_catalogue(a: Trie | None, b: Trie | None) -> bool:

@@ -56,6 +56,35 @@ def test_the_path_table_equals_the_level_walk(seed, share):
 
 
 @pytest.mark.parametrize("seed", [0, 1])
+def test_fill_rows_writes_each_request_its_list(seed):
+    """A call's lists into its rows ([R, L], L past M): each derived row equals the request's own
+    reach_from_paths up to M, ids not kept mark only the row's last slot, rows not listed keep
+    what they held."""
+    cat, ids = make_catalogue(seed)
+    keys, nodes, row_ptr = device_trie(cat)
+    paths = op.item_paths(nodes, row_ptr, cat.depth)
+    m, rng = row_ptr.shape[0], random.Random(seed)
+    lists = {0: rng.sample(ids, 40) + [-5], 2: rng.sample(ids, 3), 3: [ids[0], max(ids) + 1, ids[0]]}
+    reach = torch.ones(4, m + 3, dtype=torch.bool)  # junk the fill must clear
+    ends = torch.ones(4, m + 3, dtype=torch.bool)
+    rows = sorted(lists)
+    given = torch.tensor([i for r in rows for i in lists[r]])
+    row_of = torch.tensor([r for r in rows for _ in lists[r]])
+    path, known = op.lookup_paths(given, keys, paths)
+    kept = known.clone()
+    kept[len(lists[0]):len(lists[0]) + 1] = False  # one known id left out (as a subset would)
+    op.fill_rows(reach, ends, torch.tensor(rows), row_of, path, kept)
+    assert known.tolist() == [i in ids for r in rows for i in lists[r]]
+    for r in rows:
+        allow = [i for i in lists[r] if not (r == 2 and i == lists[2][0])]
+        want_ends, want_reach, _ = by_paths(cat, allow)
+        assert torch.equal(reach[r, :m], want_reach) and torch.equal(ends[r, :m], want_ends)
+        assert not reach[r, m:-1].any() and not ends[r, m:-1].any()
+        assert bool(reach[r, -1]) == (r in (0, 2, 3))  # an unknown or left-out id: the spare slot only
+    assert reach[1].all() and ends[1].all()  # not listed: untouched
+
+
+@pytest.mark.parametrize("seed", [0, 1])
 def test_within_keeps_the_ids_of_a_subset(seed):
     """`within` (a subset's ends): the ids outside it allow nothing, yet are still `known`."""
     cat, ids = make_catalogue(seed)
