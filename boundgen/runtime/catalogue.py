@@ -185,7 +185,8 @@ class ServedCatalogue:
         counts = [len(i) for i in ids]
         host = torch.from_numpy(np.stack((np.concatenate(ids), np.repeat(rows, counts))))  # [2, K]: id, row
         device = reach.device
-        given = host.to(device, non_blocking=device.type == "cuda" and host.is_pinned())
+        # From pageable memory a CUDA copy returns once its bytes are staged: no wait for the stream.
+        given = host.to(device, non_blocking=True)
         path, known = trie_reach.lookup_paths(given[0], self.index.item_keys, self.index.item_paths)
         kept = known
         offset = 0
@@ -196,7 +197,7 @@ class ServedCatalogue:
                 kept = kept.clone() if kept is known else kept
                 kept[part] &= self.subsets[subset].ends[path[part, 0].long()]
             offset += count
-        rows_t = torch.tensor(rows, dtype=torch.int64).to(device)
+        rows_t = torch.tensor(rows, dtype=torch.int64).to(device, non_blocking=True)
         trie_reach.fill_rows(reach, ends, rows_t, given[1], path, kept)
         return RowsCheck(known, reach[rows_t, 0], [lists[r] for r in rows], rows, counts)
 

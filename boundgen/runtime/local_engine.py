@@ -21,7 +21,10 @@ A constrained beam artifact takes its catalogue's trie as program inputs: the en
 that moment (its allow-list's, if any) on the caller thread, so that a replacement never mixes
 two catalogues in one request. Requests share a call when they share the catalogue, whatever
 their allow-lists: the program takes reach and ends with a row per request (artifact/tensors.py),
-request r's allow-list on row r. With CUDA graphs each context holds trie buffers of one length
+request r's allow-list on row r. On the device a request's allow-list is not derived on its
+thread: the batch worker derives the lists of a call at once into the call's rows, before the
+call, and reads their check (unknown ids: the request's InvalidInput) after it
+(runtime/catalogue.py `derive_rows`). With CUDA graphs each context holds trie buffers of one length
 M_cap, reach and ends on max_requests rows (runtime/context.py), which its graphs read: a call
 first copies its requests' tries into them on the context's stream (the catalogue's arrays only
 when the context held another catalogue, a row's reach and ends only when they changed);
