@@ -172,7 +172,10 @@ def _template(template: str) -> None:
 
 
 def spec_to_dict(spec) -> dict:
-    return asdict(spec)
+    out = asdict(spec)
+    if out.get("constrained") is False:
+        out.pop("trie_layout", None)  # a plain search takes no trie
+    return out
 
 
 def spec_from_dict(raw: dict):
@@ -186,7 +189,7 @@ def spec_from_dict(raw: dict):
     unknown = sorted(set(raw) - names)
     if unknown:
         raise ConfigError(f"unknown {task} options: {', '.join(unknown)}")
-    if task == "beam" and raw.get("constrained"):
+    if "trie_layout" in names and raw.get("constrained"):
         raw.setdefault("trie_layout", "shared")  # written before the field: reach and ends were [M]
     for key in ("labels", "label_token_ids", "stop_token_ids"):
         if key in raw:

@@ -202,7 +202,7 @@ class ServedCatalogue:
         return RowsCheck(known, reach[rows_t, 0], [lists[r] for r in rows], rows, counts)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # compared by identity: its ids are an array
 class AllowList:
     """A request's allow-list, to derive into its call's row (ServedCatalogue.derive_rows)."""
 
@@ -212,7 +212,7 @@ class AllowList:
     what: str  # the input's name, in errors
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class RowsCheck:
     """What a call's derivation found, on the device until `errors` reads it (after the call: no wait)."""
 

@@ -51,7 +51,7 @@ def load_artifact_engine(path, verify_files: bool = True, libstdcxx_check: str =
     check_versions(manifest, {"torch": torch.__version__, "cuda": torch.version.cuda})
     _check_libstdcxx(libstdcxx_check)
     compiled, spec = manifest.compile, manifest.program
-    if getattr(spec, "constrained", False) and spec.trie_layout != TRIE_LAYOUT:
+    if task_of(spec).constrained(spec) and spec.trie_layout != TRIE_LAYOUT:
         raise ArtifactError(f"artifact {manifest.name} was built by a boundgen whose constrained programs take one "
                             "allow-list a call (reach and ends [M]); this one gives each request of a call its own: "
                             "rebuild it with `boundgen build ... --task beam --constrained`")
