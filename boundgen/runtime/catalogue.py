@@ -16,8 +16,8 @@ mix; the old one lives until its last request ends (contexts hold only weak refe
 With CUDA graphs the new catalogue must fit the contexts' buffers (LocalEngine.set_catalogue).
 
 An allow-list keeps the trie's four arrays and replaces its `reach` and `ends` for that request;
-a request without one shares the catalogue's. Two ways to the same arrays ([M], as the program
-takes them; tests/runtime/test_catalogue.py checks them equal):
+a request without one shares the catalogue's. Two ways to the same arrays ([M]: a row of the
+program's [R, M]; tests/runtime/test_catalogue.py checks them equal):
 - on the host (the reference, and the CPU's way): text/catalogue_search.py `allowed`, numpy,
   O(nodes) per request (every level of the trie), then copied to the device;
 - on the device (`reach_on_device`, CUDA's way): ops/trie_reach.py, from the catalogue's path
