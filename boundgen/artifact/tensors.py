@@ -23,9 +23,10 @@ count plus one, padded (text/catalogue_search.py); edge e leads to node e + 1:
     below the node), ends [R, M] bool (an allowed item ends at the node)
 
 reach and ends (FILTERS) carry each request's allow-list, one row per request of the call, so
-that requests with different allow-lists share a call; the other four are the catalogue's own.
-Artifacts built before the rows existed took reach and ends as [M] (TRIE_LAYOUT: the program
-spec's `trie_layout`): they are refused at load with a rebuild message.
+that requests with different allow-lists share a call (`call_trie` stacks a call's rows); the
+other four are the catalogue's own. Artifacts built before the rows existed took reach and ends
+as [M] (TRIE_LAYOUT: the program spec's `trie_layout`): they are refused at load with a rebuild
+message.
 
 A beam search runs as prefill, `steps - 1` decode steps and finish (`run_stages`); between
 them travels the search state, a `BeamState` (its fields by name, in BEAM_STATE order). It is
@@ -82,11 +83,17 @@ def has_vocab_outputs(interface: dict) -> bool:
     return all(name in interface.get("tensors", {}) for name in VOCAB_OUTPUTS)
 
 
-def trie_rows(trie: Trie, rows: int) -> Trie:
-    """`trie` with its FILTERS as [rows, M], the one allow-list given ([M] or [1, M]) on every row:
-    what a call of `rows` requests that share it takes."""
-    return trie._replace(**{name: getattr(trie, name).reshape(1, -1).expand(rows, -1).contiguous()
-                            for name in FILTERS})
+def call_trie(tries: Sequence[Trie]) -> Trie:
+    """The program's trie inputs for a call of these requests' tries (one catalogue, reach and ends
+    [M] each): its arrays, and reach and ends [R, M] with request r's allow-list on row r."""
+    def rows(name):
+        first = getattr(tries[0], name)
+        out = first.new_empty((len(tries), first.shape[0]))
+        for row, trie in zip(out, tries):
+            row.copy_(getattr(trie, name))
+        return out
+
+    return tries[0]._replace(**{name: rows(name) for name in FILTERS})
 
 
 def run_stages(prefill: Callable, step: Callable, finish: Callable, step_ids: Sequence, tokens, positions,

@@ -29,7 +29,7 @@ import torch
 
 from boundgen.artifact.program import BeamSpec, ScoreSpec
 from boundgen.artifact.tasks import task_of
-from boundgen.artifact.tensors import BEAM_STATE, FILTERS, SCORE_PACKAGE, TRIE, Trie, trie_rows
+from boundgen.artifact.tensors import BEAM_STATE, FILTERS, SCORE_PACKAGE, TRIE, Trie, call_trie
 from boundgen.text import catalogue_search
 from boundgen.text.catalogue import Catalogue
 
@@ -101,10 +101,10 @@ def example_catalogue(spec: BeamSpec, vocab_size: int, items: int = 40, seed: in
         items += 1
 
 
-def trie_tensors(arrays: dict[str, np.ndarray], device, requests: int = 1) -> Trie:
-    """The TRIE arrays (text/catalogue_search.py) as tensors on the device, in TRIE order, the
-    allow-list's reach and ends on `requests` rows (a call of that many requests)."""
-    return trie_rows(Trie(*(torch.from_numpy(arrays[name]).to(device) for name in TRIE)), requests)
+def trie_tensors(arrays: dict[str, np.ndarray], device) -> Trie:
+    """The TRIE arrays (text/catalogue_search.py) as tensors on the device, in TRIE order, all [M]
+    (one request's: a call takes `call_trie` of its requests')."""
+    return Trie(*(torch.from_numpy(arrays[name]).to(device) for name in TRIE))
 
 
 def export_programs(program: torch.nn.Module, spec: ScoreSpec | BeamSpec, device,
@@ -131,8 +131,8 @@ def _export_beam_stages(program, spec: BeamSpec, inputs) -> dict[str, torch.expo
     trie = ()
     if spec.constrained:
         vocab = program.model.cfg.vocab_size
-        trie = trie_tensors(catalogue_search.arrays(example_catalogue(spec, vocab), vocab), inputs[0].device,
-                            inputs[2].shape[0] - 1)
+        one = trie_tensors(catalogue_search.arrays(example_catalogue(spec, vocab), vocab), inputs[0].device)
+        trie = call_trie([one] * (inputs[2].shape[0] - 1))  # the example's prompts, a row each
     stages = program.stages()
     dims = named_dims(spec)
     r = dims["R"]  # None where static

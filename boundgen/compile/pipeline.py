@@ -207,7 +207,7 @@ def _validation_catalogues(spec, vocab: int, device):
     rounds = []
     for suffix, items in (("", None), ("+allow_list", allow)):
         arrays = catalogue_search.arrays(cat, vocab, catalogue_search.allowed(cat, items))
-        rounds.append((suffix, items, export.trie_tensors(arrays, device)))  # validate gives each case its rows
+        rounds.append((suffix, items, export.trie_tensors(arrays, device)))
     return rounds
 
 

@@ -61,7 +61,7 @@ import torch
 
 from boundgen.artifact.manifest import RuntimeConfig
 from boundgen.artifact.tasks import Case, task_of
-from boundgen.artifact.tensors import Trie, trie_rows
+from boundgen.artifact.tensors import Trie, call_trie
 from boundgen.compile.export import packed_example
 from boundgen.errors import BoundgenError
 
@@ -126,7 +126,7 @@ def validate(compiled, reference, spec, output_names: tuple[str, ...], dtype: st
               "ids_must_match": exact_required, "cases": []}
     for i, case in enumerate(cases(spec, token_bucket)):
         inputs = packed_example(list(case.lengths), device, vocab_size, seed=1000 + i, tail=case.tail)
-        rows = trie_rows(Trie(*trie), inputs[2].shape[0] - 1) if trie else ()  # one allow-list row a prompt
+        rows = call_trie([Trie(*trie)] * (inputs[2].shape[0] - 1)) if trie else ()  # an allow-list row a prompt
         got, got_s = _timed(compiled, tuple(inputs) + tuple(rows), device)
         want, want_s = _timed(reference, inputs, device)
         outputs = {}

@@ -219,7 +219,8 @@ def _launch(out, nodes, row_ptr, child_token, reach, ends, stop_token_ids, vocab
         nodes, row_ptr, child_token, reach, ends, stops, out,  # bool vectors: *i1 pointers (a dtype view here
         # is an aten.view.dtype that Inductor of torch 2.11 cannot lower for bool)
         row_ptr.shape[0] - 1, vocab, out.stride(0), max(max_degree, 1), stop_token_ids.shape[0],
-        nodes.shape[0] // reach.shape[0], reach.stride(0), BLOCK=block, CHILD_BLOCK=child_block, IN_PLACE=in_place, num_warps=num_warps or DEFAULT_WARPS)
+        nodes.shape[0] // reach.shape[0], reach.stride(0),  # beams a row of reach / ends, its stride
+        BLOCK=block, CHILD_BLOCK=child_block, IN_PLACE=in_place, num_warps=num_warps or DEFAULT_WARPS)
 
 
 def launch(nodes: torch.Tensor, row_ptr: torch.Tensor, child_token: torch.Tensor, reach: torch.Tensor,

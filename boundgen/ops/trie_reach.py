@@ -18,8 +18,8 @@ arrays as they are. The same as text/catalogue.py's `Catalogue.reachable(allow_i
 on the host, [nodes]) padded to M, which raises on unknown ids; here the caller decides what an
 unknown id means (`known`), since raising would need the device's answer on the host.
 
-`reach_from_paths` (one request's list on its own): each item's path, its node and every ancestor up to the root,
-is a row of a table built once per catalogue (`item_paths`: [I, depth + 1] int32, 4 bytes an
+`reach_from_paths` (one request's list on its own): each item's path, its node and every
+ancestor up to the root, is a row of a table built once per catalogue (`item_paths`: [I, depth + 1] int32, 4 bytes an
 item a level, 20 MB for a million 4-token codes), so a request's derivation is one binary search
 per id among item_keys, one gather of the K rows, and two [M + 1] bool fills marking the rows'
 first column (ends) and every column (reach): about a dozen tensor ops, whatever the depth.
@@ -122,14 +122,14 @@ def reach_from_ends(ends: torch.Tensor, row_ptr: torch.Tensor, level_ptr: Sequen
 
 def reach_from_paths(allow_items: torch.Tensor, item_keys: torch.Tensor, item_paths: torch.Tensor, length: int,
                      within: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """reach_from_allowed's (ends, reach, known) from the path table (`item_paths`); length: M."""
-    at, known = _lookup(allow_items, item_keys)
-    path = item_paths[at].long()  # [K, depth + 1]: each id's node, then its ancestors
-    kept = known if within is None else known & within[path[:, 0]]
-    path = torch.where(kept.unsqueeze(1), path, length)  # unknown ids (and those outside `within`) to slot M
-    ends = torch.zeros(length + 1, dtype=torch.bool, device=item_keys.device).index_fill_(0, path[:, 0], True)
-    reach = torch.zeros(length + 1, dtype=torch.bool, device=item_keys.device).index_fill_(0, path.flatten(), True)
-    return ends[:length], reach[:length], known
+    """reach_from_allowed's (ends, reach, known) from the path table (`item_paths`); length: M.
+    `fill_rows` on one row of M + 1 entries, the spare slot M cut off."""
+    path, known = lookup_paths(allow_items, item_keys, item_paths)
+    kept = known if within is None else known & within[path[:, 0].long()]
+    reach, ends = (torch.empty((1, length + 1), dtype=torch.bool, device=item_keys.device) for _ in range(2))
+    one = torch.zeros(1, dtype=torch.int64, device=item_keys.device)
+    fill_rows(reach, ends, one, one.expand(allow_items.shape[0]), path, kept)
+    return ends[0, :length], reach[0, :length], known
 
 
 def fill_rows(reach: torch.Tensor, ends: torch.Tensor, rows: torch.Tensor, row_of: torch.Tensor, path: torch.Tensor,

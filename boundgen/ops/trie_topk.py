@@ -3,8 +3,9 @@ expansion step of a constrained beam search, without a [B, V] mask or a top K ov
 
     logits [B, V] (model dtype), nodes [B] int64 (each beam's trie node; -1: off the catalogue),
     the trie's arrays as ops/trie_mask.py takes them (row_ptr, child_token [M]; reach, ends
-    [Q, M], beam b reading row b // (B / Q)), stop_token_ids [S] int64 (the tokens that may end an item), bias [V] FP32 or None
-    (-inf on tokens barred by min_new_tokens), k, max_degree D (at least the children of any node)
+    [Q, M], beam b reading row b // (B / Q)), stop_token_ids [S] int64 (the tokens that may end
+    an item), bias [V] FP32 or None (-inf on tokens barred by min_new_tokens), k, max_degree D (at
+    least the children of any node)
     -> logp [B, k] FP32, ids [B, k] int64, best first:
     logp = the k largest of (log_softmax(logits in FP32) + bias) over the tokens the node allows
     ids  = their tokens

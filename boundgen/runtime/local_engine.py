@@ -47,7 +47,7 @@ import torch
 
 from boundgen.artifact.manifest import RuntimeConfig
 from boundgen.artifact.tasks import task_of
-from boundgen.artifact.tensors import FILTERS, Trie
+from boundgen.artifact.tensors import Trie, call_trie
 from boundgen.errors import ConfigError, InvalidInput
 from boundgen.runtime.batcher import Batcher, Ticket
 from boundgen.runtime.catalogue import AllowList, RowsCheck, ServedCatalogue, load_catalogue
@@ -303,12 +303,6 @@ class LocalEngine(Engine):
 def one_catalogue(a: Trie | None, b: Trie | None) -> bool:
     """Whether two requests' tries are one catalogue's (allow-lists aside; both None: unconstrained)."""
     return a is b or (a is not None and b is not None and a.row_ptr is b.row_ptr)
-
-
-def call_trie(tries: Sequence[Trie]) -> Trie:
-    """The program's trie inputs for a call of these requests' tries (one catalogue): its arrays,
-    and reach and ends [R, M] with request r's allow-list on row r."""
-    return tries[0]._replace(**{name: torch.stack([getattr(t, name) for t in tries]) for name in FILTERS})
 
 
 def fits_one_call(program, batches: Sequence[PackedBatch]) -> bool:

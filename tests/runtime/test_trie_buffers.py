@@ -14,7 +14,7 @@ import torch
 
 from boundgen.artifact.manifest import RuntimeConfig
 from boundgen.artifact.program import BeamSpec
-from boundgen.artifact.tensors import FILTERS, TRIE
+from boundgen.artifact.tensors import FILTERS, TRIE, call_trie
 from boundgen.errors import ConfigError, InvalidInput
 from boundgen.model.loader import load_model
 from boundgen.ops import trie_mask
@@ -143,7 +143,7 @@ def test_padding_leaves_the_search_unchanged(small_model, lowering):
     for allow in (None, items):
         trie = served.trie(allow)
         with torch.no_grad():
-            own = program(*packed, *local_engine.call_trie([trie]))
+            own = program(*packed, *call_trie([trie]))
             buffered = program(*packed, *ctx.stage_trie([trie]))
         assert (own[4] >= 0).sum() >= 2  # candidates that name items
         for got, want in zip(buffered, own):
