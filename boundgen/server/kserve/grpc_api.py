@@ -53,8 +53,8 @@ from boundgen.server.models import LOADING, ModelSet
 from boundgen.server.status import answer_status, check_deadline
 from boundgen.server.kserve import inference, pb
 from boundgen.server.kserve import shared_memory as shm
-from boundgen.server.kserve.grpc_service import (METHODS, PUBLIC_METHODS, Arrivals, current_task, expired,
-                                                 identified, identify, route, serialize, short)
+from boundgen.server.kserve.grpc_service import (METHODS, PUBLIC_METHODS, Arrivals, current_task, ended_by_deadline,
+                                                 expired, identified, identify, route, serialize, short)
 from boundgen.server.kserve.grpc_messages import (Undecodable, decoder, infer_response, param_value, params,
                                                   parse_infer_request, set_param)
 from boundgen.server.kserve.http_api import extensions, shape_check
@@ -290,7 +290,7 @@ class GrpcFrontend:
         self._unseen.pop(current_task(), None)  # counted by observe() below
         self._unseen_tags.pop(current_task(), None)
         try:
-            with self.models.observe("grpc", request.model_name, lambda: expired(context)):
+            with self.models.observe("grpc", request.model_name, lambda: ended_by_deadline(context)):
                 return await self._infer(request, context, arrived)
         except Exception as exc:
             await self._abort(context, exc)
@@ -332,7 +332,7 @@ class GrpcFrontend:
         arrived = time.monotonic()
         request_ids.enter(tag)  # this task's own context
         try:
-            with self.models.observe("grpc", request.model_name, lambda: expired(context)):
+            with self.models.observe("grpc", request.model_name, lambda: ended_by_deadline(context)):
                 return pb.ModelStreamInferResponse(infer_response=await self._infer(request, context, arrived))
         except Exception as exc:
             return pb.ModelStreamInferResponse(error_message=answer_status(exc).message,

@@ -72,9 +72,22 @@ def identified(method: str, behaviour):
     return call
 
 
-def expired(context) -> bool:
+# A client's deadline ends its call on the client first: gRPC sends the remaining time, which the
+# server counts from the call's arrival, so the server's deadline is later by the time the call
+# took to arrive (tens of ms on a loaded host), and the call is cancelled before it. A call
+# cancelled this close to its deadline was ended by the deadline.
+DEADLINE_SLACK_S = 0.05
+
+
+def expired(context, slack_s: float = 0.0) -> bool:
+    """Whether the call's gRPC deadline has passed (within `slack_s` of it)."""
     remaining = context.time_remaining()
-    return remaining is not None and remaining <= 0
+    return remaining is not None and remaining <= slack_s
+
+
+def ended_by_deadline(context) -> bool:
+    """For a call cancelled under us: whether its deadline ended it (DEADLINE_SLACK_S), not its client."""
+    return expired(context, DEADLINE_SLACK_S)
 
 
 # Method -> (GrpcFrontend method, request message); the one list of what the service answers.
