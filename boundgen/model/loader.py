@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 
 from boundgen.errors import ConfigError
 from boundgen.model.config import ModelConfig
@@ -67,9 +67,12 @@ def read_tensors(model_dir: str | Path) -> dict[str, torch.Tensor]:
     for file in files:
         if not file.is_file():
             raise ConfigError(f"weight shard {file.name} listed in the index is missing")
-        with safe_open(str(file), framework="pt") as f:
-            for name in f.keys():
-                tensors[name] = f.get_tensor(name)
+        try:
+            with safe_open(str(file), framework="pt") as f:
+                for name in f.keys():
+                    tensors[name] = f.get_tensor(name)
+        except SafetensorError as exc:
+            raise ConfigError(f"{file} is not a valid safetensors file: {exc}") from None
     return tensors
 
 

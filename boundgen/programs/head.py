@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from torch import nn
 
 from boundgen.errors import ConfigError
@@ -64,17 +64,20 @@ class MLPHead(nn.Module):
         path = Path(path)
         if not path.is_file():
             raise ConfigError(f"MLP head file {path} not found")
-        with safe_open(str(path), framework="pt") as f:
-            names = set(f.keys())
-            meta = f.metadata() or {}
-            weights, biases, i = [], [], 0
-            while f"layers.{i}.weight" in names:
-                weights.append(f.get_tensor(f"layers.{i}.weight"))
-                b = f"layers.{i}.bias"
-                biases.append(f.get_tensor(b) if b in names else None)
-                names.discard(f"layers.{i}.weight")
-                names.discard(b)
-                i += 1
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                names = set(f.keys())
+                meta = f.metadata() or {}
+                weights, biases, i = [], [], 0
+                while f"layers.{i}.weight" in names:
+                    weights.append(f.get_tensor(f"layers.{i}.weight"))
+                    b = f"layers.{i}.bias"
+                    biases.append(f.get_tensor(b) if b in names else None)
+                    names.discard(f"layers.{i}.weight")
+                    names.discard(b)
+                    i += 1
+        except SafetensorError as exc:
+            raise ConfigError(f"MLP head file {path} is not a valid safetensors file: {exc}") from None
         if not weights:
             raise ConfigError(f"MLP head file {path} has no layers.0.weight")
         if names:

@@ -24,10 +24,12 @@ import threading
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from boundgen.artifact.manifest import RuntimeConfig
 from boundgen.artifact.tensors import SCORE_PACKAGE, STAGES, run_stages
+from boundgen.errors import ArtifactError
 from boundgen.ops.custom import import_custom_ops
 
 PACKAGE_MODEL = "model"  # the model's name inside a package written by aoti_compile_and_package
@@ -38,8 +40,13 @@ def device_index(device: torch.device) -> int:
 
 
 def load_weights(path: str | Path, device: torch.device) -> dict[str, torch.Tensor]:
-    """A weights file's tensors: memory-mapped on CPU, copied to the device otherwise."""
-    return load_file(str(path), device="cpu" if device.type == "cpu" else str(device))
+    """A weights file's tensors: memory-mapped on CPU, copied to the device otherwise. A file that is
+    not valid safetensors (its header corrupt, even where the manifest's hash matches it) is an
+    ArtifactError naming it."""
+    try:
+        return load_file(str(path), device="cpu" if device.type == "cpu" else str(device))
+    except SafetensorError as exc:
+        raise ArtifactError(f"{Path(path).name} is not a valid safetensors file ({exc}); rebuild the artifact") from None
 
 
 def load_runner(root: str | Path, packages: dict[str, str], weights_file: str | None, device: str | torch.device,

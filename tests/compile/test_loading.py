@@ -225,3 +225,31 @@ def test_an_fp8_score_artifact_records_its_gate_and_serves_close_to_fp32(score_a
     assert fp8_engine.spec.fp8_groups == groups and fp32_engine.spec.fp8_groups == ()
     quantized, exact = fp8_engine.score(texts).scores, fp32_engine.score(texts).scores
     assert np.abs(quantized - exact).max() <= FP8_TOLERANCES["probs"] and not np.array_equal(quantized, exact)
+
+
+def corrupt_header(art):
+    """Overwrite the weights file's JSON header with bytes that are not JSON, and record the file's
+    new hash in the manifest: the corruption happened before the artifact was hashed."""
+    weights = art / "weights.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[8:24] = b"\xff" * 16
+    weights.write_bytes(bytes(data))
+    edit_manifest(art, lambda m: m["files"].update({"weights.safetensors": mf.sha256_file(weights)}))
+
+
+def test_a_corrupt_weights_header_with_a_matching_hash_is_an_artifact_error(score_artifact, artifact_copy):
+    art = artifact_copy(score_artifact)
+    corrupt_header(art)
+    with pytest.raises(ArtifactError, match="weights.safetensors is not a valid safetensors file"):
+        boundgen.load(art)
+
+
+def test_serve_exits_2_on_a_corrupt_weights_header(score_artifact, artifact_copy):
+    """The CLI's exit code for an artifact it cannot load (2), not an internal error's (1)."""
+    art = artifact_copy(score_artifact)
+    corrupt_header(art)
+    done = subprocess.run([sys.executable, "-m", "boundgen", "serve", str(art), "--http-port", "0", "--grpc-port", "0"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "weights.safetensors is not a valid safetensors file" in done.stderr, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr, done.stderr[-2000:]

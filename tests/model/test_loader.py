@@ -90,3 +90,11 @@ def test_no_pickle_and_sharded_index(ckpt, tmp_path):
     torch.save({}, f"{ckpt}/pytorch_model.bin")
     with pytest.raises(ConfigError, match="pickled .bin checkpoints are not loaded"):
         load_model(ckpt)
+
+
+def test_a_corrupt_safetensors_header_is_a_config_error(ckpt):
+    with open(f"{ckpt}/model.safetensors", "r+b") as f:
+        f.seek(8)
+        f.write(b"\xff" * 16)
+    with pytest.raises(ConfigError, match="model.safetensors is not a valid safetensors file"):
+        load_model(ckpt)
