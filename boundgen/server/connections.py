@@ -19,8 +19,11 @@ gRPC connections get the idle timeout as `grpc.max_connection_idle_ms` (kserve/g
 from __future__ import annotations
 
 import asyncio
+import collections
+import itertools
 import json
 import logging
+import time
 
 from aiohttp import web, web_protocol, web_server
 from aiohttp.http_exceptions import LineTooLong
@@ -37,11 +40,32 @@ def _json_error(status: int, message: str) -> web.Response:
 
 
 class LimitedRequestHandler(web_protocol.RequestHandler):
-    """aiohttp's per-connection protocol with the connection cap and JSON protocol errors."""
+    """aiohttp's per-connection protocol with the connection cap, JSON protocol errors, and each
+    request's arrival: when its head was parsed (`head_time`)."""
 
     def __init__(self, manager: web_server.Server, *, max_connections: int, **kwargs):
         super().__init__(manager, **kwargs)
         self._max_connections = max_connections
+        self._heads: collections.deque = collections.deque()  # (message, time.monotonic() it was parsed)
+
+    def data_received(self, data: bytes) -> None:
+        """aiohttp's, noting the time of each request head it parsed: a request's handler starts
+        two turns of the event loop later, under load many milliseconds after its arrival."""
+        messages = getattr(self, "_messages", None)  # aiohttp's queue of parsed requests
+        before = len(messages) if messages is not None else 0
+        super().data_received(data)
+        if messages is not None and len(messages) > before:
+            now = time.monotonic()
+            self._heads.extend((message, now) for message, _ in itertools.islice(messages, before, None))
+
+    def head_time(self, message) -> float | None:
+        """When the head of request `message` (its `request.message`) was parsed, or None when it
+        was not noted; heads noted before it (requests that never reached the application) are dropped."""
+        while self._heads:
+            head, parsed = self._heads.popleft()
+            if head is message:
+                return parsed
+        return None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)

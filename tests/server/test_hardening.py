@@ -22,7 +22,7 @@ import pytest
 from boundgen.server.kserve import pb
 from boundgen.server.kserve.tensors import serialize_bytes
 from tests.server.conftest import BEAM_SPEC, SCORE_SPEC
-from tests.server.fake_engine import write_fake_artifact
+from tests.server.fake_engine import wait_for_event, write_fake_artifact
 from tests.server.test_reliability import http, json_body, read_until_closed
 
 KEY = "sesame"
@@ -31,13 +31,15 @@ KEY = "sesame"
 @pytest.fixture(scope="module")
 def artifacts(tmp_path_factory):
     root = tmp_path_factory.mktemp("hardening")
-    return [write_fake_artifact(root / "fscore", SCORE_SPEC), write_fake_artifact(root / "fbeam", BEAM_SPEC)]
+    return [write_fake_artifact(root / "fscore", SCORE_SPEC, log=root / "calls.jsonl"),
+            write_fake_artifact(root / "fbeam", BEAM_SPEC)]
 
 
 @pytest.fixture(scope="module")
 def server(launch, artifacts):
     """Client shared memory on, one request in flight and four queued per model, no API key."""
     server = launch(artifacts, args=["--allow-client-shm", "--max-inflight", "1", "--max-queue", "4"])
+    server.log = artifacts[0].parent / "calls.jsonl"  # fscore's calls
     yield server
     assert server.stop() == 0
 
@@ -264,6 +266,55 @@ def test_a_slow_body_counts_against_the_timeout(server):
     assert answer.startswith(b"HTTP/1.1 504"), answer
 
 
+def test_a_pipelined_request_counts_its_timeout_from_its_head(server, tmp_path):
+    """Two requests in one write on one connection, while another connection's request holds the
+    one slot: aiohttp starts the second once the first is answered (504 after its 300 ms in the
+    queue), but the second's 200 ms count from when its head was parsed (connections.py
+    head_time), so it has expired on its turn. The clock used to start at its turn: with the slot
+    freed right then, it ran and succeeded 500 ms after it arrived with a 200 ms timeout."""
+    release = tmp_path / f"release-{uuid.uuid4().hex}"
+    holder = socket.create_connection(("127.0.0.1", server.http_port), timeout=10)
+    held = json_body([f"hold={release}"])
+    holder.sendall(b"POST /v2/models/fscore/infer HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                   + f"Content-Length: {len(held)}\r\n\r\n".encode() + held)
+    wait_for_event(server.log, f"hold={release}", "started")
+    first, second = json_body(["a"], {"timeout": 300_000}), json_body(["b"], {"timeout": 200_000})
+    sock = socket.create_connection(("127.0.0.1", server.http_port), timeout=10)
+    sock.sendall(b"POST /v2/models/fscore/infer HTTP/1.1\r\nHost: x\r\n"
+                 + f"Content-Length: {len(first)}\r\n\r\n".encode() + first
+                 + b"POST /v2/models/fscore/infer HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                 + f"Content-Length: {len(second)}\r\n\r\n".encode() + second)
+    answers = sock.recv(65536)
+    assert answers.startswith(b"HTTP/1.1 504"), answers  # the first, expired in the queue
+    release.touch()  # the slot frees as the second's turn comes
+    answers += read_until_closed(sock)
+    read_until_closed(holder)
+    assert answers.count(b"HTTP/1.1 504") == 2 and b"had already passed when it arrived" in answers, answers
+
+
+def test_the_protocol_notes_each_pipelined_head_as_it_is_parsed():
+    """LimitedRequestHandler stamps each request head when aiohttp parses it; `head_time` gives a
+    request's stamp and forgets those of requests before it that never reached the application."""
+    import asyncio
+
+    from aiohttp import web, web_server
+
+    from boundgen.server.connections import LimitedRequestHandler
+
+    async def main():
+        manager = web_server.Server(lambda request: web.Response())
+        handler = LimitedRequestHandler(manager, loop=asyncio.get_running_loop(), max_connections=10)
+        before = time.monotonic()
+        handler.data_received(b"GET /a HTTP/1.1\r\nHost: x\r\n\r\nGET /b HTTP/1.1\r\nHost: x\r\n\r\n")
+        heads = list(handler._heads)
+        assert [message.path for message, _ in heads] == ["/a", "/b"]
+        assert all(before <= parsed <= time.monotonic() for _, parsed in heads)
+        assert handler.head_time(heads[1][0]) == heads[1][1] and not handler._heads  # /a dropped
+        assert handler.head_time(heads[0][0]) is None
+
+    asyncio.run(main())
+
+
 # ---- 4. errors in the contract's codes ------------------------------------------------------
 
 @pytest.mark.parametrize("route,body,where", [
@@ -438,6 +489,35 @@ def test_grpc_sends_no_success_after_the_deadline(monkeypatch):
     context = type("Context", (), {"invocation_metadata": lambda self: (), "time_remaining": lambda self: None})()
     with pytest.raises(DeadlineExceeded, match="after the request's deadline"):
         asyncio.run(GrpcFrontend(models, models.config)._infer(request, context, time.monotonic()))
+
+
+def test_grpc_counts_the_timeout_from_when_grpc_took_the_call(monkeypatch):
+    """A ModelInfer call's arrival is when gRPC looked its method up (Arrivals), not when its
+    handler ran: under a burst the handler starts later, and the `timeout` parameter's clock
+    must not wait for it."""
+    import asyncio
+
+    from boundgen.server.kserve.grpc_api import GrpcFrontend
+
+    models = late_models(monkeypatch)
+    frontend, seen = GrpcFrontend(models, models.config), {}
+
+    async def infer(request, context, arrived):
+        seen["arrived"] = arrived
+        return pb.ModelInferResponse()
+
+    frontend._infer = infer
+    context = type("Context", (), {"invocation_metadata": lambda self: (), "time_remaining": lambda self: None})()
+
+    async def call():
+        frontend.arriving(())
+        looked_up = time.monotonic()
+        await asyncio.sleep(0.2)  # the loop is busy with other calls
+        await frontend.model_infer(pb.ModelInferRequest(model_name="fscore"), context)
+        return looked_up
+
+    looked_up = asyncio.run(call())
+    assert looked_up - 0.05 <= seen["arrived"] <= looked_up, (seen, looked_up)
 
 
 # ---- 6. replicas ----------------------------------------------------------------------------

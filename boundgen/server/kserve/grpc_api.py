@@ -74,6 +74,7 @@ class GrpcFrontend:
         self.shared_memory, self.logs = shared_memory or SharedMemory(), log_settings
         self._unseen: dict[asyncio.Task, str] = {}  # ModelInfer calls whose handler has not run: model name
         self._unseen_tags: dict[asyncio.Task, request_ids.RequestTag] = {}  # ... and their request ids
+        self._arrived: dict[asyncio.Task, float] = {}  # ... and when gRPC looked their method up: their arrival
 
     def handler(self) -> grpc.GenericRpcHandler:
         """Every method: ModelInfer and ModelStreamInfer decoded within the body limit, the others
@@ -114,12 +115,14 @@ class GrpcFrontend:
         task = current_task()
         if task is not None:
             self._unseen[task] = ""
+            self._arrived[task] = time.monotonic()
             self._unseen_tags[task] = request_ids.RequestTag(
                 request_ids.request_id(request_ids.from_metadata(metadata)), route("ModelInfer"), "grpc")
             task.add_done_callback(self._count_unseen)
 
     def _count_unseen(self, task: asyncio.Task) -> None:
         name, tag = self._unseen.pop(task, None), self._unseen_tags.pop(task, None)
+        self._arrived.pop(task, None)
         if name is not None:
             if tag is not None:  # this callback runs in a copy of the task's context: the tag stays here
                 request_ids.enter(tag)
@@ -286,9 +289,11 @@ class GrpcFrontend:
         return response
 
     async def model_infer(self, request, context):
-        arrived = time.monotonic()
-        self._unseen.pop(current_task(), None)  # counted by observe() below
-        self._unseen_tags.pop(current_task(), None)
+        task = current_task()
+        # Deadlines count from the arrival: under load the handler starts well after gRPC took the call.
+        arrived = self._arrived.pop(task, None) or time.monotonic()
+        self._unseen.pop(task, None)  # counted by observe() below
+        self._unseen_tags.pop(task, None)
         try:
             with self.models.observe("grpc", request.model_name, lambda: ended_by_deadline(context)):
                 return await self._infer(request, context, arrived)

@@ -25,8 +25,9 @@
 Every answer carries the request's id in the header `X-Request-ID` (the client's own when it
 sent one, else a new one: request_ids.py), which the access log records too.
 
-Deadlines count from a request's arrival: the outermost middleware notes the time its head was
-handed over (`ARRIVED`), before anything of its body is read, and a success encoded after the
+Deadlines count from a request's arrival: the time its head was parsed, which the connection's
+protocol notes (server/connections.py `head_time`) and the outermost middleware records (`ARRIVED`)
+before anything of its body is read, and a success encoded after the
 model returned is checked against the deadline once more before it is sent (504 if late).
 
 Inference bodies (the JSON body, the binary tensor extension, shared memory references):
@@ -66,7 +67,7 @@ from boundgen.server.kserve.triton_extensions import (log_settings, model_config
 from boundgen.version import __version__
 
 PUBLIC_PATHS = frozenset({"/v2/health/live", "/v2/health/ready"})
-ARRIVED = web.RequestKey("arrived", float)  # time.monotonic() when the request's head was handed to the app
+ARRIVED = web.RequestKey("arrived", float)  # time.monotonic() when the request's head was parsed
 EXTENSIONS = ("binary_tensor_data",)
 
 
@@ -184,9 +185,10 @@ class HttpFrontend:
     async def _arrival(self, request: web.Request, handler):
         """Note when the request arrived (its head read, its body not yet), where deadlines count from;
         close the connection after an answer that left part of the body unread (http_bodies.UNREAD)."""
-        request[ARRIVED] = time.monotonic()
-        response = await handler(request)
         protocol = getattr(request, "protocol", None)
+        parsed = protocol.head_time(request.message) if hasattr(protocol, "head_time") else None
+        request[ARRIVED] = parsed if parsed is not None else time.monotonic()
+        response = await handler(request)
         if response.get(UNREAD) and hasattr(protocol, "force_close"):
             await response.prepare(request)
             await response.write_eof()  # the answer is in the transport's buffer, which closing flushes
