@@ -167,7 +167,9 @@ def test_stalled_worker_fails_at_the_deadline_and_is_replaced(replicas):
         with pytest.raises(InferenceServerException) as err:
             client.infer("fscore", [t], timeout=500_000)  # idle tie: worker 0 first
         assert err.value.status() == "504", err.value
-        assert time.monotonic() - start < 5.0  # at its deadline (0.5 s), where it used to wait 600 s
+        # Within 0.2 s of its deadline (0.5 s), as documented, where it used to wait 600 s, and
+        # then 0.2 s of grace and the front end's handling (0.20-0.26 s past the deadline).
+        assert time.monotonic() - start < 0.5 + 0.2
         wait_metric(replicas, 'boundgen_worker_up{worker="0"}', 0, timeout_s=20)
         for i in range(3):
             assert infer(replicas, f"while worker 0 is down {i}").shape == (1, 2)
