@@ -58,6 +58,7 @@ from boundgen.server.kserve.grpc_service import (METHODS, PUBLIC_METHODS, Arriva
 from boundgen.server.kserve.grpc_messages import (Undecodable, decoder, infer_response, param_value, params,
                                                   parse_infer_request, set_param)
 from boundgen.server.kserve.http_api import extensions, shape_check
+from boundgen.server.kserve.local_user import grpc_user
 from boundgen.server.kserve.repository import Repository, control
 from boundgen.server.kserve.shared_memory import SharedMemory
 from boundgen.server.kserve.triton_extensions import (log_settings, model_config, model_statistics, repository_index,
@@ -239,17 +240,21 @@ class GrpcFrontend:
             await self._abort(context, exc)
         return pb.RepositoryModelLoadResponse() if load else pb.RepositoryModelUnloadResponse()
 
+    def _regions(self, context) -> shm.ClientRegions:
+        """The shared memory regions of the call's client (its local user's: shared_memory.py)."""
+        return self.shared_memory.client(lambda: grpc_user(context))
+
     async def system_shared_memory_status(self, request, context):
-        regions = await self._call(context, lambda: self.shared_memory.status(request.name))
+        regions = await self._call(context, lambda: self._regions(context).status(request.name))
         return to_message({"regions": {r["name"]: r for r in regions}}, pb.SystemSharedMemoryStatusResponse())
 
     async def system_shared_memory_register(self, request, context):
-        await self._call(context, lambda: self.shared_memory.register(request.name, request.key, request.offset,
-                                                                      request.byte_size, self.config.shm_prefix))
+        await self._call(context, lambda: self._regions(context).register(request.name, request.key, request.offset,
+                                                                        request.byte_size, self.config.shm_prefix))
         return pb.SystemSharedMemoryRegisterResponse()
 
     async def system_shared_memory_unregister(self, request, context):
-        await self._call(context, lambda: self.shared_memory.unregister(request.name))
+        await self._call(context, lambda: self._regions(context).unregister(request.name))
         return pb.SystemSharedMemoryUnregisterResponse()
 
     async def cuda_shared_memory_status(self, request, context):
@@ -347,7 +352,8 @@ class GrpcFrontend:
         self._check_key(context)
         if isinstance(request, Undecodable):
             raise InvalidInput(request.reason)
-        tensors, slices = parse_infer_request(request, self.shared_memory, self.config.max_body_bytes,
+        tensors, slices = parse_infer_request(request, self.shared_memory.client(lambda: grpc_user(context)),
+                                              self.config.max_body_bytes,
                                               shape_check(self.models, request.model_name, request.model_version))
         timeout = request.parameters["timeout"] if "timeout" in request.parameters else None
         deadline = self.models.deadline(arrived, None if timeout is None else param_value(timeout),

@@ -10,7 +10,7 @@ import json
 
 from boundgen.errors import InvalidInput
 from boundgen.server.kserve import pb
-from boundgen.server.kserve.shared_memory import SharedMemory, Slice, tensor_ref
+from boundgen.server.kserve.shared_memory import ClientRegions, SharedMemory, Slice, tensor_ref
 from boundgen.server.kserve.tensors import Tensor, check_header, check_rank, from_grpc_contents, from_raw, to_raw
 from boundgen.server.served import VERSION
 
@@ -60,14 +60,14 @@ def set_param(p, value) -> None:
         p.string_param = json.dumps(value)
 
 
-def parse_infer_request(request, shared_memory: SharedMemory | None = None, limit: int | None = None,
+def parse_infer_request(request, shared_memory: ClientRegions | None = None, limit: int | None = None,
                         check_shape=None) -> tuple[list[Tensor], dict[str, Slice]]:
     """The request's input tensors (those in shared memory read from `shared_memory`'s regions),
     and the shared memory places of the outputs that ask for one. `limit` (--max-body-bytes)
     bounds each shape before anything is allocated for it, and each input read from shared memory;
     `check_shape(name, datatype, shape)` (http_api.shape_check) runs before each input's data
     is converted."""
-    shared_memory = shared_memory or SharedMemory()
+    shared_memory = shared_memory or SharedMemory().client(lambda: None)
     refs = [tensor_ref(inp.name, params(inp.parameters)) for inp in request.inputs]
     raw, inline = request.raw_input_contents, sum(ref is None for ref in refs)
     if raw and len(raw) != inline:

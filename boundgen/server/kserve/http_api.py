@@ -60,6 +60,7 @@ from boundgen.server.kserve import inference
 from boundgen.server.kserve import shared_memory as shm
 from boundgen.server.kserve.http_messages import (HEADER_LENGTH, encode_infer_response, parse_infer_body,
                                                   split_infer_body)
+from boundgen.server.kserve.local_user import http_user
 from boundgen.server.kserve.repository import Repository, control
 from boundgen.server.kserve.shared_memory import SharedMemory
 from boundgen.server.kserve.triton_extensions import (log_settings, model_config, model_statistics, repository_index,
@@ -300,15 +301,16 @@ class HttpFrontend:
     async def system_shared_memory(self, request: web.Request) -> web.Response:
         """status (JSON list of regions), register (body {"key", "offset", "byte_size"}), unregister."""
         action, region = request.path.rsplit("/", 1)[1], request.match_info.get("region", "")
+        regions = self.shared_memory.client(lambda: http_user(request))  # the client's own (shared_memory.py)
         if action == "status":
-            return web.json_response(self.shared_memory.status(region))
+            return web.json_response(regions.status(region))
         if action == "register":
             options = await read_options(request, self.config, "the register request",
                                          '{"key": "/input0", "offset": 0, "byte_size": 64}')
-            self.shared_memory.register(region, options.get("key"), options.get("offset"), options.get("byte_size"),
-                                        self.config.shm_prefix)
+            regions.register(region, options.get("key"), options.get("offset"), options.get("byte_size"),
+                             self.config.shm_prefix)
         else:
-            self.shared_memory.unregister(region)
+            regions.unregister(region)
         return web.Response(status=200)
 
     @_answering_errors
@@ -335,7 +337,8 @@ class HttpFrontend:
                 body = await read_body(request, self.config, json_values.budget(self.models, name),
                                        f"model {name[:80]}", header_length)
                 head = await loads(request, split_infer_body(body, header_length)[0], "the request body")
-                parsed = parse_infer_body(body, header_length, self.shared_memory, self.config.max_body_bytes,
+                parsed = parse_infer_body(body, header_length, self.shared_memory.client(lambda: http_user(request)),
+                                          self.config.max_body_bytes,
                                           shape_check(self.models, name, version), head)
                 deadline = self.models.deadline(arrived, parsed.parameters.get("timeout"))
                 answer = await inference.infer(self.models, name, version, parsed.tensors, parsed.outputs,

@@ -20,7 +20,7 @@ from aiohttp import web
 
 from boundgen.errors import InvalidInput
 from boundgen.server.http_bodies import parse_json
-from boundgen.server.kserve.shared_memory import SharedMemory, Slice, tensor_ref
+from boundgen.server.kserve.shared_memory import ClientRegions, SharedMemory, Slice, tensor_ref
 from boundgen.server.kserve.tensors import Tensor, check_header, check_rank, from_json, from_raw, to_json, to_raw
 from boundgen.server.served import VERSION
 
@@ -61,7 +61,7 @@ def split_infer_body(body: bytes, header_length: str | None) -> tuple[bytes, mem
     return body[:n], memoryview(body)[n:]
 
 
-def parse_infer_body(body: bytes, header_length: str | None, shared_memory: SharedMemory | None = None,
+def parse_infer_body(body: bytes, header_length: str | None, shared_memory: ClientRegions | None = None,
                      limit: int | None = None, check_shape: ShapeCheck | None = None,
                      head: Any = None) -> HttpInferRequest:
     """An inference request from an HTTP body (JSON, or JSON + binary tensor data), its tensors
@@ -71,7 +71,7 @@ def parse_infer_body(body: bytes, header_length: str | None, shared_memory: Shar
     on each input's header before its data is converted: a TEXT [1000000] of one-character
     strings, within the body limit, is refused by its shape, not after a million conversions.
     `head`: the body's JSON already parsed (elsewhere: http_bodies.loads), else None."""
-    shared_memory = shared_memory or SharedMemory()
+    shared_memory = shared_memory or SharedMemory().client(lambda: None)
     body, binary = split_infer_body(body, header_length)
     obj = parse_json(body, "the request body") if head is None else head
     if not isinstance(obj, dict):

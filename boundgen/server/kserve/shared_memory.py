@@ -23,7 +23,11 @@ Client shared memory is off unless the server runs with --allow-client-shm (Trit
 same name): a client that registers a region makes the server read and write that object with
 the server's own permissions, so only objects whose key starts with the server's prefix
 (`ServerConfig.shm_prefix`, "/boundgen" by default) may be registered, and an input read from a
-region is held to the body limit (--max-body-bytes) as one in the request would be. Objects are
+region is held to the body limit (--max-body-bytes) as one in the request would be. Regions
+belong to users: the local user of the client's connection (local_user.py: the owner of the
+client's socket) may register only an object it owns (root: any), and sees, uses and unregisters
+only the regions it registered (region names are per user; "unregister all" is all of one's
+own). A client with no local user (another host) may register nothing. Objects are
 opened without following symbolic links and are never mapped: each access checks the object's
 size now (os.fstat) and copies with os.pread / os.pwrite on the open descriptor. A mapping would
 let a client that truncates its object while the server copies from it kill the server with
@@ -34,8 +38,9 @@ each holds its Region, whose descriptor closes when the last one lets go.
 CUDA shared memory is not supported (CUDA says why): its status lists no region, register is refused.
 
 Errors: 400 / INVALID_ARGUMENT (an unknown region, a slice outside its region, a size that does
-not match the tensor, a key that is not a shared memory object or is outside the prefix, an
-object shrunk under the region, an input over the body limit), with the region in the message;
+not match the tensor, a key that is not a shared memory object or is outside the prefix or
+another user's, a client with no local user, an object shrunk under the region, an input over
+the body limit), with the region in the message;
 501 / UNIMPLEMENTED for register and unregister while client shared memory is off (status then
 lists no region), and for a CUDA register; all as Triton answers them. Unregistering a region
 that is not registered succeeds, as Triton's does.
@@ -46,7 +51,7 @@ from __future__ import annotations
 import os
 import stat
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from boundgen.errors import InvalidInput
 from boundgen.server.config import SHM_PREFIX
@@ -108,7 +113,8 @@ class Region:
     """A registered region: its part of the object, read and written through the object's open
     descriptor (never mapped: see the module docstring)."""
 
-    def __init__(self, name: str, key: str, offset: int, byte_size: int, prefix: str = "/"):
+    def __init__(self, name: str, key: str, offset: int, byte_size: int, prefix: str = "/", user: int = 0):
+        """user: the local user registering it, who must own the object (root: any)."""
         self.name, self.key, self.offset, self.byte_size = name, key, offset, byte_size
         path = _path(key, prefix)
         if byte_size == 0:
@@ -118,8 +124,12 @@ class Region:
         except OSError as exc:
             raise InvalidInput(f"cannot open shared memory object {key!r} for region {name!r}: {exc.strerror}") from None
         try:
-            if not stat.S_ISREG(os.fstat(self._fd).st_mode):
+            info = os.fstat(self._fd)
+            if not stat.S_ISREG(info.st_mode):
                 raise InvalidInput(f"{key!r} is not a shared memory object (region {name!r})")
+            if user != 0 and info.st_uid != user:
+                raise InvalidInput(f"shared memory object {key!r} belongs to another user: a client may register "
+                                   f"only objects its own user owns (region {name!r})")
             self._check_size()
         except BaseException:
             self.close()
@@ -191,62 +201,108 @@ class Slice:
 
 
 class SharedMemory:
-    """The server's registered regions, shared by its HTTP and gRPC front ends."""
+    """The server's registered regions, shared by its HTTP and gRPC front ends, by local user
+    (`user`: local_user.py's uid of the client; None for a client with no local user)."""
 
     def __init__(self, allowed: bool = False):
         self.allowed = allowed
-        self.regions: dict[str, Region] = {}
+        self.regions: dict[tuple[int, str], Region] = {}  # (user, name) -> region
 
     def _require(self, error=Unsupported) -> None:
         if not self.allowed:
             raise error(DISABLED)
 
-    def register(self, name: str, key: str, offset: int, byte_size: int, prefix: str = SHM_PREFIX) -> None:
-        """Region `name`: `byte_size` bytes from `offset` of object `key`, which must start with `prefix`."""
+    def client(self, user: Callable[[], int | None]) -> "ClientRegions":
+        """The regions of the client whose local user `user()` gives (asked once, when first needed)."""
+        return ClientRegions(self, user)
+
+    def register(self, name: str, key: str, offset: int, byte_size: int, prefix: str = SHM_PREFIX, *,
+                 user: int | None) -> None:
+        """`user`'s region `name`: `byte_size` bytes from `offset` of object `key`, which must start
+        with `prefix` and be `user`'s."""
         self._require()
+        if user is None:
+            raise InvalidInput(f"cannot register shared memory region {name!r}: system shared memory is for clients "
+                               "on the server's host, and this connection has no local user")
         if not name:
             raise InvalidInput("a shared memory region needs a name")
         if not isinstance(key, str):
             raise InvalidInput(f"shared memory region {name!r}: key must be a shared memory object's name "
                                f"(like '/input0'), got {key!r}")
-        if name in self.regions:
-            raise InvalidInput(f"shared memory region {name!r} is already registered ({self.regions[name].status()}); "
-                               "unregister it first")
-        self.regions[name] = Region(name, key, _count(offset, "offset"), _count(byte_size, "byte_size"), prefix)
+        if (user, name) in self.regions:
+            raise InvalidInput(f"shared memory region {name!r} is already registered "
+                               f"({self.regions[user, name].status()}); unregister it first")
+        self.regions[user, name] = Region(name, key, _count(offset, "offset"), _count(byte_size, "byte_size"), prefix,
+                                          user)
 
-    def unregister(self, name: str = "") -> None:
-        """Forget region `name`, or every region when `name` is empty."""
+    def unregister(self, name: str = "", *, user: int | None) -> None:
+        """Forget `user`'s region `name`, or every region of `user` when `name` is empty."""
         self._require()
         if name:
-            self.regions.pop(name, None)
+            self.regions.pop((user, name), None)
         else:
-            self.regions.clear()
+            for mine in [k for k in self.regions if k[0] == user]:
+                del self.regions[mine]
 
-    def status(self, name: str = "") -> list[dict]:
-        """Region `name`, or every region (none while client shared memory is off, as Triton answers)."""
+    def status(self, name: str = "", *, user: int | None) -> list[dict]:
+        """`user`'s region `name`, or all of them (none while client shared memory is off, as Triton answers)."""
         if name:
-            return [self._region(name).status()]
-        return [region.status() for region in self.regions.values()]
+            return [self._region(name, user).status()]
+        return [region.status() for (owner, _), region in self.regions.items() if owner == user]
 
     def close(self) -> None:
         """Forget every region (the server stops)."""
         self.regions.clear()
 
-    def _region(self, name: str) -> Region:
-        region = self.regions.get(name)
+    def _region(self, name: str, user: int | None) -> Region:
+        region = self.regions.get((user, name))
         if region is None:
-            known = ", ".join(repr(n) for n in self.regions) or "none"
+            known = ", ".join(repr(n) for owner, n in self.regions if owner == user) or "none"
             raise InvalidInput(f"unknown shared memory region {name!r}; registered: {known}")
         return region
 
-    def slice(self, tensor: str, ref: TensorRef) -> Slice:
-        """The place `ref` names for `tensor`, checked to lie within its region."""
+    def slice(self, tensor: str, ref: TensorRef, *, user: int | None) -> Slice:
+        """The place `ref` names for `tensor` in `user`'s regions, checked to lie within its region."""
         self._require(InvalidInput)
-        region = self._region(ref.region)
+        region = self._region(ref.region, user)
         if ref.offset + ref.byte_size > region.byte_size:
             raise InvalidInput(f"tensor {tensor}: shared_memory_offset {ref.offset} + shared_memory_byte_size "
                                f"{ref.byte_size} runs past the end of region {ref.region!r} ({region.byte_size} bytes)")
         return Slice(region, ref.offset, ref.byte_size)
+
+
+class ClientRegions:
+    """SharedMemory as one client sees it: its local user's regions. The user is looked up (it
+    reads the kernel's socket tables) only when a request names shared memory."""
+
+    def __init__(self, shared: SharedMemory, user: Callable[[], int | None]):
+        self.shared, self._lookup, self._user, self._known = shared, user, None, False
+
+    @property
+    def allowed(self) -> bool:
+        return self.shared.allowed
+
+    def user(self) -> int | None:
+        if not self._known:
+            self._user, self._known = self._lookup(), True
+        return self._user
+
+    def register(self, name: str, key: str, offset: int, byte_size: int, prefix: str = SHM_PREFIX) -> None:
+        self.shared._require()
+        self.shared.register(name, key, offset, byte_size, prefix, user=self.user())
+
+    def unregister(self, name: str = "") -> None:
+        self.shared._require()
+        self.shared.unregister(name, user=self.user())
+
+    def status(self, name: str = "") -> list[dict]:
+        if not self.shared.allowed and not name:
+            return []
+        return self.shared.status(name, user=self.user())
+
+    def slice(self, tensor: str, ref: TensorRef) -> Slice:
+        self.shared._require(InvalidInput)
+        return self.shared.slice(tensor, ref, user=self.user())
 
 
 def cuda_status(name: str = "") -> list[dict]:
