@@ -540,6 +540,23 @@ def test_the_router_skips_a_worker_whose_channel_failed():
         pool.acquire()
 
 
+def test_the_router_prefers_connected_channels():
+    """A channel that has just lost its connection (IDLE while it reconnects) may be a worker
+    killed a moment ago: connected workers get the calls while any is; with none connected, the
+    live ones still do (gRPC connects on the call)."""
+    from prometheus_client import CollectorRegistry
+
+    from boundgen.server.deploy.replicas import WorkerPool
+
+    pool = WorkerPool([], [None, None], [], None, CollectorRegistry(), lambda line: None)
+    for w in pool.workers:
+        w.up, w.channel_ready = True, True
+    pool.workers[0].channel_ready = False  # idle tie: worker 0 would be first
+    assert [pool.acquire().index for _ in range(3)] == [1, 1, 1]
+    pool.workers[1].channel_ready = False
+    assert pool.acquire().index == 0  # no channel connected: live workers still get calls, fewest in flight first
+
+
 def test_the_shm_prefix_is_checked():
     from boundgen.server.config import ServerConfig
 

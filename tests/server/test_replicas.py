@@ -1,6 +1,7 @@
 """`--replicas N`: one front end, N worker processes (each a fake-engine `boundgen serve`).
-Traffic reaches every worker; a killed worker fails only its own in-flight request (503) and
-comes back, while the others keep serving; deadlines and cancellations reach the worker; a
+Traffic reaches every worker; a killed worker's in-flight request is retried on another (503
+with none) and the worker comes back, while the others keep serving; no request goes to a worker
+just killed; deadlines and cancellations reach the worker; a
 stopped worker fails its request at the deadline and is replaced; workers die with a killed
 front end."""
 
@@ -75,7 +76,9 @@ def test_traffic_reaches_both_workers(replicas):
     np.testing.assert_array_equal(infer(replicas, "same text"), infer(replicas, "same text"))
 
 
-def test_killed_worker_fails_its_request_and_comes_back(replicas, tmp_path):
+def test_a_killed_workers_request_is_retried_on_another_and_the_worker_comes_back(replicas, tmp_path):
+    """The request in flight on a SIGKILLed worker is sent once more, to the other worker, within
+    its deadline, and succeeds there; the killed worker is restarted and takes traffic again."""
     hold = tmp_path / f"release-{uuid.uuid4().hex}"
     from concurrent.futures import ThreadPoolExecutor
 
@@ -83,9 +86,11 @@ def test_killed_worker_fails_its_request_and_comes_back(replicas, tmp_path):
         held = pool.submit(infer, replicas, f"held hold={hold}")
         wait_metric(replicas, 'boundgen_worker_inflight_requests{worker="0"}', 1)  # idle tie: worker 0 first
         os.kill(worker_pids(replicas)[0], signal.SIGKILL)
-        with pytest.raises(InferenceServerException) as err:
-            held.result(timeout=30)
-    assert err.value.status() == "503"
+        wait_metric(replicas, 'boundgen_worker_inflight_requests{worker="1"}', 1)  # retried there, held again
+        hold.touch()
+        assert held.result(timeout=30).shape == (1, 2)
+    assert metric(replicas, 'boundgen_worker_requests_total{outcome="unavailable",worker="0"}') == 1
+    assert served(replicas, 1) == 1
     wait_metric(replicas, 'boundgen_worker_restarts_total{worker="0"}', 1)
     before = served(replicas, 1)
     for i in range(3):  # worker 0 is down or restarting: worker 1 serves
@@ -98,6 +103,41 @@ def test_killed_worker_fails_its_request_and_comes_back(replicas, tmp_path):
         infer(replicas, f"after restart {i}")
     assert served(replicas, 0) > served_0  # the restarted worker takes traffic again
     assert any("worker 0" in line and "exited with code" in line for line in replicas.output)
+
+
+def test_a_killed_workers_request_with_no_other_worker_is_503(launch, fake_dirs, tmp_path):
+    server = launch([fake_dirs["score"]], args=["--replicas", "1"])
+    hold = tmp_path / f"release-{uuid.uuid4().hex}"
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(1) as pool:
+        held = pool.submit(infer, server, f"held hold={hold}")
+        wait_metric(server, 'boundgen_worker_inflight_requests{worker="0"}', 1)
+        os.kill(worker_pids(server, count=1)[0], signal.SIGKILL)
+        with pytest.raises(InferenceServerException) as err:
+            held.result(timeout=30)
+    assert err.value.status() == "503" and "no other worker is up" in err.value.message(), err.value
+    wait_metric(server, 'boundgen_worker_up{worker="0"}', 1, timeout_s=30)
+    assert infer(server, "after the restart").shape == (1, 2)
+    assert server.stop() == 0
+
+
+def test_no_request_goes_to_a_worker_just_killed(replicas):
+    """A worker SIGKILLed while idle: the requests sent from that moment on go to the other worker
+    and succeed, none gets the dead one's 503 (its channel's lost connection is seen before its
+    exit is: replicas.WorkerPool.acquire)."""
+    for i in range(4):  # both workers' channels connected (idle workers take turns)
+        infer(replicas, f"before {i}", ("http", "grpc")[i % 2])
+    os.kill(worker_pids(replicas)[0], signal.SIGKILL)
+    failures, sent, end = [], 0, time.monotonic() + 0.5
+    while time.monotonic() < end:
+        protocol = ("http", "grpc")[sent % 2]
+        try:
+            infer(replicas, f"after the kill {sent}", protocol)
+        except InferenceServerException as exc:
+            failures.append((sent, protocol, exc.status(), exc.message()))
+        sent += 1
+    assert sent >= 10 and not failures, (sent, failures[:5])
 
 
 def test_deadline_reaches_the_worker(launch, tmp_path):

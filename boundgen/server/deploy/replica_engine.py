@@ -16,9 +16,12 @@ and engine drop the request, unless it already runs (worker outcome label cancel
 The gRPC call itself carries the same deadline plus WORKER_GRACE_S (so that a worker refusing
 the request at its deadline is heard, with its reason): a worker that does not answer in time
 (stopped, wedged, overloaded) fails the request with 504 within WORKER_GRACE_S of its deadline
-(and the front end's own handling: 0.2 s in all, documented), never later; without a deadline the call is bounded by WORKER_CALL_TIMEOUT_S. A worker that dies under a request, or refuses it
-as unavailable, fails that request with 503 / UNAVAILABLE; other worker statuses map back to
-the front end's own errors.
+(and the front end's own handling: 0.2 s in all, documented), never later; without a deadline
+the call is bounded by WORKER_CALL_TIMEOUT_S. A worker that dies under a request, or refuses it
+as unavailable, has the request sent once more to another live worker with the time left (the
+request's answer is lost with the worker, and inference has no side effects); with none, or
+when the retry fails too, 503 / UNAVAILABLE. Other worker statuses map back to the front end's
+own errors.
 """
 
 from __future__ import annotations
@@ -48,14 +51,17 @@ _ERRORS = {
     grpc.StatusCode.INVALID_ARGUMENT: InvalidInput,
     grpc.StatusCode.RESOURCE_EXHAUSTED: Overloaded,
     grpc.StatusCode.DEADLINE_EXCEEDED: DeadlineExceeded,
-    grpc.StatusCode.UNAVAILABLE: Unavailable,
-    grpc.StatusCode.CANCELLED: Unavailable,  # the worker went away mid-call
 }
+_GONE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)  # the worker went away (mid-call: CANCELLED)
 _OUTCOMES = {  # of boundgen_worker_requests_total; anything else is "error"
     grpc.StatusCode.UNAVAILABLE: "unavailable",
     grpc.StatusCode.CANCELLED: "unavailable",
     grpc.StatusCode.DEADLINE_EXCEEDED: "deadline_exceeded",
 }
+
+
+class _WorkerGone(Exception):
+    """A worker answered UNAVAILABLE or CANCELLED: it is gone (or going)."""
 
 
 def spec_from_metadata(meta: dict, concurrency: int) -> EngineSpec:
@@ -108,12 +114,46 @@ class ReplicaEngine(Engine):
         if cancelled is not None and cancelled.is_set():
             raise Cancelled(f"the request was cancelled before model {self.spec.name} could be sent to a worker; "
                             "it was not run")
-        worker = self.pool.acquire()
+        response = self._call(request, call_timeout_s, cancelled)
+        out = {}
+        for t, raw in zip(response.outputs, response.raw_output_contents):
+            tensor = from_raw(t.name, t.datatype, tuple(t.shape), raw)
+            data = tensor.data if t.datatype == "BYTES" else np.asarray(tensor.data).reshape(tensor.shape)
+            out[t.name] = data
+        return out
+
+    def _call(self, request, call_timeout_s: float, cancelled: threading.Event | None):
+        """The response of a worker to `request`. A request whose worker is gone (UNAVAILABLE or
+        CANCELLED from it: it died under the request, or a moment before, while its channel still
+        looked connected) is sent once more, to another live worker, with the time still left:
+        inference has no side effects, and the dead worker's answer, if any, is lost."""
+        call_end = time.monotonic() + call_timeout_s
+        gone = None
+        while True:
+            try:
+                worker = self.pool.acquire(besides=gone)
+            except Unavailable:
+                if gone is None:
+                    raise
+                raise Unavailable(f"worker {gone.index} went away under the request and no other worker is up; "
+                                  "retry later") from None
+            try:
+                return self._send(worker, request, call_end, cancelled)
+            except _WorkerGone as exc:
+                left_s = call_end - time.monotonic() - WORKER_GRACE_S
+                if gone is not None or left_s <= 0 or (cancelled is not None and cancelled.is_set()):
+                    raise Unavailable(str(exc)) from None
+                gone = worker
+                if "timeout" in request.parameters:
+                    request.parameters["timeout"].int64_param = max(1, int(left_s * 1e6))
+
+    def _send(self, worker, request, call_end: float, cancelled: threading.Event | None):
+        """One call of `request` to `worker`, counted by outcome; _WorkerGone if the worker is gone."""
         outcome = "error"
         try:
-            call_end = time.monotonic() + call_timeout_s
-            response = worker.infer(request, call_timeout_s, cancelled)
+            response = worker.infer(request, call_end - time.monotonic(), cancelled)
             outcome = "success"
+            return response
         except grpc.FutureCancelledError:
             outcome = "cancelled"
             raise Cancelled(f"worker {worker.index}: the request was cancelled; the worker runs it only if it "
@@ -123,12 +163,8 @@ class ReplicaEngine(Engine):
             if err.code() == grpc.StatusCode.DEADLINE_EXCEEDED and time.monotonic() >= call_end:  # ours, not the worker's
                 raise DeadlineExceeded(f"worker {worker.index} did not answer model {self.spec.name} by the "
                                        "request's deadline (is it stalled?); the answer, if any, is dropped") from None
+            if err.code() in _GONE:
+                raise _WorkerGone(f"worker {worker.index}: {err.details()}") from None
             raise _ERRORS.get(err.code(), RuntimeError)(f"worker {worker.index}: {err.details()}") from None
         finally:
             self.pool.release(worker, outcome)
-        out = {}
-        for t, raw in zip(response.outputs, response.raw_output_contents):
-            tensor = from_raw(t.name, t.datatype, tuple(t.shape), raw)
-            data = tensor.data if t.datatype == "BYTES" else np.asarray(tensor.data).reshape(tensor.shape)
-            out[t.name] = data
-        return out

@@ -89,6 +89,7 @@ class Worker:
         self._infer = None
         self.up = False
         self.channel_failed = False  # its channel's last state was TRANSIENT_FAILURE or SHUTDOWN
+        self.channel_ready = False  # its channel's last state was READY (connected)
         self.inflight = 0
         self.routed = 0
 
@@ -97,7 +98,7 @@ class Worker:
         return self.up and not self.channel_failed
 
     def connect(self) -> None:
-        self.channel_failed = False
+        self.channel_failed = self.channel_ready = False
         self.channel = grpc.insecure_channel(self.server.grpc_url, options=[("grpc.max_send_message_length", -1),
                                                                             ("grpc.max_receive_message_length", -1)])
         channel = self.channel
@@ -114,6 +115,7 @@ class Worker:
         if channel is not self.channel:  # a closed channel of an earlier process
             return
         self.channel_failed = state in FAILED_CHANNEL
+        self.channel_ready = state == grpc.ChannelConnectivity.READY
         if state == grpc.ChannelConnectivity.IDLE:
             # Its connection closed: the worker exited, or closed an idle connection. Reconnect now,
             # so that an exited worker's channel fails (connection refused) within milliseconds.
@@ -213,10 +215,14 @@ class WorkerPool:
 
     # ---- routing --------------------------------------------------------------------------
 
-    def acquire(self) -> Worker:
-        """The live worker with the fewest requests in flight (ties: the one sent fewest so far)."""
+    def acquire(self, besides: Worker | None = None) -> Worker:
+        """The live worker with the fewest requests in flight (ties: the one sent fewest so far),
+        among those whose channel is connected when any is: a channel that has just lost its
+        connection (IDLE, reconnecting) may be a worker that died a moment ago, before its
+        reconnection fails or its exit is seen. `besides`: a worker not to choose (a retry's)."""
         with self._lock:
-            live = [w for w in self.workers if w.routable]
+            live = [w for w in self.workers if w.routable and w is not besides]
+            live = [w for w in live if w.channel_ready] or live
             if not live:
                 raise Unavailable("no worker is up (all are restarting); retry later")
             worker = min(live, key=lambda w: (w.inflight, w.routed, w.index))
