@@ -103,6 +103,9 @@ def test_a_killed_workers_request_is_retried_on_another_and_the_worker_comes_bac
         infer(replicas, f"after restart {i}")
     assert served(replicas, 0) > served_0  # the restarted worker takes traffic again
     assert any("worker 0" in line and "exited with code" in line for line in replicas.output)
+    # Its old channel closed quietly (gRPC's connectivity thread used to die: "Channel closed!").
+    time.sleep(1.0)
+    assert not any("Traceback" in line or "Channel closed" in line for line in replicas.output), replicas.tail(40)
 
 
 def test_a_killed_workers_request_with_no_other_worker_is_503(launch, fake_dirs, tmp_path):

@@ -59,6 +59,7 @@ BACKOFF_S, BACKOFF_MAX_S = 0.5, 10.0
 WORKER_READY_TIMEOUT_S = 600.0
 HEALTH_INTERVAL_S, HEALTH_TIMEOUT_S, HEALTH_FAILURES = 1.0, 1.0, 3  # a wedged worker is down within ~4 s
 FAILED_CHANNEL = (grpc.ChannelConnectivity.TRANSIENT_FAILURE, grpc.ChannelConnectivity.SHUTDOWN)
+CHANNEL_CLOSE_DELAY_S = 0.5  # an exited worker's channel closes this long after gRPC stops watching it
 LIFELINE_ENV = "BOUNDGEN_LIFELINE_FD"
 _NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
@@ -102,13 +103,27 @@ class Worker:
         self.channel = grpc.insecure_channel(self.server.grpc_url, options=[("grpc.max_send_message_length", -1),
                                                                             ("grpc.max_receive_message_length", -1)])
         channel = self.channel
-        channel.subscribe(lambda state: self._channel_state(channel, state), try_to_connect=True)
+        self._watch = lambda state: self._channel_state(channel, state)
+        self._reconnecting = None
+        channel.subscribe(self._watch, try_to_connect=True)
         self._infer = self.channel.unary_unary(f"/{pb.SERVICE}/ModelInfer",
                                                request_serializer=lambda m: m.SerializeToString(),
                                                response_deserializer=pb.ModelInferResponse.FromString)
         self._live = self.channel.unary_unary(f"/{pb.SERVICE}/ServerLive",
                                               request_serializer=lambda m: m.SerializeToString(),
                                               response_deserializer=pb.ServerLiveResponse.FromString)
+
+    def disconnect(self) -> None:
+        """Close the channel of a worker that exited (calls still on it have failed with its
+        connection). gRPC's connectivity thread must stop watching a channel before it closes, or
+        that thread dies with "Channel closed!" on the log: it lets go within a turn of 0.2 s."""
+        channel, ready = self.channel, self._reconnecting
+        if ready is not None:
+            ready.cancel()
+        channel.unsubscribe(self._watch)
+        closer = threading.Timer(CHANNEL_CLOSE_DELAY_S, channel.close)
+        closer.daemon = True
+        closer.start()
 
     def _channel_state(self, channel: grpc.Channel, state: grpc.ChannelConnectivity) -> None:
         """gRPC's connectivity callback: a failed channel is not routed to until it is READY again."""
@@ -264,7 +279,7 @@ class WorkerPool:
             if self._closing.is_set():
                 return
             self.restarts.labels(str(w.index)).inc()
-            w.channel.close()  # calls in flight on it fail with UNAVAILABLE / CANCELLED
+            w.disconnect()
             while not self._closing.is_set():
                 delay = 0.0 if failures == 0 else min(BACKOFF_S * 2 ** (failures - 1), BACKOFF_MAX_S)
                 self.say(f"boundgen serve: worker {w.index} (pid {w.server.proc.pid}) exited with code {code}; "
