@@ -27,7 +27,7 @@ from typing import Sequence
 
 import numpy as np
 
-from boundgen.text.fast_bpe import bytes_to_unicode
+from boundgen.text.fast_bpe import byte_level_bytes
 
 PROBE_ROWS = 200  # seeded random rows of 1-12 ids, besides the added tokens
 
@@ -65,16 +65,15 @@ def byte_decoder(tokenizer_json: dict, reference) -> ByteDecoder | None:
     decoder, model = tokenizer_json.get("decoder") or {}, tokenizer_json.get("model") or {}
     if decoder.get("type") != "ByteLevel" or model.get("type") != "BPE":
         return None
-    to_byte = {c: b for b, c in bytes_to_unicode().items()}
     vocab = tokenizer_json["model"].get("vocab") or {}
     added = tokenizer_json.get("added_tokens") or ()
     size = max([*vocab.values(), *(a["id"] for a in added)], default=-1) + 1
     kept = [b""] * size
     for token, i in vocab.items():
-        kept[i] = _token_bytes(token, to_byte)
+        kept[i] = _token_bytes(token)
     skipped = list(kept)
     for a in added:
-        kept[a["id"]] = skipped[a["id"]] = _token_bytes(a["content"], to_byte)
+        kept[a["id"]] = skipped[a["id"]] = _token_bytes(a["content"])
         if a.get("special"):
             skipped[a["id"]] = b""
     decoder = ByteDecoder(kept, skipped)
@@ -85,12 +84,10 @@ def byte_decoder(tokenizer_json: dict, reference) -> ByteDecoder | None:
     return decoder
 
 
-def _token_bytes(token: str, to_byte: dict[str, int]) -> bytes:
+def _token_bytes(token: str) -> bytes:
     """A token's bytes: through the byte-level table, or its UTF-8 text where a character is outside it."""
-    try:
-        return bytes(to_byte[c] for c in token)
-    except KeyError:
-        return token.encode("utf-8")
+    data = byte_level_bytes(token)
+    return token.encode("utf-8") if data is None else data
 
 
 def _probe_rows(size: int, added_ids: list[int]) -> list[list[int]]:

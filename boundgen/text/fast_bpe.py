@@ -68,6 +68,19 @@ def bytes_to_unicode() -> dict[int, str]:
     return chars
 
 
+_TO_BYTE = str.maketrans({c: chr(b) for b, c in bytes_to_unicode().items()})  # alphabet char -> chr(its byte)
+_ALPHABET = str.maketrans({c: None for c in bytes_to_unicode().values()})  # deletes the alphabet's chars
+
+
+def byte_level_bytes(token: str) -> bytes | None:
+    """A byte-level BPE token's bytes (each character through bytes_to_unicode's inverse), or None
+    if a character is outside that alphabet. Two str.translate calls: a vocabulary of 150k tokens
+    in ~0.1 s, where a generator over its characters took ~0.7 s."""
+    if token.translate(_ALPHABET):
+        return None
+    return token.translate(_TO_BYTE).encode("latin-1")
+
+
 def _eligible(tokenizer_json: dict) -> str | None:
     """The split regex if the tokenizer.json is of the shape this encoder reproduces, else None."""
     model = tokenizer_json.get("model") or {}
@@ -221,10 +234,8 @@ def fast_encoder(tokenizer_json: dict, reference) -> FastEncoder | None:
         import tiktoken  # optional: without it the tokenizer is `tokenizers` alone
     except ImportError:
         return None
-    to_byte = {c: b for b, c in bytes_to_unicode().items()}
-    try:
-        ranks = {bytes(to_byte[c] for c in token): rank for token, rank in tokenizer_json["model"]["vocab"].items()}
-    except KeyError:  # a token outside the byte-level alphabet: not this kind of vocabulary
+    ranks = {byte_level_bytes(token): rank for token, rank in tokenizer_json["model"]["vocab"].items()}
+    if None in ranks:  # a token outside the byte-level alphabet: not this kind of vocabulary
         return None
     if len(ranks) != len(tokenizer_json["model"]["vocab"]) or sorted(ranks.values()) != list(range(len(ranks))):
         return None  # tiktoken needs ranks 0..n-1, one per byte string

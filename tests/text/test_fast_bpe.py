@@ -176,3 +176,26 @@ def test_a_joinable_request_is_one_call_into_an_array(tokenizers, joined, monkey
         assert counting.calls == calls
         want = [e.ids for e in slow.backend.encode_batch(texts, add_special_tokens=False)]
         assert lengths == [len(w) for w in want] and tokens.tolist() == [t for w in want for t in w]
+
+
+def test_byte_level_bytes_equals_the_alphabet_table_character_by_character():
+    """The translate-based conversion against the table, on random strings over the alphabet and
+    characters outside it (space, NUL, é, 中): None exactly where a character is outside."""
+    import random
+
+    from boundgen.text.fast_bpe import byte_level_bytes, bytes_to_unicode
+
+    to_byte = {c: b for b, c in bytes_to_unicode().items()}
+
+    def reference(token):
+        try:
+            return bytes(to_byte[c] for c in token)
+        except KeyError:
+            return None
+
+    rng = random.Random(0)
+    alphabet = [*to_byte, " ", "\x00", "é", "中", "\u0100"]
+    for _ in range(20_000):
+        token = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 8)))
+        assert byte_level_bytes(token) == reference(token), token
+    assert byte_level_bytes("") == b""
