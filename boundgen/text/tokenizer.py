@@ -19,6 +19,7 @@ faster, checked likewise); `fast=False`, or any other tokenizer.json, uses `toke
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass
 from itertools import chain
@@ -73,8 +74,10 @@ class PackedBuffers:
         return int(self.cu_seqlens.shape[0]) - 1
 
 
-# (tokenizer.json path, mtime, size) -> its FastEncoder and ByteDecoder, each None where it has none.
-_FAST_PATHS: dict[tuple, tuple[FastEncoder | None, ByteDecoder | None]] = {}
+# By the sha256 of tokenizer.json: its `tokenizers` object (shared by the engines that load it,
+# never changed after loading) and its FastEncoder and ByteDecoder (each None where it has none).
+_BACKENDS: dict[str, HFTokenizer] = {}
+_FAST_PATHS: dict[str, tuple[FastEncoder | None, ByteDecoder | None]] = {}
 
 
 class Tokenizer:
@@ -96,17 +99,21 @@ class Tokenizer:
         file = Path(path) / "tokenizer.json"
         if not file.is_file():
             raise ConfigError(f"{path} has no tokenizer.json")
-        try:
-            text = file.read_text(encoding="utf-8")
-            backend = HFTokenizer.from_str(text)
-        except Exception as exc:
-            raise ConfigError(f"{file} is not a valid tokenizers file: {exc}") from None
+        data = file.read_bytes()
+        # One tokenizer.json (by content: a new version of an artifact usually has the same) is
+        # parsed once per process. `tokenizers` and the JSON decoder hold the GIL while they parse
+        # (~0.7 s each for Qwen's): a repository load stalled every request of the server that long.
+        key = hashlib.sha256(data).hexdigest()
+        if key not in _BACKENDS:
+            try:
+                _BACKENDS[key] = HFTokenizer.from_str(data.decode("utf-8"))
+            except Exception as exc:
+                raise ConfigError(f"{file} is not a valid tokenizers file: {exc}") from None
+        backend = _BACKENDS[key]
         if not fast:
             return cls._from(path, {"fast": False, "joined": joined, "threads": threads}, backend)
-        stat = file.stat()  # one version of one file gets its encoder and decoder built once per process (~1-2 s)
-        key = (str(file.resolve()), stat.st_mtime_ns, stat.st_size)
         if key not in _FAST_PATHS:
-            tokenizer_json = json.loads(text)
+            tokenizer_json = json.loads(data)
             _FAST_PATHS[key] = fast_encoder(tokenizer_json, backend), byte_decoder(tokenizer_json, backend)
         encoder, decoder = _FAST_PATHS[key]
         tokenizer = cls._from(path, {"fast": True, "joined": joined, "threads": threads}, backend,

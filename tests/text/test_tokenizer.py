@@ -141,3 +141,25 @@ def test_texts_encoded_on_threads_get_the_same_ids(tiny_qwen3_dir):
     texts = [f"query: {i} running shoes 咖啡 " * (1 + i % 5) for i in range(15)]
     a, b = one.encode_packed(texts, 512), four.encode_packed(texts, 512)
     assert a.lengths == b.lengths and a.tokens.tolist() == b.tokens.tolist()
+
+
+def test_one_tokenizer_json_is_parsed_once_per_process(tiny_qwen3_dir, tmp_path):
+    """Two directories with the same tokenizer.json (a new version of an artifact) share one parsed
+    tokenizer: `tokenizers` and the JSON decoder hold the GIL while they parse (~0.7 s each for
+    Qwen's vocabulary), which stalled every request of a server during a repository load. Another
+    file gets its own."""
+    import shutil
+
+    from boundgen.text.tokenizer import Tokenizer
+
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    shutil.copy(tiny_qwen3_dir / "tokenizer.json", copy / "tokenizer.json")
+    first, second = Tokenizer.from_dir(tiny_qwen3_dir), Tokenizer.from_dir(copy, joined=True)
+    assert second.backend is first.backend and second.decoder is first.decoder
+    other = tmp_path / "other"
+    other.mkdir()
+    text = (tiny_qwen3_dir / "tokenizer.json").read_text(encoding="utf-8")
+    (other / "tokenizer.json").write_text(text.replace('"normalizer"', '"normalizer" ', 1), encoding="utf-8")
+    assert Tokenizer.from_dir(other).backend is not first.backend
+    assert second.encode_packed(["hello world"], 16).num_tokens == first.encode_packed(["hello world"], 16).num_tokens
