@@ -239,8 +239,14 @@ class Batcher:
         return DeadlineExceeded(f"the deadline passed after {waited}; the request was not run")
 
     def close(self):
+        """Stop the workers (each finishes its call). Once they have, let go of the engine's
+        callables: the engine holds this batcher and they hold the engine, a cycle that only a
+        full garbage collection would free (a pass over the whole heap, ~0.2 s holding the GIL in a
+        serving process: server/app.py, settle_heap)."""
         with self._cond:
             self._closed = True
             self._cond.notify_all()
         for t in self._threads:
             t.join(timeout=5)
+        if not any(t.is_alive() for t in self._threads):
+            self._run_batch = self._fits = None

@@ -282,3 +282,32 @@ def test_a_full_queue_refuses_the_greedy_client_not_the_newcomer():
     finally:
         gate.set()
         batcher.close()
+
+
+def test_a_closed_batcher_lets_go_of_its_engine():
+    """An engine holds its batcher and the batcher the engine's bound methods: once closed, the
+    batcher drops them, so a replaced engine is freed by reference counting, without a full
+    garbage collection (server/heap.py: serving processes freeze their heap)."""
+    import gc
+    import weakref
+
+    class Engine:
+        def __init__(self):
+            self.batcher = Batcher(["ctx"], self.run_batch, fits=self.fits)
+
+        def run_batch(self, ctx, items):
+            return items
+
+        def fits(self, batch, item):
+            return True
+
+    engine = Engine()
+    assert engine.batcher.enqueue(1).future.result(timeout=10) == 1
+    engine.batcher.close()
+    gone = weakref.ref(engine)
+    gc.disable()
+    try:
+        del engine
+        assert gone() is None
+    finally:
+        gc.enable()
