@@ -39,6 +39,15 @@ def _json_error(status: int, message: str) -> web.Response:
     return response
 
 
+ARRIVED = web.RequestKey("arrived", float)  # time.monotonic() when the request's head was parsed
+
+
+def arrived(request: web.Request) -> float:
+    """When `request` arrived (its head parsed: LimitedRequestHandler.head_time), where its
+    deadline counts from; now, for a request that did not come through that protocol."""
+    return request.get(ARRIVED) or time.monotonic()
+
+
 class LimitedRequestHandler(web_protocol.RequestHandler):
     """aiohttp's per-connection protocol with the connection cap, JSON protocol errors, and each
     request's arrival: when its head was parsed (`head_time`)."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 from boundgen.artifact.tasks import task_named, task_of
@@ -27,6 +28,12 @@ from boundgen.server.status import Unavailable, status_of
 
 LOADING, READY, DRAINING = "loading", "ready", "draining"
 MAX_TIMEOUT_US = (1 << 63) - 1  # the gRPC int64_param's range; HTTP JSON integers are unbounded
+
+
+@dataclass
+class Observed:
+    """The request ModelSet.observe counts: `name`, its model, once known."""
+    name: str = ""
 
 
 class ModelSet:
@@ -157,14 +164,17 @@ class ModelSet:
         return await self.admitting(name).run(call, deadline)
 
     @contextlib.contextmanager
-    def observe(self, protocol: str, name: str, expired: Callable[[], bool] = lambda: False) -> Iterator[None]:
+    def observe(self, protocol: str, name: str = "",
+                expired: Callable[[], bool] = lambda: False) -> Iterator["Observed"]:
         """Count one inference request by model and outcome, and time it end to end. A request
-        cancelled under us counts as deadline_exceeded if `expired()` (gRPC deadline), else cancelled."""
+        cancelled under us counts as deadline_exceeded if `expired()` (gRPC deadline), else cancelled.
+        `name`: its model, or set `.name` on what this yields once the body names it (a request
+        refused before that counts under the model label "")."""
         start = time.monotonic()
-        label = name if name in self.models else ""
+        seen = Observed(name)
         outcome = "internal_error"
         try:
-            yield
+            yield seen
             outcome = "success"
         except asyncio.CancelledError:
             outcome = "deadline_exceeded" if expired() else "cancelled"
@@ -173,4 +183,5 @@ class ModelSet:
             outcome = status_of(exc).outcome
             raise
         finally:
+            label = seen.name if seen.name in self.models else ""
             self.metrics.observe_request(label, protocol, outcome, time.monotonic() - start)

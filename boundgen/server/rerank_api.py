@@ -39,6 +39,7 @@ from aiohttp import web
 from boundgen.errors import InvalidInput
 from boundgen.server import json_values, score_api
 from boundgen.server.config import ServerConfig
+from boundgen.server.connections import arrived
 from boundgen.server.http_bodies import error_response, read_json
 from boundgen.server.models import LOADING, ModelSet
 from boundgen.server.status import Unavailable
@@ -170,25 +171,23 @@ def add_routes(app: web.Application, models: ModelSet, config: ServerConfig) -> 
     created = int(time.time())  # OpenAI's "created": when this server began serving its models
 
     async def rerank(request: web.Request) -> web.Response:
-        arrived = time.monotonic()
         try:
-            parsed = parse_rerank(await read_json(request, config, json_values.budget(models, task="score")))
-            name = pick_model(models, parsed["model"], request.path, len(parsed["documents"]))
-            with models.observe("http", name):
+            with models.observe("http") as seen:  # counted whatever its end, a bad body too
+                parsed = parse_rerank(await read_json(request, config, json_values.budget(models, task="score")))
+                name = seen.name = pick_model(models, parsed["model"], request.path, len(parsed["documents"]))
                 scores = await relevance(models, name, samples(parsed["query"], parsed["documents"]),
-                                         models.deadline(arrived, None))
+                                         models.deadline(arrived(request), None))
                 return web.json_response(rerank_response(name, parsed, scores))
         except Exception as exc:
             return error_response(exc)
 
     async def score_pairs(request: web.Request) -> web.Response:
-        arrived = time.monotonic()
         try:
-            parsed = parse_pairs(await read_json(request, config, json_values.budget(models, task="score")))
-            name = pick_model(models, parsed["model"], PAIRS_ROUTE, len(parsed["pairs"]))
-            texts = [samples(first, [second])[0] for first, second in parsed["pairs"]]
-            with models.observe("http", name):
-                scores = await relevance(models, name, texts, models.deadline(arrived, None))
+            with models.observe("http") as seen:
+                parsed = parse_pairs(await read_json(request, config, json_values.budget(models, task="score")))
+                name = seen.name = pick_model(models, parsed["model"], PAIRS_ROUTE, len(parsed["pairs"]))
+                texts = [samples(first, [second])[0] for first, second in parsed["pairs"]]
+                scores = await relevance(models, name, texts, models.deadline(arrived(request), None))
                 return web.json_response(pairs_response(name, scores))
         except Exception as exc:
             return error_response(exc)

@@ -21,7 +21,7 @@ import pytest
 
 from boundgen.server.kserve import pb
 from boundgen.server.kserve.tensors import serialize_bytes
-from tests.server.conftest import BEAM_SPEC, SCORE_SPEC
+from tests.server.conftest import BEAM_SPEC, SCORE_SPEC, metric
 from tests.server.fake_engine import wait_for_event, write_fake_artifact
 from tests.server.test_reliability import http, json_body, read_until_closed
 
@@ -518,6 +518,23 @@ def test_grpc_counts_the_timeout_from_when_grpc_took_the_call(monkeypatch):
 
     looked_up = asyncio.run(call())
     assert looked_up - 0.05 <= seen["arrived"] <= looked_up, (seen, looked_up)
+
+
+@pytest.mark.parametrize("route,body", [
+    ("/v1/score", b'{"query": "q", "items": '),  # not JSON
+    ("/v1/score", b'{"query": "q", "items": ["a"], "label_token_ids": [1], "model": "no-such-model"}'),
+    ("/v1/beam", b'{"prompt": 7}'),
+    ("/v1/rerank", b'{"query": "q"}'),
+    ("/score", b'[]'),
+])
+def test_a_json_route_counts_a_request_refused_before_its_model_is_known(server, route, body):
+    """Every request is counted in boundgen_requests_total, also one refused before its body named
+    a model it could be counted under (model label "")."""
+    key = 'boundgen_requests_total{model="",outcome="invalid_input",protocol="http"}'
+    before = metric(server, key)
+    code, _ = post(server, route, body)
+    assert code == 400
+    assert metric(server, key) == before + 1
 
 
 # ---- 6. replicas ----------------------------------------------------------------------------

@@ -49,6 +49,7 @@ from boundgen.errors import InvalidInput
 from boundgen.server import beam_api, json_values, request_ids, rerank_api, score_api
 from boundgen.server.auth import check_api_key
 from boundgen.server.config import ServerConfig
+from boundgen.server.connections import ARRIVED, arrived
 from boundgen.server.http_bodies import (JSON_WORKER, UNREAD, error_response, loads, read_body, read_json,
                                         read_options)
 from boundgen.server.json_worker import JsonWorker
@@ -68,7 +69,6 @@ from boundgen.server.kserve.triton_extensions import (log_settings, model_config
 from boundgen.version import __version__
 
 PUBLIC_PATHS = frozenset({"/v2/health/live", "/v2/health/ready"})
-ARRIVED = web.RequestKey("arrived", float)  # time.monotonic() when the request's head was parsed
 EXTENSIONS = ("binary_tensor_data",)
 
 
@@ -195,10 +195,6 @@ class HttpFrontend:
             await response.write_eof()  # the answer is in the transport's buffer, which closing flushes
             protocol.force_close()  # no lingering read of the rest: aiohttp would inflate it all
         return response
-
-    @staticmethod
-    def arrived(request: web.Request) -> float:
-        return request.get(ARRIVED) or time.monotonic()
 
     @web.middleware
     async def _json_errors(self, request: web.Request, handler):
@@ -329,7 +325,7 @@ class HttpFrontend:
         return web.Response(status=200 if self.models.ready else 503)
 
     async def infer(self, request: web.Request) -> web.Response:
-        arrived = self.arrived(request)
+        arrival = arrived(request)
         name, version = request.match_info["model"], request.match_info.get("version", "")
         try:
             with self.models.observe("http", name):
@@ -340,7 +336,7 @@ class HttpFrontend:
                 parsed = parse_infer_body(body, header_length, self.shared_memory.client(lambda: http_user(request)),
                                           self.config.max_body_bytes,
                                           shape_check(self.models, name, version), head)
-                deadline = self.models.deadline(arrived, parsed.parameters.get("timeout"))
+                deadline = self.models.deadline(arrival, parsed.parameters.get("timeout"))
                 answer = await inference.infer(self.models, name, version, parsed.tensors, parsed.outputs,
                                                deadline)
                 response = encode_infer_response(name, parsed, answer.outputs)
@@ -351,13 +347,12 @@ class HttpFrontend:
 
     async def score(self, request: web.Request) -> web.Response:
         """SGLang's score request on a score model (server/score_api.py), through the same admission."""
-        arrived = self.arrived(request)
         try:
-            budget = json_values.budget(self.models, task="score")
-            parsed = score_api.parse(await read_json(request, self.config, budget))
-            name = score_api.pick_model(self.models, parsed["model"])
-            with self.models.observe("http", name):
-                deadline = self.models.deadline(arrived, None)
+            with self.models.observe("http") as seen:  # counted whatever its end, a bad body too
+                budget = json_values.budget(self.models, task="score")
+                parsed = score_api.parse(await read_json(request, self.config, budget))
+                name = seen.name = score_api.pick_model(self.models, parsed["model"])
+                deadline = self.models.deadline(arrived(request), None)
                 response = web.json_response(await score_api.run(self.models, name, parsed, deadline))
                 check_deadline(deadline, name)
                 return response
@@ -366,13 +361,12 @@ class HttpFrontend:
 
     async def beam(self, request: web.Request) -> web.Response:
         """A JSON beam request on a beam model (server/beam_api.py), each prompt a KServe request."""
-        arrived = self.arrived(request)
         try:
-            budget = json_values.budget(self.models, task="beam")
-            parsed = beam_api.parse(await read_json(request, self.config, budget))
-            name = beam_api.pick_model(self.models, parsed["model"])
-            with self.models.observe("http", name):
-                deadline = self.models.deadline(arrived, None)
+            with self.models.observe("http") as seen:  # counted whatever its end, a bad body too
+                budget = json_values.budget(self.models, task="beam")
+                parsed = beam_api.parse(await read_json(request, self.config, budget))
+                name = seen.name = beam_api.pick_model(self.models, parsed["model"])
+                deadline = self.models.deadline(arrived(request), None)
                 results = await beam_api.run(self.models, name, parsed["prompts"], deadline, parsed["allow_items"],
                                              parsed["allow_subset"])
                 response = web.json_response(beam_api.response(name, results, parsed["single"]))
