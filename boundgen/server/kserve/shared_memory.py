@@ -113,7 +113,7 @@ class Region:
     """A registered region: its part of the object, read and written through the object's open
     descriptor (never mapped: see the module docstring)."""
 
-    def __init__(self, name: str, key: str, offset: int, byte_size: int, prefix: str = "/", user: int = 0):
+    def __init__(self, name: str, key: str, offset: int, byte_size: int, prefix: str, user: int):
         """user: the local user registering it, who must own the object (root: any)."""
         self.name, self.key, self.offset, self.byte_size = name, key, offset, byte_size
         path = _path(key, prefix)
@@ -283,6 +283,8 @@ class ClientRegions:
         return self.shared.allowed
 
     def user(self) -> int | None:
+        """The client's local user, looked up on first use (each method checks that shared memory
+        is on before it asks: a server without it reads no socket table)."""
         if not self._known:
             self._user, self._known = self._lookup(), True
         return self._user
