@@ -22,10 +22,8 @@ topologies build on its Server.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import inspect
 import logging
-import os
 import signal
 import sys
 import threading
@@ -54,8 +52,6 @@ _HANDLER_CANCELLATION = "handler_cancellation" in inspect.signature(web_server.S
 
 EngineFactory = Callable[[Path], Engine]
 LISTENING = "boundgen serve: listening"  # the stdout line launch.py waits for
-# A repository load's thread yields the CPU to the requests the old engine still serves.
-LOADER_NICE = 19
 MAX_INT_DIGITS = 640  # the least Python accepts; a serving process parses no longer integer
 
 
@@ -139,9 +135,9 @@ class Server:
 
     async def _load_engine(self, path: Path) -> Engine:
         """A loaded and warmed-up engine, off the event loop (a repository load; closed if warm-up fails)."""
-        engine = await _in_daemon_thread(self.engine_factory, path, nice=LOADER_NICE)
+        engine = await _in_daemon_thread(self.engine_factory, path)
         try:
-            await _in_daemon_thread(engine.warmup, nice=LOADER_NICE)
+            await _in_daemon_thread(engine.warmup)
         except BaseException:
             engine.close()
             raise
@@ -189,9 +185,8 @@ def _grpc_host(host: str) -> str:
     return f"[{host}]" if ":" in host and not host.startswith("[") else host
 
 
-async def _in_daemon_thread(fn, *args, nice: int = 0):
-    """Run a blocking call on a daemon thread, so that a stop during a long load does not wait for it;
-    `nice`: the thread's scheduling niceness (Linux: a thread's own), for work beside serving."""
+async def _in_daemon_thread(fn, *args):
+    """Run a blocking call on a daemon thread, so that a stop during a long load does not wait for it."""
     loop = asyncio.get_running_loop()
     future = loop.create_future()
 
@@ -200,9 +195,6 @@ async def _in_daemon_thread(fn, *args, nice: int = 0):
             future.set_result(result) if error is None else future.set_exception(error)
 
     def target():
-        if nice:
-            with contextlib.suppress(OSError, AttributeError):
-                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
         # The error is passed as an argument: Python deletes an `except ... as exc` name when the
         # block ends, so a callback that read `exc` later raised NameError and left `future`
         # pending for ever (a load failure then hung the server, live 200 / ready 503).
