@@ -156,7 +156,6 @@ def run(args, engine_factory=None, worker_command=None):
     `worker_command` replaces `python -m boundgen serve` for --replicas / --gpus workers (tests)."""
     import dataclasses
 
-    _quiet_openmp(args.artifacts)  # before torch loads OpenMP
     from boundgen.server.app import default_engine_factory, serve
 
     for path in args.artifacts:
@@ -217,29 +216,6 @@ SINGLE_PROCESS_FLAGS = {
     "replicas": "its workers sit behind one front end", "gpus": "its workers sit behind one front end",
     "ray": "Ray Serve runs its own proxies",
 }
-
-
-def _quiet_openmp(artifacts) -> None:
-    """Serving a CPU artifact, OpenMP's idle threads sleep (OMP_WAIT_POLICY=PASSIVE, unless the
-    environment says otherwise): by default each spins for a while after its parallel region,
-    taking the cores that the event loop, the tokenizer and the other engine calls of a serving
-    process need. On a 2-core VM with the CPU demo score artifact and 4 closed-loop clients, it
-    gave p50 37.9 / p99 87.5 ms against 72.3 / 927 ms spinning, and no 504 across three repository
-    loads against 5 (docs/serving.md, CPU serving). The policy is read when torch loads OpenMP:
-    this runs first. A GPU artifact's process is left as it is (its A/B is not measured)."""
-    import json
-
-    if "OMP_WAIT_POLICY" in os.environ:
-        return
-    for path in artifacts:
-        try:
-            with open(os.path.join(path, "manifest.json"), encoding="utf-8") as f:
-                device = json.load(f)["compile"]["device"]
-        except (OSError, ValueError, KeyError, TypeError):
-            continue  # loading will say what is wrong with it
-        if device == "cpu":
-            os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
-            return
 
 
 def _catalogues(args) -> dict[str, str]:

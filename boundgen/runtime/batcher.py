@@ -241,8 +241,8 @@ class Batcher:
     def close(self):
         """Stop the workers (each finishes its call). Once they have, let go of the engine's
         callables: the engine holds this batcher and they hold the engine, a cycle that only a
-        full garbage collection would free (a pass over the whole heap, ~0.2 s holding the GIL in a
-        serving process: server/app.py, settle_heap)."""
+        full garbage collection would free, with the engine's device memory (a replaced engine's,
+        after a repository load)."""
         with self._cond:
             self._closed = True
             self._cond.notify_all()

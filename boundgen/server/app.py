@@ -39,7 +39,6 @@ from boundgen.runtime.engine import Engine
 from boundgen.server import connections
 from boundgen.server import logs
 from boundgen.server.config import ServerConfig
-from boundgen.server.heap import settle_heap
 from boundgen.server.kserve.grpc_api import GrpcFrontend
 from boundgen.server.kserve.http_api import HttpFrontend
 from boundgen.server.metrics import ServerMetrics
@@ -129,7 +128,6 @@ class Server:
             spec = engine.spec
             self.say(f"boundgen serve: model {spec.name} ({spec.task}) loaded and warmed up, "
                      f"max in flight {model.admission.max_inflight}, queue {model.admission.max_queue}")
-        settle_heap()
         self.models.set_ready()
         self.say(f"boundgen serve: ready, models: {', '.join(self.models.models)}")
 

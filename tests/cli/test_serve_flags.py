@@ -1,9 +1,7 @@
 """`boundgen serve`'s choice of front-end processes: a --catalogue model is served by several,
-as any other; the flags that need one process refuse several, saying why; a CPU artifact lets
-OpenMP threads sleep."""
+as any other; the flags that need one process refuse several, saying why."""
 
 import argparse
-import os
 
 import pytest
 
@@ -36,27 +34,3 @@ def test_single_process_flags_refuse_several_front_ends_and_say_why(flag, why):
         serve._frontends(parse(*flag, "--catalogue", "cbeam=CAT", "--frontends", "2"), True)
     assert why in str(err.value) and "use --frontends 1" in str(err.value)
     assert serve._frontends(parse(*flag), True) == 1  # and the default is one process
-
-
-def test_serving_a_cpu_artifact_lets_openmp_threads_sleep(tmp_path, monkeypatch):
-    """`serve` sets OMP_WAIT_POLICY=PASSIVE for a CPU artifact (before torch loads OpenMP), unless
-    the environment sets it; a GPU artifact's process is left as it is."""
-    import json
-
-    from boundgen.cli.serve import _quiet_openmp
-
-    def artifact(name, device):
-        path = tmp_path / name
-        path.mkdir()
-        (path / "manifest.json").write_text(json.dumps({"compile": {"device": device}}))
-        return str(path)
-
-    cpu, gpu = artifact("cpu", "cpu"), artifact("gpu", "cuda")
-    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
-    _quiet_openmp([gpu, str(tmp_path / "missing")])
-    assert "OMP_WAIT_POLICY" not in os.environ
-    _quiet_openmp([gpu, cpu])
-    assert os.environ["OMP_WAIT_POLICY"] == "PASSIVE"
-    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
-    _quiet_openmp([cpu])
-    assert os.environ["OMP_WAIT_POLICY"] == "ACTIVE"

@@ -286,8 +286,8 @@ def test_a_full_queue_refuses_the_greedy_client_not_the_newcomer():
 
 def test_a_closed_batcher_lets_go_of_its_engine():
     """An engine holds its batcher and the batcher the engine's bound methods: once closed, the
-    batcher drops them, so a replaced engine is freed by reference counting, without a full
-    garbage collection (server/heap.py: serving processes freeze their heap)."""
+    batcher drops them, so a replaced engine (and its device memory) is freed by reference
+    counting, without waiting for a full garbage collection."""
     import gc
     import weakref
 

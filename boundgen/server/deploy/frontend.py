@@ -21,7 +21,6 @@ from boundgen.server.app import Server, serve_until_signal
 from boundgen.server.config import ServerConfig
 from boundgen.server.deploy.linked_engine import EngineGone, EngineLink, LinkedEngine
 from boundgen.server.deploy.replicas import exit_with_parent
-from boundgen.server.heap import settle_heap
 
 ENGINE_GONE_EXIT = 3  # the engine process closed the link
 
@@ -52,7 +51,6 @@ class FrontendServer(Server):
             return
         for hosted in self.link.models.values():
             self.models.add(LinkedEngine(self.link, hosted, self.config.tokenize_threads), hosted["source"])
-        settle_heap()
         self.models.set_ready()
         self.link.tell("ready")
 

@@ -36,7 +36,6 @@ from boundgen.server.app import LISTENING
 from boundgen.server.config import ServerConfig
 from boundgen.server.deploy.engine_host import EngineHost
 from boundgen.server.deploy.replicas import LIFELINE_ENV
-from boundgen.server.heap import settle_heap
 
 START_TIMEOUT_S = 120.0  # a front end must listen (and later be ready) within this long
 RESTART_BACKOFF_S = 0.5
@@ -116,7 +115,6 @@ def serve_frontends(artifact_dirs: Sequence[str | Path], config: ServerConfig, c
             host.add(engine.spec.name, engine, str(path))
             say(f"boundgen serve: model {engine.spec.name} ({engine.spec.task}) loaded and warmed up, "
                 f"queue {config.max_queue}")
-        settle_heap()
         host.set_state("ready")
         if not _wait(host, count, "ready", frontends, stop):
             raise BoundgenError(f"the front-end processes were not all ready within {START_TIMEOUT_S:.0f} s")

@@ -51,7 +51,6 @@ from typing import Any, Awaitable, Callable
 from boundgen.artifact.manifest import MANIFEST_FILE
 from boundgen.errors import BoundgenError, InvalidInput
 from boundgen.runtime.engine import Engine
-from boundgen.server.heap import settle_heap
 from boundgen.server.models import READY, ModelSet
 from boundgen.server.status import ServeError, Unavailable
 
@@ -106,7 +105,6 @@ class Repository:
                     self.say(f"boundgen serve: the replaced {name} still ran requests after "
                              f"{self.drain_timeout_s} s; closed anyway")
                 self.say(f"boundgen serve: the replaced {name} drained and closed")
-            settle_heap()  # the new engine's objects too (a pass over what the load made: milliseconds)
 
     async def load_catalogue(self, name: str, catalogue) -> None:
         """Replace the catalogue of served model `name` with DIR/catalogue (module docstring)."""
