@@ -49,7 +49,7 @@ from boundgen.errors import InvalidInput
 from boundgen.server import beam_api, json_values, request_ids, rerank_api, score_api
 from boundgen.server.auth import check_api_key
 from boundgen.server.config import ServerConfig
-from boundgen.server.connections import ARRIVED, arrived
+from boundgen.server.connections import ARRIVED, LimitedRequestHandler, arrived
 from boundgen.server.http_bodies import (JSON_WORKER, UNREAD, error_response, loads, read_body, read_json,
                                         read_options)
 from boundgen.server.json_worker import JsonWorker
@@ -187,7 +187,8 @@ class HttpFrontend:
         """Note when the request arrived (its head read, its body not yet), where deadlines count from;
         close the connection after an answer that left part of the body unread (http_bodies.UNREAD)."""
         protocol = getattr(request, "protocol", None)
-        parsed = protocol.head_time(request.message) if hasattr(protocol, "head_time") else None
+        # A request that reached this process another way (Ray Serve's proxy: a stand-in protocol) has no head time.
+        parsed = protocol.head_time(request.message) if isinstance(protocol, LimitedRequestHandler) else None
         request[ARRIVED] = parsed if parsed is not None else time.monotonic()
         response = await handler(request)
         if response.get(UNREAD) and hasattr(protocol, "force_close"):
