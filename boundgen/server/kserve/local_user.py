@@ -78,7 +78,7 @@ def grpc_user(context) -> int | None:
         peer = context.peer()
     except Exception:  # noqa: BLE001 - a context without a peer (another transport)
         return None
-    match = _GRPC_PEER.match(peer or "")
+    match = _GRPC_PEER.match(peer) if isinstance(peer, str) else None
     if match is None:
         return None
     return socket_owner(match.group(2), int(match.group(3)))
