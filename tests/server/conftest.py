@@ -76,6 +76,16 @@ def one_slot(launch, tmp_path_factory):
     assert server.stop() == 0
 
 
+@pytest.fixture(scope="module")
+def shm_server(launch, tmp_path_factory):
+    """A fake score and beam server with client shared memory on (a module's own)."""
+    root = tmp_path_factory.mktemp("shm")
+    server = launch([write_fake_artifact(root / "fscore", SCORE_SPEC), write_fake_artifact(root / "fbeam", BEAM_SPEC)],
+                    args=["--allow-client-shm"])
+    yield server
+    assert server.stop() == 0
+
+
 INFLIGHT = 'boundgen_inflight_requests{model="fscore"}'
 QUEUED = 'boundgen_queue_depth{model="fscore"}'
 

@@ -22,19 +22,10 @@ from tritonclient import utils
 from tritonclient.utils import InferenceServerException
 
 from tests.server.conftest import BEAM_SPEC, REPO, SCORE_SPEC, post_json
-from tests.server.fake_engine import FakeEngine, write_fake_artifact
+from tests.server.fake_engine import FakeEngine
 from tests.server.test_endpoints import NO_PROXY, client
 
 TEXTS = ["hello world", "héllo wörld ✓", "a b c"]
-
-
-@pytest.fixture(scope="module")
-def shm_server(launch, tmp_path_factory):
-    root = tmp_path_factory.mktemp("shm")
-    server = launch([write_fake_artifact(root / "fscore", SCORE_SPEC), write_fake_artifact(root / "fbeam", BEAM_SPEC)],
-                    args=["--allow-client-shm"])
-    yield server
-    assert server.stop() == 0
 
 
 @pytest.fixture

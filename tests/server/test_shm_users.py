@@ -15,8 +15,6 @@ import uuid
 import pytest
 import tritonclient.utils.shared_memory as shm
 
-from tests.server.conftest import BEAM_SPEC, SCORE_SPEC
-from tests.server.fake_engine import write_fake_artifact
 from boundgen.server.kserve.local_user import socket_owner
 
 OTHER_UID = 65534  # nobody
@@ -58,15 +56,6 @@ def test_the_tables_are_read_in_the_hosts_byte_order(tmp_path):
     assert socket_owner("127.0.0.1", 40002, tables) == 1002
     assert socket_owner("127.0.0.1", 40003, tables) is None  # uid 1003 and 1004: ambiguous
     assert socket_owner("127.0.0.1", 40004, tables) is None
-
-
-@pytest.fixture(scope="module")
-def shm_server(launch, tmp_path_factory):
-    root = tmp_path_factory.mktemp("shm_users")
-    server = launch([write_fake_artifact(root / "fscore", SCORE_SPEC), write_fake_artifact(root / "fbeam", BEAM_SPEC)],
-                    args=["--allow-client-shm"])
-    yield server
-    assert server.stop() == 0
 
 
 # The other user's client: stdlib only, loaded by one request before it drops to that user (the
