@@ -40,6 +40,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
+from dataclasses import dataclass
 
 import grpc
 
@@ -66,6 +67,14 @@ from boundgen.server.kserve.triton_extensions import (log_settings, model_config
 from boundgen.version import __version__
 
 
+@dataclass
+class _Unseen:
+    """A ModelInfer call gRPC has looked up whose handler has not run yet."""
+    tag: request_ids.RequestTag  # its request id
+    arrived: float  # time.monotonic() of the lookup: the call's arrival
+    model: str = ""  # the model it names, once its message is decoded
+
+
 class GrpcFrontend:
     def __init__(self, models: ModelSet, config: ServerConfig, repository: Repository | None = None,
                  shared_memory: SharedMemory | None = None, log_settings: LogSettings | None = None):
@@ -73,9 +82,7 @@ class GrpcFrontend:
         shared_memory, log_settings: as HttpFrontend's (the same objects, in one server)."""
         self.models, self.config, self.repository = models, config, repository
         self.shared_memory, self.logs = shared_memory or SharedMemory(), log_settings
-        self._unseen: dict[asyncio.Task, str] = {}  # ModelInfer calls whose handler has not run: model name
-        self._unseen_tags: dict[asyncio.Task, request_ids.RequestTag] = {}  # ... and their request ids
-        self._arrived: dict[asyncio.Task, float] = {}  # ... and when gRPC looked their method up: their arrival
+        self._unseen: dict[asyncio.Task, _Unseen] = {}  # ModelInfer calls whose handler has not run
 
     def handler(self) -> grpc.GenericRpcHandler:
         """Every method: ModelInfer and ModelStreamInfer decoded within the body limit, the others
@@ -115,19 +122,16 @@ class GrpcFrontend:
         its handler ran (which counts it itself). `metadata`: the call's, for its request id."""
         task = current_task()
         if task is not None:
-            self._unseen[task] = ""
-            self._arrived[task] = time.monotonic()
-            self._unseen_tags[task] = request_ids.RequestTag(
-                request_ids.request_id(request_ids.from_metadata(metadata)), route("ModelInfer"), "grpc")
+            tag = request_ids.RequestTag(request_ids.request_id(request_ids.from_metadata(metadata)),
+                                         route("ModelInfer"), "grpc")
+            self._unseen[task] = _Unseen(tag, time.monotonic())
             task.add_done_callback(self._count_unseen)
 
     def _count_unseen(self, task: asyncio.Task) -> None:
-        name, tag = self._unseen.pop(task, None), self._unseen_tags.pop(task, None)
-        self._arrived.pop(task, None)
-        if name is not None:
-            if tag is not None:  # this callback runs in a copy of the task's context: the tag stays here
-                request_ids.enter(tag)
-            label = name if name in self.models.models else ""
+        unseen = self._unseen.pop(task, None)
+        if unseen is not None:
+            request_ids.enter(unseen.tag)  # this callback runs in a copy of the task's context: the tag stays here
+            label = unseen.model if unseen.model in self.models.models else ""
             self.models.metrics.observe_request(label, "grpc", "deadline_exceeded", 0.0)
 
     def options(self) -> list[tuple[str, int]]:
@@ -143,7 +147,7 @@ class GrpcFrontend:
         request = self._decode_infer_message(data)
         task = current_task()
         if task in self._unseen:  # decoded on the call's task, before its handler: note the model
-            self._unseen[task] = request.model_name
+            self._unseen[task].model = request.model_name
         return request
 
     def _decode_infer_message(self, data: bytes):
@@ -294,11 +298,10 @@ class GrpcFrontend:
         return response
 
     async def model_infer(self, request, context):
-        task = current_task()
-        # Deadlines count from the arrival: under load the handler starts well after gRPC took the call.
-        arrived = self._arrived.pop(task, None) or time.monotonic()
-        self._unseen.pop(task, None)  # counted by observe() below
-        self._unseen_tags.pop(task, None)
+        # Counted by observe() below. Deadlines count from the arrival: under load the handler
+        # starts well after gRPC took the call.
+        unseen = self._unseen.pop(current_task(), None)
+        arrived = time.monotonic() if unseen is None else unseen.arrived
         try:
             with self.models.observe("grpc", request.model_name, lambda: ended_by_deadline(context)):
                 return await self._infer(request, context, arrived)
@@ -352,8 +355,7 @@ class GrpcFrontend:
         self._check_key(context)
         if isinstance(request, Undecodable):
             raise InvalidInput(request.reason)
-        tensors, slices = parse_infer_request(request, self.shared_memory.client(lambda: grpc_user(context)),
-                                              self.config.max_body_bytes,
+        tensors, slices = parse_infer_request(request, self._regions(context), self.config.max_body_bytes,
                                               shape_check(self.models, request.model_name, request.model_version))
         timeout = request.parameters["timeout"] if "timeout" in request.parameters else None
         deadline = self.models.deadline(arrived, None if timeout is None else param_value(timeout),

@@ -294,11 +294,15 @@ class HttpFrontend:
         update = await read_options(request, self.config, "the log settings", '{"log_info": true}')
         return web.json_response(update_log_settings(self.logs, update))
 
+    def _regions(self, request: web.Request) -> shm.ClientRegions:
+        """The shared memory regions of the request's client (its local user's: shared_memory.py)."""
+        return self.shared_memory.client(lambda: http_user(request))
+
     @_answering_errors
     async def system_shared_memory(self, request: web.Request) -> web.Response:
         """status (JSON list of regions), register (body {"key", "offset", "byte_size"}), unregister."""
         action, region = request.path.rsplit("/", 1)[1], request.match_info.get("region", "")
-        regions = self.shared_memory.client(lambda: http_user(request))  # the client's own (shared_memory.py)
+        regions = self._regions(request)
         if action == "status":
             return web.json_response(regions.status(region))
         if action == "register":
@@ -334,8 +338,7 @@ class HttpFrontend:
                 body = await read_body(request, self.config, json_values.budget(self.models, name),
                                        f"model {name[:80]}", header_length)
                 head = await loads(request, split_infer_body(body, header_length)[0], "the request body")
-                parsed = parse_infer_body(body, header_length, self.shared_memory.client(lambda: http_user(request)),
-                                          self.config.max_body_bytes,
+                parsed = parse_infer_body(body, header_length, self._regions(request), self.config.max_body_bytes,
                                           shape_check(self.models, name, version), head)
                 deadline = self.models.deadline(arrival, parsed.parameters.get("timeout"))
                 answer = await inference.infer(self.models, name, version, parsed.tensors, parsed.outputs,
