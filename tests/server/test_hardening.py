@@ -550,9 +550,9 @@ def test_the_router_skips_a_worker_whose_channel_failed():
     pool = WorkerPool([], [None, None], [], None, CollectorRegistry(), lambda line: None)
     for w in pool.workers:
         w.up = True
-    pool.workers[0].channel_failed = True  # idle tie: worker 0 would be first
+    pool.workers[0].channel_state = grpc.ChannelConnectivity.TRANSIENT_FAILURE  # idle tie: worker 0 would be first
     assert [pool.acquire().index for _ in range(3)] == [1, 1, 1]
-    pool.workers[1].channel_failed = True
+    pool.workers[1].channel_state = grpc.ChannelConnectivity.SHUTDOWN
     with pytest.raises(Unavailable):
         pool.acquire()
 
@@ -567,10 +567,10 @@ def test_the_router_prefers_connected_channels():
 
     pool = WorkerPool([], [None, None], [], None, CollectorRegistry(), lambda line: None)
     for w in pool.workers:
-        w.up, w.channel_ready = True, True
-    pool.workers[0].channel_ready = False  # idle tie: worker 0 would be first
+        w.up, w.channel_state = True, grpc.ChannelConnectivity.READY
+    pool.workers[0].channel_state = grpc.ChannelConnectivity.IDLE  # idle tie: worker 0 would be first
     assert [pool.acquire().index for _ in range(3)] == [1, 1, 1]
-    pool.workers[1].channel_ready = False
+    pool.workers[1].channel_state = grpc.ChannelConnectivity.CONNECTING
     assert pool.acquire().index == 0  # no channel connected: live workers still get calls, fewest in flight first
 
 

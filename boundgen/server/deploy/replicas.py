@@ -89,17 +89,21 @@ class Worker:
         self.channel: grpc.Channel | None = None
         self._infer = None
         self.up = False
-        self.channel_failed = False  # its channel's last state was TRANSIENT_FAILURE or SHUTDOWN
-        self.channel_ready = False  # its channel's last state was READY (connected)
+        self.channel_state: grpc.ChannelConnectivity | None = None  # its channel's last state
         self.inflight = 0
         self.routed = 0
 
     @property
     def routable(self) -> bool:
-        return self.up and not self.channel_failed
+        """Up, and its channel has not failed (TRANSIENT_FAILURE or SHUTDOWN)."""
+        return self.up and self.channel_state not in FAILED_CHANNEL
+
+    @property
+    def connected(self) -> bool:
+        return self.channel_state == grpc.ChannelConnectivity.READY
 
     def connect(self) -> None:
-        self.channel_failed = self.channel_ready = False
+        self.channel_state = None
         self.channel = grpc.insecure_channel(self.server.grpc_url, options=[("grpc.max_send_message_length", -1),
                                                                             ("grpc.max_receive_message_length", -1)])
         channel = self.channel
@@ -129,8 +133,7 @@ class Worker:
         """gRPC's connectivity callback: a failed channel is not routed to until it is READY again."""
         if channel is not self.channel:  # a closed channel of an earlier process
             return
-        self.channel_failed = state in FAILED_CHANNEL
-        self.channel_ready = state == grpc.ChannelConnectivity.READY
+        self.channel_state = state
         if state == grpc.ChannelConnectivity.IDLE:
             # Its connection closed: the worker exited, or closed an idle connection. Reconnect now,
             # so that an exited worker's channel fails (connection refused) within milliseconds.
@@ -237,7 +240,7 @@ class WorkerPool:
         reconnection fails or its exit is seen. `besides`: a worker not to choose (a retry's)."""
         with self._lock:
             live = [w for w in self.workers if w.routable and w is not besides]
-            live = [w for w in live if w.channel_ready] or live
+            live = [w for w in live if w.connected] or live
             if not live:
                 raise Unavailable("no worker is up (all are restarting); retry later")
             worker = min(live, key=lambda w: (w.inflight, w.routed, w.index))
