@@ -41,8 +41,8 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from scripts.starvation import (HttpClient, Target, grpc_caller, grpc_infer_bytes, infer_body,  # noqa: E402
-                                server_ready, start_server)
+from scripts.starvation import (HttpClient, Target, grpc_caller, grpc_infer_bytes, http_once,  # noqa: E402
+                                infer_body, server_ready, start_server)
 
 SLACK_MS = 20.0  # loopback and the client's own scheduling, on a host the server shares
 FULL = {"big_bodies": 120, "grpc_burst": 300, "grpc_deadline_burst": 300, "open_loop_http": 400}
@@ -86,8 +86,6 @@ def timed_grpc_bytes(model: str, timeout_us: int | None) -> bytes:
 
 def big_bodies(t: Target, n: int, answers: Answers) -> None:
     """n small requests a protocol (20 ms `timeout`), one after another, while 4 MB bodies arrive."""
-    from scripts.starvation import http_once
-
     deadline_s, stop = 0.020, threading.Event()
     bodies = [infer_body(["a" * ((4 << 20) - 256)]),
               ('{"inputs": [{"name": "TEXT", "datatype": "BYTES", "shape": [1000000], "data": [%s]}]}'
