@@ -48,6 +48,9 @@ class RuntimeConfig:
     token_bucket: int = option(256, "token bucket that CUDA-graph shapes are padded to")
     batch_wait_ms: float = option(0.0, "with batching: ms after a call that a free context may wait for company "
                                        "(0: never waits; runtime/batcher.py)", kind=float)
+    batch_wait_learned: bool = option(False, "with batching: wait for company as long as it took to come back after "
+                                             "recent calls (the 90th percentile), never less than batch_wait_ms nor "
+                                             "more than the last call took (runtime/company.py)", kind=bool)
     catalogue_max_nodes: int = option(0, "with CUDA graphs, a constrained beam artifact: the most trie nodes of a "
                                          "catalogue it may serve, held by every request context (0: the first "
                                          "catalogue's nodes and a quarter more; runtime/context.py)")
@@ -64,7 +67,7 @@ class RuntimeConfig:
         wait = self.batch_wait_ms
         if isinstance(wait, bool) or not isinstance(wait, (int, float)) or not 0 <= wait <= MAX_BATCH_WAIT_MS:
             raise ConfigError(f"batch_wait_ms must be a number of ms from 0 to {MAX_BATCH_WAIT_MS}, got {wait!r}")
-        for name in ("cuda_graphs", "batching"):
+        for name in ("cuda_graphs", "batching", "batch_wait_learned"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be true or false, got {getattr(self, name)!r}")
 

@@ -31,7 +31,8 @@ the last call's end that finds fewer waiting, and not enough to fill a call, wai
 number wait, a call's worth, or `linger_s` after that end, whichever is first; then it takes them as
 above. A request waits at most `linger_s` for company, and only right after a call: one arriving at
 an engine idle for that long starts at once, and a lone client (a call of one, nobody waiting) never
-waits.
+waits. With `learn_linger` the wait follows how long the company took to come back after recent
+calls, never shorter than `linger_s` (runtime/company.py says how and why).
 
 Workers are threads, one per request context; `run_batch(ctx, items)` does the work and
 returns one result per item, or an exception in an item's place (that item's error: a constrained
@@ -47,6 +48,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Hashable, Sequence
 
 from boundgen.errors import Cancelled, DeadlineExceeded, Overloaded
+from boundgen.runtime.company import CompanyWait
 from boundgen.runtime.fair_queue import FairQueue
 from boundgen.runtime.waiting import refusal, wait_slice
 
@@ -69,12 +71,14 @@ class Ticket:
 
 class Batcher:
     def __init__(self, contexts: Sequence, run_batch: Callable, fits: Callable[[list, object], bool],
-                 name: str = "batcher", clock: Callable[[], float] = time.monotonic, linger_s: float = 0.0):
+                 name: str = "batcher", clock: Callable[[], float] = time.monotonic, linger_s: float = 0.0,
+                 learn_linger: bool = False):
         """`name`: the model, in thread names and error messages; `clock`: what deadlines are
         compared with (time.monotonic; tests pass their own); `linger_s`: how long after a call a
-        worker may wait for company (above; 0: never)."""
+        worker may wait for company (above; 0: never); `learn_linger`: longer where the company
+        takes longer to come back (runtime/company.py)."""
         self._run_batch, self._fits, self._name, self._clock = run_batch, fits, name, clock
-        self._linger = max(0.0, float(linger_s))
+        self._company = CompanyWait(linger_s, learned=learn_linger)
         self._last_call = (float("-inf"), 0)  # (when the last call ended, requests expected after it)
         self._waiting: FairQueue[Ticket] = FairQueue()
         self._cond = threading.Condition()
@@ -117,6 +121,7 @@ class Batcher:
                                      f"limit {max_queue}); retry later")
                 self._waiting.remove(*displaced)
             self._waiting.append(client, entry)
+            self._company.arrived(entry.submitted)
             self._cond.notify()
         if displaced is not None:
             displaced[1].future.set_exception(Overloaded(
@@ -187,9 +192,10 @@ class Batcher:
     def _company_expected(self) -> float:
         """Seconds left to wait for company (0: take the batch now); called holding the lock."""
         ended, expected = self._last_call
-        if not self._linger or self._closed or len(self._waiting) >= expected or self._call_is_full():
+        linger = self._company.seconds()
+        if not linger or self._closed or len(self._waiting) >= expected or self._call_is_full():
             return 0.0
-        return ended + self._linger - self._clock()
+        return ended + linger - self._clock()
 
     def _call_is_full(self) -> bool:
         """Whether the waiting requests already fill a call (one more would not fit)."""
@@ -210,6 +216,7 @@ class Batcher:
                 entry.future.set_exception(self._error(entry, gone, now))
             if not batch:
                 continue
+            started = self._clock()
             try:
                 results = self._run_batch(ctx, [entry.item for entry in batch])
             except BaseException as exc:  # every request of the batch learns why
@@ -219,7 +226,9 @@ class Batcher:
             with self._cond:
                 self.batches += 1
                 self.items += len(batch)
-                self._last_call = (self._clock(), len(batch) + len(self._waiting))
+                ended = self._clock()
+                self._last_call = (ended, len(batch) + len(self._waiting))
+                self._company.call_ended(ended, len(batch), ended - started)
             for entry, result in zip(batch, results):  # a request's result, or why it has none
                 if isinstance(result, BaseException):
                     entry.future.set_exception(result)

@@ -97,7 +97,8 @@ class LocalEngine(Engine):
         runtime = spec.runtime
         self._executors = threading.Semaphore(runtime.executors)  # program calls running at once
         self._batcher = Batcher(contexts, self._run_batch, self._fits if runtime.batching else _alone, name=spec.name,
-                                linger_s=runtime.batch_wait_ms / 1e3 if runtime.batching else 0.0)
+                                linger_s=runtime.batch_wait_ms / 1e3 if runtime.batching else 0.0,
+                                learn_linger=runtime.batching and runtime.batch_wait_learned)
 
     # -- the calls ---------------------------------------------------------------------------
 
@@ -323,7 +324,8 @@ def settings_in_effect(runtime: RuntimeConfig, spec, device: str) -> RuntimeConf
     batching = runtime.batching and task_of(spec).max_requests(spec) > 1
     graphs = runtime.cuda_graphs and str(device).startswith("cuda")
     return replace(runtime, cuda_graphs=graphs, batching=batching,
-                   batch_wait_ms=runtime.batch_wait_ms if batching else 0.0)
+                   batch_wait_ms=runtime.batch_wait_ms if batching else 0.0,
+                   batch_wait_learned=runtime.batch_wait_learned and batching)
 
 
 def make_engine(name: str, spec, tokenizer, runner, device: str, dtype: str, runtime: RuntimeConfig, *,

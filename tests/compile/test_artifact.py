@@ -40,7 +40,8 @@ def test_manifest_describes_the_artifact(score_build):
     program = manifest["program"]
     assert (program["max_samples"], program["max_tokens_per_sample"], program["max_total_tokens"]) == (4, 16, 40)
     assert manifest["runtime"] == {"contexts": 2, "executors": 1, "cuda_graphs": False, "batching": False,
-                                   "token_bucket": 256, "batch_wait_ms": 0.0, "catalogue_max_nodes": 0}
+                                   "token_bucket": 256, "batch_wait_ms": 0.0, "batch_wait_learned": False,
+                                   "catalogue_max_nodes": 0}
     assert manifest["interface"]["tensors"]["probs"] == {"direction": "output", "dtype": "float32", "shape": ["B", 2]}
     # The vocabulary's log-sum-exp and the label logits, for probabilities over the whole vocabulary.
     assert manifest["interface"]["tensors"]["lse"] == {"direction": "output", "dtype": "float32", "shape": ["B"]}

@@ -87,3 +87,9 @@ def test_calls_that_wait_for_company_give_the_same_beams(tiny_qwen2_dir):
     waiting = eager_engine(tiny_qwen2_dir, spec, runtime=RuntimeConfig(batching=True, batch_wait_ms=20))
     assert waiting.spec.runtime.batch_wait_ms == 20 and single.spec.runtime.batch_wait_ms == 0.0
     assert_batched_beams_equal_single(single, waiting, PROMPTS, most=3)
+    learning = eager_engine(tiny_qwen2_dir, spec, runtime=RuntimeConfig(batching=True, batch_wait_ms=5,
+                                                                        batch_wait_learned=True))
+    assert learning._batcher._company.learned and not waiting._batcher._company.learned
+    assert_batched_beams_equal_single(single, learning, PROMPTS, most=3)
+    alone = eager_engine(tiny_qwen2_dir, spec, runtime=RuntimeConfig(batch_wait_learned=True))  # no batching: no wait
+    assert not alone.spec.runtime.batch_wait_learned and not alone._batcher._company.learned

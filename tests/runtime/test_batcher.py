@@ -120,9 +120,10 @@ def test_a_worker_drops_cancelled_requests_before_taking_a_batch(monkeypatch):
         batcher.close()
 
 
-def _closed_loop(linger_s: float, clients: int = 3, rounds: int = 6) -> list[int]:
-    """Call sizes when `clients` each send a request, wait for its result, think 20 ms and send the
-    next (a call takes 50 ms)."""
+def _closed_loop(linger_s: float, clients: int = 3, rounds: int = 6, think_s: float = 0.02,
+                 learn: bool = False) -> list[int]:
+    """Call sizes when `clients` each send a request, wait for its result, think `think_s` and send
+    the next (a call takes 50 ms)."""
     sizes = []
 
     def run_batch(ctx, items):
@@ -130,12 +131,13 @@ def _closed_loop(linger_s: float, clients: int = 3, rounds: int = 6) -> list[int
         sizes.append(len(items))
         return items
 
-    batcher = Batcher(["ctx"], run_batch, fits=lambda batch, item: len(batch) < clients, linger_s=linger_s)
+    batcher = Batcher(["ctx"], run_batch, fits=lambda batch, item: len(batch) < clients, linger_s=linger_s,
+                      learn_linger=learn)
 
     def client(k):
         for r in range(rounds):
             assert batcher.submit((k, r)) == (k, r)
-            time.sleep(0.02)
+            time.sleep(think_s)
 
     threads = [threading.Thread(target=client, args=(k,)) for k in range(clients)]
     for t in threads:
@@ -152,6 +154,17 @@ def test_lingering_after_a_call_lets_returning_clients_share_the_next_one():
     # the first call may split the clients (who arrives first runs at once), and a client a round
     # behind ends alone; in between every call holds all three (no lingering: 1, 2, 1, 2, ...)
     assert sizes.count(3) >= 4 and len(sizes) <= 8, f"returning clients did not share calls: {sizes}"
+
+
+def test_a_learned_wait_lets_clients_slower_than_the_fixed_wait_share_calls():
+    """Clients back 10 ms after their answers against a fixed wait of 2 ms: every call misses some
+    (1, 2, 1, 2, ...); learned from their returns, the wait grows to ~10 ms and calls hold all three."""
+    fixed = _closed_loop(linger_s=0.002, rounds=16, think_s=0.01)
+    learned = _closed_loop(linger_s=0.002, rounds=16, think_s=0.01, learn=True)
+    assert sum(fixed) == sum(learned) == 48
+    assert fixed.count(3) <= 2, f"a fixed 2 ms wait caught clients 10 ms away: {fixed}"
+    # the first ~6 calls learn (8 delays), then the calls hold all three (13 such calls if none is missed)
+    assert learned.count(3) >= 9 and len(learned) <= 22, f"the learned wait did not fill calls: {learned}"
 
 
 def test_a_worker_lingers_at_most_its_limit_and_never_on_an_idle_engine():

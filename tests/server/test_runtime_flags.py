@@ -1,6 +1,6 @@
-"""`boundgen serve --contexts / --batching / --cuda-graphs / --token-bucket / --batch-wait-ms`: the manifest's
-RuntimeConfig overridden without a rebuild, in the server and in every --replicas worker.
-The fake engine logs the overrides its factory got, as `boundgen.load` gets them."""
+"""`boundgen serve --contexts / --batching / --cuda-graphs / --token-bucket / --batch-wait-ms /
+--batch-wait-learned`: the manifest's RuntimeConfig overridden without a rebuild, in the server and in
+every --replicas worker. The fake engine logs the overrides its factory got, as `boundgen.load` gets them."""
 
 from __future__ import annotations
 
@@ -24,9 +24,10 @@ def test_flags_reach_the_engine_factory(launch, tmp_path):
     log = tmp_path / "calls.jsonl"
     server = launch([write_fake_artifact(tmp_path / "fscore", SCORE_SPEC, log=log)],
                     args=["--contexts", "3", "--no-batching", "--cuda-graphs", "--token-bucket", "64",
-                          "--batch-wait-ms", "2.5"])
+                          "--batch-wait-ms", "2.5", "--batch-wait-learned"])
     assert [e["runtime"] for e in read_events(log, "loaded")] == [
-        {"contexts": 3, "batching": False, "cuda_graphs": True, "token_bucket": 64, "batch_wait_ms": 2.5}]
+        {"contexts": 3, "batching": False, "cuda_graphs": True, "token_bucket": 64, "batch_wait_ms": 2.5,
+         "batch_wait_learned": True}]
     config = tgrpc.InferenceServerClient(server.grpc_url).get_model_config("fscore").config
     assert [g.count for g in config.instance_group] == [3]  # the engine's contexts
     assert "max in flight 3" in "".join(server.output)  # admission follows the engine's new concurrency
