@@ -127,6 +127,7 @@ step() {
 { date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1
   python3 -c 'import sys, torch, triton; print("python", sys.version.split()[0], "torch", torch.__version__, "triton", triton.__version__)'
   echo "commit $(cat "$root/COMMIT" 2>/dev/null || git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)"
+  python3 -c 'from boundgen.server.deploy import link; print("msgpack:", "C extension" if link.native_msgpack() else "pure Python (the link is slower)")'
   echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(nproc) cores"
   echo "server cores $SERVER_CORES, client cores $CLIENT_CORES, in-process bench cores $BENCH_CORES"; } > "$RES/env.txt"
 cat "$RES/env.txt" >&2

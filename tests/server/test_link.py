@@ -43,3 +43,17 @@ def test_async_reader_reads_the_same_frames():
 
     first, second = asyncio.run(main())
     assert first == {"op": link.MODELS, "state": "ready", "models": []} and second is None
+
+
+def test_native_msgpack_says_whether_the_c_extension_runs():
+    """The project's environments install msgpack's wheel (the link's frames cost ~16x as much without
+    it); with MSGPACK_PUREPYTHON msgpack runs its fallback, and the check says so (serve then warns)."""
+    import os
+    import subprocess
+    import sys
+
+    assert link.native_msgpack()
+    code = "from boundgen.server.deploy import link; print(link.native_msgpack())"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "MSGPACK_PUREPYTHON": "1"})
+    assert out.stdout.strip() == "False", out.stderr

@@ -34,6 +34,7 @@ from boundgen.errors import BoundgenError
 from boundgen.server import logs
 from boundgen.server.app import LISTENING
 from boundgen.server.config import ServerConfig
+from boundgen.server.deploy import link
 from boundgen.server.deploy.engine_host import EngineHost
 from boundgen.server.deploy.replicas import LIFELINE_ENV
 
@@ -83,6 +84,9 @@ def serve_frontends(artifact_dirs: Sequence[str | Path], config: ServerConfig, c
             out.write(logs.status_line(message, config.log_format) + "\n")
             out.flush()
 
+    if not link.native_msgpack():
+        say("warning: msgpack runs without its C extension (pure Python) in this Python: every request crosses "
+            "the front ends' link slower; install msgpack's wheel for this interpreter")
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
