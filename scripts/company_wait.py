@@ -88,7 +88,8 @@ def open_loop(rate: float, wait_ms: float, learned: bool, call_ms: float, per_re
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--clients", type=int, default=4)
-    p.add_argument("--back-ms", default="3,5,6", help="comma list: each client's mean time between an answer and its next request")
+    p.add_argument("--back-ms", default="3,5,6",
+                   help="comma list: each client's mean time between an answer and its next request")
     p.add_argument("--waits", default="5,8,learned", help="comma list of fixed waits in ms, or 'learned'")
     p.add_argument("--call-ms", type=float, default=9.0)
     p.add_argument("--per-request-ms", type=float, default=0.45)
@@ -110,7 +111,8 @@ def main(argv=None) -> None:
                                           args.call_ms, args.per_request_ms, args.seconds)
             print(f"| {back:g} | {label(wait)} | {qps:.1f} | {mean:.1f} | {fill:.2f} |", flush=True)
     if args.open_loop:
-        print("\n| open loop (requests/s) | company wait | mean ms | P99 ms | requests a call |\n|---:|---|---:|---:|---:|")
+        print("\n| open loop (requests/s) | company wait | mean ms | P99 ms | requests a call |\n"
+              "|---:|---|---:|---:|---:|")
         for rate in (float(r) for r in args.open_loop.split(",")):
             for wait in waits:
                 learned = wait == "learned"

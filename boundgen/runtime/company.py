@@ -17,9 +17,9 @@ Why: served, a client's way back (the answer's encoding, the link and gRPC out, 
 and the link in, tokenizing) took 3 ms on one H200 host and 4.6 ms at c=4 on an H100 host
 (2026-12-06): with a fixed 5 ms wait the latter's calls held 3.3 of 4 requests and each request
 waited 4.9 ms in the queue. A closed loop of four clients against this batcher with a ~10 ms call
-(scripts/company_wait.py, docs/benchmarks.md "The company wait") shows the cliff: 5 ms back against
-a fixed 5 ms wait gives calls of 2.65 and a mean of 23.0 ms, a fixed 8 ms wait 3.98 and 17.2 ms, the
-learned wait 3.83 and 17.6 ms. Its cost: in an open loop nobody comes back, the delays are the
+(scripts/company_wait.py; docs/benchmarks.md, "H100 hosts (47c233d, 2026-12-06)") shows the cliff:
+5 ms back against a fixed 5 ms wait gives calls of 2.65 and a mean of 23.0 ms, a fixed 8 ms wait
+3.98 and 17.2 ms, the learned wait 3.83 and 17.6 ms. Its cost: in an open loop nobody comes back, the delays are the
 arrivals' spacing, and the learned wait adds 2-4 ms to the mean there (off by default).
 
 Not thread-safe: the batcher calls it holding its lock.

@@ -59,3 +59,19 @@ def test_only_the_calls_own_company_counts_and_late_arrivals_are_not_company():
     late = CompanyWait(0.001, learned=True)
     _calls(late, [MAX_BATCH_WAIT_MS / 1e3 + 0.01] * 20)  # later than any wait could be
     assert late.seconds() == 0.001
+
+
+def test_the_company_wait_script_prints_both_loops(capsys):
+    """scripts/company_wait.py at CI size: a row per way back and wait, and per open-loop rate and wait."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "scripts" / "company_wait.py"
+    spec = importlib.util.spec_from_file_location("company_wait_script", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    script.main(["--seconds", "0.3", "--back-ms", "4", "--waits", "5,learned", "--open-loop", "200"])
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ") and "---" not in line]
+    assert [r.split(" | ")[:2] for r in rows[1:3]] == [["| 4", "fixed 5 ms"], ["| 4", "learned (floor 5 ms)"]]
+    assert [r.split(" | ")[:2] for r in rows[4:6]] == [["| 200", "fixed 5 ms"], ["| 200", "learned (floor 5 ms)"]]
+    assert all(float(r.split(" | ")[2]) > 0 for r in rows[1:3] + rows[4:6])
