@@ -11,9 +11,11 @@
 # --client-procs CLIENT_PROCS` on CLIENT_CORES (the generator's own check at the capacity point
 # doubles its processes), and the same served run with --frontends 1 (everything in one process)
 # where FRONTENDS_AB=1, and with the serve flags W1_SERVED_AB / BEAM_SERVED_AB added where set (one
-# more served lane of that artifact per set; sets separated by ";"). PYSPY=1 (py-spy wheel under .whl/): the serve processes sampled for
-# 5 s at the capacity concurrency. While the builds compile: GPU_TESTS (test files whose GPU tests
-# run) and KERNELS (arguments of python -m boundgen.bench.kernels; several runs separated by ";"; a run
+# more served lane of that artifact per set; sets separated by ";"). PYSPY=1 (py-spy wheel under .whl/):
+# the serve processes sampled for PYSPY_S (5) s each, from PYSPY_AT_S (12) s after the server is ready: the
+# engine first, then two front ends one after the other, so set PYSPY_AT_S to where the sweep reaches its
+# capacity concurrency (each level takes --duration + --warmup s and the clients' start; 12 s is about c=4-6
+# of the default beam sweep). While the builds compile: GPU_TESTS (test files whose GPU tests run) and KERNELS (arguments of python -m boundgen.bench.kernels; several runs separated by ";"; a run
 # that starts with a module name of boundgen/bench/ instead runs that module, e.g. "decode_mlp --rows 100,800" or "selection").
 # CATALOGUE (arguments of python -m boundgen.bench.catalogue) runs with them too.
 # After the builds, with W1 in WORKLOADS: python -m boundgen.bench.pre on the W1 artifact (pre stage by stage).
@@ -243,11 +245,11 @@ served() {
     log "$name: the server did not become ready"; tail -n 20 "$RES/$name/serve.log" >&2; kill $pid 2>/dev/null; return 1
   fi
   if [[ "${PYSPY:-0}" == 1 ]] && command -v py-spy > /dev/null; then
-    ( sleep 12; py-spy record --gil --nonblocking -d 5 -r 200 -f raw -p $pid -o "$RES/$name/pyspy_engine.txt" \
-        > /dev/null 2>&1;
+    ( sleep "${PYSPY_AT_S:-12}"; py-spy record --gil --nonblocking -d "${PYSPY_S:-5}" -r 200 -f raw -p $pid \
+        -o "$RES/$name/pyspy_engine.txt" > /dev/null 2>&1;
       for child in $(ps -o pid= --ppid $pid | head -2); do
-        py-spy record --gil --nonblocking -d 5 -r 200 -f raw -p $child -o "$RES/$name/pyspy_frontend_$child.txt" \
-          > /dev/null 2>&1; done ) &
+        py-spy record --gil --nonblocking -d "${PYSPY_S:-5}" -r 200 -f raw -p $child \
+          -o "$RES/$name/pyspy_frontend_$child.txt" > /dev/null 2>&1; done ) &
   fi
   local fp8  # the artifact's FP8 linear groups, so that effective MFU counts them at the FP8 peak as in process
   fp8=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["compile"].get("fp8", "none"))' "$art/manifest.json")
