@@ -16,7 +16,8 @@
 # engine first, then two front ends one after the other, so set PYSPY_AT_S to where the sweep reaches its
 # capacity concurrency (each level takes --duration + --warmup s and the clients' start; 12 s is about c=4-6
 # of the default beam sweep). While the builds compile: GPU_TESTS (test files whose GPU tests run) and KERNELS
-# (arguments of python -m boundgen.bench.kernels; several runs separated by ";"; a run that starts with a module name of boundgen/bench/ instead runs that module, e.g. "decode_mlp --rows 100,800" or "selection").
+# (arguments of python -m boundgen.bench.kernels; several runs separated by ";"; a run that starts with a
+# module name of boundgen/bench/ instead runs that module, e.g. "decode_mlp --rows 100,800" or "selection").
 # CATALOGUE (arguments of python -m boundgen.bench.catalogue) runs with them too.
 # After the builds, with W1 in WORKLOADS: python -m boundgen.bench.pre on the W1 artifact (pre stage by stage).
 # Every result records the host (CPU model, cores, cores used).
