@@ -50,7 +50,8 @@ class RuntimeConfig:
                                        "(0: never waits; runtime/batcher.py)", kind=float)
     batch_wait_learned: bool = option(False, "with batching: wait for company as long as it took to come back after "
                                              "recent calls (the 90th percentile), never less than batch_wait_ms nor "
-                                             "more than the last call took (runtime/company.py)", kind=bool)
+                                             "more than the last call took; batch_wait_ms where those delays are "
+                                             "spread, as in an open loop (runtime/company.py)", kind=bool)
     catalogue_max_nodes: int = option(0, "with CUDA graphs, a constrained beam artifact: the most trie nodes of a "
                                          "catalogue it may serve, held by every request context (0: the first "
                                          "catalogue's nodes and a quarter more; runtime/context.py)")

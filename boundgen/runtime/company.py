@@ -11,16 +11,20 @@ most the company wait; a request that misses it waits for the whole next call in
   returning clients, whoever they are: served clients behind one proxy share one peer address);
   the wait is the 90th percentile of the last WINDOW such delays plus MARGIN_S, never less than
   the fixed wait and never more than the last call took (waiting longer than a call never pays: a
-  request that misses it waits at most that long) nor MAX_BATCH_WAIT_MS.
+  request that misses it waits at most that long) nor MAX_BATCH_WAIT_MS. Unless the delays are
+  spread (their 90th percentile over SPREAD times their 10th): then the arrivals come at their own
+  pace (an open loop: nobody comes back), waiting for the slowest would only add latency, and the
+  fixed wait holds.
 
 Why: served, a client's way back (the answer's encoding, the link and gRPC out, the client, gRPC
 and the link in, tokenizing) took 3 ms on one H200 host and 4.6 ms at c=4 on an H100 host
 (2026-12-06): with a fixed 5 ms wait the latter's calls held 3.3 of 4 requests and each request
 waited 4.9 ms in the queue. A closed loop of four clients against this batcher with a ~10 ms call
 (scripts/company_wait.py; docs/benchmarks.md, "H100 hosts (47c233d, 2026-12-06)") shows the cliff:
-5 ms back against a fixed 5 ms wait gives calls of 2.65 and a mean of 23.0 ms, a fixed 8 ms wait
-3.98 and 17.2 ms, the learned wait 3.83 and 17.6 ms. Its cost: in an open loop nobody comes back, the delays are the
-arrivals' spacing, and the learned wait adds 2-4 ms to the mean there (off by default).
+5 ms back against a fixed 5 ms wait gives calls of 2.64 and a mean of 23.2 ms, a fixed 8 ms wait
+3.98 and 17.3 ms, the learned wait 3.82 and 17.8 ms; in an open loop (100-300 requests a second) the
+learned wait stays the fixed one (a mean within 0.2 ms of it) where a fixed 8 ms wait costs 1-2 ms.
+Off by default until a served A/B on the GPU.
 
 Not thread-safe: the batcher calls it holding its lock.
 """
@@ -35,6 +39,7 @@ WINDOW = 64  # delays remembered
 MIN_SAMPLES = 8  # before which the fixed wait holds
 QUANTILE = 0.9
 MARGIN_S = 0.0005
+SPREAD = 3.0  # the 90th percentile of the delays over their 10th beyond which they are no company
 
 
 class CompanyWait:
@@ -64,5 +69,8 @@ class CompanyWait:
         if not self.learned or len(self._delays) < MIN_SAMPLES:
             return self.fixed_s
         ranked = sorted(self._delays)
-        learned = ranked[min(len(ranked) - 1, int(QUANTILE * len(ranked)))] + MARGIN_S
-        return max(self.fixed_s, min(learned, self._took, MAX_BATCH_WAIT_MS / 1e3))
+        high = ranked[min(len(ranked) - 1, int(QUANTILE * len(ranked)))]
+        low = ranked[int((1 - QUANTILE) * len(ranked))]
+        if low * SPREAD < high:  # not a company coming back together: arrivals at their own pace
+            return self.fixed_s
+        return max(self.fixed_s, min(high + MARGIN_S, self._took, MAX_BATCH_WAIT_MS / 1e3))

@@ -3,7 +3,7 @@
 import pytest
 
 from boundgen.artifact.manifest import MAX_BATCH_WAIT_MS
-from boundgen.runtime.company import MARGIN_S, MIN_SAMPLES, CompanyWait
+from boundgen.runtime.company import MARGIN_S, MIN_SAMPLES, SPREAD, CompanyWait
 
 
 def _calls(wait: CompanyWait, delays, requests: int = 1, took_s: float = 0.05, start: float = 100.0) -> float:
@@ -35,6 +35,17 @@ def test_a_learned_wait_takes_a_high_quantile_of_the_recent_delays():
     wait = CompanyWait(0.0, learned=True)
     _calls(wait, [0.004] * 18 + [0.009] * 2, requests=1)  # 90% of the delays are 4 ms, the slowest 9 ms
     assert wait.seconds() == pytest.approx(0.009 + MARGIN_S)
+
+
+def test_arrivals_at_their_own_pace_are_no_company_and_keep_the_fixed_wait():
+    """An open loop: the first arrivals after a call come at the requests' own spacing (0.5 to 10 ms
+    here), not together; waiting for the slowest of them would only add latency."""
+    wait = CompanyWait(0.005, learned=True)
+    _calls(wait, [0.0005 * (i + 1) for i in range(20)])
+    assert wait.seconds() == 0.005
+    together = CompanyWait(0.005, learned=True)  # the same count of delays, within SPREAD of each other
+    _calls(together, [0.006 + 0.0001 * i for i in range(20)])
+    assert 0.006 * SPREAD > together.seconds() > 0.006
 
 
 def test_a_learned_wait_is_never_below_the_fixed_one_nor_above_the_last_call():
