@@ -23,18 +23,24 @@ import statistics
 import threading
 import time
 
+from boundgen.bench.loadgen import nearest_rank
 from boundgen.runtime.batcher import Batcher
+
+
+def sleeping_batcher(wait_ms: float, learned: bool, call_ms: float, per_request_ms: float) -> Batcher:
+    """The real batcher over one request context whose calls (of up to 8) sleep call-ms + per-request-ms a request."""
+    def run_batch(ctx, items):
+        time.sleep((call_ms + per_request_ms * len(items)) / 1e3)
+        return items
+
+    return Batcher(["ctx"], run_batch, fits=lambda batch, item: len(batch) < 8, linger_s=wait_ms / 1e3,
+                   learn_linger=learned)
 
 
 def closed_loop(clients: int, back_ms: float, wait_ms: float, learned: bool, call_ms: float,
                 per_request_ms: float, seconds: float, seed: int = 0) -> tuple[float, float, float]:
     """(requests a second, mean latency ms, requests a call)."""
-    def run_batch(ctx, items):
-        time.sleep((call_ms + per_request_ms * len(items)) / 1e3)
-        return items
-
-    batcher = Batcher(["ctx"], run_batch, fits=lambda batch, item: len(batch) < 8, linger_s=wait_ms / 1e3,
-                      learn_linger=learned)
+    batcher = sleeping_batcher(wait_ms, learned, call_ms, per_request_ms)
     latencies: list[float] = []
     stop = time.monotonic() + seconds
 
@@ -61,12 +67,7 @@ def open_loop(rate: float, wait_ms: float, learned: bool, call_ms: float, per_re
               clients: int = 16, seed: int = 1) -> tuple[float, float, float]:
     """Requests at exponential gaps of mean 1 / rate whatever the answers (16 clients in turn):
     (mean latency ms, P99 ms, requests a call)."""
-    def run_batch(ctx, items):
-        time.sleep((call_ms + per_request_ms * len(items)) / 1e3)
-        return items
-
-    batcher = Batcher(["ctx"], run_batch, fits=lambda batch, item: len(batch) < 8, linger_s=wait_ms / 1e3,
-                      learn_linger=learned)
+    batcher = sleeping_batcher(wait_ms, learned, call_ms, per_request_ms)
     rng, latencies, tickets = random.Random(seed), [], []
     due = time.monotonic()
     stop = due + seconds
@@ -81,8 +82,7 @@ def open_loop(rate: float, wait_ms: float, learned: bool, call_ms: float, per_re
         ticket.future.result()
     batcher.close()
     ranked = sorted(latencies)
-    return statistics.mean(ranked), ranked[min(len(ranked) - 1, int(0.99 * len(ranked)))], \
-        batcher.items / max(1, batcher.batches)
+    return statistics.mean(ranked), nearest_rank(ranked, 99), batcher.items / max(1, batcher.batches)
 
 
 def main(argv=None) -> None:
@@ -103,20 +103,21 @@ def main(argv=None) -> None:
     def label(wait: str) -> str:
         return f"learned (floor {floor:g} ms)" if wait == "learned" else f"fixed {float(wait):g} ms"
 
+    def fixed_ms(wait: str) -> float:  # a learned wait's floor is the first fixed one
+        return floor if wait == "learned" else float(wait)
+
     print("| way back (ms) | company wait | requests/s | mean ms | requests a call |\n|---:|---|---:|---:|---:|")
     for back in (float(b) for b in args.back_ms.split(",")):
         for wait in waits:
-            learned = wait == "learned"
-            qps, mean, fill = closed_loop(args.clients, back, floor if learned else float(wait), learned,
-                                          args.call_ms, args.per_request_ms, args.seconds)
+            qps, mean, fill = closed_loop(args.clients, back, fixed_ms(wait), wait == "learned", args.call_ms,
+                                          args.per_request_ms, args.seconds)
             print(f"| {back:g} | {label(wait)} | {qps:.1f} | {mean:.1f} | {fill:.2f} |", flush=True)
     if args.open_loop:
         print("\n| open loop (requests/s) | company wait | mean ms | P99 ms | requests a call |\n"
               "|---:|---|---:|---:|---:|")
         for rate in (float(r) for r in args.open_loop.split(",")):
             for wait in waits:
-                learned = wait == "learned"
-                mean, p99, fill = open_loop(rate, floor if learned else float(wait), learned, args.call_ms,
+                mean, p99, fill = open_loop(rate, fixed_ms(wait), wait == "learned", args.call_ms,
                                             args.per_request_ms, args.seconds)
                 print(f"| {rate:g} | {label(wait)} | {mean:.1f} | {p99:.1f} | {fill:.2f} |", flush=True)
 
