@@ -73,6 +73,8 @@
 #                 every request naming the made catalogue's subset sample10000 (ALLOW_SUBSET), `items` with
 #                 10,000 random items of it sent with each request, each request of the pool its own list
 #                 (ALLOW_ITEMS): served_cbeam_NAME, served_cbeam_NAME_subset, served_cbeam_NAME_items.
+#                 CONSTRAINED_SERVED_AB: serve flag sets (";"), each one more served lane of every filter
+#                 beside the default one (e.g. "--batch-wait-learned"): its lane name + _ab_1, _2, ...
 #   REPORT=1      per artifact: `python -m boundgen.compile.report` (build seconds, size, load, first and
 #                 warm call, validation) in a fresh process, and the C++ wrapper of each package (which
 #                 kernels and copies a call launches) under $RES/wrapper_ART/.
@@ -358,6 +360,14 @@ for variant in ${CONSTRAINED_SERVED_VARIANTS:-}; do
     esac
     served "$name" "$WORK/art/cbeam_$variant" "$Q2" W2 "$FRONTENDS" "$SWEEP_BEAM" \
       "--catalogue cbeam_$variant=$WORK/catalogue" "$flags"
+    IFS=';' read -r -a ab_sets <<< "${CONSTRAINED_SERVED_AB:-}"
+    j=0
+    for serve_flags in "${ab_sets[@]}"; do  # other serve flags on the same lane: NAME_ab_1, _2, ...
+      [[ -z "${serve_flags// }" ]] && continue
+      j=$(( j + 1 ))
+      served "${name}_ab_$j" "$WORK/art/cbeam_$variant" "$Q2" W2 "$FRONTENDS" "$SWEEP_BEAM" \
+        "--catalogue cbeam_$variant=$WORK/catalogue $serve_flags" "$flags"
+    done
   done
 done
 shopt -s nullglob
