@@ -27,7 +27,7 @@ from typing import Sequence
 
 import numpy as np
 
-from boundgen.text.fast_bpe import byte_level_bytes
+from boundgen.text.fast_bpe import byte_level_bytes, vocab_bytes
 
 PROBE_ROWS = 200  # seeded random rows of 1-12 ids, besides the added tokens
 
@@ -59,18 +59,20 @@ class ByteDecoder:
         return [b"".join(map(get, row)).decode("utf-8", "replace") for row in rows]
 
 
-def byte_decoder(tokenizer_json: dict, reference) -> ByteDecoder | None:
+def byte_decoder(tokenizer_json: dict, reference, token_bytes: dict[str, bytes | None] | None = None) -> ByteDecoder | None:
     """A ByteDecoder for the parsed tokenizer.json if its decoder is ByteLevel and it decodes the probes
-    exactly as `reference` does."""
+    exactly as `reference` does; `token_bytes`: the vocabulary's vocab_bytes, where the caller has them."""
     decoder, model = tokenizer_json.get("decoder") or {}, tokenizer_json.get("model") or {}
     if decoder.get("type") != "ByteLevel" or model.get("type") != "BPE":
         return None
     vocab = tokenizer_json["model"].get("vocab") or {}
     added = tokenizer_json.get("added_tokens") or ()
     size = max([*vocab.values(), *(a["id"] for a in added)], default=-1) + 1
+    token_bytes = vocab_bytes(tokenizer_json) if token_bytes is None else token_bytes
     kept = [b""] * size
     for token, i in vocab.items():
-        kept[i] = _token_bytes(token)
+        data = token_bytes[token]
+        kept[i] = token.encode("utf-8") if data is None else data
     skipped = list(kept)
     for a in added:
         kept[a["id"]] = skipped[a["id"]] = _token_bytes(a["content"])

@@ -81,6 +81,12 @@ def byte_level_bytes(token: str) -> bytes | None:
     return token.translate(_TO_BYTE).encode("latin-1")
 
 
+def vocab_bytes(tokenizer_json: dict) -> dict[str, bytes | None]:
+    """Each vocabulary token's bytes (byte_level_bytes), computed once a tokenizer.json for both the
+    fast encoder and the byte decoder (~0.1 s for Qwen's 150k tokens)."""
+    return {token: byte_level_bytes(token) for token in (tokenizer_json.get("model") or {}).get("vocab") or {}}
+
+
 def _eligible(tokenizer_json: dict) -> str | None:
     """The split regex if the tokenizer.json is of the shape this encoder reproduces, else None."""
     model = tokenizer_json.get("model") or {}
@@ -224,9 +230,10 @@ def _pool(threads: int) -> ThreadPoolExecutor:
     return _POOLS[threads]
 
 
-def fast_encoder(tokenizer_json: dict, reference) -> FastEncoder | None:
+def fast_encoder(tokenizer_json: dict, reference, token_bytes: dict[str, bytes | None] | None = None) -> FastEncoder | None:
     """A FastEncoder for the parsed tokenizer.json if it has the shape above, tiktoken is
-    installed and it encodes PROBES exactly as `reference` (the `tokenizers` object) does."""
+    installed and it encodes PROBES exactly as `reference` (the `tokenizers` object) does;
+    `token_bytes`: its vocab_bytes, where the caller has them."""
     pattern = _eligible(tokenizer_json)
     if pattern is None:
         return None
@@ -234,7 +241,8 @@ def fast_encoder(tokenizer_json: dict, reference) -> FastEncoder | None:
         import tiktoken  # optional: without it the tokenizer is `tokenizers` alone
     except ImportError:
         return None
-    ranks = {byte_level_bytes(token): rank for token, rank in tokenizer_json["model"]["vocab"].items()}
+    token_bytes = vocab_bytes(tokenizer_json) if token_bytes is None else token_bytes
+    ranks = {token_bytes[token]: rank for token, rank in tokenizer_json["model"]["vocab"].items()}
     if None in ranks:  # a token outside the byte-level alphabet: not this kind of vocabulary
         return None
     if len(ranks) != len(tokenizer_json["model"]["vocab"]) or sorted(ranks.values()) != list(range(len(ranks))):

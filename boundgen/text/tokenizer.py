@@ -32,7 +32,7 @@ from tokenizers import Tokenizer as HFTokenizer
 
 from boundgen.errors import ConfigError, InvalidInput
 from boundgen.text.byte_decoder import ByteDecoder, byte_decoder
-from boundgen.text.fast_bpe import FastEncoder, fast_encoder
+from boundgen.text.fast_bpe import FastEncoder, fast_encoder, vocab_bytes
 from boundgen.text.template import Template
 
 
@@ -114,7 +114,9 @@ class Tokenizer:
             return cls._from(path, {"fast": False, "joined": joined, "threads": threads}, backend)
         if key not in _FAST_PATHS:
             tokenizer_json = json.loads(data)
-            _FAST_PATHS[key] = fast_encoder(tokenizer_json, backend), byte_decoder(tokenizer_json, backend)
+            token_bytes = vocab_bytes(tokenizer_json)  # one pass over the vocabulary for both
+            _FAST_PATHS[key] = (fast_encoder(tokenizer_json, backend, token_bytes),
+                                byte_decoder(tokenizer_json, backend, token_bytes))
         encoder, decoder = _FAST_PATHS[key]
         tokenizer = cls._from(path, {"fast": True, "joined": joined, "threads": threads}, backend,
                               encoder if joined or encoder is None else encoder.text_by_text(), decoder)

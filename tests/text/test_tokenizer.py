@@ -163,3 +163,25 @@ def test_one_tokenizer_json_is_parsed_once_per_process(tiny_qwen3_dir, tmp_path)
     (other / "tokenizer.json").write_text(text.replace('"normalizer"', '"normalizer" ', 1), encoding="utf-8")
     assert Tokenizer.from_dir(other).backend is not first.backend
     assert second.encode_packed(["hello world"], 16).num_tokens == first.encode_packed(["hello world"], 16).num_tokens
+
+
+def test_a_vocabulary_is_converted_to_bytes_once_a_load(tiny_qwen3_dir, tmp_path, monkeypatch):
+    """The fast encoder and the byte decoder share one pass of the vocabulary's tokens to bytes
+    (~0.1 s for Qwen's, of a worker's restart); each used to make its own."""
+    import json
+
+    from boundgen.text import byte_decoder, fast_bpe
+    from boundgen.text.tokenizer import Tokenizer
+
+    calls = []
+    convert = fast_bpe.byte_level_bytes
+    for module in (fast_bpe, byte_decoder):
+        monkeypatch.setattr(module, "byte_level_bytes", lambda token: calls.append(token) or convert(token))
+    other = tmp_path / "once"
+    other.mkdir()
+    text = (tiny_qwen3_dir / "tokenizer.json").read_text(encoding="utf-8")
+    (other / "tokenizer.json").write_text(text.replace('"normalizer"', '"normalizer"  ', 1), encoding="utf-8")
+    tokenizer = Tokenizer.from_dir(other)  # a content no earlier test loaded: parsed here
+    assert tokenizer.fast is not None and tokenizer.decoder is not None
+    parsed = json.loads(text)
+    assert len(calls) == len(parsed["model"]["vocab"]) + len(parsed["added_tokens"])  # the added tokens: the decoder
