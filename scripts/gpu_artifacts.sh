@@ -20,8 +20,11 @@ W1_DEFAULT="${W1_DEFAULT:---lowering packed_attention=triton_gqa --lowering rmsn
 # against 159.5 W3, 246 against 250 launches a step (all measured 2026-12-01: docs/benchmarks.md). One context
 # whose calls wait up to 5 ms for their clients (--contexts 1 --batch-wait-ms 5): 386.0 against 240.0 W2 and
 # 250.0 against 147.5 W3 in one run with the peers (2026-12-01, 8adefbe); two contexts with the wait 292.0 / 203.0.
+# The wait learned from how long the clients took to come back (--batch-wait-learned, never under the 5 ms): served
+# on an H100 host whose clients came back in ~5 ms, 3.81-3.95 against 2.93-3.61 requests a call of 4 and W2 c=4
+# means 2.8-4.7 ms lower, in each of four pairings (2026-12-06, 4497945; docs/benchmarks.md).
 BEAM_ARGS=(--task beam --width 100 --steps 5 --min-new-tokens 5 --max-prompt-tokens 400 --device cuda
            --dtype bfloat16 --name beam)
 BEAM_DEFAULT="--lowering packed_attention=triton --lowering prefix_attention=triton --lowering vocab_topk=chunks \
 --lowering rope_kv_write=triton --lowering cos_sin=triton --max-requests 8 --cuda-graphs \
---batching --contexts 1 --batch-wait-ms 5 --token-bucket 128"
+--batching --contexts 1 --batch-wait-ms 5 --batch-wait-learned --token-bucket 128"
