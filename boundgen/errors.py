@@ -21,7 +21,11 @@ class DeadlineExceeded(BoundgenError):
 
 
 class Overloaded(BoundgenError):
-    """A request refused because the queue it would wait in was full; it was not run."""
+    """A request refused because the queue it would wait in was full; it was not run.
+    `client_waiting`: requests its client had waiting in that queue when it was refused (a
+    server holds such a refusal back: server/admission.py)."""
+
+    client_waiting = 0
 
 
 class Cancelled(BoundgenError):

@@ -380,8 +380,9 @@ ATTACKS = {
 
 # ---- servers ---------------------------------------------------------------------------------
 
-def start_server(frontends: int, engine: str, root: Path):
-    """(ServerProcess, Target) of a started server (see the module docstring)."""
+def start_server(frontends: int, engine: str, root: Path, serve_args=()):
+    """(ServerProcess, Target) of a started server (see the module docstring); `serve_args`: more
+    serve flags (an A/B, e.g. ["--refusal-hold-ms", "0"])."""
     from boundgen.server.deploy.launch import ServerProcess
 
     common = ["--idle-timeout-s", str(IDLE_S), "--read-timeout-s", str(IDLE_S)]
@@ -410,7 +411,8 @@ def start_server(frontends: int, engine: str, root: Path):
         dirs = [write_eager_artifact(root / "escore", model_dir, score, "escore"),
                 write_eager_artifact(root / "ebeam", model_dir, beam, "ebeam")]
         args, target = ["--frontends", str(frontends), *common], ("escore", "ebeam")
-    server = ServerProcess(dirs, command=[sys.executable, "-m", "tests.server.fake_serve"], args=args, cwd=REPO,
+    server = ServerProcess(dirs, command=[sys.executable, "-m", "tests.server.fake_serve"], args=[*args, *serve_args],
+                           cwd=REPO,
                            env={**os.environ, "PYTHONPATH": str(REPO)}, ready_timeout_s=180.0)
     server.start()
     return server, Target(server.http_port, server.grpc_port, *target)
@@ -450,15 +452,16 @@ def summarize(records, start: float, end: float) -> dict:
 
 
 def run(frontends: int = 1, engine: str | None = None, seconds: float = 5.0, attacks=None, sizes=None,
-        say=print) -> dict:
+        say=print, serve_args=()) -> dict:
     """Start a server and the victim, run each attack; the results (see `table`)."""
     engine = engine or ("fake" if frontends == 1 else "eager")
     sizes = {**FULL, **(sizes or {})}
     names = list(attacks or ATTACKS)
     root = Path(tempfile.mkdtemp(prefix="boundgen-starvation-"))
-    server, target = start_server(frontends, engine, root)
+    server, target = start_server(frontends, engine, root, serve_args)
     victim = None
-    results = {"frontends": frontends, "engine": engine, "seconds": seconds, "sizes": sizes, "attacks": []}
+    results = {"frontends": frontends, "engine": engine, "seconds": seconds, "sizes": sizes, "attacks": [],
+               "serve_args": list(serve_args)}
     try:
         victim = Victim(server, target.score, max_s=(2 * seconds + 3) * len(names) + 60)
         time.sleep(1.0)  # warm the victim's connections
@@ -495,7 +498,8 @@ def run(frontends: int = 1, engine: str | None = None, seconds: float = 5.0, att
 
 
 def table(results: dict) -> str:
-    lines = [f"frontends {results['frontends']}, engine {results['engine']}, {results['seconds']:g} s windows",
+    lines = [f"frontends {results['frontends']}, engine {results['engine']}, {results['seconds']:g} s windows"
+             + (f", serve {' '.join(results['serve_args'])}" if results.get('serve_args') else ""),
              "", "| attack | victim | alone p50 / p99 ms | under attack p50 / p99 ms | ratio p50 / p99 | victim errors "
              "| attacker answers | per contract |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for a in results["attacks"]:
@@ -524,9 +528,11 @@ def main(argv=None) -> int:
     p.add_argument("--attacks", help=f"comma-separated, of: {', '.join(ATTACKS)} (default: all)")
     p.add_argument("--small", action="store_true", help="the CI sizes (tests/server/test_starvation.py)")
     p.add_argument("--json", help="write the results here")
+    p.add_argument("--serve-args", default="", help="more serve flags, one string (an A/B: \"--refusal-hold-ms 0\")")
     args = p.parse_args(argv)
     results = run(args.frontends, args.engine, args.seconds, args.attacks.split(",") if args.attacks else None,
-                  SMALL if args.small else None, say=lambda s: print(s, file=sys.stderr, flush=True))
+                  SMALL if args.small else None, say=lambda s: print(s, file=sys.stderr, flush=True),
+                  serve_args=args.serve_args.split())
     print(table(results))
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))

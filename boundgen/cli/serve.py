@@ -34,6 +34,10 @@ def register(sub):
                    help="requests running at once per model (default: the artifact's engine concurrency)")
     p.add_argument("--max-queue", type=int, default=32, metavar="N",
                    help="requests waiting per model beyond those; more get 429 at once (default 32)")
+    p.add_argument("--refusal-hold-ms", type=float, default=100.0, metavar="MS",
+                   help="a full queue's 429 to a client that already has requests waiting in it is sent MS "
+                        "later, within the request's deadline, so that a greedy client's retries do not take "
+                        "the CPU other clients need (0: at once; default 100)")
     p.add_argument("--default-timeout-ms", type=float, default=1000.0, metavar="MS",
                    help="deadline of a request that brings none (default 1000)")
     p.add_argument("--max-body-bytes", type=int, default=4 << 20, metavar="B",
@@ -120,6 +124,7 @@ def config_from_args(args):
     try:
         return ServerConfig(host=args.host, http_port=args.http_port, grpc_port=args.grpc_port,
                             max_inflight=args.max_inflight, max_queue=args.max_queue,
+                            refusal_hold_ms=args.refusal_hold_ms,
                             default_timeout_ms=args.default_timeout_ms, max_body_bytes=args.max_body_bytes,
                             api_key=api_key, drain_timeout_s=args.drain_timeout_s,
                             idle_timeout_s=args.idle_timeout_s, read_timeout_s=args.read_timeout_s,
@@ -136,7 +141,8 @@ def worker_args(args) -> list[str]:
     """The flags of each worker behind a --replicas / --gpus front end. Workers have no default
     deadline of their own: each request brings the front end's remaining time (replica_engine.py).
     They listen on free loopback ports."""
-    out = ["--max-queue", str(args.max_queue), "--max-body-bytes", str(args.max_body_bytes),
+    out = ["--max-queue", str(args.max_queue), "--refusal-hold-ms", str(args.refusal_hold_ms),
+           "--max-body-bytes", str(args.max_body_bytes),
            "--drain-timeout-s", str(args.drain_timeout_s), "--default-timeout-ms", "600000"]
     if args.max_inflight is not None:
         out += ["--max-inflight", str(args.max_inflight)]

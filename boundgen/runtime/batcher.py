@@ -117,8 +117,10 @@ class Batcher:
             if max_queue is not None and len(self._waiting) >= max_queue:
                 displaced = self._waiting.displaceable(client)
                 if displaced is None:
-                    raise Overloaded(f"model {self._name} is at capacity ({len(self._waiting)} requests queued; "
-                                     f"limit {max_queue}); retry later")
+                    refused = Overloaded(f"model {self._name} is at capacity ({len(self._waiting)} requests queued; "
+                                         f"limit {max_queue}); retry later")
+                    refused.client_waiting = self._waiting.waiting(client)
+                    raise refused
                 self._waiting.remove(*displaced)
             self._waiting.append(client, entry)
             self._company.arrived(entry.submitted)

@@ -3,9 +3,13 @@
     arrive -> [closed?      503 Unavailable]
            -> [deadline passed?  504]
            -> slot free and nobody queued?  run now
-           -> queue full?   429 Overloaded (at once), unless another client holds at least two more
+           -> queue full?   429 Overloaded, unless another client holds at least two more
                             waiting requests than this one's: then its newest gets the 429
-                            instead and this one is queued (runtime/fair_queue.py)
+                            instead and this one is queued (runtime/fair_queue.py). At once,
+                            unless this client already has requests waiting: then its 429 is
+                            held back for `refusal_hold_s` (a greedy client's refusals, answered
+                            at once, came back as its next requests and kept the event loop
+                            busy for every other client: docs/serving.md, starvation)
            -> wait until a slot is handed over, or the deadline passes (504, never run), or the
               client goes away (its queue place is freed); slots go to the clients in turn, each
               client's requests first in first out (runtime/fair_queue.py)
@@ -44,16 +48,18 @@ ESTIMATE_WEIGHT = 0.2  # of the newest engine call in the moving average of comp
 class Admission:
     def __init__(self, model: str, max_inflight: int, max_queue: int,
                  on_queue_wait: Callable[[float], None] = lambda s: None,
-                 on_compute: Callable[[float], None] = lambda s: None):
+                 on_compute: Callable[[float], None] = lambda s: None, refusal_hold_s: float = 0.0):
         if max_inflight < 1 or max_queue < 0:
             raise ValueError(f"model {model}: need max_inflight >= 1 and max_queue >= 0, "
                              f"got {max_inflight} and {max_queue}")
         self.model, self.max_inflight, self.max_queue = model, max_inflight, max_queue
+        self.refusal_hold_s = refusal_hold_s
         self._on_queue_wait, self._on_compute = on_queue_wait, on_compute
         self._pool = ThreadPoolExecutor(max_inflight, thread_name_prefix=f"boundgen-{model}")
         self._inflight = 0
         self._waiters: FairQueue[asyncio.Future] = FairQueue()  # by client
         self._closed = False
+        self._closing = asyncio.Event()  # ends the refusals held back (close)
         self._idle: asyncio.Event | None = None
         self._compute_estimate = 0.0  # seconds: moving average of successful engine calls
 
@@ -92,8 +98,10 @@ class Admission:
         return result
 
     def close(self) -> None:
-        """Stop admitting: new requests get 503; queued and running ones finish."""
+        """Stop admitting: new requests get 503; queued and running ones finish; refusals held
+        back are answered now."""
         self._closed = True
+        self._closing.set()
 
     async def wait_idle(self) -> None:
         """Return once nothing is running or queued."""
@@ -118,7 +126,16 @@ class Admission:
             self._on_queue_wait(0.0)
             return
         if len(self._waiters) >= self.max_queue:
-            self._make_room(client)
+            try:
+                self._make_room(client)
+            except Overloaded:
+                if self.refusal_hold_s and self._waiters.waiting(client):
+                    hold = max(0.0, min(self.refusal_hold_s, deadline - time.monotonic()))
+                    try:  # held back, unless the server closes first (a drain waits for no refusal)
+                        await asyncio.wait_for(self._closing.wait(), hold)
+                    except asyncio.TimeoutError:
+                        pass
+                raise
         waiter = asyncio.get_running_loop().create_future()
         self._waiters.append(client, waiter)
         try:

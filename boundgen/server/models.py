@@ -50,16 +50,20 @@ class ModelSet:
         name = engine.spec.name
         if name in self.models:
             raise ConfigError(f"two artifacts are both named {name!r}; rebuild one with --name")
-        model = ServedModel(engine, self.metrics, self.config.max_inflight, self.config.max_queue, source)
+        model = self._served(engine, source)
         self.models[name] = model
         return model
+
+    def _served(self, engine: Engine, source: str) -> ServedModel:
+        return ServedModel(engine, self.metrics, self.config.max_inflight, self.config.max_queue, source,
+                           self.config.refusal_hold_ms / 1e3)
 
     def swap(self, engine: Engine, source: str = "") -> tuple[ServedModel, ServedModel | None]:
         """Serve `engine` under its name from now on, in place of the model served under that name,
         if any: returned with its admission closed (what it admitted still finishes on it); `retire` it."""
         name = engine.spec.name
         old = self.models.get(name)
-        model = ServedModel(engine, self.metrics, self.config.max_inflight, self.config.max_queue, source)
+        model = self._served(engine, source)
         self.models[name] = model
         if old is not None:
             old.admission.close()

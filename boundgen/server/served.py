@@ -30,8 +30,9 @@ def engine_contexts(engine: Engine) -> int:
 
 class ServedModel:
     def __init__(self, engine: Engine, metrics: ServerMetrics, max_inflight: int | None, max_queue: int,
-                 source: str = ""):
-        """source: the artifact directory the model was loaded from (its model config says it)."""
+                 source: str = "", refusal_hold_s: float = 0.0):
+        """source: the artifact directory the model was loaded from (its model config says it);
+        refusal_hold_s: how late a full queue's 429 reaches a client with requests waiting (admission.py)."""
         self.engine, self.source = engine, source
         self.name = engine.spec.name
         self.signature = Signature(engine.spec)
@@ -40,7 +41,8 @@ class ServedModel:
             self.admission = Passage(self.name, max_queue)
         else:
             self.admission = Admission(self.name, max_inflight or engine_concurrency(engine), max_queue,
-                                       metrics.queue_observer(self.name), metrics.compute_observer(self.name))
+                                       metrics.queue_observer(self.name), metrics.compute_observer(self.name),
+                                       refusal_hold_s)
         metrics.track_model(self.name, lambda: self.admission.inflight, lambda: self.admission.queued)
 
     def metadata(self) -> dict:

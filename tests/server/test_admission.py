@@ -115,6 +115,86 @@ def test_a_full_queue_refuses_the_greedy_client_not_the_newcomer():
     run(main())
 
 
+def test_a_full_queues_refusal_is_held_back_from_a_client_with_requests_waiting():
+    """A client that already has requests waiting gets its 429 `refusal_hold_s` late (a greedy
+    client's refusals, answered at once, come straight back and take the loop's CPU); a client with
+    nothing waiting gets its 429 at once; the hold never outlasts the request's deadline."""
+    async def main():
+        hold = 1.0
+        adm, log = Admission("m", max_inflight=1, max_queue=2, refusal_hold_s=hold), []
+        first = Work(log, "a-first")
+        t0 = asyncio.create_task(adm.run(first, now() + LONG, client="A"))
+        await asyncio.to_thread(first.started.wait, 10.0)
+        a1, b1 = Work(log, "a1"), Work(log, "b1")
+        ta = asyncio.create_task(adm.run(a1, now() + LONG, client="A"))
+        await wait_until(lambda: adm.queued == 1, "a1 queued")
+        tb = asyncio.create_task(adm.run(b1, now() + LONG, client="B"))
+        await wait_until(lambda: adm.queued == 2, "b1 queued")
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        with pytest.raises(Overloaded, match="at capacity"):  # C has nothing waiting: at once
+            await adm.run(Work(log, "c"), now() + LONG, client="C")
+        assert loop.time() - start < hold / 2
+        start = loop.time()
+        with pytest.raises(Overloaded, match="at capacity"):  # A has a1 waiting: held
+            await adm.run(Work(log, "a2"), now() + LONG, client="A")
+        assert loop.time() - start >= hold * 0.95
+        start = loop.time()
+        with pytest.raises(Overloaded):  # held, but not past its deadline
+            await adm.run(Work(log, "a3"), now() + 0.05, client="A")
+        assert loop.time() - start < hold / 2
+        assert adm.queued == 2
+        for w in (first, a1, b1):
+            w.release.set()
+        assert await asyncio.gather(t0, ta, tb) == ["a-first", "a1", "b1"]
+        adm.shutdown()
+
+    run(main())
+
+
+def test_a_held_refusal_is_answered_when_the_server_closes():
+    """A drain waits for no refusal: closing admission answers the held 429s at once."""
+    async def main():
+        adm, log = Admission("m", max_inflight=1, max_queue=1, refusal_hold_s=LONG), []
+        first = Work(log, "a-first")
+        t0 = asyncio.create_task(adm.run(first, now() + LONG, client="A"))
+        await asyncio.to_thread(first.started.wait, 10.0)
+        a1 = Work(log, "a1")
+        ta = asyncio.create_task(adm.run(a1, now() + LONG, client="A"))
+        await wait_until(lambda: adm.queued == 1, "a1 queued")
+        held = asyncio.create_task(adm.run(Work(log, "a2"), now() + LONG, client="A"))
+        await asyncio.sleep(0.05)
+        assert not held.done()
+        adm.close()
+        with pytest.raises(Overloaded):
+            await asyncio.wait_for(held, 5.0)
+        for w in (first, a1):
+            w.release.set()
+        assert await asyncio.gather(t0, ta) == ["a-first", "a1"]
+        adm.shutdown()
+
+    run(main())
+
+
+def test_without_a_hold_every_refusal_is_at_once():
+    async def main():
+        adm, log = Admission("m", max_inflight=1, max_queue=1), []
+        first = Work(log, "a-first")
+        t0 = asyncio.create_task(adm.run(first, now() + LONG, client="A"))
+        await asyncio.to_thread(first.started.wait, 10.0)
+        a1 = Work(log, "a1")
+        ta = asyncio.create_task(adm.run(a1, now() + LONG, client="A"))
+        await wait_until(lambda: adm.queued == 1, "a1 queued")
+        with pytest.raises(Overloaded):
+            await asyncio.wait_for(adm.run(Work(log, "a2"), now() + LONG, client="A"), 5.0)
+        for w in (first, a1):
+            w.release.set()
+        await asyncio.gather(t0, ta)
+        adm.shutdown()
+
+    run(main())
+
+
 def test_deadline_in_queue_never_runs():
     async def main():
         adm, log = Admission("m", max_inflight=1, max_queue=4), []

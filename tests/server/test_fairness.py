@@ -219,3 +219,36 @@ def test_the_engine_process_refuses_the_greedy_clients_newest_when_full(engine_h
     engine.release.set()
     assert answers(sock, 5) == {0: "ok", 1: "ok", 2: "ok", 3: "ok", 100: "ok"}
     assert engine.ran == [0, 1, 100, 2, 3]
+
+
+def test_the_engine_process_holds_back_a_refusal_to_a_client_with_requests_waiting(tmp_path):
+    """As one process does (server/admission.py): A, with requests waiting, gets its 429 the hold
+    late; B, with none, at once, while A's is still held."""
+    engine = HeldEngine()
+    hold = 1.0
+    host = EngineHost(str(tmp_path / "engine.sock"), max_queue=2, refusal_hold_s=hold)
+    host.add("fscore", engine, "unused")
+    host.set_state("ready")
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.connect(host.path)
+    try:
+        assert link.read_frame(sock)["op"] == link.MODELS
+        submit(sock, 0, "A")
+        wait_until(lambda: engine.ran == [0], "the engine is busy")
+        submit(sock, 1, "A")
+        submit(sock, 2, "B")
+        wait_until(lambda: engine.queued == 2, "the queue is full")
+        start = time.monotonic()
+        submit(sock, 3, "A")
+        submit(sock, 4, "C")
+        assert answers(sock, 1) == {4: "overloaded"}  # C: at once, while A's 429 is held
+        assert time.monotonic() - start < hold / 2
+        assert answers(sock, 1) == {3: "overloaded"}
+        assert time.monotonic() - start >= hold * 0.95
+        engine.release.set()
+        assert answers(sock, 3) == {0: "ok", 1: "ok", 2: "ok"}
+    finally:
+        engine.release.set()
+        sock.close()
+        host.close()
+        engine._batcher.close()

@@ -167,6 +167,8 @@ def test_startup_errors_exit_2(tmp_path, fake_dirs):
     assert same.returncode == 2 and "both named 'fscore'" in same.stderr
     bad_flag = serve(str(fake_dirs["score"]), "--max-queue", "-1")
     assert bad_flag.returncode == 2 and "max_queue" in bad_flag.stderr
+    bad_hold = serve(str(fake_dirs["score"]), "--refusal-hold-ms", "-5")
+    assert bad_hold.returncode == 2 and "refusal_hold_ms must be from 0 to 10000" in bad_hold.stderr
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
@@ -192,3 +194,16 @@ def test_background_server_in_process(fake_dirs):
             t.set_data_from_numpy(np.array([b"in process"], dtype=object))
             assert mod.InferenceServerClient(url).infer("fscore", [t]).as_numpy("SCORES").shape == (1, 2)
     assert server.exit_code == 0 and "stopped" in out.getvalue()
+
+
+def test_replica_workers_hold_refusals_as_long_as_their_front_end_says():
+    """--replicas / --gpus workers admit (each its own queue): they get the front end's hold."""
+    import argparse
+
+    from boundgen.cli import serve as serve_cli
+
+    parser = argparse.ArgumentParser()
+    serve_cli.register(parser.add_subparsers())
+    for given, passed in (([], "100.0"), (["--refusal-hold-ms", "250"], "250.0"), (["--refusal-hold-ms", "0"], "0.0")):
+        out = serve_cli.worker_args(parser.parse_args(["serve", "unused", *given]))
+        assert out[out.index("--refusal-hold-ms") + 1] == passed

@@ -5,7 +5,9 @@
                   ids: 400, the words of one process); admission: draining? 503; else the
                   model's batcher queue (LocalEngine.enqueue:
                   the one queue, fair across the clients the front ends name; full at --max-queue:
-                  429, or a greedier client's newest request gets it: runtime/fair_queue.py);
+                  429, or a greedier client's newest request gets it: runtime/fair_queue.py;
+                  a client with requests waiting gets its 429 --refusal-hold-ms late, from the
+                  held-answers thread, as in one process: server/admission.py);
                   a batch worker takes it into a call
         CANCEL -> withdraw it from the queue at once (a request already in a call runs to the end)
     batch worker: the call's rows -> the outbox; the sender thread packs each RESULT frame and
@@ -24,11 +26,14 @@ as one process derives it on the request's thread; a named subset's was derived 
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import logging
 import os
 import queue
 import socket
 import threading
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -67,10 +72,14 @@ class _Connection:
 
 
 class EngineHost:
-    def __init__(self, path: str, max_queue: int):
+    def __init__(self, path: str, max_queue: int, refusal_hold_s: float = 0.0):
         """`path`: the Unix socket to listen on; `max_queue`: requests waiting per model beyond
-        which new ones get 429 (serve's --max-queue)."""
-        self.path, self.max_queue = path, max_queue
+        which new ones get 429 (serve's --max-queue); `refusal_hold_s`: how late that 429 goes to a
+        client that already has requests waiting (serve's --refusal-hold-ms)."""
+        self.path, self.max_queue, self.refusal_hold_s = path, max_queue, refusal_hold_s
+        self._held: list = []  # (when, order, connection, message): answers sent late, soonest first
+        self._held_order = itertools.count()
+        self._held_changed = threading.Condition()
         self.models: dict[str, HostedModel] = {}
         self.state = "loading"
         self.frontend_states: dict[int, str] = {}
@@ -85,6 +94,7 @@ class EngineHost:
         self._outbox: queue.SimpleQueue = queue.SimpleQueue()  # (connection, request id, future) to answer
         threading.Thread(target=self._accept, name="boundgen-link-accept", daemon=True).start()
         threading.Thread(target=self._send_results, name="boundgen-link-send", daemon=True).start()
+        threading.Thread(target=self._send_held, name="boundgen-link-held", daemon=True).start()
 
     # ---- the engine process's side ------------------------------------------------------------
 
@@ -186,12 +196,37 @@ class EngineHost:
                                           self.max_queue, None if allow is None else link.unpack_array(allow),
                                           None if subset is None else str(subset))
         except BoundgenError as exc:
+            hold = self._refusal_hold(exc, message.get("deadline"))
+            if hold > 0:
+                return self._hold(conn, _error(rid, _kind(exc), str(exc)), hold)
             return conn.send(_error(rid, _kind(exc), str(exc)))
         except RuntimeError as exc:  # the engine is closed
             return conn.send(_error(rid, "unavailable", str(exc)))
         with conn.lock:
             conn.tickets[rid] = (model, ticket)
         ticket.future.add_done_callback(lambda f: self._outbox.put((conn, rid, f)))
+
+    def _refusal_hold(self, exc: BoundgenError, deadline: float | None) -> float:
+        """Seconds to hold a 429 back: its client already had requests waiting (server/admission.py),
+        never past the request's deadline."""
+        if not (self.refusal_hold_s and isinstance(exc, Overloaded) and exc.client_waiting):
+            return 0.0
+        return self.refusal_hold_s if deadline is None else min(self.refusal_hold_s, deadline - time.monotonic())
+
+    def _hold(self, conn: _Connection, message: dict, seconds: float) -> None:
+        with self._held_changed:
+            heapq.heappush(self._held, (time.monotonic() + seconds, next(self._held_order), conn, message))
+            self._held_changed.notify()
+
+    def _send_held(self) -> None:
+        """One thread sends every held answer when its time comes (a timer each would be a thread
+        each, and a greedy client may hold hundreds)."""
+        while True:
+            with self._held_changed:
+                while not self._held or self._held[0][0] > time.monotonic():
+                    self._held_changed.wait(self._held[0][0] - time.monotonic() if self._held else None)
+                _, _, conn, message = heapq.heappop(self._held)
+            conn.send(message)
 
     def _cancel(self, conn: _Connection, rid: int) -> None:
         with conn.lock:

@@ -91,7 +91,7 @@ def serve_frontends(artifact_dirs: Sequence[str | Path], config: ServerConfig, c
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     workdir = tempfile.mkdtemp(prefix="boundgen-serve-")
-    host = EngineHost(os.path.join(workdir, "engine.sock"), config.max_queue)
+    host = EngineHost(os.path.join(workdir, "engine.sock"), config.max_queue, config.refusal_hold_ms / 1e3)
     http_hold, http_port = _reserve(config.host, config.http_port, "HTTP")
     grpc_hold, grpc_port = _reserve(config.host, config.grpc_port, "gRPC")
     child = dataclasses.replace(config, http_port=http_port, grpc_port=grpc_port)
