@@ -115,6 +115,7 @@ class Server:
             self.grpc_port = 0
         if self.grpc_port == 0:
             raise BoundgenError(f"cannot listen for gRPC on {cfg.host}:{cfg.grpc_port} (port in use?)")
+        frontend.port = self.grpc_port
         await self._grpc.start()
         self.say(f"{LISTENING} http={cfg.host}:{self.http_port} grpc={cfg.host}:{self.grpc_port}")
 

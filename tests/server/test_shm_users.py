@@ -15,7 +15,7 @@ import uuid
 import pytest
 import tritonclient.utils.shared_memory as shm
 
-from boundgen.server.kserve.local_user import socket_owner
+from boundgen.server.kserve.local_user import diag_owner, socket_owner
 
 OTHER_UID = 65534  # nobody
 
@@ -31,6 +31,30 @@ def test_the_owner_of_a_clients_socket_is_its_user():
                 assert socket_owner(*peer) == os.geteuid()
     assert socket_owner("127.0.0.1", peer[1]) is None  # closed: no such socket any more
     assert socket_owner("203.0.113.9", 40000) is None  # another host's client: not in this host's tables
+
+
+def test_the_kernel_names_a_connections_owner_by_its_four_addresses(tmp_path):
+    """diag_owner asks NETLINK_SOCK_DIAG for the one socket (microseconds where the tables take
+    milliseconds); it agrees with the tables, finds nothing for a closed connection or a wrong server
+    end, and socket_owner falls back to the tables where it finds nothing."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        server = listener.getsockname()
+        with socket.create_connection(server):
+            connection, peer = listener.accept()
+            with connection:
+                found = diag_owner(*peer, *server)
+                if found is None:
+                    pytest.skip("no NETLINK_SOCK_DIAG here: the tables alone")
+                assert found == os.geteuid() == socket_owner(*peer)
+                assert diag_owner(*peer, server[0], server[1] + 1 or 1) is None  # another server end: none
+                assert diag_owner(f"::ffff:{peer[0]}", peer[1], f"::ffff:{server[0]}", server[1]) == found  # dual-stack
+                empty = tmp_path / "empty"
+                empty.write_text("header\n")
+                assert socket_owner(*peer, tables=(str(empty),), server=server) == found  # not the tables'
+                assert socket_owner(*peer, server=(server[0], server[1] + 1 or 1)) == found  # the tables'
+    assert diag_owner(*peer, *server) is None  # closed
 
 
 def test_the_tables_are_read_in_the_hosts_byte_order(tmp_path):

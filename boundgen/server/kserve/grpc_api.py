@@ -83,6 +83,7 @@ class GrpcFrontend:
         self.models, self.config, self.repository = models, config, repository
         self.shared_memory, self.logs = shared_memory or SharedMemory(), log_settings
         self._unseen: dict[asyncio.Task, _Unseen] = {}  # ModelInfer calls whose handler has not run
+        self.port = 0  # the port it listens on, once bound (app.py): a call's client's user is asked by it
 
     def handler(self) -> grpc.GenericRpcHandler:
         """Every method: ModelInfer and ModelStreamInfer decoded within the body limit, the others
@@ -246,7 +247,7 @@ class GrpcFrontend:
 
     def _regions(self, context) -> shm.ClientRegions:
         """The shared memory regions of the call's client (its local user's: shared_memory.py)."""
-        return self.shared_memory.client(lambda: grpc_user(context))
+        return self.shared_memory.client(lambda: grpc_user(context, self.port))
 
     async def system_shared_memory_status(self, request, context):
         regions = await self._call(context, lambda: self._regions(context).status(request.name))
