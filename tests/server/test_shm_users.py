@@ -135,3 +135,13 @@ def test_another_user_can_neither_see_use_nor_unregister_a_region_nor_register_t
         client.unregister_system_shared_memory(theirs)
     finally:
         shm.destroy_shared_memory_region(handle)
+
+
+def test_a_grpc_calls_server_end_is_known_only_for_one_listening_address():
+    from boundgen.server.kserve.local_user import listening_end
+
+    assert listening_end("127.0.0.1", 8001) == ("127.0.0.1", 8001)
+    assert listening_end("::1", 8001) == ("::1", 8001)
+    for host in ("0.0.0.0", "::", "localhost"):  # every address, or a name: the tables
+        assert listening_end(host, 8001) is None
+    assert listening_end("127.0.0.1", 0) is None  # not bound yet

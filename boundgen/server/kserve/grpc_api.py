@@ -59,7 +59,7 @@ from boundgen.server.kserve.grpc_service import (METHODS, PUBLIC_METHODS, Arriva
 from boundgen.server.kserve.grpc_messages import (Undecodable, decoder, infer_response, param_value, params,
                                                   parse_infer_request, set_param)
 from boundgen.server.kserve.http_api import extensions, shape_check
-from boundgen.server.kserve.local_user import grpc_user
+from boundgen.server.kserve.local_user import grpc_user, listening_end
 from boundgen.server.kserve.repository import Repository, control
 from boundgen.server.kserve.shared_memory import SharedMemory
 from boundgen.server.kserve.triton_extensions import (log_settings, model_config, model_statistics, repository_index,
@@ -83,7 +83,7 @@ class GrpcFrontend:
         self.models, self.config, self.repository = models, config, repository
         self.shared_memory, self.logs = shared_memory or SharedMemory(), log_settings
         self._unseen: dict[asyncio.Task, _Unseen] = {}  # ModelInfer calls whose handler has not run
-        self.port = 0  # the port it listens on, once bound (app.py): a call's client's user is asked by it
+        self.port = 0  # the port it listens on, once bound (app.py): with config.host, a call's server end
 
     def handler(self) -> grpc.GenericRpcHandler:
         """Every method: ModelInfer and ModelStreamInfer decoded within the body limit, the others
@@ -247,7 +247,7 @@ class GrpcFrontend:
 
     def _regions(self, context) -> shm.ClientRegions:
         """The shared memory regions of the call's client (its local user's: shared_memory.py)."""
-        return self.shared_memory.client(lambda: grpc_user(context, self.port))
+        return self.shared_memory.client(lambda: grpc_user(context, listening_end(self.config.host, self.port)))
 
     async def system_shared_memory_status(self, request, context):
         regions = await self._call(context, lambda: self._regions(context).status(request.name))

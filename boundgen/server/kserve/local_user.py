@@ -12,8 +12,9 @@ known too, the kernel is first asked for that one socket by its four addresses (
 as `ss` asks: ~13 us on the same VM); the tables are read only where it has no answer (no netlink
 here, another host's client, a server end guessed wrong). Only requests that use shared memory ask,
 an HTTP connection once (its server end is its socket's); a gRPC call each time (gRPC does not say
-which connection a call came on: its server end is taken as the client's own address and the
-gRPC port, which is what a client on this host connecting to it has).
+which connection a call came on: its server end is the address the server listens on, where that
+is one address; one listening on every address reads the tables, which alone see whether two
+users hold sockets of the client's address and port).
 """
 
 from __future__ import annotations
@@ -123,6 +124,16 @@ def socket_owner(host: str, port: int, tables=TABLES, server: tuple[str, int] | 
     return owners.pop() if len(owners) == 1 else None
 
 
+def listening_end(host: str, port: int) -> tuple[str, int] | None:
+    """(host, port) where the server listens on that one IP address; None for every address (0.0.0.0,
+    ::) or a name: a call's server end is then not known."""
+    try:
+        ip = ipaddress.ip_address(host.split("%")[0])
+    except ValueError:
+        return None
+    return None if ip.is_unspecified or not port else (host, port)
+
+
 def http_user(request) -> int | None:
     """The local user of an aiohttp request's client (None: not on this host, or not known),
     looked up once a connection: its client's socket, and so its owner, is the same for its life."""
@@ -140,9 +151,9 @@ def http_user(request) -> int | None:
     return user
 
 
-def grpc_user(context, server_port: int = 0) -> int | None:
-    """The local user of a gRPC call's client (None: not on this host, or not known); `server_port`:
-    the port the server listens on for gRPC (0: not known, the tables alone)."""
+def grpc_user(context, server: tuple[str, int] | None = None) -> int | None:
+    """The local user of a gRPC call's client (None: not on this host, or not known); `server`: the
+    one address and port the server listens on for gRPC (None: not one address, the tables alone)."""
     try:
         peer = context.peer()
     except Exception:  # noqa: BLE001 - a context without a peer (another transport)
@@ -150,5 +161,4 @@ def grpc_user(context, server_port: int = 0) -> int | None:
     match = _GRPC_PEER.match(peer) if isinstance(peer, str) else None
     if match is None:
         return None
-    host, port = match.group(2), int(match.group(3))
-    return socket_owner(host, port, server=(host, server_port) if server_port else None)
+    return socket_owner(match.group(2), int(match.group(3)), server=server)
