@@ -19,7 +19,7 @@ class ServerConfig:
     max_inflight: int | None = None  # per model; None: the engine's own concurrency
     max_queue: int = 32  # per model: requests waiting for an in-flight slot
     # A full queue's 429 to a client that already has requests waiting comes this late (admission.py): a burst
-    # client's victim 7.4x -> 1.9x its p50 alone on the 2-core CPU, the burst itself served more (2026-12-06).
+    # client's victim 6.7-7.1x -> 1.8-2.1x its p50 alone on 2 cores, the burst itself served more (2026-12-06).
     refusal_hold_ms: float = 100.0
     default_timeout_ms: float = 1000.0  # deadline of a request that brings none
     max_body_bytes: int = 4 << 20  # HTTP body / gRPC message

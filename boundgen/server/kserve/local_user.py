@@ -10,11 +10,11 @@ Reading the tables is the kernel's walk of its whole connection table: ~5 ms eac
 2-core VM whether it lists 40 sockets or a thousand. Where the server's end of the connection is
 known too, the kernel is first asked for that one socket by its four addresses (NETLINK_SOCK_DIAG,
 as `ss` asks: ~13 us on the same VM); the tables are read only where it has no answer (no netlink
-here, another host's client, a server end guessed wrong). Only requests that use shared memory ask,
-an HTTP connection once (its server end is its socket's); a gRPC call each time (gRPC does not say
-which connection a call came on: its server end is the address the server listens on, where that
-is one address; one listening on every address reads the tables, which alone see whether two
-users hold sockets of the client's address and port).
+here, another host's client). Only requests that use shared memory ask, an HTTP connection once
+(its server end is its socket's); a gRPC call each time (gRPC does not say which connection a call
+came on: its server end is the address the server listens on, where that is one address; one
+listening on every address reads the tables, which alone see whether two users hold sockets of
+the client's address and port).
 """
 
 from __future__ import annotations
@@ -71,7 +71,8 @@ def diag_owner(host: str, port: int, server_host: str, server_port: int) -> int 
     """The uid owning the TCP socket connected from host:port to server_host:server_port (a client's
     socket, asked of the kernel by its four addresses), or None: no such socket, or no netlink."""
     try:
-        src, dst = _plain(ipaddress.ip_address(host.split("%")[0])), _plain(ipaddress.ip_address(server_host.split("%")[0]))
+        src = _plain(ipaddress.ip_address(host.split("%")[0]))
+        dst = _plain(ipaddress.ip_address(server_host.split("%")[0]))
     except ValueError:
         return None
     if src.version != dst.version:
@@ -145,7 +146,9 @@ def http_user(request) -> int | None:
     peer = transport.get_extra_info("peername") if transport is not None else None
     own = transport.get_extra_info("sockname") if transport is not None else None
     server = (str(own[0]), int(own[1])) if isinstance(own, tuple) and len(own) >= 2 else None
-    user = socket_owner(str(peer[0]), int(peer[1]), server=server) if isinstance(peer, tuple) and len(peer) >= 2 else None
+    user = None
+    if isinstance(peer, tuple) and len(peer) >= 2:
+        user = socket_owner(str(peer[0]), int(peer[1]), server=server)
     if cached:
         protocol.local_user = user
     return user
