@@ -220,9 +220,11 @@ if [[ -n "${CONSTRAINED:-}" && "${CONSTRAINED_BENCH:-1}" == 1 && -f "$WORK/catal
   done
 fi
 # After the builds, on idle cores: the floor of one Python gRPC round trip with W2-sized messages
-# (bench/grpc_floor.py), the least a served request's rpc stage can be, next to what the served lanes measure
-[[ "${SERVED:-1}" == 1 ]] && step 60 grpc_floor "$CLIENT_CORES" python3 -m boundgen.bench.grpc_floor \
-  --server-cores "$SERVER_CORES"
+# (bench/grpc_floor.py), the least a served request's rpc stage can be, next to what the served lanes measure:
+# bare grpc.aio and grpc.server and serve's own server (a stand-in engine), back to back and with 8 ms idle in
+# each handler (a served c=1 request waits for its call so long; after the wait the round trip costs more)
+[[ "${SERVED:-1}" == 1 ]] && step 90 grpc_floor "$CLIENT_CORES" python3 -m boundgen.bench.grpc_floor \
+  --server-cores "$SERVER_CORES" --calls 500 --servers aio,sync,served --handler-ms 0,8
 # W1's pre stage by stage on the bench's cores, both tokenizer modes, 1-8 threads and beside a busy thread
 # (bench/pre.py): what the in-process and served lanes' `pre` is made of on this host
 [[ $wants_w1 == 1 && -f "$WORK/art/w1/manifest.json" ]] && step 90 pre_w1 "$BENCH_CORES" python3 -m boundgen.bench.pre \
