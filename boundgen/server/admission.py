@@ -45,6 +45,15 @@ T = TypeVar("T")
 ESTIMATE_WEIGHT = 0.2  # of the newest engine call in the moving average of compute time
 
 
+def refusal_hold(hold_s: float, client_waiting: int, deadline: float | None) -> float:
+    """Seconds a full queue's 429 is held back: `hold_s` for a client that already has requests
+    waiting, never past the request's deadline; 0 for any other (here and the engine process's
+    server/deploy/engine_host.py)."""
+    if not (hold_s and client_waiting):
+        return 0.0
+    return hold_s if deadline is None else max(0.0, min(hold_s, deadline - time.monotonic()))
+
+
 class Admission:
     def __init__(self, model: str, max_inflight: int, max_queue: int,
                  on_queue_wait: Callable[[float], None] = lambda s: None,
@@ -129,8 +138,8 @@ class Admission:
             try:
                 self._make_room(client)
             except Overloaded:
-                if self.refusal_hold_s and self._waiters.waiting(client):
-                    hold = max(0.0, min(self.refusal_hold_s, deadline - time.monotonic()))
+                hold = refusal_hold(self.refusal_hold_s, self._waiters.waiting(client), deadline)
+                if hold:
                     try:  # held back, unless the server closes first (a drain waits for no refusal)
                         await asyncio.wait_for(self._closing.wait(), hold)
                     except asyncio.TimeoutError:

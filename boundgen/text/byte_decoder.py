@@ -71,11 +71,10 @@ def byte_decoder(tokenizer_json: dict, reference, token_bytes: dict[str, bytes |
     token_bytes = vocab_bytes(tokenizer_json) if token_bytes is None else token_bytes
     kept = [b""] * size
     for token, i in vocab.items():
-        data = token_bytes[token]
-        kept[i] = token.encode("utf-8") if data is None else data
+        kept[i] = _token_bytes(token, token_bytes[token])
     skipped = list(kept)
     for a in added:
-        kept[a["id"]] = skipped[a["id"]] = _token_bytes(a["content"])
+        kept[a["id"]] = skipped[a["id"]] = _token_bytes(a["content"], byte_level_bytes(a["content"]))
         if a.get("special"):
             skipped[a["id"]] = b""
     decoder = ByteDecoder(kept, skipped)
@@ -86,9 +85,9 @@ def byte_decoder(tokenizer_json: dict, reference, token_bytes: dict[str, bytes |
     return decoder
 
 
-def _token_bytes(token: str) -> bytes:
-    """A token's bytes: through the byte-level table, or its UTF-8 text where a character is outside it."""
-    data = byte_level_bytes(token)
+def _token_bytes(token: str, data: bytes | None) -> bytes:
+    """A token's bytes: `data`, its byte_level_bytes, or its UTF-8 text where a character is outside
+    the byte-level table (`data` None)."""
     return token.encode("utf-8") if data is None else data
 
 

@@ -47,6 +47,16 @@ async def wait_until(predicate, what):
     raise AssertionError(f"never: {what}")
 
 
+async def one_running_one_queued(adm, log):
+    """Client A's "a-first" running (held) and its "a1" queued: (the two Works, their tasks)."""
+    first, a1 = Work(log, "a-first"), Work(log, "a1")
+    t0 = asyncio.create_task(adm.run(first, now() + LONG, client="A"))
+    await asyncio.to_thread(first.started.wait, 10.0)
+    ta = asyncio.create_task(adm.run(a1, now() + LONG, client="A"))
+    await wait_until(lambda: adm.queued == 1, "a1 queued")
+    return (first, a1), (t0, ta)
+
+
 def test_fifo_and_queue_bound():
     async def main():
         adm, log = Admission("m", max_inflight=1, max_queue=2), []
@@ -122,12 +132,8 @@ def test_a_full_queues_refusal_is_held_back_from_a_client_with_requests_waiting(
     async def main():
         hold = 1.0
         adm, log = Admission("m", max_inflight=1, max_queue=2, refusal_hold_s=hold), []
-        first = Work(log, "a-first")
-        t0 = asyncio.create_task(adm.run(first, now() + LONG, client="A"))
-        await asyncio.to_thread(first.started.wait, 10.0)
-        a1, b1 = Work(log, "a1"), Work(log, "b1")
-        ta = asyncio.create_task(adm.run(a1, now() + LONG, client="A"))
-        await wait_until(lambda: adm.queued == 1, "a1 queued")
+        (first, a1), (t0, ta) = await one_running_one_queued(adm, log)
+        b1 = Work(log, "b1")
         tb = asyncio.create_task(adm.run(b1, now() + LONG, client="B"))
         await wait_until(lambda: adm.queued == 2, "b1 queued")
         loop = asyncio.get_running_loop()
@@ -156,12 +162,7 @@ def test_a_held_refusal_is_answered_when_the_server_closes():
     """A drain waits for no refusal: closing admission answers the held 429s at once."""
     async def main():
         adm, log = Admission("m", max_inflight=1, max_queue=1, refusal_hold_s=LONG), []
-        first = Work(log, "a-first")
-        t0 = asyncio.create_task(adm.run(first, now() + LONG, client="A"))
-        await asyncio.to_thread(first.started.wait, 10.0)
-        a1 = Work(log, "a1")
-        ta = asyncio.create_task(adm.run(a1, now() + LONG, client="A"))
-        await wait_until(lambda: adm.queued == 1, "a1 queued")
+        (first, a1), (t0, ta) = await one_running_one_queued(adm, log)
         held = asyncio.create_task(adm.run(Work(log, "a2"), now() + LONG, client="A"))
         await asyncio.sleep(0.05)
         assert not held.done()
@@ -179,12 +180,7 @@ def test_a_held_refusal_is_answered_when_the_server_closes():
 def test_without_a_hold_every_refusal_is_at_once():
     async def main():
         adm, log = Admission("m", max_inflight=1, max_queue=1), []
-        first = Work(log, "a-first")
-        t0 = asyncio.create_task(adm.run(first, now() + LONG, client="A"))
-        await asyncio.to_thread(first.started.wait, 10.0)
-        a1 = Work(log, "a1")
-        ta = asyncio.create_task(adm.run(a1, now() + LONG, client="A"))
-        await wait_until(lambda: adm.queued == 1, "a1 queued")
+        (first, a1), (t0, ta) = await one_running_one_queued(adm, log)
         with pytest.raises(Overloaded):
             await asyncio.wait_for(adm.run(Work(log, "a2"), now() + LONG, client="A"), 5.0)
         for w in (first, a1):

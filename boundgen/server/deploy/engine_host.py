@@ -41,6 +41,7 @@ import torch
 
 from boundgen.errors import BoundgenError, Cancelled, DeadlineExceeded, InvalidInput, Overloaded
 from boundgen.runtime.local_engine import CallShare, LocalEngine
+from boundgen.server.admission import refusal_hold
 from boundgen.server.deploy import link
 from boundgen.text.tokenizer import PackedBatch
 
@@ -196,8 +197,9 @@ class EngineHost:
                                           self.max_queue, None if allow is None else link.unpack_array(allow),
                                           None if subset is None else str(subset))
         except BoundgenError as exc:
-            hold = self._refusal_hold(exc, message.get("deadline"))
-            if hold > 0:
+            hold = refusal_hold(self.refusal_hold_s, exc.client_waiting if isinstance(exc, Overloaded) else 0,
+                                message.get("deadline"))
+            if hold:
                 return self._hold(conn, _error(rid, _kind(exc), str(exc)), hold)
             return conn.send(_error(rid, _kind(exc), str(exc)))
         except RuntimeError as exc:  # the engine is closed
@@ -205,13 +207,6 @@ class EngineHost:
         with conn.lock:
             conn.tickets[rid] = (model, ticket)
         ticket.future.add_done_callback(lambda f: self._outbox.put((conn, rid, f)))
-
-    def _refusal_hold(self, exc: BoundgenError, deadline: float | None) -> float:
-        """Seconds to hold a 429 back: its client already had requests waiting (server/admission.py),
-        never past the request's deadline."""
-        if not (self.refusal_hold_s and isinstance(exc, Overloaded) and exc.client_waiting):
-            return 0.0
-        return self.refusal_hold_s if deadline is None else min(self.refusal_hold_s, deadline - time.monotonic())
 
     def _hold(self, conn: _Connection, message: dict, seconds: float) -> None:
         with self._held_changed:

@@ -41,13 +41,18 @@ def _table_form(ip: ipaddress.IPv4Address | ipaddress.IPv6Address, port: int) ->
     return f"{raw.hex().upper()}:{port:04X}"
 
 
+def _ip(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
+    """A host's address without its scope (%eth0), an IPv4-mapped IPv6 one as the IPv4 address its
+    socket has (a dual-stack server sees an IPv4 client so); ValueError if it is no address."""
+    ip = ipaddress.ip_address(host.split("%")[0])
+    mapped = getattr(ip, "ipv4_mapped", None)
+    return ip if mapped is None else mapped
+
+
 def _table_forms(host: str, port: int) -> set[str]:
     """Every way the tables may list a socket whose local end is host:port (an IPv4 address also
     as IPv4-mapped IPv6, in tcp6: a dual-stack socket's)."""
-    ip = ipaddress.ip_address(host.split("%")[0])
-    mapped = getattr(ip, "ipv4_mapped", None)
-    if mapped is not None:
-        ip = mapped
+    ip = _ip(host)
     forms = {_table_form(ip, port)}
     if ip.version == 4:
         forms.add(_table_form(ipaddress.IPv6Address(f"::ffff:{ip}"), port))
@@ -60,19 +65,11 @@ _NO_COOKIE = struct.pack("=II", 0xFFFFFFFF, 0xFFFFFFFF)
 _DIAG_UID_AT = 16 + 4 + 48 + 12  # nlmsghdr, inet_diag_msg's family..retrans, its sockid, expires..wqueue
 
 
-def _plain(ip: ipaddress.IPv4Address | ipaddress.IPv6Address):
-    """An IPv4-mapped IPv6 address as the IPv4 address its socket has (a dual-stack server sees an
-    IPv4 client so; the client's own socket is an IPv4 one)."""
-    mapped = getattr(ip, "ipv4_mapped", None)
-    return ip if mapped is None else mapped
-
-
 def diag_owner(host: str, port: int, server_host: str, server_port: int) -> int | None:
     """The uid owning the TCP socket connected from host:port to server_host:server_port (a client's
     socket, asked of the kernel by its four addresses), or None: no such socket, or no netlink."""
     try:
-        src = _plain(ipaddress.ip_address(host.split("%")[0]))
-        dst = _plain(ipaddress.ip_address(server_host.split("%")[0]))
+        src, dst = _ip(host), _ip(server_host)
     except ValueError:
         return None
     if src.version != dst.version:
@@ -129,7 +126,7 @@ def listening_end(host: str, port: int) -> tuple[str, int] | None:
     """(host, port) where the server listens on that one IP address; None for every address (0.0.0.0,
     ::) or a name: a call's server end is then not known."""
     try:
-        ip = ipaddress.ip_address(host.split("%")[0])
+        ip = _ip(host)
     except ValueError:
         return None
     return None if ip.is_unspecified or not port else (host, port)
