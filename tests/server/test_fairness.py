@@ -252,3 +252,38 @@ def test_the_engine_process_holds_back_a_refusal_to_a_client_with_requests_waiti
         sock.close()
         host.close()
         engine._batcher.close()
+
+
+@pytest.mark.parametrize("who", ["front end", "engine"])
+def test_a_draining_front_end_or_engine_gets_the_refusals_held_for_it_at_once(tmp_path, who):
+    """As one process's Admission.close does: a drain waits for nothing held back. The refusal is
+    held for far longer than the test waits for it."""
+    engine = HeldEngine()
+    hold = 30.0
+    host = EngineHost(str(tmp_path / "engine.sock"), max_queue=1, refusal_hold_s=hold)
+    host.add("fscore", engine, "unused")
+    host.set_state("ready")
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.connect(host.path)
+    try:
+        assert link.read_frame(sock)["op"] == link.MODELS
+        submit(sock, 0, "A")
+        wait_until(lambda: engine.ran == [0], "the engine is busy")
+        submit(sock, 1, "A")
+        wait_until(lambda: engine.queued == 1, "the queue is full")
+        submit(sock, 2, "A")
+        wait_until(lambda: len(host._held) == 1, "A's refusal is held")
+        start = time.monotonic()
+        if who == "front end":
+            sock.sendall(link.frame({"op": link.STATE, "frontend": 0, "state": "draining"}))
+        else:
+            host.set_state("draining")
+        assert answers(sock, 1) == {2: "overloaded"}
+        assert time.monotonic() - start < 5.0
+        engine.release.set()
+        assert answers(sock, 2) == {0: "ok", 1: "ok"}
+    finally:
+        engine.release.set()
+        sock.close()
+        host.close()
+        engine._batcher.close()

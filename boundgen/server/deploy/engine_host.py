@@ -7,7 +7,8 @@
                   the one queue, fair across the clients the front ends name; full at --max-queue:
                   429, or a greedier client's newest request gets it: runtime/fair_queue.py;
                   a client with requests waiting gets its 429 --refusal-hold-ms late, from the
-                  held-answers thread, as in one process: server/admission.py);
+                  held-answers thread, as in one process: server/admission.py; sent at once when
+                  its front end or the engine starts draining);
                   a batch worker takes it into a call
         CANCEL -> withdraw it from the queue at once (a request already in a call runs to the end)
     batch worker: the call's rows -> the outbox; the sender thread packs each RESULT frame and
@@ -104,12 +105,14 @@ class EngineHost:
             self.models[name] = HostedModel(name, engine, source)
 
     def set_state(self, state: str) -> None:
-        """loading -> ready -> draining, told to every front end."""
+        """loading -> ready -> draining, told to every front end; draining sends the held refusals."""
         with self._lock:
             self.state = state
             connections = list(self._connections)
         for conn in connections:
             conn.send(self._models_message())
+        if state == "draining":
+            self._flush_held()
 
     def wait_frontends(self, count: int, state: str, timeout_s: float) -> bool:
         """Wait until `count` front ends say `state` (listening, ready); False on timeout."""
@@ -119,6 +122,7 @@ class EngineHost:
 
     def close(self) -> None:
         self._closed = True
+        self._flush_held()
         try:
             self._listener.close()
         finally:
@@ -163,6 +167,8 @@ class EngineHost:
                     with self._changed:
                         self.frontend_states[message["frontend"]] = message["state"]
                         self._changed.notify_all()
+                    if message["state"] == "draining":  # its drain waits for nothing held here
+                        self._flush_held(conn)
         except (OSError, ConnectionError, ValueError) as exc:
             log.warning("front-end link %d broken: %s", conn.index, exc)
         finally:
@@ -222,6 +228,17 @@ class EngineHost:
                     self._held_changed.wait(self._held[0][0] - time.monotonic() if self._held else None)
                 _, _, conn, message = heapq.heappop(self._held)
             conn.send(message)
+
+    def _flush_held(self, conn: _Connection | None = None) -> None:
+        """Send the held answers (to `conn`'s front end; None: to all) now, as one process's
+        Admission.close does: a draining front end or engine keeps no refusal back."""
+        with self._held_changed:
+            now = [entry for entry in self._held if conn is None or entry[2] is conn]
+            self._held = [entry for entry in self._held if not (conn is None or entry[2] is conn)]
+            heapq.heapify(self._held)
+            self._held_changed.notify()
+        for _, _, to, message in sorted(now, key=lambda entry: entry[:2]):
+            to.send(message)
 
     def _cancel(self, conn: _Connection, rid: int) -> None:
         with conn.lock:

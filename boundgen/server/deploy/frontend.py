@@ -54,6 +54,11 @@ class FrontendServer(Server):
         self.models.set_ready()
         self.link.tell("ready")
 
+    async def drain(self) -> None:
+        self.models.start_draining()  # admits nothing more, then: the engine sends what it holds back
+        self.link.tell("draining")  # for this front end (its 429s held by --refusal-hold-ms) at once
+        await super().drain()
+
     async def serve(self, stop: asyncio.Event) -> int:
         async def engine_gone():
             await self.link.closed.wait()

@@ -4,7 +4,7 @@
                                    [, allow_items, allow_subset]}  (a constrained beam request's
                                    allow-list, int64 [K]; its named subset, a text)
                           CANCEL  {id}                 (client gone, or its deadline passed)
-                          STATE   {state}              (the front end is listening / ready)
+                          STATE   {state}              (the front end is listening / ready / draining)
     engine -> front end   MODELS  {state, models: [{name, source, spec, ...}]}  (on connect, on change)
                           RESULT  {id, rows, queue_s, model_s, requests_in_call}
                           ERROR   {id, kind, message}  (kind: a status name, see ERROR_KINDS)

@@ -64,7 +64,7 @@ class EngineLink:
         asyncio.ensure_future(self._read(reader))
 
     def tell(self, state: str) -> None:
-        """Say this front end's state (listening, ready) to the engine process."""
+        """Say this front end's state (listening, ready, draining) to the engine process."""
         self._send({"op": link.STATE, "frontend": self.frontend, "state": state})
 
     async def wait_state(self, *states: str) -> str:
