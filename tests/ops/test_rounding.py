@@ -76,3 +76,34 @@ def test_rounded_fp_is_the_bf16_value_in_fp32():
     out = torch.empty_like(x)
     _rounded_fp_kernel[(1,)](x, out, N=x.numel())
     assert torch.equal(out, x.to(torch.bfloat16).float()), (x[out != x.to(torch.bfloat16).float()][:5])
+
+
+@triton.jit
+def _rounded_fp16_kernel(x_ptr, fp_ptr, soft_ptr, N: tl.constexpr):
+    offs = tl.arange(0, N)
+    x = tl.load(x_ptr + offs)
+    tl.store(fp_ptr + offs, rounded_fp(x, tl.float16))
+    tl.store(soft_ptr + offs, rounded(x, tl.float16, True))
+
+
+@needs_kernel
+def test_rounded_fp_and_the_soft_path_are_the_fp16_value_in_fp32():
+    """fp16 in FP32 arithmetic (a cast round trip may be folded away on the GPU): torch's fp16 values
+    over fp16's finite range, normal and subnormal: random magnitudes, products of two fp16 values,
+    exact ties of both grids (to even both ways), the ends of each range, FP32 subnormals."""
+    gen = torch.Generator().manual_seed(1)
+    a, b = (torch.randn(1024, generator=gen).half().float() for _ in range(2))
+    magnitudes = torch.randn(1024, generator=gen) * 2.0 ** torch.randint(-30, 16, (1024,), generator=gen)
+    normal_ties = (torch.randint(-3000, 3000, (256,), generator=gen).float() + 0.5) * 2.0 ** -10
+    subnormal_ties = (torch.randint(-1023, 1023, (256,), generator=gen).float() + 0.5) * 2.0 ** -24
+    edges = torch.tensor([65504.0, -65504.0, 65519.0, 2.0 ** -14, 2.0 ** -14 * (1 - 2 ** -12), -(2.0 ** -14),
+                          2.0 ** -24, 2.0 ** -25, 2.0 ** -25 * 1.0001, 3 * 2.0 ** -25, 2.0 ** -126, 1e-40, -1e-40,
+                          -(2.0 ** -26), 0.0, -0.0])
+    x = torch.cat([magnitudes.clamp(-65519, 65519), a * b, normal_ties, subnormal_ties, edges])
+    x = torch.nn.functional.pad(x, (0, 4096 - x.numel())).to(KERNEL_DEVICE)
+    fp, soft = torch.empty_like(x), torch.empty_like(x)
+    _rounded_fp16_kernel[(1,)](x, fp, soft, N=x.numel())
+    expected = x.half().float().view(torch.int32)  # bit for bit: a zero's sign too
+    for out in (fp.view(torch.int32), soft.view(torch.int32)):
+        wrong = out != expected
+        assert not bool(wrong.any()), (x[wrong][:5], out[wrong][:5].view(torch.float32))
