@@ -15,6 +15,11 @@ The packed kernel also runs with the launch configs of PACKED_SWEEP, to pick the
 `--packed-sweep stacked` times the `triton_stacked` kernel (ops/packed_attention_stacked.py) at the
 launch configs of PACKED_STACKED_GRID beside `triton`, `triton_gqa` and PyTorch's FlashAttention-2,
 at W1's shapes of one and four requests a call (`bench_packed_stacked`).
+`--packed-qk` times a Qwen3 prefill layer's q/k norm + RoPE + attention at the same shapes
+(`bench_packed_qk`): qk_norm_rope then `triton_gqa`, at their defaults, against the fused kernel
+(ops/packed_attention_qk.py), each with its own bytes; `--packed-qk --sweep` adds PACKED_QK_SWEEP's
+launch configs of the fused kernel:
+    python -m boundgen.bench.kernels --packed-qk [--sweep] [--markdown FILE]
 
 Elementwise ops (bf16, Triton kernel vs the torch reference, which is several kernels each):
 RMSNorm over hidden states and per head (q/k views of a fused qkv row, as the model passes
@@ -172,6 +177,58 @@ def bench_packed_stacked(requests=(1, 4), seed: int = 0, configs=PACKED_STACKED_
     for n in requests:
         rows += bench_packed(w1_lengths(seed, count=15 * n), configs=(), stacked_configs=configs, **kwargs)
     return rows
+
+
+# packed_attention_qk launch configs (BLOCK_M tokens, BLOCK_N, num_warps, num_stages) timed with `--packed-qk --sweep`.
+PACKED_QK_SWEEP = [(32, 32, 4, 2), (32, 16, 4, 2), (64, 32, 8, 2), (64, 64, 8, 2), (64, 64, 8, 3), (128, 32, 8, 2)]
+
+
+def bench_packed_qk(lengths: list[int], heads=(16, 8), head_dim: int = 128, device: str = "cuda", calls: int = 20,
+                    replays: int = 10, dtype: torch.dtype = torch.bfloat16, configs=(),
+                    eps: float = 1e-6) -> list[KernelTiming]:
+    """A Qwen3 prefill layer's q/k norm + RoPE + packed attention from the fused qkv output: (a)
+    qk_norm_rope then packed attention's `triton_gqa` kernel, at their default configs, (b) the fused
+    kernel (ops/packed_attention_qk.py) at its default and at each of `configs` (BLOCK_M tokens,
+    BLOCK_N, warps, stages). Two cases, each with its own bytes: (a) also writes and reads back the
+    rotated q and k. Errors against the torch reference composition (untimed)."""
+    from boundgen.ops import packed_attention_qk
+
+    num_q, num_kv = heads
+    gen = torch.Generator(device=device).manual_seed(sum(lengths))
+    tokens = sum(lengths)
+    cu_seqlens = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int32, device=device)
+    qkv = (torch.randn(tokens, (num_q + 2 * num_kv) * head_dim, device=device, generator=gen) * 3).to(dtype)
+    wq, wk = (1 + 0.1 * torch.randn(2, head_dim, device=device, generator=gen)).to(dtype)
+    positions = torch.cat([torch.arange(n, device=device) for n in lengths])
+    cos, sin = rope.cos_sin(positions, rope.inv_freq(head_dim, 1e6).to(device), dtype)
+    scale = head_dim ** -0.5
+    v = qk_norm_rope.split_heads(qkv, num_q, num_kv, head_dim)[2]
+    pack = packed_attention.gqa_pack(num_q, num_kv)
+    norm_args = (qkv, wq, wk, cos, sin, eps, num_q, num_kv)
+    fused_args = (qkv, wq, wk, cos, sin, eps, cu_seqlens, scale, num_q, num_kv)
+
+    def separate():
+        q, k = qk_norm_rope.launch(*norm_args)
+        return packed_attention.launch(q, k, v, cu_seqlens, scale, pack=pack)
+
+    fused = {"fused triton": lambda: packed_attention_qk.launch(*fused_args)}
+    for config in configs:
+        if tuple(config) != packed_attention_qk.default_config(head_dim, pack):
+            fused["fused m{} n{} w{} s{}".format(*config)] = (
+                lambda c=config: packed_attention_qk.launch(*fused_args, None, *c))
+    expected = packed_attention_qk.reference(*fused_args)
+    flops = packed_work(lengths, num_q, num_kv, head_dim, dtype.itemsize)[0]
+    e = dtype.itemsize
+    rotated = tokens * (num_q + num_kv) * head_dim * e  # q and k heads, once
+    side = (2 * tokens * head_dim + 2 * head_dim) * e  # cos / sin, both weights
+    fused_bytes = rotated + tokens * (num_kv + num_q) * head_dim * e + side  # q, k in; v in, out
+    separate_bytes = fused_bytes + 2 * rotated  # the rotated q and k written, then read back
+    case = (f"qk norm+rope+attention B={len(lengths)} T={tokens} L={min(lengths)}-{max(lengths)} "
+            f"heads {num_q}/{num_kv} D={head_dim}")
+    return (measure(f"{case}, separate", {"qk_norm_rope + triton_gqa": separate}, (flops, float(separate_bytes)),
+                    calls, replays, reference=lambda: expected, tensor_peak=PEAK_BF16_FLOPS)
+            + measure(f"{case}, fused", fused, (flops, float(fused_bytes)), calls, replays,
+                      reference=lambda: expected, tensor_peak=PEAK_BF16_FLOPS))
 
 
 def bench_prefix(width: int, prefix_len: int, suffix_len: int, heads=(14, 2), head_dim: int = 64,
@@ -510,6 +567,10 @@ def main(argv: list[str] | None = None) -> int:
                              "the triton kernel (tiles, the default), or the triton_stacked kernel's "
                              "PACKED_STACKED_GRID at calls of 1 and 4 requests (stacked), printed with TFLOP/s and "
                              "%% of the BF16 peak")
+    parser.add_argument("--packed-qk", action="store_true",
+                        help="Qwen3's q/k norm + RoPE + packed attention at W1 shapes (calls of 1 and 4 requests): "
+                             "qk_norm_rope then triton_gqa against the fused packed_attention_qk kernel; with "
+                             "--sweep also PACKED_QK_SWEEP's launch configs of the fused kernel")
     parser.add_argument("--silu-quant", metavar="TOKENS", default=None,
                         help="SwiGLU + E4M3 quantization at these token counts (comma list, e.g. 2250,4500,9000)")
     parser.add_argument("--memory-bound", metavar="TOKENS", nargs="?", const=",".join(map(str, W1_ROWS)),
@@ -518,7 +579,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--variant", default="new",
                         help="--memory-bound kernels: new (the ops'), old (28a37ab's), or both: new,old")
     parser.add_argument("--sweep", action="store_true", help="--memory-bound: time MEMORY_BOUND_SWEEP's launch "
-                                                             "configs beside the defaults")
+                                                             "configs beside the defaults (--packed-qk: "
+                                                             "PACKED_QK_SWEEP's)")
     parser.add_argument("--cold", action="store_true",
                         help="--memory-bound: inputs rotated over 128 MB, read from HBM (default: warm in L2)")
     parser.add_argument("--all", action="store_true", help="every case of run_kernel_benchmarks (attention, "
@@ -527,9 +589,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="HBM bandwidth the table's %% is of, in B/s (default 4.8e12, the H200's)")
     parser.add_argument("--markdown", metavar="FILE", help="also write the table to FILE")
     args = parser.parse_args(argv)
-    if not (args.packed_sweep or args.silu_quant or args.memory_bound or args.all):
-        parser.error("name at least one benchmark: --packed-sweep, --silu-quant TOKENS, --memory-bound [TOKENS], "
-                     "--all")
+    if not (args.packed_sweep or args.packed_qk or args.silu_quant or args.memory_bound or args.all):
+        parser.error("name at least one benchmark: --packed-sweep, --packed-qk, --silu-quant TOKENS, "
+                     "--memory-bound [TOKENS], --all")
     tokens = _token_list(args.silu_quant, "--silu-quant", parser)
     memory_tokens = _token_list(args.memory_bound, "--memory-bound", parser)
     variants = tuple(args.variant.split(","))
@@ -541,6 +603,8 @@ def main(argv: list[str] | None = None) -> int:
     rows = run_kernel_benchmarks() if args.all else []
     rows += bench_packed(w1_lengths(), configs=PACKED_GRID + PACKED_GQA_GRID) if args.packed_sweep == "tiles" else []
     stacked = bench_packed_stacked() if args.packed_sweep == "stacked" else []
+    for requests in (1, 4) if args.packed_qk else ():
+        rows += bench_packed_qk(w1_lengths(count=15 * requests), configs=PACKED_QK_SWEEP if args.sweep else ())
     for t in tokens:
         rows += bench_silu_quant(t)
     for t in memory_tokens:

@@ -87,6 +87,16 @@ class Layer(nn.Module):
         h, x, x_scale = norm_for(self.self_attn.qkv_proj, h, delta, self.input_layernorm, self.cfg.rms_norm_eps, ops)
         return (h, *self.self_attn.project(x, cos, sin, ops, x_scale))
 
+    def attend_packed(self, h, delta, cos, sin, cu_seqlens, scale: float, max_seqlen: int | None, ops: Ops):
+        """`attn_in` and packed attention in a prefill that keeps no K/V, for a model with a q/k norm
+        where `packed_attention_qk` is lowered: the attention normalises and rotates q and k as it
+        loads them from the qkv product (ops/packed_attention_qk.py). Returns (h, attention output)."""
+        cfg, attn = self.cfg, self.self_attn
+        h, x, x_scale = norm_for(attn.qkv_proj, h, delta, self.input_layernorm, cfg.rms_norm_eps, ops)
+        return h, ops.packed_attention_qk(apply_linear(attn.qkv_proj, x, x_scale), attn.q_norm, attn.k_norm, cos, sin,
+                                          cfg.rms_norm_eps, cu_seqlens, scale, cfg.num_heads, cfg.num_kv_heads,
+                                          max_seqlen=max_seqlen)
+
     def attn_in_step(self, h, delta, cos, sin, suffix_k, suffix_v, step, layer: int, ops: Ops):
         """`attn_in` for a beam decode step, which also writes this step's k and v into slot
         `step` of this layer's suffix K/V (suffix_k/v: every layer's, written in place): returns
@@ -172,17 +182,23 @@ class QwenModel(nn.Module):
 
         kv, when kept, is (k, v) each [n_layers, T, Nkv, D]. max_seqlen: the caller's bound on a
         real sequence's tokens, for the attention lowerings that size their grid by it
-        (ops/packed_attention.py); None: no bound.
+        (ops/packed_attention.py); None: no bound. With `packed_attention_qk` lowered, a model with a
+        q/k norm that keeps no K/V attends with the fused kernel (`Layer.attend_packed`).
         """
         ops = self.ops
         h, cos, sin = self._embed(tokens, positions)
         ks, vs, delta = [], [], None
+        # q/k norm, RoPE and attention in one kernel where lowered so (no rotated k to keep)
+        fused = ops.packed_attention_qk is not None and self.cfg.qk_norm and not keep_kv
         for layer in self.layers:
-            h, q, k, v = layer.attn_in(h, delta, cos, sin, ops)
-            if keep_kv:
-                ks.append(k)
-                vs.append(v)
-            attn = ops.packed_attention(q, k, v, cu_seqlens, self.scale, max_seqlen=max_seqlen)
+            if fused:
+                h, attn = layer.attend_packed(h, delta, cos, sin, cu_seqlens, self.scale, max_seqlen, ops)
+            else:
+                h, q, k, v = layer.attn_in(h, delta, cos, sin, ops)
+                if keep_kv:
+                    ks.append(k)
+                    vs.append(v)
+                attn = ops.packed_attention(q, k, v, cu_seqlens, self.scale, max_seqlen=max_seqlen)
             h, delta = layer.attn_out(h, attn, ops)
         _, h = add_norm(h, delta, self.norm, self.cfg.rms_norm_eps, ops)
         return h, ((torch.stack(ks), torch.stack(vs)) if keep_kv else None)

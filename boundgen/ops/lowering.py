@@ -34,6 +34,7 @@ class OpLowering:
     swiglu_down: str = "separate"  # no fused op: a decode step applies silu_mul, then down_proj
     silu_quant: str = "separate"  # no fused op: an FP8 MLP quantizes silu_mul's output
     add_rmsnorm_quant: str = "separate"  # no fused op: an FP8 MLP quantizes the post-attention norm's output
+    packed_attention_qk: str = "separate"  # no fused op: a prefill applies qk_norm_rope (or its ops), then attention
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -72,6 +73,7 @@ class Ops:
     swiglu_down: Callable | None  # None: not fused
     silu_quant: Callable | None  # None: not fused
     add_rmsnorm_quant: Callable | None  # None: not fused
+    packed_attention_qk: Callable | None  # None: not fused
 
 
 def describe(lowering: dict) -> str:

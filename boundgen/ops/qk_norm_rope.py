@@ -64,6 +64,23 @@ def reference(qkv: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor,
 # Triton kernel
 
 @triton.jit
+def norm_rope_halves(x1, x2, w1, w2, cos1, cos2, sin1, sin2, eps, dtype: tl.constexpr, SOFT_BF16: tl.constexpr):
+    """Rows' halves x1, x2 [..., D/2] (FP32 values of `dtype`) RMS-normalised over the last axis and
+    rotated -> (y1, y2) in `dtype`: the module docstring's rounding sequence. This kernel's and the
+    fused attention's (ops/packed_attention_qk.py) one q/k norm + RoPE, so that both round alike."""
+    # RMSNorm of each row, as ops/rmsnorm.py rounds (1 / D: a power of two, exact).
+    mean_sq = tl.sum(x1 * x1 + x2 * x2, axis=-1) * (1.0 / (2 * x1.shape[-1]))  # [...]
+    var = mean_sq + tl.full(mean_sq.shape, eps, tl.float32)  # eps made FP32 first (an fp64 in AOTI builds)
+    rstd = tl.expand_dims(tl.div_rn(tl.full(mean_sq.shape, 1.0, tl.float32), tl.sqrt_rn(var)), -1)
+    n1 = rounded_fp(w1 * rounded_fp(x1 * rstd, dtype), dtype)
+    n2 = rounded_fp(w2 * rounded_fp(x2 * rstd, dtype), dtype)
+    # RoPE (rotate-half), as ops/rope.py rounds: each product, then their sum (the final cast).
+    y1 = rounded_fp(n1 * cos1, dtype) - rounded_fp(n2 * sin1, dtype)
+    y2 = rounded_fp(n2 * cos2, dtype) + rounded_fp(n1 * sin2, dtype)
+    return round_to(y1, dtype, SOFT_BF16), round_to(y2, dtype, SOFT_BF16)  # SOFT_BF16: the interpreter's cast truncates
+
+
+@triton.jit
 def _qk_norm_rope_kernel(qkv_ptr, wq_ptr, wk_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, eps, num_tokens,
                          stride_qkv, stride_cos, stride_sin, NUM_Q: tl.constexpr, NUM_KV: tl.constexpr,
                          HALF: tl.constexpr, BLOCK_T: tl.constexpr, GROUP: tl.constexpr,
@@ -98,17 +115,9 @@ def _qk_norm_rope_kernel(qkv_ptr, wq_ptr, wk_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr
         x_at = x_row + (g * GROUP + heads) * (2 * HALF)
         x1 = tl.load(x_at, mask=t_ok, other=0.0).to(tl.float32)  # [T, GROUP, D/2]
         x2 = tl.load(x_at + HALF, mask=t_ok, other=0.0).to(tl.float32)
-        # RMSNorm of each row, as ops/rmsnorm.py rounds (1 / D: a power of two, exact).
-        mean_sq = tl.sum(x1 * x1 + x2 * x2, axis=2) * (1.0 / (2 * HALF))  # [T, GROUP]
-        var = mean_sq + tl.full(mean_sq.shape, eps, tl.float32)  # eps made FP32 first (an fp64 in AOTI builds)
-        rstd = tl.div_rn(tl.full(mean_sq.shape, 1.0, tl.float32), tl.sqrt_rn(var))[:, :, None]
-        n1 = rounded_fp(w1 * rounded_fp(x1 * rstd, dtype), dtype)
-        n2 = rounded_fp(w2 * rounded_fp(x2 * rstd, dtype), dtype)
-        # RoPE (rotate-half), as ops/rope.py rounds: each product, then their sum (the store's cast).
-        y1 = rounded_fp(n1 * cos1, dtype) - rounded_fp(n2 * sin1, dtype)
-        y2 = rounded_fp(n2 * cos2, dtype) + rounded_fp(n1 * sin2, dtype)
-        tl.store(out_at, round_to(y1, dtype, SOFT_BF16), mask=t_ok)  # SOFT_BF16: the interpreter's cast truncates
-        tl.store(out_at + HALF, round_to(y2, dtype, SOFT_BF16), mask=t_ok)
+        y1, y2 = norm_rope_halves(x1, x2, w1, w2, cos1, cos2, sin1, sin2, eps, dtype, SOFT_BF16)
+        tl.store(out_at, y1, mask=t_ok)
+        tl.store(out_at + HALF, y2, mask=t_ok)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -143,6 +143,20 @@ def test_qk_norm_rope_benchmark_agrees_with_the_reference_on_cpu(monkeypatch):
 
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="needs TRITON_INTERPRET=1")
+def test_packed_qk_benchmark_agrees_with_the_reference_on_cpu(monkeypatch):
+    """The separate kernels and the fused one (its default and a swept config) give the reference
+    composition's attention (FP32: the interpreter's bf16 dot is wrong); bytes as counted from the
+    shapes: the separate pair moves the rotated q and k twice more."""
+    monkeypatch.setattr(kernel_timing, "gpu_time_us", lambda fn, calls, replays: 1.0)
+    rows = kernels.bench_packed_qk([3, 18], heads=(4, 2), head_dim=32, device="cpu", dtype=torch.float32,
+                                   configs=[(16, 16, 4, 2)])
+    assert [r.impl for r in rows] == ["qk_norm_rope + triton_gqa", "fused triton", "fused m16 n16 w4 s2"]
+    assert all(r.max_abs_err < 1e-5 for r in rows), kernel_timing.markdown_table(rows)
+    fused = 21 * (6 + 6) * 32 * 4 + (2 * 21 * 32 + 2 * 32) * 4
+    assert [r.bytes for r in rows] == [fused + 2 * 21 * 6 * 32 * 4, fused, fused]
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="needs TRITON_INTERPRET=1")
 def test_rope_kv_write_benchmark_agrees_with_the_reference_on_cpu(monkeypatch):
     """The fused kernel gives the reference's q and slot exactly; Inductor's compile of the reference
     within a bf16 ulp (it keeps RoPE's intermediate products in FP32, ops/rope.py)."""

@@ -189,6 +189,34 @@ def test_a_beam_artifact_with_fused_decode_ops_registers_them_and_answers_alike(
     _assert_same_candidates(beam_build[0], fused)
 
 
+_SCORES = """
+import json, sys
+import boundgen
+for path in sys.argv[1:]:
+    print(json.dumps(boundgen.load(path).score(["is this relevant?", "a query and a document", "x"]).scores.tolist()))
+"""
+
+
+def test_a_score_artifact_with_the_fused_attention_registers_its_op_and_scores_alike(score_artifact, tiny_qwen3_dir,
+                                                                                      tmp_path):
+    """--lowering packed_attention_qk=triton: the prefill package calls the fused q/k norm + RoPE +
+    attention by name instead of packed_attention, the manifest records the lowering and the op, and
+    a fresh process registers it on load and scores as the default build does, up to FP32 rounding
+    (on CPU the op runs the reference composition eagerly, where Inductor compiles the default's norms)."""
+    import torch
+
+    from tests.compile.conftest import SCORE_OPTIONS, _build
+    fused, manifest, _ = _build(tiny_qwen3_dir, tmp_path / "fused", dict(SCORE_OPTIONS,
+                                                                          lowering={"packed_attention_qk": "triton"}))
+    assert manifest["compile"]["lowering"]["packed_attention_qk"] == "triton"
+    assert manifest["compile"]["custom_ops"] == ["packed_attention_qk"]
+    out = subprocess.run([sys.executable, "-c", _SCORES, str(score_artifact), str(fused)], capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    default, fused_scores = (torch.tensor(json.loads(line)) for line in out.stdout.splitlines())
+    torch.testing.assert_close(fused_scores, default, atol=1e-6, rtol=0)
+
+
 @pytest.mark.parametrize("mode,lowering,fused_ops,groups", [
     ("mlp", {"silu_quant": "triton"}, {"silu_quant"}, ("mlp",)),
     ("mlp,attn", {"silu_quant": "triton", "add_rmsnorm_quant": "triton"},
