@@ -99,19 +99,21 @@ def http_once(port: int, path: str, body: bytes, headers: bytes = b"", timeout: 
 
 
 class HttpClient:
-    """A keep-alive HTTP/1.1 connection (reconnects after an error) of client `client` (X-Client-ID)."""
+    """A keep-alive HTTP/1.1 connection (reconnects after an error) of client `client` (X-Client-ID),
+    from `source` (another loopback address than 127.0.0.1: another host, as the server sees it)."""
 
-    def __init__(self, port: int, client: str | None = None):
+    def __init__(self, port: int, client: str | None = None, source: str | None = None):
         import http.client
 
-        self.port, self.http = port, http.client
+        self.port, self.http, self.source = port, http.client, source
         self.headers = {"Content-Type": "application/json", **({"X-Client-ID": client} if client else {})}
         self.conn = None
 
     def post(self, path: str, body: bytes) -> int:
         try:
             if self.conn is None:
-                self.conn = self.http.HTTPConnection("127.0.0.1", self.port, timeout=30)
+                self.conn = self.http.HTTPConnection("127.0.0.1", self.port, timeout=30,
+                                                     source_address=(self.source, 0) if self.source else None)
             self.conn.request("POST", path, body, self.headers)
             response = self.conn.getresponse()
             response.read()
@@ -365,6 +367,28 @@ def attack_burst(t: Target, sizes, stop, outcome):
         w.join(60.0)
 
 
+def attack_burst_ids(t: Target, sizes, stop, outcome):
+    """As `burst`, from another address (127.0.0.2) and each request under a new X-Client-ID: no id
+    ever has a request waiting, so only the address tells the requests apart from many clients'."""
+    body = infer_body([VICTIM_TEXT])
+    outcome.note = f"{sizes['burst']} concurrent connections from 127.0.0.2, a new client id a request"
+    ids = iter(range(1 << 62))
+
+    def loop():
+        client = HttpClient(t.http_port, None, "127.0.0.2")
+        while not stop.is_set():
+            client.headers["X-Client-ID"] = f"burst-{next(ids)}"
+            status = client.post(f"/v2/models/{t.score}/infer", body)
+            outcome.add(status, status in (200, 429, 504))
+        client.close()
+
+    workers = [threading.Thread(target=loop, daemon=True) for _ in range(sizes["burst"])]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(60.0)
+
+
 ATTACKS = {
     "json_strings": ("4 MB JSON, a million 1-char strings", "400", attack_json_strings),
     "long_string": ("4 MB JSON, one string (within the value count)", "400", attack_long_string),
@@ -375,6 +399,7 @@ ATTACKS = {
     "http_dims": ("HTTP shape, 300 dims of 10^4000", "400", attack_http_dims),
     "slowloris": ("slowloris (head a byte per 0.2 s)", f"closed <= {IDLE_S + CLOSE_SLACK_S:g} s", attack_slowloris),
     "burst": ("burst: concurrent valid requests", "200 / 429 / 504", attack_burst),
+    "burst_ids": ("burst, another host, a new client id a request", "200 / 429 / 504", attack_burst_ids),
 }
 
 

@@ -6,10 +6,12 @@
            -> queue full?   429 Overloaded, unless another client holds at least two more
                             waiting requests than this one's: then its newest gets the 429
                             instead and this one is queued (runtime/fair_queue.py). At once,
-                            unless this client already has requests waiting: then its 429 is
-                            held back for `refusal_hold_s` (a greedy client's refusals, answered
-                            at once, came back as its next requests and kept the event loop
-                            busy for every other client: docs/serving.md, starvation)
+                            unless this client already has requests waiting, or its address was
+                            refused FLOOD_REFUSALS times within the last `refusal_hold_s` (one
+                            host sending many client ids: RecentRefusals): then its 429 is held
+                            back for `refusal_hold_s` (a greedy client's refusals, answered at
+                            once, came back as its next requests and kept the event loop busy
+                            for every other client: docs/serving.md, starvation)
            -> wait until a slot is handed over, or the deadline passes (504, never run), or the
               client goes away (its queue place is freed); slots go to the clients in turn, each
               client's requests first in first out (runtime/fair_queue.py)
@@ -34,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, TypeVar
 
@@ -45,13 +48,47 @@ T = TypeVar("T")
 ESTIMATE_WEIGHT = 0.2  # of the newest engine call in the moving average of compute time
 
 
-def refusal_hold(hold_s: float, client_waiting: int, deadline: float | None) -> float:
+FLOOD_REFUSALS = 8  # refusals of one address within the hold's window after which its refusals are held
+MAX_SOURCES = 4096  # addresses RecentRefusals remembers before it forgets the quiet ones
+
+
+def refusal_hold(hold_s: float, client_waiting: int, deadline: float | None, flooding: bool = False) -> float:
     """Seconds a full queue's 429 is held back: `hold_s` for a client that already has requests
-    waiting, never past the request's deadline; 0 for any other (here and the engine process's
-    server/deploy/engine_host.py)."""
-    if not (hold_s and client_waiting):
+    waiting, or whose address is `flooding` (RecentRefusals), never past the request's deadline; 0
+    for any other (here and the engine process's server/deploy/engine_host.py)."""
+    if not (hold_s and (client_waiting or flooding)):
         return 0.0
     return hold_s if deadline is None else max(0.0, min(hold_s, deadline - time.monotonic()))
+
+
+class RecentRefusals:
+    """Full-queue refusals by address over the last `window_s`: `note(source)` counts one and says
+    whether the address has had FLOOD_REFUSALS of them in the window. A client id is the client's
+    claim (server/request_ids.py), so a host that sends each request under a new id has nothing
+    waiting under any of them, and its refusals, answered at once, come straight back as its next
+    requests: counted by address, they are held back too. Unknown addresses ("") are not counted.
+    Thread-safe (the engine process notes from each front end's reader thread)."""
+
+    def __init__(self, window_s: float, clock: Callable[[], float] = time.monotonic):
+        self.window_s, self._clock = window_s, clock
+        self._times: dict[str, deque] = {}
+        self._lock = threading.Lock()
+
+    def note(self, source: str) -> bool:
+        if not (source and self.window_s > 0):
+            return False
+        now = self._clock()
+        with self._lock:
+            if source not in self._times and len(self._times) >= MAX_SOURCES:
+                self._forget_quiet(now)
+            times = self._times.setdefault(source, deque(maxlen=FLOOD_REFUSALS))
+            times.append(now)
+            return len(times) == FLOOD_REFUSALS and now - times[0] <= self.window_s
+
+    def _forget_quiet(self, now: float) -> None:
+        quiet = [s for s, times in self._times.items() if now - times[-1] > self.window_s]
+        for source in quiet or list(self._times)[:MAX_SOURCES // 2]:  # all busy: the oldest half
+            del self._times[source]
 
 
 class Admission:
@@ -63,6 +100,7 @@ class Admission:
                              f"got {max_inflight} and {max_queue}")
         self.model, self.max_inflight, self.max_queue = model, max_inflight, max_queue
         self.refusal_hold_s = refusal_hold_s
+        self._refusals = RecentRefusals(refusal_hold_s)
         self._on_queue_wait, self._on_compute = on_queue_wait, on_compute
         self._pool = ThreadPoolExecutor(max_inflight, thread_name_prefix=f"boundgen-{model}")
         self._inflight = 0
@@ -81,11 +119,12 @@ class Admission:
         return len(self._waiters)
 
     async def run(self, fn: Callable[[], T], deadline: float, cancelled: threading.Event | None = None,
-                  client: str = "") -> T:
+                  client: str = "", source: str = "") -> T:
         """Run `fn()` on a worker thread once admitted; raises Unavailable, Overloaded or DeadlineExceeded.
         `cancelled` is set if the caller is cancelled (the client went away) once admitted; pass
-        the one `fn` hands to the engine. `client`: who sent it (its turn in the queue)."""
-        await self._acquire(deadline, client)
+        the one `fn` hands to the engine. `client`: who sent it (its turn in the queue); `source`:
+        its address (RecentRefusals)."""
+        await self._acquire(deadline, client, source)
         cancelled = threading.Event() if cancelled is None else cancelled
         try:
             future = asyncio.get_running_loop().run_in_executor(self._pool, self._compute, fn, deadline, cancelled)
@@ -124,7 +163,7 @@ class Admission:
 
     # ---- internals ------------------------------------------------------------------------
 
-    async def _acquire(self, deadline: float, client: str) -> None:
+    async def _acquire(self, deadline: float, client: str, source: str = "") -> None:
         if self._closed:
             raise Unavailable(f"model {self.model} is shutting down and admits no new requests")
         arrived = time.monotonic()
@@ -138,7 +177,8 @@ class Admission:
             try:
                 self._make_room(client)
             except Overloaded:
-                hold = refusal_hold(self.refusal_hold_s, self._waiters.waiting(client), deadline)
+                hold = refusal_hold(self.refusal_hold_s, self._waiters.waiting(client), deadline,
+                                    self._refusals.note(source))
                 if hold:
                     try:  # held back, unless the server closes first (a drain waits for no refusal)
                         await asyncio.wait_for(self._closing.wait(), hold)

@@ -17,7 +17,9 @@ The client key: the client's own id, header `X-Client-ID` / metadata `x-client-i
 as a request id), else its address without the port (HTTP and gRPC alike), so that the
 connections of one host are one client. Queues take clients in turn (runtime/fair_queue.py).
 An id is the client's claim: clients behind one proxy tell themselves apart with it, and a client
-that sends many ids gets as many turns (no fewer than without fairness).
+that sends many ids gets as many turns (no fewer than without fairness). The address travels
+beside it (`RequestTag.source`): a host refused many times in a moment gets its refusals held back
+whatever ids it sends (server/admission.py `RecentRefusals`).
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ class RequestTag:
     route: str  # HTTP "POST /v2/models/m/infer"; gRPC "/inference.GRPCInferenceService/ModelInfer"
     protocol: str  # "http" | "grpc"
     client: str = ""  # who sent it: "id:" and its X-Client-ID, else its address ("" unknown)
+    source: str = ""  # the address it came from, whatever id it claims ("" unknown)
 
 
 _CURRENT: ContextVar[RequestTag | None] = ContextVar("boundgen_request", default=None)
@@ -76,10 +79,10 @@ def grpc_peer_host(peer: str | None) -> str:
     return host[1:-1] if host.startswith("[") and host.endswith("]") else host
 
 
-def begin(given: str | None, route: str, protocol: str, client: str = "") -> RequestTag:
+def begin(given: str | None, route: str, protocol: str, client: str = "", source: str = "") -> RequestTag:
     """Tag the request being handled in this task (and the tasks it starts) from here on;
-    `client`: its client key (`client_key`)."""
-    tag = RequestTag(request_id(given), route[:MAX_ROUTE], protocol, client)
+    `client`: its client key (`client_key`); `source`: its address (a host, no port)."""
+    tag = RequestTag(request_id(given), route[:MAX_ROUTE], protocol, client, source)
     _CURRENT.set(tag)
     return tag
 

@@ -58,16 +58,18 @@ class ServedModel:
         or what a JSON route built); the engine's result, its stage timings in `result.timings`."""
         tag = request_ids.current()
         client = tag.client if tag is not None else ""  # whose turn in the queue (runtime/fair_queue.py)
+        source = tag.source if tag is not None else ""  # its address: refusals held by address too
         # The engine gets the deadline and the cancelled event (set by the admission when the
         # client goes away) too: a request still waiting inside it (for a context, or in the
         # batcher's queue) when either comes is not run (DeadlineExceeded: 504; Cancelled: the
         # client is gone, nothing is sent).
         if isinstance(self.admission, Passage):
-            result = await self.admission.run_async(partial(self.engine.run, call, deadline, client), deadline)
+            result = await self.admission.run_async(partial(self.engine.run, call, deadline, client, source),
+                                                    deadline)
         else:
             cancelled = threading.Event()
             engine_call = partial(call, self.engine, deadline=deadline, cancelled=cancelled)
-            result = await self.admission.run(engine_call, deadline, cancelled, client)
+            result = await self.admission.run(engine_call, deadline, cancelled, client, source)
         self.metrics.observe_result(self.name, result, self.signature.task)
         return result
 

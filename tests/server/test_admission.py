@@ -11,7 +11,7 @@ import threading
 import pytest
 
 from boundgen.errors import Cancelled
-from boundgen.server.admission import Admission
+from boundgen.server.admission import FLOOD_REFUSALS, MAX_SOURCES, Admission, RecentRefusals
 from boundgen.server.status import DeadlineExceeded, Overloaded, Unavailable
 
 LONG = 30.0  # a deadline no test reaches
@@ -156,6 +156,50 @@ def test_a_full_queues_refusal_is_held_back_from_a_client_with_requests_waiting(
         adm.shutdown()
 
     run(main())
+
+
+def test_an_address_refused_many_times_in_a_moment_has_its_refusals_held_whatever_ids_it_sends():
+    """One host sending each request under a new client id has nothing waiting under any of them:
+    its first FLOOD_REFUSALS refusals in the hold's window come at once, the next are held; another
+    address's refusal still comes at once."""
+    async def main():
+        hold = 1.0
+        adm, log = Admission("m", max_inflight=1, max_queue=1, refusal_hold_s=hold), []
+        (first, a1), (t0, ta) = await one_running_one_queued(adm, log)
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        for i in range(FLOOD_REFUSALS - 1):
+            with pytest.raises(Overloaded):
+                await adm.run(Work(log, f"x{i}"), now() + LONG, client=f"id:x{i}", source="10.0.0.9")
+        assert loop.time() - start < hold / 2
+        with pytest.raises(Overloaded):  # the address's FLOOD_REFUSALS-th in the window: held
+            await adm.run(Work(log, "x-last"), now() + LONG, client="id:x-last", source="10.0.0.9")
+        assert loop.time() - start >= hold * 0.95
+        start = loop.time()
+        with pytest.raises(Overloaded):  # another host, nothing waiting: at once
+            await adm.run(Work(log, "y"), now() + LONG, client="id:y", source="10.0.0.10")
+        assert loop.time() - start < hold / 2
+        for w in (first, a1):
+            w.release.set()
+        assert await asyncio.gather(t0, ta) == ["a-first", "a1"]
+        adm.shutdown()
+
+    run(main())
+
+
+def test_recent_refusals_count_an_address_over_the_window_and_forget_quiet_ones():
+    clock = [0.0]
+    refusals = RecentRefusals(0.1, clock=lambda: clock[0])
+    assert not any(refusals.note("h") for _ in range(FLOOD_REFUSALS - 1))
+    assert refusals.note("h")  # the FLOOD_REFUSALS-th within 0.1 s
+    clock[0] = 1.0
+    assert not refusals.note("h")  # the window moved on: the older ones no longer count
+    assert not refusals.note("")  # an unknown address is never counted
+    assert not RecentRefusals(0.0).note("h")  # no hold, nothing counted
+    for i in range(MAX_SOURCES + 10):  # many quiet addresses: the table stays bounded
+        clock[0] += 1.0
+        refusals.note(f"10.1.{i // 256}.{i % 256}")
+    assert len(refusals._times) <= MAX_SOURCES
 
 
 def test_a_held_refusal_is_answered_when_the_server_closes():

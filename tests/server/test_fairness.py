@@ -23,6 +23,7 @@ from tritonclient.utils import InferenceServerException
 
 from boundgen.runtime.batcher import Batcher
 from boundgen.runtime.local_engine import CallShare
+from boundgen.server.admission import FLOOD_REFUSALS
 from boundgen.server.deploy import link
 from boundgen.server.deploy.engine_host import EngineHost
 from tests.server.conftest import INFLIGHT, QUEUED, SCORE_SPEC, wait_metric
@@ -157,10 +158,10 @@ class HeldEngine:
         return self._batcher.queued
 
 
-def submit(sock, rid: int, client: str) -> None:
+def submit(sock, rid: int, client: str, source: str = "") -> None:
     """A front end's SUBMIT of a one-token request whose token is `rid`."""
     sock.sendall(link.frame({"op": link.SUBMIT, "id": rid, "model": "fscore", "deadline": time.monotonic() + 30,
-                             "client": client, "tokens": link.pack_array(np.array([rid], "<i4")),
+                             "client": client, "source": source, "tokens": link.pack_array(np.array([rid], "<i4")),
                              "positions": link.pack_array(np.array([0], "<i4")),
                              "cu_seqlens": link.pack_array(np.array([0, 1], "<i4")), "lengths": [1]}))
 
@@ -280,6 +281,43 @@ def test_a_draining_front_end_or_engine_gets_the_refusals_held_for_it_at_once(tm
             host.set_state("draining")
         assert answers(sock, 1) == {2: "overloaded"}
         assert time.monotonic() - start < 5.0
+        engine.release.set()
+        assert answers(sock, 2) == {0: "ok", 1: "ok"}
+    finally:
+        engine.release.set()
+        sock.close()
+        host.close()
+        engine._batcher.close()
+
+
+def test_the_engine_process_holds_the_refusals_of_an_address_that_sends_many_ids(tmp_path):
+    """As one process does (server/admission.py RecentRefusals): past FLOOD_REFUSALS refusals of one
+    address within the hold, its refusals are held whatever client ids they name; another address's
+    refusal comes at once meanwhile."""
+    engine = HeldEngine()
+    hold = 1.0
+    host = EngineHost(str(tmp_path / "engine.sock"), max_queue=1, refusal_hold_s=hold)
+    host.add("fscore", engine, "unused")
+    host.set_state("ready")
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.connect(host.path)
+    try:
+        assert link.read_frame(sock)["op"] == link.MODELS
+        submit(sock, 0, "A")
+        wait_until(lambda: engine.ran == [0], "the engine is busy")
+        submit(sock, 1, "A")
+        wait_until(lambda: engine.queued == 1, "the queue is full")
+        start = time.monotonic()
+        for rid in range(10, 10 + FLOOD_REFUSALS - 1):
+            submit(sock, rid, f"id:x{rid}", "10.0.0.9")
+        assert answers(sock, FLOOD_REFUSALS - 1) == {rid: "overloaded" for rid in range(10, 10 + FLOOD_REFUSALS - 1)}
+        assert time.monotonic() - start < hold / 2
+        submit(sock, 99, "id:x99", "10.0.0.9")  # the address's FLOOD_REFUSALS-th: held
+        submit(sock, 100, "id:y", "10.0.0.10")  # another address: at once, while 99's is held
+        assert answers(sock, 1) == {100: "overloaded"}
+        assert time.monotonic() - start < hold / 2
+        assert answers(sock, 1) == {99: "overloaded"}
+        assert time.monotonic() - start >= hold * 0.95
         engine.release.set()
         assert answers(sock, 2) == {0: "ok", 1: "ok"}
     finally:

@@ -6,7 +6,8 @@
                   model's batcher queue (LocalEngine.enqueue:
                   the one queue, fair across the clients the front ends name; full at --max-queue:
                   429, or a greedier client's newest request gets it: runtime/fair_queue.py;
-                  a client with requests waiting gets its 429 --refusal-hold-ms late, from the
+                  a client with requests waiting, or an address refused many times in a moment
+                  (admission.RecentRefusals), gets its 429 --refusal-hold-ms late, from the
                   held-answers thread, as in one process: server/admission.py; sent at once when
                   its front end or the engine starts draining);
                   a batch worker takes it into a call
@@ -42,7 +43,7 @@ import torch
 
 from boundgen.errors import BoundgenError, Cancelled, DeadlineExceeded, InvalidInput, Overloaded
 from boundgen.runtime.local_engine import CallShare, LocalEngine
-from boundgen.server.admission import refusal_hold
+from boundgen.server.admission import RecentRefusals, refusal_hold
 from boundgen.server.deploy import link
 from boundgen.text.tokenizer import PackedBatch
 
@@ -82,6 +83,7 @@ class EngineHost:
         self._held: list = []  # (when, order, connection, message): answers sent late, soonest first
         self._held_order = itertools.count()
         self._held_changed = threading.Condition()
+        self._refusals = RecentRefusals(refusal_hold_s)  # by address, across the front ends
         self.models: dict[str, HostedModel] = {}
         self.state = "loading"
         self.frontend_states: dict[int, str] = {}
@@ -203,8 +205,9 @@ class EngineHost:
                                           self.max_queue, None if allow is None else link.unpack_array(allow),
                                           None if subset is None else str(subset))
         except BoundgenError as exc:
-            hold = refusal_hold(self.refusal_hold_s, exc.client_waiting if isinstance(exc, Overloaded) else 0,
-                                message.get("deadline"))
+            overloaded = isinstance(exc, Overloaded)
+            hold = refusal_hold(self.refusal_hold_s, exc.client_waiting if overloaded else 0, message.get("deadline"),
+                                overloaded and self._refusals.note(str(message.get("source", ""))))
             if hold:
                 return self._hold(conn, _error(rid, _kind(exc), str(exc)), hold)
             return conn.send(_error(rid, _kind(exc), str(exc)))

@@ -1,6 +1,6 @@
 """The link between front-end processes and the engine process: messages on a Unix socket.
 
-    front end -> engine   SUBMIT  {id, model, deadline, client, tokens, positions, cu_seqlens, lengths
+    front end -> engine   SUBMIT  {id, model, deadline, client, source, tokens, positions, cu_seqlens, lengths
                                    [, allow_items, allow_subset]}  (a constrained beam request's
                                    allow-list, int64 [K]; its named subset, a text)
                           CANCEL  {id}                 (client gone, or its deadline passed)

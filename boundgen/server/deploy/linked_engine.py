@@ -76,18 +76,19 @@ class EngineLink:
         return self.state
 
     async def call(self, model: str, packed, deadline: float, client: str = "",
-                   allow_items: np.ndarray | None = None, allow_subset: str | None = None) -> dict:
+                   allow_items: np.ndarray | None = None, allow_subset: str | None = None, source: str = "") -> dict:
         """Queue one tokenized request in the engine and await its RESULT; raises the engine's
         error, DeadlineExceeded when `deadline` passes first (it is withdrawn there, unrun, if it
         still waits), and sends CANCEL if the caller is cancelled. `client`: who sent it (its
         turn in the engine's queue); `allow_items`, `allow_subset`: a constrained request's
-        allow-list and named subset."""
+        allow-list and named subset; `source`: its address (refusals held by address too)."""
         if self.closed.is_set():
             raise Unavailable("the engine process has stopped; this server is shutting down")
         rid = next(self._ids)
         future = asyncio.get_running_loop().create_future()
         self._pending[rid] = future
         message = {"op": link.SUBMIT, "id": rid, "model": model, "deadline": deadline, "client": client,
+                   "source": source,
                    "tokens": link.pack_array(packed.tokens.numpy().astype("<i4")),
                    "positions": link.pack_array(packed.positions.numpy().astype("<i4")),
                    "cu_seqlens": link.pack_array(packed.cu_seqlens.numpy().astype("<i4")),
@@ -163,14 +164,15 @@ class LinkedEngine(Engine):
         self.builder = make_builder(program, tokenizer, items=task_of(program).constrained(program))
         self.catalogue_items = hosted.get("catalogue_items")  # None: no catalogue (the engine says so)
 
-    async def run(self, call: EngineCall, deadline: float, client: str = ""):
+    async def run(self, call: EngineCall, deadline: float, client: str = "", source: str = ""):
         t0 = time.perf_counter()
         packed = (self.packer.pack_ids([list(ids) for ids in call.token_ids]) if call.token_ids is not None
                   else self.packer.encode(list(call.texts)))
         if call.allow_items is not None and self.catalogue_items is not None:  # before it crosses the link
             check_allow_count(len(call.allow_items), self.catalogue_items)
         t1 = time.perf_counter()
-        answer = await self.link.call(self.spec.name, packed, deadline, client, call.allow_items, call.allow_subset)
+        answer = await self.link.call(self.spec.name, packed, deadline, client, call.allow_items, call.allow_subset,
+                                      source)
         t2 = time.perf_counter()
         share = CallShare([link.unpack_array(r) for r in answer["rows"]], answer["queue_s"], answer["model_s"],
                           answer["requests_in_call"])

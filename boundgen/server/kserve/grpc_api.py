@@ -322,7 +322,8 @@ class GrpcFrontend:
                 count = 0
                 async for request in requests:
                     count += 1
-                    tag = request_ids.RequestTag(f"{stream.id}.{count}", stream.route, "grpc", stream.client)
+                    tag = request_ids.RequestTag(f"{stream.id}.{count}", stream.route, "grpc", stream.client,
+                                                 stream.source)
                     task = asyncio.ensure_future(self._stream_one(request, context, tag))
                     tasks.add(task)
                     task.add_done_callback(tasks.discard)

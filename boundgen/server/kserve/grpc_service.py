@@ -55,9 +55,9 @@ def route(method: str) -> str:
 def identify(context, method: str) -> request_ids.RequestTag:
     """Tag the call being handled with its request id and echo it in its trailing metadata."""
     metadata = context.invocation_metadata()
-    client = request_ids.client_key(request_ids.from_metadata(metadata, request_ids.CLIENT_METADATA_KEY),
-                                    request_ids.grpc_peer_host(context.peer()))
-    tag = request_ids.begin(request_ids.from_metadata(metadata), route(method), "grpc", client)
+    source = request_ids.grpc_peer_host(context.peer())
+    client = request_ids.client_key(request_ids.from_metadata(metadata, request_ids.CLIENT_METADATA_KEY), source)
+    tag = request_ids.begin(request_ids.from_metadata(metadata), route(method), "grpc", client, source)
     context.set_trailing_metadata(((request_ids.METADATA_KEY, tag.id),))
     return tag
 

@@ -120,8 +120,9 @@ async def _plain_json_type(request: web.Request, handler):
 async def _identified(request: web.Request, handler):
     """Tag the request with its id (request_ids.py) and echo it in every answer's X-Request-ID,
     errors included. Inside `_arrival`, which may send the answer itself (headers are final then)."""
+    source = request.remote or ""
     tag = request_ids.begin(request.headers.get(request_ids.HEADER), f"{request.method} {request.path}", "http",
-                            request_ids.client_key(request.headers.get(request_ids.CLIENT_HEADER), request.remote))
+                            request_ids.client_key(request.headers.get(request_ids.CLIENT_HEADER), source), source)
     try:
         response = await handler(request)
     except web.HTTPException as exc:  # one `_json_errors` lets through (below 400): identified all the same
