@@ -35,9 +35,10 @@ def register(sub):
     p.add_argument("--max-queue", type=int, default=32, metavar="N",
                    help="requests waiting per model beyond those; more get 429 at once (default 32)")
     p.add_argument("--refusal-hold-ms", type=float, default=100.0, metavar="MS",
-                   help="a full queue's 429 to a client that already has requests waiting in it is sent MS "
-                        "later, within the request's deadline, so that a greedy client's retries do not take "
-                        "the CPU other clients need (0: at once; default 100)")
+                   help="a full queue's 429 to a client that already has requests waiting in it, or from an "
+                        "address refused 8 times within the last MS, is sent MS later, within the request's "
+                        "deadline, so that a greedy client's retries do not take the CPU other clients need "
+                        "(0: at once; default 100)")
     p.add_argument("--default-timeout-ms", type=float, default=1000.0, metavar="MS",
                    help="deadline of a request that brings none (default 1000)")
     p.add_argument("--max-body-bytes", type=int, default=4 << 20, metavar="B",
