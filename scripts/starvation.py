@@ -347,15 +347,15 @@ def attack_slowloris(t: Target, sizes, stop, outcome):
                     f"after {min(lifetimes, default=0):.1f}-{max(lifetimes, default=0):.1f} s")
 
 
-def attack_burst(t: Target, sizes, stop, outcome):
-    """`burst` concurrent closed loops of valid score requests from one other client (X-Client-ID
-    "burst"): each answer 200, 429 (queue full) or 504 (deadline) per contract."""
+def _burst(t: Target, sizes, stop, outcome, next_id, source: str | None = None):
+    """`burst` concurrent closed loops of valid score requests, each under the client id `next_id()`
+    gives, from `source`: each answer 200, 429 (queue full) or 504 (deadline) per contract."""
     body = infer_body([VICTIM_TEXT])
-    outcome.note = f"{sizes['burst']} concurrent connections of one client"
 
     def loop():
-        client = HttpClient(t.http_port, "burst")
+        client = HttpClient(t.http_port, None, source)
         while not stop.is_set():
+            client.headers["X-Client-ID"] = next_id()
             status = client.post(f"/v2/models/{t.score}/infer", body)
             outcome.add(status, status in (200, 429, 504))
         client.close()
@@ -365,28 +365,20 @@ def attack_burst(t: Target, sizes, stop, outcome):
         w.start()
     for w in workers:
         w.join(60.0)
+
+
+def attack_burst(t: Target, sizes, stop, outcome):
+    """One other client (X-Client-ID "burst") on `burst` connections."""
+    outcome.note = f"{sizes['burst']} concurrent connections of one client"
+    _burst(t, sizes, stop, outcome, lambda: "burst")
 
 
 def attack_burst_ids(t: Target, sizes, stop, outcome):
     """As `burst`, from another address (127.0.0.2) and each request under a new X-Client-ID: no id
     ever has a request waiting, so only the address tells the requests apart from many clients'."""
-    body = infer_body([VICTIM_TEXT])
     outcome.note = f"{sizes['burst']} concurrent connections from 127.0.0.2, a new client id a request"
     ids = iter(range(1 << 62))
-
-    def loop():
-        client = HttpClient(t.http_port, None, "127.0.0.2")
-        while not stop.is_set():
-            client.headers["X-Client-ID"] = f"burst-{next(ids)}"
-            status = client.post(f"/v2/models/{t.score}/infer", body)
-            outcome.add(status, status in (200, 429, 504))
-        client.close()
-
-    workers = [threading.Thread(target=loop, daemon=True) for _ in range(sizes["burst"])]
-    for w in workers:
-        w.start()
-    for w in workers:
-        w.join(60.0)
+    _burst(t, sizes, stop, outcome, lambda: f"burst-{next(ids)}", "127.0.0.2")
 
 
 ATTACKS = {

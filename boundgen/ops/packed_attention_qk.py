@@ -144,6 +144,9 @@ def _packed_attention_qk_kernel(
 
     # Which (sequence, query block) is this program? As ops/packed_attention.py finds it: sequence
     # s owns blocks [sum_{r<s} n_r, sum_{r<=s} n_r), n_r = cdiv(L_r, BLOCK_M), its last block first.
+    # Written here, not in a shared helper: torch's analysis of what a kernel writes takes every
+    # argument of a call whose result reaches a store's address as written, and a build would clone
+    # cu_seqlens on every call (ops/packed_attention_stacked.py, bench/mutations.py).
     seq_start = pid * 0
     seq_end = pid * 0
     block = pid * 0
@@ -193,36 +196,18 @@ def _packed_attention_qk_kernel(
 # ---------------------------------------------------------------------------------------------
 # Launcher
 
-SUPPORTED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-
-
 def _check(qkv, q_weight, k_weight, cos, sin, cu_seqlens, num_q_heads, num_kv_heads) -> None:
-    head_dim = q_weight.shape[0] if q_weight.dim() == 1 else -1
     if num_q_heads < 1 or num_kv_heads < 1 or num_q_heads % num_kv_heads:
         raise ValueError(f"packed_attention_qk: N_q={num_q_heads} must be a positive multiple of "
                          f"N_kv={num_kv_heads}")
-    if qkv.dim() != 2 or head_dim < 32 or head_dim & (head_dim - 1) \
-            or qkv.shape[1] != (num_q_heads + 2 * num_kv_heads) * head_dim:
-        raise ValueError(f"packed_attention_qk: expected qkv [T, (Nq + 2 Nkv) D] with D a power of two >= 32 "
-                         f"(the dots' halves >= 16) = the weights' length; got qkv {tuple(qkv.shape)}, "
-                         f"q_weight {tuple(q_weight.shape)}, Nq {num_q_heads}, Nkv {num_kv_heads}")
-    if tuple(k_weight.shape) != (head_dim,) or tuple(cos.shape) != (qkv.shape[0], head_dim) \
-            or tuple(sin.shape) != (qkv.shape[0], head_dim):
-        raise ValueError(f"packed_attention_qk: k_weight must be [{head_dim}] and cos / sin [T, {head_dim}]; got "
-                         f"k_weight {tuple(k_weight.shape)}, cos {tuple(cos.shape)}, sin {tuple(sin.shape)}")
-    tensors = (qkv, q_weight, k_weight, cos, sin)
-    if qkv.dtype not in SUPPORTED_DTYPES or any(t.dtype != qkv.dtype for t in tensors):
-        raise ValueError(f"packed_attention_qk: qkv, the weights and cos / sin must share one dtype of bfloat16, "
-                         f"float16, float32; got {[t.dtype for t in tensors]}")
-    if any(t.stride(-1) != 1 for t in tensors):
-        raise ValueError("packed_attention_qk: the last dim of qkv, the weights and cos / sin must be contiguous "
-                         f"(stride 1); got strides {[t.stride() for t in tensors]}")
+    # D >= 32: the dots' halves >= 16
+    qk_norm_rope.check_inputs(qkv, q_weight, k_weight, cos, sin, num_q_heads, num_kv_heads, "packed_attention_qk", 32)
     if cu_seqlens.dim() != 1 or cu_seqlens.dtype != torch.int32 or not cu_seqlens.is_contiguous():
         raise ValueError("packed_attention_qk: cu_seqlens must be a contiguous 1-D int32 tensor [B+1]; got "
                          f"{cu_seqlens.dtype} {tuple(cu_seqlens.shape)}")
-    if len({t.device for t in (*tensors, cu_seqlens)}) != 1:
-        raise ValueError("packed_attention_qk: all inputs must be on one device; got "
-                         f"{[str(t.device) for t in (*tensors, cu_seqlens)]}")
+    if cu_seqlens.device != qkv.device:
+        raise ValueError(f"packed_attention_qk: all inputs must be on one device; got qkv on {qkv.device}, "
+                         f"cu_seqlens on {cu_seqlens.device}")
 
 
 def default_config(head_dim: int, pack: int) -> tuple[int, int, int, int]:

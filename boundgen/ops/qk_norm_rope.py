@@ -126,23 +126,30 @@ def _qk_norm_rope_kernel(qkv_ptr, wq_ptr, wk_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
-def _check(qkv, q_weight, k_weight, cos, sin, num_q_heads, num_kv_heads) -> None:
+def check_inputs(qkv, q_weight, k_weight, cos, sin, num_q_heads, num_kv_heads, op: str = "qk_norm_rope",
+                 min_head_dim: int = 2) -> None:
+    """ValueError naming `op` unless qkv [T, (Nq + 2 Nkv) D], the weights [D] and cos / sin [T, D] fit
+    (D a power of two >= `min_head_dim`), share one dtype and device, and have contiguous last dims
+    (this op's and ops/packed_attention_qk.py's inputs)."""
     head_dim = q_weight.shape[0] if q_weight.dim() == 1 else -1
-    if qkv.dim() != 2 or head_dim < 2 or head_dim % 2 or head_dim & (head_dim - 1) \
+    if qkv.dim() != 2 or head_dim < max(2, min_head_dim) or head_dim & (head_dim - 1) \
             or qkv.shape[1] != (num_q_heads + 2 * num_kv_heads) * head_dim:
-        raise ValueError(f"qk_norm_rope: expected qkv [T, (Nq + 2 Nkv) D] with D a power of two = the weights' "
-                         f"length; got qkv {tuple(qkv.shape)}, q_weight {tuple(q_weight.shape)}, "
+        raise ValueError(f"{op}: expected qkv [T, (Nq + 2 Nkv) D] with D a power of two >= {max(2, min_head_dim)} "
+                         f"= the weights' length; got qkv {tuple(qkv.shape)}, q_weight {tuple(q_weight.shape)}, "
                          f"Nq {num_q_heads}, Nkv {num_kv_heads}")
     if tuple(k_weight.shape) != (head_dim,) or tuple(cos.shape) != (qkv.shape[0], head_dim) \
             or tuple(sin.shape) != (qkv.shape[0], head_dim):
-        raise ValueError(f"qk_norm_rope: k_weight must be [{head_dim}] and cos / sin [T, {head_dim}]; got "
+        raise ValueError(f"{op}: k_weight must be [{head_dim}] and cos / sin [T, {head_dim}]; got "
                          f"k_weight {tuple(k_weight.shape)}, cos {tuple(cos.shape)}, sin {tuple(sin.shape)}")
     tensors = (qkv, q_weight, k_weight, cos, sin)
     if qkv.dtype not in SUPPORTED_DTYPES or any(t.dtype != qkv.dtype for t in tensors):
-        raise ValueError(f"qk_norm_rope: every tensor must share one dtype of bfloat16, float16, float32; got "
-                         f"{[t.dtype for t in tensors]}")
-    if any(t.stride(-1) != 1 for t in tensors) or len({t.device for t in tensors}) != 1:
-        raise ValueError("qk_norm_rope: every tensor's last dim must be contiguous, all on one device")
+        raise ValueError(f"{op}: qkv, the weights and cos / sin must share one dtype of bfloat16, float16, "
+                         f"float32; got {[t.dtype for t in tensors]}")
+    if any(t.stride(-1) != 1 for t in tensors):
+        raise ValueError(f"{op}: the last dim of qkv, the weights and cos / sin must be contiguous (stride 1); got "
+                         f"strides {[t.stride() for t in tensors]}")
+    if len({t.device for t in tensors}) != 1:
+        raise ValueError(f"{op}: all inputs must be on one device; got {[str(t.device) for t in tensors]}")
 
 
 def head_group(num_q_heads: int, num_kv_heads: int) -> int:
@@ -163,7 +170,7 @@ def launch(qkv, q_weight, k_weight, cos, sin, eps: float, num_q_heads: int, num_
            block_t: int | None = None, num_warps: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Run the Triton kernel; same signature and result as `reference` (ties of the sum order
     aside). The launch config is overridable for tests and benchmarks."""
-    _check(qkv, q_weight, k_weight, cos, sin, num_q_heads, num_kv_heads)
+    check_inputs(qkv, q_weight, k_weight, cos, sin, num_q_heads, num_kv_heads)
     num_tokens, head_dim = qkv.shape[0], q_weight.shape[0]
     default_t, default_warps = default_config(num_q_heads, num_kv_heads, head_dim)
     block_t, num_warps = block_t or default_t, num_warps or default_warps

@@ -12,6 +12,7 @@ import socket
 import threading
 import time
 import uuid
+from contextlib import contextmanager
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from types import SimpleNamespace
 
@@ -166,20 +167,38 @@ def submit(sock, rid: int, client: str, source: str = "") -> None:
                              "cu_seqlens": link.pack_array(np.array([0, 1], "<i4")), "lengths": [1]}))
 
 
-@pytest.fixture
-def engine_host(tmp_path):
+@contextmanager
+def hosted(tmp_path, max_queue: int, refusal_hold_s: float = 0.0):
+    """(host, engine, sock): an EngineHost serving a HeldEngine, and a front end's connection to it."""
     engine = HeldEngine()
-    host = EngineHost(str(tmp_path / "engine.sock"), max_queue=4)
+    host = EngineHost(str(tmp_path / "engine.sock"), max_queue=max_queue, refusal_hold_s=refusal_hold_s)
     host.add("fscore", engine, "unused")
     host.set_state("ready")
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.connect(host.path)
-    assert link.read_frame(sock)["op"] == link.MODELS
-    yield host, engine, sock
-    engine.release.set()
-    sock.close()
-    host.close()
-    engine._batcher.close()
+    try:
+        assert link.read_frame(sock)["op"] == link.MODELS
+        yield host, engine, sock
+    finally:
+        engine.release.set()
+        sock.close()
+        host.close()
+        engine._batcher.close()
+
+
+@pytest.fixture
+def engine_host(tmp_path):
+    with hosted(tmp_path, max_queue=4) as parts:
+        yield parts
+
+
+def busy_and_full(sock, engine, waiting: int, client: str = "A") -> None:
+    """Request 0 of `client` running (held), its requests 1..`waiting` queued."""
+    submit(sock, 0, client)
+    wait_until(lambda: engine.ran == [0], "the engine is busy")
+    for rid in range(1, waiting + 1):
+        submit(sock, rid, client)
+    wait_until(lambda: engine.queued == waiting, "the queue is full")
 
 
 def answers(sock, n: int) -> dict:
@@ -224,16 +243,9 @@ def test_the_engine_process_refuses_the_greedy_clients_newest_when_full(engine_h
 
 def test_the_engine_process_holds_back_a_refusal_to_a_client_with_requests_waiting(tmp_path):
     """As one process does (server/admission.py): A, with requests waiting, gets its 429 the hold
-    late; B, with none, at once, while A's is still held."""
-    engine = HeldEngine()
+    late; C, with none, at once, while A's is still held."""
     hold = 1.0
-    host = EngineHost(str(tmp_path / "engine.sock"), max_queue=2, refusal_hold_s=hold)
-    host.add("fscore", engine, "unused")
-    host.set_state("ready")
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.connect(host.path)
-    try:
-        assert link.read_frame(sock)["op"] == link.MODELS
+    with hosted(tmp_path, max_queue=2, refusal_hold_s=hold) as (host, engine, sock):
         submit(sock, 0, "A")
         wait_until(lambda: engine.ran == [0], "the engine is busy")
         submit(sock, 1, "A")
@@ -248,30 +260,14 @@ def test_the_engine_process_holds_back_a_refusal_to_a_client_with_requests_waiti
         assert time.monotonic() - start >= hold * 0.95
         engine.release.set()
         assert answers(sock, 3) == {0: "ok", 1: "ok", 2: "ok"}
-    finally:
-        engine.release.set()
-        sock.close()
-        host.close()
-        engine._batcher.close()
 
 
 @pytest.mark.parametrize("who", ["front end", "engine"])
 def test_a_draining_front_end_or_engine_gets_the_refusals_held_for_it_at_once(tmp_path, who):
     """As one process's Admission.close does: a drain waits for nothing held back. The refusal is
     held for far longer than the test waits for it."""
-    engine = HeldEngine()
-    hold = 30.0
-    host = EngineHost(str(tmp_path / "engine.sock"), max_queue=1, refusal_hold_s=hold)
-    host.add("fscore", engine, "unused")
-    host.set_state("ready")
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.connect(host.path)
-    try:
-        assert link.read_frame(sock)["op"] == link.MODELS
-        submit(sock, 0, "A")
-        wait_until(lambda: engine.ran == [0], "the engine is busy")
-        submit(sock, 1, "A")
-        wait_until(lambda: engine.queued == 1, "the queue is full")
+    with hosted(tmp_path, max_queue=1, refusal_hold_s=30.0) as (host, engine, sock):
+        busy_and_full(sock, engine, 1)
         submit(sock, 2, "A")
         wait_until(lambda: len(host._held) == 1, "A's refusal is held")
         start = time.monotonic()
@@ -283,34 +279,20 @@ def test_a_draining_front_end_or_engine_gets_the_refusals_held_for_it_at_once(tm
         assert time.monotonic() - start < 5.0
         engine.release.set()
         assert answers(sock, 2) == {0: "ok", 1: "ok"}
-    finally:
-        engine.release.set()
-        sock.close()
-        host.close()
-        engine._batcher.close()
 
 
 def test_the_engine_process_holds_the_refusals_of_an_address_that_sends_many_ids(tmp_path):
     """As one process does (server/admission.py RecentRefusals): past FLOOD_REFUSALS refusals of one
     address within the hold, its refusals are held whatever client ids they name; another address's
     refusal comes at once meanwhile."""
-    engine = HeldEngine()
     hold = 1.0
-    host = EngineHost(str(tmp_path / "engine.sock"), max_queue=1, refusal_hold_s=hold)
-    host.add("fscore", engine, "unused")
-    host.set_state("ready")
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.connect(host.path)
-    try:
-        assert link.read_frame(sock)["op"] == link.MODELS
-        submit(sock, 0, "A")
-        wait_until(lambda: engine.ran == [0], "the engine is busy")
-        submit(sock, 1, "A")
-        wait_until(lambda: engine.queued == 1, "the queue is full")
+    with hosted(tmp_path, max_queue=1, refusal_hold_s=hold) as (host, engine, sock):
+        busy_and_full(sock, engine, 1)
         start = time.monotonic()
-        for rid in range(10, 10 + FLOOD_REFUSALS - 1):
+        first = range(10, 10 + FLOOD_REFUSALS - 1)
+        for rid in first:
             submit(sock, rid, f"id:x{rid}", "10.0.0.9")
-        assert answers(sock, FLOOD_REFUSALS - 1) == {rid: "overloaded" for rid in range(10, 10 + FLOOD_REFUSALS - 1)}
+        assert answers(sock, len(first)) == {rid: "overloaded" for rid in first}
         assert time.monotonic() - start < hold / 2
         submit(sock, 99, "id:x99", "10.0.0.9")  # the address's FLOOD_REFUSALS-th: held
         submit(sock, 100, "id:y", "10.0.0.10")  # another address: at once, while 99's is held
@@ -320,8 +302,3 @@ def test_the_engine_process_holds_the_refusals_of_an_address_that_sends_many_ids
         assert time.monotonic() - start >= hold * 0.95
         engine.release.set()
         assert answers(sock, 2) == {0: "ok", 1: "ok"}
-    finally:
-        engine.release.set()
-        sock.close()
-        host.close()
-        engine._batcher.close()
