@@ -8,7 +8,7 @@ import os
 
 from boundgen.cli.common import add_runtime_flags, positive_int, runtime_overrides
 from boundgen.errors import ConfigError
-from boundgen.server.config import API_KEY_ENV, ServerConfig  # torch-free: --help stays fast
+from boundgen.server.config import API_KEY_ENV, CLIENT_KEYS, ServerConfig  # torch-free: --help stays fast
 
 DESCRIPTION = """\
 Serves built artifacts with the KServe v2 / Open Inference Protocol over HTTP and gRPC
@@ -39,6 +39,11 @@ def register(sub):
                         "address refused 8 times within the last MS, is sent MS later, within the request's "
                         "deadline, so that a greedy client's retries do not take the CPU other clients need "
                         "(0: at once; default 100)")
+    p.add_argument("--client-key", choices=CLIENT_KEYS, default="id",
+                   help="who a request's client is, for the queue's turns: id, its X-Client-ID header / "
+                        "x-client-id metadata when it sends one, else its address (default; clients behind "
+                        "one proxy name themselves); address, its address alone (clients that reach the "
+                        "server directly, where an id is a claim any client can multiply)")
     p.add_argument("--default-timeout-ms", type=float, default=1000.0, metavar="MS",
                    help="deadline of a request that brings none (default 1000)")
     p.add_argument("--max-body-bytes", type=int, default=4 << 20, metavar="B",
@@ -125,7 +130,7 @@ def config_from_args(args):
     try:
         return ServerConfig(host=args.host, http_port=args.http_port, grpc_port=args.grpc_port,
                             max_inflight=args.max_inflight, max_queue=args.max_queue,
-                            refusal_hold_ms=args.refusal_hold_ms,
+                            refusal_hold_ms=args.refusal_hold_ms, client_key=args.client_key,
                             default_timeout_ms=args.default_timeout_ms, max_body_bytes=args.max_body_bytes,
                             api_key=api_key, drain_timeout_s=args.drain_timeout_s,
                             idle_timeout_s=args.idle_timeout_s, read_timeout_s=args.read_timeout_s,

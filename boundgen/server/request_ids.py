@@ -15,7 +15,7 @@ enters (each HTTP request and gRPC call runs in its own asyncio task): the acces
 
 The client key: the client's own id, header `X-Client-ID` / metadata `x-client-id` (one token,
 as a request id), else its address without the port (HTTP and gRPC alike), so that the
-connections of one host are one client. Queues take clients in turn (runtime/fair_queue.py).
+connections of one host are one client; with `serve --client-key address`, the address alone. Queues take clients in turn (runtime/fair_queue.py).
 An id is the client's claim: clients behind one proxy tell themselves apart with it, and a client
 that sends many ids gets as many turns (no fewer than without fairness). The address travels
 beside it (`RequestTag.source`): a host refused many times in a moment gets its refusals held back
@@ -60,9 +60,10 @@ def request_id(given: str | None) -> str:
     return uuid.uuid4().hex
 
 
-def client_key(given: str | None, address: str | None) -> str:
-    """Who sent a request that brought client id `given` from `address` (a host, no port)."""
-    if given and _TOKEN.fullmatch(given):
+def client_key(given: str | None, address: str | None, by: str = "id") -> str:
+    """Who sent a request that brought client id `given` from `address` (a host, no port): by "id"
+    (serve --client-key), the id when it is one token, else the address; by "address", the address."""
+    if by == "id" and given and _TOKEN.fullmatch(given):
         return f"id:{given}"
     return address or ""
 

@@ -114,6 +114,27 @@ def test_without_ids_the_clients_of_one_host_are_one_client(server, pool):
     assert ran == ["host-held", *(f"host-a{i}" for i in range(5)), "host-b"]
 
 
+@pytest.fixture(scope="module")
+def by_address(launch, tmp_path_factory):
+    """The same server with `--client-key address`."""
+    root = tmp_path_factory.mktemp("fairness-by-address")
+    log = root / "calls.jsonl"
+    server = launch([write_fake_artifact(root / "fscore", SCORE_SPEC, log=log)],
+                    args=["--max-inflight", "1", "--max-queue", str(QUEUE), "--default-timeout-ms", "30000",
+                          "--client-key", "address"])
+    server.log, server.root = log, root
+    yield server
+    assert server.stop() == 0
+
+
+def test_by_address_the_ids_of_one_host_are_one_client(by_address, pool):
+    """--client-key address: A's and B's ids from one host are one client's, first in first out
+    (with ids, B's request runs second: the first test above)."""
+    ran, outcomes = burst_then_one(by_address, pool, "A", "B", "addr", burst=5)
+    assert set(outcomes.values()) == {"ok"}, outcomes
+    assert ran == ["addr-held", *(f"addr-a{i}" for i in range(5)), "addr-b"]
+
+
 def test_a_full_queue_refuses_the_greedy_clients_newest_request(server, pool):
     ran, outcomes = burst_then_one(server, pool, "A", "B", "full", burst=QUEUE)
     newest = f"full-a{QUEUE - 1}"

@@ -146,6 +146,7 @@ def test_a_client_is_its_id_else_its_host_alike_over_http_and_grpc():
     assert request_ids.client_key("team-7", "10.0.0.5") == "id:team-7"
     assert request_ids.client_key("two words", "10.0.0.5") == "10.0.0.5"  # not one token: the address
     assert request_ids.client_key(None, None) == ""
+    assert request_ids.client_key("team-7", "10.0.0.5", "address") == "10.0.0.5"  # serve --client-key address
     assert request_ids.grpc_peer_host("ipv4:127.0.0.1:50312") == "127.0.0.1"
     assert request_ids.grpc_peer_host("ipv6:[::1]:50312") == "::1"
     assert request_ids.grpc_peer_host("unix:/tmp/s") == "unix:/tmp/s"

@@ -95,9 +95,9 @@ class GrpcFrontend:
                 decode = self._decode_infer
             else:
                 behaviour = self._refusing_undecodable(method, behaviour)
-            handlers[method] = grpc.unary_unary_rpc_method_handler(identified(method, behaviour),
-                                                                   request_deserializer=decode,
-                                                                   response_serializer=serialize)
+            handlers[method] = grpc.unary_unary_rpc_method_handler(
+                identified(method, behaviour, self.config.client_key), request_deserializer=decode,
+                response_serializer=serialize)
         handlers["ModelStreamInfer"] = grpc.stream_stream_rpc_method_handler(
             self.model_stream_infer, request_deserializer=self._decode_infer, response_serializer=serialize)
         return Arrivals(self, grpc.method_handlers_generic_handler(pb.SERVICE, handlers))
@@ -312,7 +312,7 @@ class GrpcFrontend:
     async def model_stream_infer(self, requests, context):
         """ModelStreamInfer (see the module docstring): a task per request as it arrives, answers
         in request order."""
-        stream = identify(context, "ModelStreamInfer")
+        stream = identify(context, "ModelStreamInfer", self.config.client_key)
         await self._call(context, lambda: None)
         order: asyncio.Queue = asyncio.Queue()  # each request's task, in arrival order; None ends
         tasks: set[asyncio.Task] = set()

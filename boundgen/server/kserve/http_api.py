@@ -116,20 +116,25 @@ async def _plain_json_type(request: web.Request, handler):
     return response
 
 
-@web.middleware
-async def _identified(request: web.Request, handler):
-    """Tag the request with its id (request_ids.py) and echo it in every answer's X-Request-ID,
-    errors included. Inside `_arrival`, which may send the answer itself (headers are final then)."""
-    source = request.remote or ""
-    tag = request_ids.begin(request.headers.get(request_ids.HEADER), f"{request.method} {request.path}", "http",
-                            request_ids.client_key(request.headers.get(request_ids.CLIENT_HEADER), source), source)
-    try:
-        response = await handler(request)
-    except web.HTTPException as exc:  # one `_json_errors` lets through (below 400): identified all the same
-        exc.headers[request_ids.HEADER] = tag.id
-        raise
-    response.headers[request_ids.HEADER] = tag.id
-    return response
+def _identified(client_keys: str):
+    """The middleware that tags a request with its id (request_ids.py; its client by `client_keys`,
+    serve --client-key) and echoes it in every answer's X-Request-ID, errors included. Inside
+    `_arrival`, which may send the answer itself (headers are final then)."""
+    @web.middleware
+    async def identified(request: web.Request, handler):
+        source = request.remote or ""
+        client = request_ids.client_key(request.headers.get(request_ids.CLIENT_HEADER), source, client_keys)
+        tag = request_ids.begin(request.headers.get(request_ids.HEADER), f"{request.method} {request.path}", "http",
+                                client, source)
+        try:
+            response = await handler(request)
+        except web.HTTPException as exc:  # one `_json_errors` lets through (below 400): identified all the same
+            exc.headers[request_ids.HEADER] = tag.id
+            raise
+        response.headers[request_ids.HEADER] = tag.id
+        return response
+
+    return identified
 
 
 class HttpFrontend:
@@ -143,8 +148,8 @@ class HttpFrontend:
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=self.config.max_body_bytes,
-                              middlewares=[self._arrival, _identified, _plain_json_type, self._json_errors,
-                                           self._auth])
+                              middlewares=[self._arrival, _identified(self.config.client_key), _plain_json_type,
+                                           self._json_errors, self._auth])
         app[JSON_WORKER] = JsonWorker()  # large bodies are parsed there (http_bodies.loads), started when needed
         app.on_cleanup.append(app[JSON_WORKER].close)
         app.router.add_get("/v2/health/live", self.live)
