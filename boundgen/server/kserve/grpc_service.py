@@ -52,23 +52,23 @@ def route(method: str) -> str:
     return f"/{pb.SERVICE}/{method}"
 
 
-def identify(context, method: str, client_keys: str = "id") -> request_ids.RequestTag:
+def identify(context, method: str, client_key: str = "id") -> request_ids.RequestTag:
     """Tag the call being handled with its request id and echo it in its trailing metadata;
-    `client_keys`: serve --client-key (request_ids.client_key)."""
+    `client_key`: serve --client-key (request_ids.client_key)."""
     metadata = context.invocation_metadata()
     source = request_ids.grpc_peer_host(context.peer())
     client = request_ids.client_key(request_ids.from_metadata(metadata, request_ids.CLIENT_METADATA_KEY), source,
-                                    client_keys)
+                                    client_key)
     tag = request_ids.begin(request_ids.from_metadata(metadata), route(method), "grpc", client, source)
     context.set_trailing_metadata(((request_ids.METADATA_KEY, tag.id),))
     return tag
 
 
-def identified(method: str, behaviour, client_keys: str = "id"):
+def identified(method: str, behaviour, client_key: str = "id"):
     """`behaviour` with the call tagged and its id echoed first (`identify`)."""
     @functools.wraps(behaviour)
     async def call(request, context):
-        identify(context, method, client_keys)
+        identify(context, method, client_key)
         return await behaviour(request, context)
 
     return call

@@ -116,14 +116,14 @@ async def _plain_json_type(request: web.Request, handler):
     return response
 
 
-def _identified(client_keys: str):
-    """The middleware that tags a request with its id (request_ids.py; its client by `client_keys`,
+def _identified(client_key: str):
+    """The middleware that tags a request with its id (request_ids.py; its client by `client_key`,
     serve --client-key) and echoes it in every answer's X-Request-ID, errors included. Inside
     `_arrival`, which may send the answer itself (headers are final then)."""
     @web.middleware
     async def identified(request: web.Request, handler):
         source = request.remote or ""
-        client = request_ids.client_key(request.headers.get(request_ids.CLIENT_HEADER), source, client_keys)
+        client = request_ids.client_key(request.headers.get(request_ids.CLIENT_HEADER), source, client_key)
         tag = request_ids.begin(request.headers.get(request_ids.HEADER), f"{request.method} {request.path}", "http",
                                 client, source)
         try:
