@@ -39,11 +39,12 @@ def register(sub):
                         "address refused 8 times within the last MS, is sent MS later, within the request's "
                         "deadline, so that a greedy client's retries do not take the CPU other clients need "
                         "(0: at once; default 100)")
-    p.add_argument("--client-key", choices=CLIENT_KEYS, default="id",
-                   help="who a request's client is, for the queue's turns: id, its X-Client-ID header / "
-                        "x-client-id metadata when it sends one, else its address (default; clients behind "
-                        "one proxy name themselves); address, its address alone (clients that reach the "
-                        "server directly, where an id is a claim any client can multiply)")
+    p.add_argument("--client-key", choices=CLIENT_KEYS, default="address-id",
+                   help="who a request's client is, for the queue's turns: address-id, its X-Client-ID header / "
+                        "x-client-id metadata when it sends one, as one of its address's clients, else its "
+                        "address: the hosts take turns, then each host's clients (default; clients behind one "
+                        "proxy name themselves, and a host that sends many ids gets one turn among the hosts); "
+                        "id, the id alone (each id a turn among all); address, its address alone")
     p.add_argument("--default-timeout-ms", type=float, default=1000.0, metavar="MS",
                    help="deadline of a request that brings none (default 1000)")
     p.add_argument("--max-body-bytes", type=int, default=4 << 20, metavar="B",

@@ -9,7 +9,7 @@ from boundgen.server.logs import FORMATS, LEVELS
 API_KEY_ENV = "BOUNDGEN_API_KEY"
 API_KEY_HEADER = "Authorization"  # "Authorization: Bearer KEY" (HTTP header; gRPC metadata key "authorization")
 SHM_PREFIX = "/boundgen"  # the shared memory objects clients may register by default (shared_memory.py)
-CLIENT_KEYS = ("id", "address")  # serve --client-key
+CLIENT_KEYS = ("address-id", "id", "address")  # serve --client-key (server/request_ids.py client_key)
 
 
 @dataclass(frozen=True)
@@ -22,10 +22,10 @@ class ServerConfig:
     # A full queue's 429 to a client that already has requests waiting comes this late (admission.py): a burst
     # client's victim 6.7-7.1x -> 1.8-2.1x its p50 alone on 2 cores, the burst itself served more (2026-12-06).
     refusal_hold_ms: float = 100.0
-    # Who a request's client is, for fair queueing (server/request_ids.py): "id", X-Client-ID / x-client-id when
-    # sent, else the address; "address", the address alone (clients that reach the server directly, where an id
-    # is a claim any client can multiply: docs/serving.md, starvation).
-    client_key: str = "id"
+    # Who a request's client is, for fair queueing (server/request_ids.py client_key): "address-id", the hosts in
+    # turn, then a host's X-Client-ID / x-client-id clients (its address when it sends none); "id", every id its own
+    # turn; "address", the address alone (docs/serving.md, starvation).
+    client_key: str = "address-id"
     default_timeout_ms: float = 1000.0  # deadline of a request that brings none
     max_body_bytes: int = 4 << 20  # HTTP body / gRPC message
     api_key: str | None = None  # required on every route but /v2/health/{live,ready} when set

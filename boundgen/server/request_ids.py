@@ -13,13 +13,16 @@ The id of the request being handled is a context variable (`current()`), set whe
 enters (each HTTP request and gRPC call runs in its own asyncio task): the access log
 (logs.access) reads it without every layer in between passing it on.
 
-The client key: the client's own id, header `X-Client-ID` / metadata `x-client-id` (one token,
-as a request id), else its address without the port (HTTP and gRPC alike), so that the
-connections of one host are one client; with `serve --client-key address`, the address alone. Queues take clients in turn (runtime/fair_queue.py).
-An id is the client's claim: clients behind one proxy tell themselves apart with it, and a client
-that sends many ids gets as many turns (no fewer than without fairness). The address travels
-beside it (`RequestTag.source`): a host refused many times in a moment gets its refusals held back
-whatever ids it sends (server/admission.py `RecentRefusals`).
+The client key (serve --client-key, `client_key`): by default (`address-id`) the client's own
+id, header `X-Client-ID` / metadata `x-client-id` (one token, as a request id), as one client of
+its address's group, else its address without the port (HTTP and gRPC alike), so that the
+connections of one host are one client. Queues take the hosts in turn, then a host's clients
+(runtime/fair_queue.py): clients behind one proxy share its address and tell themselves apart
+with their ids, and a host that sends many ids gets one turn among the hosts, however many ids it
+claims. `id` takes the id alone (each id its own turn among all: what a server behind several
+proxies whose clients must not share a turn by proxy needs); `address` the address alone. The
+address also travels beside the key (`RequestTag.source`): a host refused many times in a moment
+gets its refusals held back whatever ids it sends (server/admission.py `RecentRefusals`).
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ import re
 import uuid
 from contextvars import ContextVar
 from dataclasses import dataclass
+
+from boundgen.runtime.fair_queue import within
 
 HEADER = "X-Request-ID"
 METADATA_KEY = "x-request-id"  # gRPC metadata keys are lower case
@@ -45,7 +50,7 @@ class RequestTag:
     id: str
     route: str  # HTTP "POST /v2/models/m/infer"; gRPC "/inference.GRPCInferenceService/ModelInfer"
     protocol: str  # "http" | "grpc"
-    client: str = ""  # who sent it: "id:" and its X-Client-ID, else its address ("" unknown)
+    client: str = ""  # who sent it: its client key (client_key; "" unknown)
     source: str = ""  # the address it came from, whatever id it claims ("" unknown)
 
 
@@ -60,11 +65,13 @@ def request_id(given: str | None) -> str:
     return uuid.uuid4().hex
 
 
-def client_key(given: str | None, address: str | None, by: str = "id") -> str:
-    """Who sent a request that brought client id `given` from `address` (a host, no port): by "id"
-    (serve --client-key), the id when it is one token, else the address; by "address", the address."""
-    if by == "id" and given and _TOKEN.fullmatch(given):
-        return f"id:{given}"
+def client_key(given: str | None, address: str | None, by: str = "address-id") -> str:
+    """Who sent a request that brought client id `given` from `address` (a host, no port), by serve
+    --client-key: "address-id", the id as a client of its address's group when it is one token
+    (runtime/fair_queue.py `within`: hosts take turns, then a host's ids), else the address; "id",
+    the id alone when it is one token, else the address; "address", the address."""
+    if by != "address" and given and _TOKEN.fullmatch(given):
+        return f"id:{given}" if by == "id" else within(address or "", f"id:{given}")
     return address or ""
 
 

@@ -26,6 +26,7 @@ from boundgen.runtime.batcher import Batcher
 from boundgen.runtime.local_engine import CallShare
 from boundgen.server.admission import FLOOD_REFUSALS
 from boundgen.server.deploy import link
+from boundgen.server import request_ids
 from boundgen.server.deploy.engine_host import EngineHost
 from tests.server.conftest import INFLIGHT, QUEUED, SCORE_SPEC, wait_metric
 from tests.server.fake_engine import read_log, wait_for_event, write_fake_artifact
@@ -323,3 +324,22 @@ def test_the_engine_process_holds_the_refusals_of_an_address_that_sends_many_ids
         assert time.monotonic() - start >= hold * 0.95
         engine.release.set()
         assert answers(sock, 2) == {0: "ok", 1: "ok"}
+
+
+def test_the_engine_process_gives_a_host_of_many_ids_one_turn_among_the_hosts(tmp_path):
+    """serve's default --client-key address-id, as front ends send it: a host that sends each request
+    under a new id is one turn among the hosts, and at a full queue one of its requests gives its
+    place to another host's, though each of its ids holds only one."""
+    burst = [request_ids.client_key(f"x{rid}", "10.0.0.2") for rid in range(1, 5)]
+    victim = request_ids.client_key(None, "10.0.0.1")
+    with hosted(tmp_path, max_queue=4) as (host, engine, sock):
+        submit(sock, 0, burst[0], "10.0.0.2")
+        wait_until(lambda: engine.ran == [0], "the engine is busy")
+        for rid, client in zip((1, 2, 3, 4), burst):
+            submit(sock, rid, client, "10.0.0.2")
+        wait_until(lambda: engine.queued == 4, "the queue is full")
+        submit(sock, 100, victim, "10.0.0.1")
+        assert answers(sock, 1) == {4: "overloaded"}, "the burst's newest gives its place"
+        engine.release.set()
+        assert answers(sock, 5) == {0: "ok", 1: "ok", 2: "ok", 3: "ok", 100: "ok"}
+        assert engine.ran == [0, 1, 100, 2, 3]

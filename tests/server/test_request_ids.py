@@ -17,6 +17,7 @@ import tritonclient.grpc as tgrpc
 import tritonclient.http as thttp
 from tritonclient.utils import InferenceServerException
 
+from boundgen.runtime.fair_queue import group_of
 from boundgen.server import request_ids
 from boundgen.server.kserve import pb
 from tests.server.conftest import SCORE_SPEC
@@ -143,9 +144,12 @@ def test_stream_requests_are_logged_under_the_streams_id(logged):
 
 
 def test_a_client_is_its_id_else_its_host_alike_over_http_and_grpc():
-    assert request_ids.client_key("team-7", "10.0.0.5") == "id:team-7"
+    assert request_ids.client_key("team-7", "10.0.0.5") == "10.0.0.5 id:team-7"  # one of its host's clients
+    assert group_of(request_ids.client_key("team-7", "10.0.0.5")) == group_of("10.0.0.5") == "10.0.0.5"
     assert request_ids.client_key("two words", "10.0.0.5") == "10.0.0.5"  # not one token: the address
     assert request_ids.client_key(None, None) == ""
+    assert request_ids.client_key("team-7", "10.0.0.5", "id") == "id:team-7"  # serve --client-key id
+    assert group_of("id:team-7") == "id:team-7"  # its own turn among all
     assert request_ids.client_key("team-7", "10.0.0.5", "address") == "10.0.0.5"  # serve --client-key address
     assert request_ids.grpc_peer_host("ipv4:127.0.0.1:50312") == "127.0.0.1"
     assert request_ids.grpc_peer_host("ipv6:[::1]:50312") == "::1"
