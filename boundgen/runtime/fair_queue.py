@@ -25,11 +25,11 @@ each request under a new id gets one turn among the hosts, not one a request:
 
 When a bounded queue is full, `displaceable(client)` names the request that may give its place
 to `client`'s: the newest of the client with the most waiting (of several, the one whose turn is
-furthest off) in the group with the most waiting,
-if that group holds at least two more than `client`'s group (so two greedy groups do not take each
-other's places in turn); within `client`'s own group, the same rule between its clients. The
-caller refuses it (429: the queue was full) and queues the newcomer: a greedy client's surplus is
-refused, not an honest client's first request.
+furthest off) in the group with the most waiting, if that group holds at least two more than
+`client`'s group (so two greedy groups do not take each other's places in turn); within
+`client`'s own group, the same rule between its clients. The caller refuses it (429: the queue
+was full) and queues the newcomer: a greedy client's surplus is refused, not an honest client's
+first request.
 
 Not thread-safe: its owner holds its own lock (the batcher) or uses it on one thread (admission).
 """
