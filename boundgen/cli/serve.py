@@ -8,7 +8,7 @@ import os
 
 from boundgen.cli.common import add_runtime_flags, positive_int, runtime_overrides
 from boundgen.errors import ConfigError
-from boundgen.server.config import API_KEY_ENV, CLIENT_KEYS, ServerConfig  # torch-free: --help stays fast
+from boundgen.server.config import API_KEY_ENV, CLIENT_KEYS, DEFAULT_CLIENT_KEY, ServerConfig  # torch-free: --help stays fast
 
 DESCRIPTION = """\
 Serves built artifacts with the KServe v2 / Open Inference Protocol over HTTP and gRPC
@@ -39,7 +39,7 @@ def register(sub):
                         "address refused 8 times within the last MS, is sent MS later, within the request's "
                         "deadline, so that a greedy client's retries do not take the CPU other clients need "
                         "(0: at once; default 100)")
-    p.add_argument("--client-key", choices=CLIENT_KEYS, default="address-id",
+    p.add_argument("--client-key", choices=CLIENT_KEYS, default=DEFAULT_CLIENT_KEY,
                    help="who a request's client is, for the queue's turns: address-id, its X-Client-ID header / "
                         "x-client-id metadata when it sends one, as one of its address's clients, else its "
                         "address: the hosts take turns, then each host's clients (default; clients behind one "

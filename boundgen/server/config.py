@@ -5,11 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from boundgen.server.logs import FORMATS, LEVELS
+from boundgen.server.request_ids import CLIENT_KEYS, DEFAULT_CLIENT_KEY
 
 API_KEY_ENV = "BOUNDGEN_API_KEY"
 API_KEY_HEADER = "Authorization"  # "Authorization: Bearer KEY" (HTTP header; gRPC metadata key "authorization")
 SHM_PREFIX = "/boundgen"  # the shared memory objects clients may register by default (shared_memory.py)
-CLIENT_KEYS = ("address-id", "id", "address")  # serve --client-key (server/request_ids.py client_key)
 
 
 @dataclass(frozen=True)
@@ -25,7 +25,7 @@ class ServerConfig:
     # Who a request's client is, for fair queueing (server/request_ids.py client_key): "address-id", the hosts in
     # turn, then a host's X-Client-ID / x-client-id clients (its address when it sends none); "id", every id its own
     # turn; "address", the address alone (docs/serving.md, starvation).
-    client_key: str = "address-id"
+    client_key: str = DEFAULT_CLIENT_KEY
     default_timeout_ms: float = 1000.0  # deadline of a request that brings none
     max_body_bytes: int = 4 << 20  # HTTP body / gRPC message
     api_key: str | None = None  # required on every route but /v2/health/{live,ready} when set

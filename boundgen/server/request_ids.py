@@ -34,6 +34,9 @@ from dataclasses import dataclass
 
 from boundgen.runtime.fair_queue import within
 
+CLIENT_KEYS = ("address-id", "id", "address")  # serve --client-key; the first is the default
+DEFAULT_CLIENT_KEY = CLIENT_KEYS[0]
+
 HEADER = "X-Request-ID"
 METADATA_KEY = "x-request-id"  # gRPC metadata keys are lower case
 CLIENT_HEADER = "X-Client-ID"
@@ -65,7 +68,7 @@ def request_id(given: str | None) -> str:
     return uuid.uuid4().hex
 
 
-def client_key(given: str | None, address: str | None, by: str = "address-id") -> str:
+def client_key(given: str | None, address: str | None, by: str = DEFAULT_CLIENT_KEY) -> str:
     """Who sent a request that brought client id `given` from `address` (a host, no port), by serve
     --client-key: "address-id", the id as a client of its address's group when it is one token
     (runtime/fair_queue.py `within`: hosts take turns, then a host's ids), else the address; "id",

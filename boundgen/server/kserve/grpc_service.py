@@ -52,7 +52,7 @@ def route(method: str) -> str:
     return f"/{pb.SERVICE}/{method}"
 
 
-def identify(context, method: str, client_key: str = "address-id") -> request_ids.RequestTag:
+def identify(context, method: str, client_key: str = request_ids.DEFAULT_CLIENT_KEY) -> request_ids.RequestTag:
     """Tag the call being handled with its request id and echo it in its trailing metadata;
     `client_key`: serve --client-key (request_ids.client_key)."""
     metadata = context.invocation_metadata()
@@ -64,7 +64,7 @@ def identify(context, method: str, client_key: str = "address-id") -> request_id
     return tag
 
 
-def identified(method: str, behaviour, client_key: str = "address-id"):
+def identified(method: str, behaviour, client_key: str = request_ids.DEFAULT_CLIENT_KEY):
     """`behaviour` with the call tagged and its id echoed first (`identify`)."""
     @functools.wraps(behaviour)
     async def call(request, context):
