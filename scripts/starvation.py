@@ -250,7 +250,7 @@ def attack_json_strings(t: Target, sizes, stop, outcome):
 
 def attack_long_string(t: Target, sizes, stop, outcome):
     """A body within the limits and the value count, but large: one text of nearly 4 MiB (400: over
-    the token bound, from its byte length)."""
+    the longest text the model can take, refused as it arrives)."""
     body = infer_body(["a" * sizes["long_string"]])
     outcome.note = f"{len(body) / 1e6:.1f} MB body, TEXT [1] of one string"
     _repeat(stop, lambda: http_once(t.http_port, f"/v2/models/{t.score}/infer", body)[0], 400, outcome)

@@ -136,6 +136,11 @@ class Task:
         `admitted`: the requests the server admits to the model at once (in flight and queued)."""
         raise NotImplementedError
 
+    def text_tokens(self, spec, admitted: int) -> int:
+        """The most tokens the texts of one request to the model can hold in all, on any route
+        (server/json_values.py); `admitted` as in `json_values`."""
+        raise NotImplementedError
+
     def output_arrays(self, result, names: Sequence[str], model: str) -> dict[str, tuple[str, object]]:
         """An engine result (runtime/results.py) as output arrays by name: (datatype, array or list of bytes)."""
         raise NotImplementedError
@@ -227,6 +232,9 @@ class ScoreTask(Task):
         # texts (TEXT, /v1/score items, /v1/rerank documents as {"text": ...}: 3 values each, vLLM's
         # text_1 and text_2) or token ids (/v1/score: the query's, and every item's)
         return 3 * spec.max_samples + spec.max_tokens_per_sample + spec.max_total_tokens
+
+    def text_tokens(self, spec: ScoreSpec, admitted: int) -> int:
+        return spec.max_total_tokens  # a query shared by the samples is in the body once, in each sample
 
     def output_arrays(self, result, names, model: str) -> dict:
         out = {"SCORES": ("FP32", np.ascontiguousarray(result.scores, dtype=np.float32))}
@@ -343,6 +351,9 @@ class BeamTask(Task):
 
     def json_values(self, spec: BeamSpec, admitted: int) -> int:
         return admitted  # /v1/beam: prompts, as many as the model admits at once (beam_api.check_count)
+
+    def text_tokens(self, spec: BeamSpec, admitted: int) -> int:
+        return admitted * spec.max_prompt_tokens
 
     def output_arrays(self, result, names, model: str) -> dict:
         out = {"TOKEN_IDS": ("INT32", np.ascontiguousarray(result.token_ids, dtype=np.int32)),

@@ -40,17 +40,18 @@ class BodyTooLarge(BodyRefused):
     """The body (inflated, for a compressed one) passed --max-body-bytes: reading stopped there."""
 
 
-async def read_body(request: web.Request, config: ServerConfig, budget: int = json_values.ENVELOPE,
+async def read_body(request: web.Request, config: ServerConfig, budget: json_values.Budget = json_values.Budget(),
                     whom: str | None = None, header_length: str | None = None) -> bytes:
     """The whole body, within --max-body-bytes (else BodyTooLarge, a 400) and --read-timeout-s (else
     ReadTimeout). A compressed body (Content-Encoding gzip, deflate, br) counts inflated: it is
     inflated here (inflation.py) a step at a time as it is read, and reading stops at the limit. Its
     JSON (all of it, or the `header_length` bytes the binary extension's header gives) holds at most
-    `budget` values (json_values.py: counted as it arrives), else BodyRefused naming `whom` (a
-    route, a model) as soon as the count passes the budget, the rest unread and unparsed (a UTF-16
-    or UTF-32 body: once all of it has arrived, counted in UTF-8)."""
+    `budget.values` values and strings within `budget.longest` and `budget.total` bytes (json_values.py:
+    counted as it arrives), else BodyRefused naming `whom` (a route, a model) as soon as the count passes the
+    budget, the rest unread and unparsed (a UTF-16 or UTF-32 body: once all of it has arrived,
+    counted in UTF-8)."""
     limit = config.max_body_bytes
-    count = json_values.ValueCount(budget, _json_part(header_length))
+    count = json_values.ValueCount(budget.values, _json_part(header_length), budget.longest, budget.total)
     if request.content_length is not None and request.content_length > limit:
         raise BodyTooLarge(f"the request body is {request.content_length} bytes, over the server's limit "
                            f"of {limit} (--max-body-bytes)")
@@ -136,7 +137,7 @@ async def loads(request: web.Request, body: bytes, what: str):
     return await worker.loads(body, what, parse_json)
 
 
-async def read_json(request: web.Request, config: ServerConfig, budget: int = json_values.ENVELOPE):
+async def read_json(request: web.Request, config: ServerConfig, budget: json_values.Budget = json_values.Budget()):
     """The body (within the limits of `read_body`, `budget` JSON values among them) as JSON, or
     InvalidInput saying why not."""
     return await loads(request, await read_body(request, config, budget), "the request body")

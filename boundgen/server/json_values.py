@@ -27,24 +27,58 @@ It is short of the exact count by one per non-empty array or object. A body that
 JSON may be counted wrong, and is refused either way (400). UTF-16 and UTF-32 bodies (json.loads
 reads them) are counted by their quote, comma and colon bytes too, which may be more than their
 characters: such a body is counted from its UTF-8 once it has arrived (`ValueCount.recount`).
+
+The same pass bounds each string's length from below: every text a route serves is bounded in
+tokens, so in bytes (server/signature.py: a token is at most `max_token_bytes` of UTF-8), and a
+body holding a longer string is refused as soon as that string has arrived past the bound, before
+the body is joined, parsed or its string decoded (a 4 MB one-string body cost the event loop ~5 ms
+in those steps, 2026-12-06). Only strings of more than json_worker.LARGE bytes are refused here:
+a shorter one is cheap to parse, and the signature's check refuses it with the sample it is. So
+that many shorter strings cannot do what one long one cannot, all strings together are held to
+the most a request's texts can hold in all (a score request's total token limit; the prompts a
+beam route takes at once) plus LARGE for the rest (names, parameters). A string's UTF-8 is at least its JSON bytes less 5 a backslash: an
+escape is at most 6 bytes (backslash, u, four hex digits) and stands for at least one byte, the
+rest is the UTF-8 itself (the escaped quotes and backslashes taken out above count 0). Keys are
+strings too: no route's keys are that long.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 
 from boundgen.artifact.tasks import task_named, task_of
 from boundgen.errors import InvalidInput
+from boundgen.server.json_worker import LARGE
 
 ENVELOPE = 1024  # values a request may hold besides its texts, token ids or prompts (names, shapes, parameters)
 
 
+@dataclass(frozen=True)
+class Budget:
+    """What a route's body may hold: `values` JSON values, and strings of at most `longest` bytes of
+    UTF-8 (None: any length)."""
+
+    values: int = ENVELOPE
+    longest: int | None = None
+    total: int | None = None  # bytes of UTF-8 the texts of a request can hold in all (None: any)
+
+
 class ValueCount:
     """The values of a JSON text fed a chunk at a time, up to `budget` (then `over`); only its
-    first `json_bytes` bytes are JSON when given (the binary tensor extension's header)."""
+    first `json_bytes` bytes are JSON when given (the binary tensor extension's header). With
+    `longest`, also whether a string is longer than that many bytes of UTF-8 and than LARGE
+    (`too_long`); with `total`, whether the strings hold more than `total` + LARGE bytes in all
+    (`too_much`); either makes it `over` (the module docstring)."""
 
-    def __init__(self, budget: int, json_bytes: int | None = None):
-        self.budget, self.left = budget, json_bytes
+    def __init__(self, budget: int, json_bytes: int | None = None, longest: int | None = None,
+                 total: int | None = None):
+        self.budget, self.left, self.longest, self.total = budget, json_bytes, longest, total
+        self._bound = None if longest is None else max(longest, LARGE)  # the module docstring
+        self.too_long = 0  # a string's UTF-8 bytes, at least, once one is proven over `_bound`
+        self._open = 0  # the string the last chunk ended in: its UTF-8 bytes so far, at least
+        self.string_bytes = 0  # the UTF-8 bytes of all strings so far, at least
+        self.too_much = 0  # `string_bytes` once over `total` + LARGE
         self.values = 1  # the lower bound so far (module docstring): the larger of
         self.strings, self._separated = 0, 1  # strings, and 1 + commas + colons outside strings
         self._json_bytes = json_bytes
@@ -54,7 +88,7 @@ class ValueCount:
 
     @property
     def over(self) -> bool:
-        return self.values > self.budget
+        return self.values > self.budget or bool(self.too_long or self.too_much)
 
     @property
     def final(self) -> bool:
@@ -80,20 +114,41 @@ class ValueCount:
         if self.strings > self.budget:
             self.values = self.strings
             return
-        outside = data if not quotes else b"".join(data.split(b'"')[inside::2])
-        if inside and not quotes:
-            outside = b""
+        parts = data.split(b'"') if quotes else [data]
+        if self.longest is not None:
+            self._measure(parts[1 - inside::2], inside, self._quotes % 2)
+        outside = b"".join(parts[inside::2])
         self._separated += outside.count(b",") + outside.count(b":")
         self.values = max(self._separated, self.strings)
+        if self.total is not None:  # the bytes inside strings, less 5 a backslash (_at_least)
+            self.string_bytes += len(data) - len(outside) - quotes - 5 * data.count(b"\\")
+            if self.string_bytes > self.total + LARGE:
+                self.too_much = self.string_bytes
+
+    def _measure(self, strings: list[bytes], inside: int, ends_inside: int) -> None:
+        """The chunk's string parts (the first continues the open string when `inside`; the last is
+        left open when `ends_inside`), each string's UTF-8 bytes bounded from below."""
+        carried = self._open if inside else 0
+        if not strings or max(map(len, strings)) + carried <= self._bound:  # no part long enough (most chunks)
+            if ends_inside:
+                self._open = (carried if len(strings) == 1 else 0) + _at_least(strings[-1])
+            return
+        for k, part in enumerate(strings):
+            length = (carried if k == 0 else 0) + _at_least(part)
+            if length > self._bound:
+                self.too_long = length
+                return
+        self._open = length if ends_inside else 0
 
     def recount(self, body: bytes) -> None:
         """Count the whole body again, in UTF-8, when it is UTF-16 or UTF-32 (the module docstring)."""
         text = body[:self._json_bytes] if self._json_bytes is not None else body
         encoding = json.detect_encoding(text[:4])
         if not encoding.startswith("utf-8"):
-            again = ValueCount(self.budget)
+            again = ValueCount(self.budget, longest=self.longest, total=self.total)
             again.feed(text.decode(encoding, "replace").encode())
             self.values, self.strings = again.values, again.strings
+            self.too_long, self.too_much = again.too_long, again.too_much
 
     def check(self, what: str, whom: str) -> None:
         """InvalidInput if over the budget: `what` the body is, `whom` the budget is for."""
@@ -102,17 +157,41 @@ class ValueCount:
 
     def refusal(self, what: str, whom: str) -> str:
         """Why a body over the budget is refused: `what` the body is, `whom` the budget is for."""
+        if self.too_long:
+            return (f"{what} holds a string of at least {self.too_long} bytes, longer than any text a request to "
+                    f"{whom} can hold ({self.longest} bytes: its token limit times the longest token's bytes); "
+                    f"it was refused before it was parsed")
+        if self.too_much:
+            return (f"{what} holds at least {self.too_much} bytes of strings, more than the texts of a request to "
+                    f"{whom} can hold ({self.total} bytes: its token limits times the longest token's bytes) and "
+                    f"{LARGE} bytes of other strings; it was refused before it was parsed")
         return (f"{what} holds at least {self.values} JSON values, more than the {self.budget} a "
                 f"request to {whom} can hold; it was refused before it was parsed")
 
 
-def budget(models, name: str | None = None, task: str | None = None) -> int:
-    """ENVELOPE plus the most values a request needs for the served model `name`, else for the
-    most generous served model of `task` (any task when None): `models` is a server.models.ModelSet."""
+def _at_least(part: bytes) -> int:
+    """The UTF-8 bytes a string's JSON bytes `part` stand for, at least (the module docstring)."""
+    return len(part) - 5 * part.count(b"\\") if b"\\" in part else len(part)
+
+
+def budget(models, name: str | None = None, task: str | None = None) -> Budget:
+    """What a request's body may hold for the served model `name`, else for the most generous served
+    model of `task` (any task when None): ENVELOPE plus the most values a request needs, and strings
+    no longer than its longest text (server/signature.py); `models` is a server.models.ModelSet."""
     served = models.models
     chosen = ([served[name]] if name in served else
               [m for m in served.values() if task is None or task_of(m.engine.spec) is task_named(task)])
-    return ENVELOPE + max((_needs(m) for m in chosen), default=0)
+    if not chosen:
+        return Budget()
+    return Budget(ENVELOPE + max(_needs(m) for m in chosen), max(m.signature.max_text_bytes for m in chosen),
+                  max(_text_bytes(m) for m in chosen))
+
+
+def _text_bytes(model) -> int:
+    """The UTF-8 bytes the texts of a request for `model` (a ServedModel) can hold in all, on any route."""
+    program, admission = model.engine.spec.program, model.admission
+    tokens = task_of(program).text_tokens(program, admission.max_inflight + admission.max_queue)
+    return tokens * model.signature.max_token_bytes
 
 
 def _needs(model) -> int:

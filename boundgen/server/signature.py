@@ -98,6 +98,12 @@ class Signature:
     def max_samples(self) -> int:
         return self.spec.max_samples
 
+    @property
+    def max_text_bytes(self) -> int:
+        """The longest text (UTF-8) a request may hold: longer ones are over the token bound for certain
+        (`_check_byte_lengths`; the HTTP routes refuse them while the body arrives, json_values.py)."""
+        return self.spec.max_tokens_per_sample * self.max_token_bytes
+
     def parameters(self) -> dict:
         """The program's task and bounds (its spec's dict form), as listed in the model metadata."""
         return spec_to_dict(self.spec)

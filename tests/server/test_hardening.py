@@ -217,6 +217,26 @@ def test_bodies_of_too_many_json_values_are_refused_unparsed(server, path, body)
     assert "JSON values" in error and "refused before it was parsed" in error, answer
 
 
+LONG, MANY = "a" * ((4 << 20) - 1024), ["a" * 250_000] * 16  # within the body limit; over every text bound
+
+
+@pytest.mark.parametrize("path,body", [
+    ("/v2/models/fscore/infer", {"inputs": [{"name": "TEXT", "datatype": "BYTES", "shape": [1], "data": [LONG]}]}),
+    ("/v2/models/fscore/infer", {"inputs": [{"name": "TEXT", "datatype": "BYTES", "shape": [16], "data": MANY}]}),
+    ("/v1/score", {"query": LONG, "items": ["a"], "label_token_ids": [9693]}),
+    ("/v1/beam", {"prompts": MANY}),
+    ("/v1/rerank", {"query": "q", "documents": MANY}),
+], ids=["infer-one", "infer-many", "score-query", "beam-prompts", "rerank-documents"])
+def test_bodies_of_texts_over_every_bound_are_refused_unparsed(server, path, body):
+    """Strings past the longest text a request can hold, or past all its texts together, are refused
+    as they arrive (json_values.py): never joined, parsed, nor sent to the JSON worker."""
+    code, answer = post(server, path, body)
+    assert code == 400, answer
+    error = answer.get("error") or answer.get("message")
+    assert "bytes of strings" in error or "a string of at least" in error, answer
+    assert "refused before it was parsed" in error, answer
+
+
 TRICKY = '\\",:[]{}\\\\"\u00e9' * 12  # one "token" of escaped quotes and backslashes, commas, colons, brackets
 
 

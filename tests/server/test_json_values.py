@@ -11,6 +11,7 @@ import random
 import pytest
 
 from boundgen.errors import InvalidInput
+from boundgen.server import json_values
 from boundgen.server.json_values import ValueCount
 
 TRICKY = ['"', "\\", '\\"', '\\\\"', ",", ":", ",:,", "[", "]{", "}", "\u00e9\u4e2d", "\U0001f600", "\n\t", "/", "a"]
@@ -43,8 +44,8 @@ def random_json(rng: random.Random, depth: int = 0):
             for i in range(rng.randrange(6))}
 
 
-def counted(body: bytes, budget: int = 10**9, cuts=(), json_bytes=None) -> ValueCount:
-    count = ValueCount(budget, json_bytes)
+def counted(body: bytes, budget: int = 10**9, cuts=(), json_bytes=None, longest=None, total=None) -> ValueCount:
+    count = ValueCount(budget, json_bytes, longest, total)
     edges = [0, *sorted(cuts), len(body)]
     for start, end in zip(edges, edges[1:]):
         count.feed(body[start:end])
@@ -112,3 +113,84 @@ def test_utf16_is_counted_as_its_utf8():
     count = counted(body, 40)
     count.recount(body)
     assert count.over
+
+
+# ---- the longest string, bounded from below --------------------------------------------------
+
+def strings_of(obj):
+    """Every string of a parsed JSON text, keys included."""
+    if isinstance(obj, str):
+        yield obj
+    elif isinstance(obj, list):
+        for v in obj:
+            yield from strings_of(v)
+    elif isinstance(obj, dict):
+        for k, v in obj.items():
+            yield k
+            yield from strings_of(v)
+
+
+def longest_utf8(obj) -> int:
+    return max((len(s.encode("utf-8", "surrogatepass")) for s in strings_of(obj)), default=0)
+
+
+@pytest.mark.parametrize("dumps", [
+    lambda o: json.dumps(o).encode(),
+    lambda o: json.dumps(o, ensure_ascii=False).encode(),
+], ids=["ascii", "utf8"])
+def test_no_string_within_the_bound_is_refused_wherever_the_chunks_end(dumps, monkeypatch):
+    """The bound is a lower bound of each string's UTF-8 (escapes, \\uXXXX included): a body whose
+    longest string is L bytes is never refused at L, and one without escapes is refused at L - 1; nor
+    is one whose strings are T bytes in all refused at T."""
+    monkeypatch.setattr(json_values, "LARGE", 0)  # every length refused past its bound, not only large ones
+    rng = random.Random(11)
+    for _ in range(2000):
+        obj = random_json(rng)
+        body = dumps(obj)
+        cuts = [rng.randrange(len(body) + 1) for _ in range(rng.randrange(6))]
+        longest, total = longest_utf8(obj), sum(len(t.encode("utf-8", "surrogatepass")) for t in strings_of(obj))
+        assert not counted(body, cuts=cuts, longest=longest, total=total).over, (body, cuts)
+        if longest and b"\\" not in body:
+            assert counted(body, cuts=cuts, longest=longest - 1).too_long == longest, (body, cuts)
+
+
+def test_a_long_string_is_refused_in_the_chunk_that_proves_it():
+    """A 4 MB string against a bound of 64 KiB (512 tokens of at most 128 bytes): refused once it
+    has passed LARGE, not after it has arrived, and strings up to LARGE are left to the signature."""
+    body = json.dumps({"inputs": [{"name": "TEXT", "data": ["a" * (4 << 20)]}]}).encode()
+    count = ValueCount(1000, longest=512 * 128)
+    for start in range(0, len(body), 65536):
+        count.feed(body[start:start + 65536])
+        if count.final:
+            break
+    assert count.too_long and start < json_values.LARGE + 65536, start
+    with pytest.raises(InvalidInput, match="a string of at least .* bytes, longer than any text a request to "
+                                           "model m can hold .65536 bytes.*refused before it was parsed"):
+        count.check("the request body", "model m")
+    assert not counted(json.dumps(["a" * json_values.LARGE]).encode(), 1000, longest=100).over
+    escaped = json.dumps(["\u00e9" * (json_values.LARGE + 1)]).encode()  # 6 JSON bytes a character, 2 of UTF-8:
+    assert counted(escaped, 1000, longest=100, cuts=range(0, len(escaped), 4096)).too_long  # counted 1
+
+
+def test_utf16_strings_are_measured_as_their_utf8():
+    body = json.dumps(["x" * 300_000]).encode("utf-16")  # 600 kB of UTF-16, 300 kB of UTF-8
+    count = counted(body, 100, longest=1000)
+    assert not count.final  # UTF-16: not known until recounted
+    count.recount(body)
+    assert count.too_long == 300_000
+
+
+def test_strings_are_held_to_the_texts_total_plus_large():
+    """Many strings each under LARGE hold no more than a request's texts can, plus LARGE of names and
+    parameters: 16 strings of 250 kB against a total of 1 MiB are refused, 4 are not."""
+    within = json.dumps(["b" * 250_000] * 4).encode()
+    assert not counted(within, 1000, cuts=range(0, len(within), 65536), longest=65536, total=1 << 20).over
+    flood = json.dumps(["b" * 250_000] * 16).encode()
+    count = counted(flood, 1000, cuts=range(0, len(flood), 65536), longest=65536, total=1 << 20)
+    assert count.too_much > (1 << 20) + json_values.LARGE and not count.too_long
+    with pytest.raises(InvalidInput, match="bytes of strings, more than the texts of a request to model m"):
+        count.check("the request body", "model m")
+    newlines = json.dumps(["\n" * 1000] * 2000).encode()  # escaped: 2 JSON bytes, 1 of UTF-8, counted -3
+    assert not counted(newlines, 10_000, longest=65536, total=1000).over
+    backslashes = json.dumps(["\\n" * 1000] * 2000).encode()  # an escaped backslash and n: 2 of UTF-8, counted 1
+    assert counted(backslashes, 10_000, longest=65536, total=1000).too_much
