@@ -18,7 +18,9 @@
     run    -> on a worker thread (one per slot, so an admitted request starts at once);
               just before the engine is called the deadline is checked again: a request whose
               remaining time is shorter than the model's recent compute time (a moving average)
-              cannot make it and gets 504 without running, leaving the slot to one that can;
+              while others wait for a slot cannot make it and gets 504 without running, leaving
+              the slot to one that can (with nobody waiting it runs: a refused request teaches
+              the average nothing, and one slow call must not refuse every later request);
               an answer ready after the deadline is dropped with 504.
 
 A client that goes away sets the request's `cancelled` event: a request not yet on a worker
@@ -212,7 +214,7 @@ class Admission:
         if left <= 0:
             raise DeadlineExceeded(f"the deadline passed {-left * 1e3:.1f} ms before model {self.model} "
                                    "could start; the request was not run")
-        if left < needs:
+        if left < needs and self._waiters:  # `len` of the queue, read off the loop: a benign race
             raise DeadlineExceeded(f"{left * 1e3:.1f} ms were left before the deadline and model {self.model} "
                                    f"needs about {needs * 1e3:.1f} ms; the request was not run")
         try:
@@ -220,8 +222,10 @@ class Admission:
         finally:
             seconds = time.monotonic() - start
             self._on_compute(seconds)
-        # A benign race between worker threads: each update is a plain float store.
-        self._compute_estimate = seconds if not needs else needs + ESTIMATE_WEIGHT * (seconds - needs)
+        # A benign race between worker threads: each update is a plain float store, from the estimate as it
+        # is now (not `needs`, read before the call: calls that ran side by side each moved it once).
+        now = self._compute_estimate
+        self._compute_estimate = seconds if not now else now + ESTIMATE_WEIGHT * (seconds - now)
         return result
 
     def _computed(self, future: asyncio.Future) -> None:

@@ -267,18 +267,69 @@ def test_answer_after_deadline_is_dropped():
     run(main())
 
 
-def test_request_that_cannot_finish_in_time_is_not_started():
+async def learn_a_slow_call(adm, log, seconds: float) -> None:
+    slow = Work(log, "slow")
+    task = asyncio.create_task(adm.run(slow, now() + LONG))
+    await asyncio.to_thread(slow.started.wait, 10.0)
+    await asyncio.sleep(seconds)  # the engine call takes >= `seconds`: the estimate learns it
+    slow.release.set()
+    await task
+
+
+def test_request_that_cannot_finish_in_time_leaves_its_slot_to_one_waiting():
     async def main():
-        adm, log = Admission("m", max_inflight=1, max_queue=0), []
-        slow = Work(log, "slow")
-        task = asyncio.create_task(adm.run(slow, now() + LONG))
-        await asyncio.to_thread(slow.started.wait, 10.0)
-        await asyncio.sleep(0.2)  # the engine call takes >= 0.2 s: the estimate learns it
-        slow.release.set()
-        await task
+        adm, log = Admission("m", max_inflight=1, max_queue=2), []
+        await learn_a_slow_call(adm, log, 0.4)
+        blocker, hopeless, waiting = Work(log, "blocker"), Work(log, "hopeless"), Work(log, "waiting")
+        waiting.release.set()
+        t_blocker = asyncio.create_task(adm.run(blocker, now() + LONG))
+        await asyncio.to_thread(blocker.started.wait, 10.0)
+        t_hopeless = asyncio.create_task(adm.run(hopeless, now() + 0.3, client="h"))
+        t_waiting = asyncio.create_task(adm.run(waiting, now() + LONG, client="w"))
+        await wait_until(lambda: adm.queued == 2, "both queued")
+        blocker.release.set()  # after ~0 s: the estimate stays ~0.3 s, more than the hopeless one has left
+        await t_blocker
         with pytest.raises(DeadlineExceeded, match="needs about"):
-            await adm.run(Work(log, "hopeless"), now() + 0.05)
-        assert log == ["slow"]
+            await t_hopeless
+        assert await t_waiting == "waiting"
+        assert log == ["slow", "blocker", "waiting"]
+        adm.shutdown()
+
+    run(main())
+
+
+def test_one_slow_call_does_not_refuse_every_later_request():
+    """With nobody waiting, a request runs whatever the estimate says (a refused request would never
+    teach it otherwise): before, one 1.1 s call left every request with the default 1 s deadline
+    refused for good, with the model idle."""
+    async def main():
+        adm, log = Admission("m", max_inflight=1, max_queue=2), []
+        await learn_a_slow_call(adm, log, 0.4)
+        for i in range(3):
+            quick = Work(log, f"quick{i}")
+            quick.release.set()
+            assert await adm.run(quick, now() + 0.2) == f"quick{i}"  # 0.2 s left, the estimate ~0.4 s or less
+        assert adm._compute_estimate < 0.4 * (1 - 0.2) ** 2
+        adm.shutdown()
+
+    run(main())
+
+
+def test_calls_side_by_side_each_move_the_estimate():
+    """Each update starts from the estimate as it is when the call ends: two calls that started while
+    it was 0 used to each set it to their own duration, the last one winning."""
+    async def main():
+        adm, log = Admission("m", max_inflight=2, max_queue=0), []
+        a, b = Work(log, "a"), Work(log, "b")
+        ta, tb = asyncio.create_task(adm.run(a, now() + LONG)), asyncio.create_task(adm.run(b, now() + LONG))
+        await asyncio.to_thread(a.started.wait, 10.0)
+        await asyncio.to_thread(b.started.wait, 10.0)
+        a.release.set()
+        await ta  # ~0 s: the first sample
+        await asyncio.sleep(0.5)
+        b.release.set()
+        await tb  # ~0.5 s: moves it a fifth of the way, not all of it
+        assert 0.05 < adm._compute_estimate < 0.2
         adm.shutdown()
 
     run(main())
