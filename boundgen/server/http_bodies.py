@@ -12,7 +12,7 @@ import json
 
 from aiohttp import web
 
-from boundgen.errors import InvalidInput
+from boundgen.errors import Cancelled, InvalidInput
 from boundgen.server import json_values
 from boundgen.server.config import ServerConfig
 from boundgen.server.inflation import Inflater, body_encoding
@@ -49,7 +49,8 @@ async def read_body(request: web.Request, config: ServerConfig, budget: json_val
     `budget.values` values and strings within `budget.longest` and `budget.total` bytes (json_values.py:
     counted as it arrives), else BodyRefused naming `whom` (a route, a model) as soon as the count passes the
     budget, the rest unread and unparsed (a UTF-16 or UTF-32 body: once all of it has arrived,
-    counted in UTF-8)."""
+    counted in UTF-8). A client that closes before its body has arrived: Cancelled (499, counted
+    `cancelled`)."""
     limit = config.max_body_bytes
     count = json_values.ValueCount(budget.values, _json_part(header_length), budget.longest, budget.total)
     if request.content_length is not None and request.content_length > limit:
@@ -64,6 +65,8 @@ async def read_body(request: web.Request, config: ServerConfig, budget: json_val
     except web.HTTPRequestEntityTooLarge:
         raise BodyTooLarge(f"the request body is over the server's limit of {limit} bytes "
                            "(--max-body-bytes)") from None
+    except ConnectionResetError:  # aiohttp's "Connection lost": the client closed before its body ended
+        raise Cancelled("the client went away before its request body arrived in full") from None
     if count.over:
         count.recount(body)
         count.check("the request body", whom or request.path[:80])

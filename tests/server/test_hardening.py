@@ -557,6 +557,27 @@ def test_a_json_route_counts_a_request_refused_before_its_model_is_known(server,
     assert metric(server, key) == before + 1
 
 
+@pytest.mark.parametrize("route,model", [("/v2/models/fscore/infer", "fscore"), ("/v1/score", "")])
+def test_a_client_gone_during_its_body_is_counted_cancelled(server, route, model):
+    """A client that closes its connection before its body has arrived in full went away (499,
+    `cancelled`, nothing logged as an error), not an internal error."""
+    body = json.dumps({"inputs": [{"name": "TEXT", "datatype": "BYTES", "shape": [1], "data": ["a"]}]}).encode()
+    counted = {o: f'boundgen_requests_total{{model="{model}",outcome="{o}",protocol="http"}}'
+               for o in ("cancelled", "internal_error")}
+    before = {o: metric(server, k) for o, k in counted.items()}
+    host, port = server.http_url.rsplit(":", 1)
+    with socket.create_connection((host, int(port))) as s:
+        s.sendall(f"POST {route} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  f"Content-Length: {len(body) + 100}\r\n\r\n".encode() + body)
+        time.sleep(0.3)
+    for _ in range(100):
+        if metric(server, counted["cancelled"]) == before["cancelled"] + 1:
+            break
+        time.sleep(0.05)
+    assert metric(server, counted["cancelled"]) == before["cancelled"] + 1
+    assert metric(server, counted["internal_error"]) == before["internal_error"]
+
+
 # ---- 6. replicas ----------------------------------------------------------------------------
 
 def test_the_router_skips_a_worker_whose_channel_failed():

@@ -129,6 +129,9 @@ class GrpcFrontend:
             task.add_done_callback(self._count_unseen)
 
     def _count_unseen(self, task: asyncio.Task) -> None:
+        """A call that ended before its handler ran: counted `deadline_exceeded`. Its task ends the same
+        way (not cancelled, no exception, its message not decoded) whether its deadline fired, its client
+        cancelled it or gRPC refused its message or metadata as too large (RESOURCE_EXHAUSTED)."""
         unseen = self._unseen.pop(task, None)
         if unseen is not None:
             request_ids.enter(unseen.tag)  # this callback runs in a copy of the task's context: the tag stays here
