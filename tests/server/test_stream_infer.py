@@ -68,6 +68,21 @@ def test_a_deadline_applies_per_request(fake_server):
     assert ok_error is None and ok.get_response().id == "ok"
 
 
+def test_an_answer_held_behind_a_slower_one_is_not_sent_after_its_deadline(fake_server):
+    """Answers go out in request order: a fast request with a 100 ms timeout behind a 1 s one was
+    answered OK ~900 ms after its deadline; it gets its deadline error now, in its place."""
+    late = 'boundgen_requests_total{model="fscore",outcome="deadline_exceeded",protocol="grpc"}'
+    before = metric(fake_server, late)
+    stream = Stream(fake_server)
+    stream.send("fscore", ["slow sleep=0.6"], "slow")
+    stream.send("fscore", ["fast"], "fast", timeout=100_000)
+    (slow, slow_error), (fast, fast_error) = stream.next(), stream.next()
+    stream.stop()
+    assert slow_error is None and slow.get_response().id == "slow"
+    assert fast is None and "deadline" in fast_error.message(), fast_error
+    assert metric(fake_server, late) == before + 1
+
+
 REJECTED = 'boundgen_requests_total{model="fscore",outcome="rejected",protocol="grpc"}'
 
 

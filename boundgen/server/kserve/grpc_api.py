@@ -322,15 +322,16 @@ class GrpcFrontend:
 
         async def read() -> None:
             try:
-                count = 0
+                count, previous = 0, None
                 async for request in requests:
                     count += 1
                     tag = request_ids.RequestTag(f"{stream.id}.{count}", stream.route, "grpc", stream.client,
                                                  stream.source)
-                    task = asyncio.ensure_future(self._stream_one(request, context, tag))
+                    task = asyncio.ensure_future(self._stream_one(request, context, tag, previous))
                     tasks.add(task)
                     task.add_done_callback(tasks.discard)
                     order.put_nowait(task)
+                    previous = task
             finally:
                 order.put_nowait(None)
 
@@ -344,19 +345,24 @@ class GrpcFrontend:
             for task in list(tasks):  # the client went away: its requests still waiting give up their place
                 task.cancel()
 
-    async def _stream_one(self, request, context, tag: request_ids.RequestTag):
+    async def _stream_one(self, request, context, tag: request_ids.RequestTag, previous: asyncio.Task | None):
         """One request of a stream (`tag`: its request id), answered as ModelInfer answers it; an
-        error is the answer's error_message."""
+        error is the answer's error_message. Answers go out in request order: its deadline is checked
+        once more when the request before it (`previous`) has ended, its answer's turn, so that an
+        answer held behind a slower one is not sent as a success after its deadline."""
         arrived = time.monotonic()
         request_ids.enter(tag)  # this task's own context
         try:
             with self.models.observe("grpc", request.model_name, lambda: ended_by_deadline(context)):
-                return pb.ModelStreamInferResponse(infer_response=await self._infer(request, context, arrived))
+                return pb.ModelStreamInferResponse(infer_response=await self._infer(request, context, arrived,
+                                                                                    previous))
         except Exception as exc:
             return pb.ModelStreamInferResponse(error_message=answer_status(exc).message,
                                                infer_response=pb.ModelInferResponse(id=getattr(request, "id", "")))
 
-    async def _infer(self, request, context, arrived: float):
+    async def _infer(self, request, context, arrived: float, turn: asyncio.Future | None = None):
+        """One inference request's answer; `turn`: what the answer waits for before its last deadline
+        check (a stream's previous request)."""
         self._check_key(context)
         if isinstance(request, Undecodable):
             raise InvalidInput(request.reason)
@@ -373,5 +379,7 @@ class GrpcFrontend:
             for stage, value in answer.timings.items():
                 response.parameters[f"timing_{stage}_ms"].double_param = value * (1 if stage in TIMING_COUNTS else 1e3)
             response.parameters["timing_handler_ms"].double_param = (time.monotonic() - arrived) * 1e3
+        if turn is not None:
+            await asyncio.wait([turn])  # ended, whatever its end
         check_deadline(deadline, request.model_name)
         return response
