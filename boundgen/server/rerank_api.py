@@ -42,7 +42,7 @@ from boundgen.server.config import ServerConfig
 from boundgen.server.connections import arrived
 from boundgen.server.http_bodies import error_response, read_json
 from boundgen.server.models import LOADING, ModelSet
-from boundgen.server.status import Unavailable
+from boundgen.server.status import Unavailable, check_deadline
 
 RERANK_ROUTES = ("/v1/rerank", "/rerank")
 PAIRS_ROUTE = "/score"
@@ -175,9 +175,11 @@ def add_routes(app: web.Application, models: ModelSet, config: ServerConfig) -> 
             with models.observe("http") as seen:  # counted whatever its end, a bad body too
                 parsed = parse_rerank(await read_json(request, config, json_values.budget(models, task="score")))
                 name = seen.name = pick_model(models, parsed["model"], request.path, len(parsed["documents"]))
-                scores = await relevance(models, name, samples(parsed["query"], parsed["documents"]),
-                                         models.deadline(arrived(request), None))
-                return web.json_response(rerank_response(name, parsed, scores))
+                deadline = models.deadline(arrived(request), None)
+                scores = await relevance(models, name, samples(parsed["query"], parsed["documents"]), deadline)
+                response = web.json_response(rerank_response(name, parsed, scores))
+                check_deadline(deadline, name)  # no success after its deadline, as every inference route
+                return response
         except Exception as exc:
             return error_response(exc)
 
@@ -187,8 +189,11 @@ def add_routes(app: web.Application, models: ModelSet, config: ServerConfig) -> 
                 parsed = parse_pairs(await read_json(request, config, json_values.budget(models, task="score")))
                 name = seen.name = pick_model(models, parsed["model"], PAIRS_ROUTE, len(parsed["pairs"]))
                 texts = [samples(first, [second])[0] for first, second in parsed["pairs"]]
-                scores = await relevance(models, name, texts, models.deadline(arrived(request), None))
-                return web.json_response(pairs_response(name, scores))
+                deadline = models.deadline(arrived(request), None)
+                scores = await relevance(models, name, texts, deadline)
+                response = web.json_response(pairs_response(name, scores))
+                check_deadline(deadline, name)
+                return response
         except Exception as exc:
             return error_response(exc)
 

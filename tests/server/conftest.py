@@ -90,12 +90,14 @@ INFLIGHT = 'boundgen_inflight_requests{model="fscore"}'
 QUEUED = 'boundgen_queue_depth{model="fscore"}'
 
 
-def metric(server, key: str) -> float:
-    """The value of one sample line of /metrics, e.g. 'boundgen_queue_depth{model="fscore"}'."""
+def metric(server, key: str, api_key: str | None = None) -> float:
+    """The value of one sample line of /metrics, e.g. 'boundgen_queue_depth{model="fscore"}' (`api_key`:
+    the server's, when it has one)."""
     import urllib.request
 
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    with opener.open(f"http://{server.http_url}/metrics", timeout=10) as r:
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    with opener.open(urllib.request.Request(f"http://{server.http_url}/metrics", headers=headers), timeout=10) as r:
         for line in r.read().decode().splitlines():
             if line.startswith(key + " "):
                 return float(line.rsplit(" ", 1)[1])

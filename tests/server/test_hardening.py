@@ -362,6 +362,17 @@ def test_a_non_ascii_authorization_header_is_401(keyed, method, path):
         assert answer.startswith(b"HTTP/1.1 401"), answer
 
 
+@pytest.mark.parametrize("path,model", [("/v2/models/fscore/infer", "fscore"), ("/v1/score", ""), ("/v1/beam", ""),
+                                        ("/v1/rerank", ""), ("/rerank", ""), ("/score", "")])
+def test_a_401_on_any_inference_route_is_counted(keyed, path, model):
+    """Every inference request is counted whatever its end: the JSON routes' 401s too (model "": their
+    model is named in the body, not read), not only /infer's."""
+    key = f'boundgen_requests_total{{model="{model}",outcome="unauthenticated",protocol="http"}}'
+    before = metric(keyed, key, KEY)
+    assert post(keyed, path, {})[0] == 401
+    assert metric(keyed, key, KEY) == before + 1
+
+
 def grpc_call(server, method, response_cls):
     """A raw unary call of the service: it takes request bytes, so a test can send any."""
     channel = grpc.insecure_channel(server.grpc_url)
@@ -493,6 +504,38 @@ def test_http_sends_no_success_after_the_deadline(monkeypatch):
 
     status, answer = asyncio.run(main())
     assert status == 504 and "after the request's deadline" in answer["error"], answer
+
+
+@pytest.mark.parametrize("route,body", [("/v1/rerank", {"query": "q", "documents": ["a", "b"]}),
+                                        ("/score", {"text_1": "q", "text_2": ["a", "b"]})])
+def test_the_rerank_routes_send_no_success_after_the_deadline(monkeypatch, route, body):
+    import asyncio
+
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from boundgen.server import rerank_api
+    from boundgen.server.config import ServerConfig
+    from boundgen.server.kserve.http_api import HttpFrontend
+    from boundgen.server.metrics import ServerMetrics
+    from boundgen.server.models import ModelSet
+
+    models = ModelSet(ServerConfig(http_port=0, grpc_port=0, default_timeout_ms=50), ServerMetrics())
+    models.set_ready()
+
+    async def relevance(models, name, texts, deadline):  # answers 100 ms after it was asked, whatever the deadline
+        await asyncio.sleep(0.1)
+        return [0.5] * len(texts)
+
+    monkeypatch.setattr(rerank_api, "relevance", relevance)
+    monkeypatch.setattr(rerank_api, "pick_model", lambda *args: "fscore")
+
+    async def main():
+        async with TestClient(TestServer(HttpFrontend(models, models.config).app())) as client:
+            answer = await client.post(route, json=body)
+            return answer.status, await answer.json()
+
+    status, answer = asyncio.run(main())
+    assert status == 504 and "after the request's deadline" in str(answer), answer
 
 
 def test_grpc_sends_no_success_after_the_deadline(monkeypatch):

@@ -69,6 +69,8 @@ from boundgen.server.kserve.triton_extensions import (log_settings, model_config
 from boundgen.version import __version__
 
 PUBLIC_PATHS = frozenset({"/v2/health/live", "/v2/health/ready"})
+# Inference routes besides /infer: counted in boundgen_requests_total whatever their end, a 401 too
+JSON_INFERENCE_ROUTES = frozenset({score_api.ROUTE, beam_api.ROUTE, *rerank_api.RERANK_ROUTES, rerank_api.PAIRS_ROUTE})
 EXTENSIONS = ("binary_tensor_data",)
 
 
@@ -223,8 +225,9 @@ class HttpFrontend:
             try:
                 check_api_key(self.config.api_key, request.headers.getall("Authorization", []))
             except Exception as exc:
-                if getattr(request.match_info.route, "handler", None) == self.infer:  # an inference request: counted
-                    name = request.match_info.get("model", "")
+                inference = getattr(request.match_info.route, "handler", None) == self.infer
+                if inference or request.path in JSON_INFERENCE_ROUTES:  # an inference request: counted
+                    name = request.match_info.get("model", "")  # a JSON route's: in its body, unread ("")
                     self.models.metrics.observe_request(name if name in self.models.models else "", "http",
                                                         status_of(exc).outcome, 0.0)
                 return error_response(exc)
