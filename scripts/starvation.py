@@ -48,9 +48,9 @@ CLOSE_SLACK_S = 2.0  # a slowloris connection must be closed within IDLE_S + thi
 MIN_WINDOW_S = {"slowloris": IDLE_S + 1.5}  # an attack window at least this long: the server must close some
 VICTIM_TEXT = "query: running shoes | item: trail shoe"
 
-FULL = {"json_strings": 1_000_000, "long_string": (4 << 20) - 256, "deflate_inflated": 64 << 20, "score_items": 50_000, "beam_prompts": 20_000,
+FULL = {"json_strings": 1_000_000, "long_string": (4 << 20) - 256, "many_strings": (16, 250_000), "deflate_inflated": 64 << 20, "score_items": 50_000, "beam_prompts": 20_000,
         "grpc_dims": 40_000, "http_dims": 300, "dim_digits": 4000, "slowloris": 200, "burst": 64}
-SMALL = {"json_strings": 20_000, "long_string": 256 << 10, "deflate_inflated": 8 << 20, "score_items": 50_000, "beam_prompts": 20_000,
+SMALL = {"json_strings": 20_000, "long_string": 256 << 10, "many_strings": (4, 100_000), "deflate_inflated": 8 << 20, "score_items": 50_000, "beam_prompts": 20_000,
          "grpc_dims": 40_000, "http_dims": 30, "dim_digits": 4000, "slowloris": 20, "burst": 48}  # burst: over 32 + 4
 
 
@@ -256,6 +256,15 @@ def attack_long_string(t: Target, sizes, stop, outcome):
     _repeat(stop, lambda: http_once(t.http_port, f"/v2/models/{t.score}/infer", body)[0], 400, outcome)
 
 
+def attack_many_strings(t: Target, sizes, stop, outcome):
+    """A body within the limits and the value count whose strings are each shorter than the JSON
+    worker's threshold but together more than a request's texts can hold (400, refused as it arrives)."""
+    count, length = sizes["many_strings"]
+    body = infer_body(["a" * length] * count)
+    outcome.note = f"{len(body) / 1e6:.1f} MB body, TEXT [{count}] of {length} bytes each"
+    _repeat(stop, lambda: http_once(t.http_port, f"/v2/models/{t.score}/infer", body)[0], 400, outcome)
+
+
 def attack_deflate(t: Target, sizes, stop, outcome):
     packer = zlib.compressobj(9, zlib.DEFLATED, 15)  # zlib format: Content-Encoding deflate
     block = b" " * (1 << 20)
@@ -384,6 +393,7 @@ def attack_burst_ids(t: Target, sizes, stop, outcome):
 ATTACKS = {
     "json_strings": ("4 MB JSON, a million 1-char strings", "400", attack_json_strings),
     "long_string": ("4 MB JSON, one string (within the value count)", "400", attack_long_string),
+    "many_strings": ("4 MB JSON, 16 strings of 250 kB", "400", attack_many_strings),
     "deflate": ("64 KiB deflate body inflating past 4 MiB", "400, closed", attack_deflate),
     "score_items": ("/v1/score with 50,000 items", "400", attack_score_items),
     "beam_prompts": ("/v1/beam with 20,000 prompts", "400", attack_beam_prompts),
