@@ -12,7 +12,9 @@ a buffer it keeps, and unpickles it (a copy of its strings: ~2 ms for 4 MB on 2 
 The answer is what `parse_json` (http_bodies.py) gives in the server: the value, or the same
 InvalidInput messages; the worker has its server's limit on integer digits (app.py). A value
 pickle cannot carry (nested past its recursion limit) is parsed in the server as before; so is
-every body while the worker cannot be started or has died (it is started again for the next).
+every body while the worker cannot be started or has died (it is started again for the next),
+and a body the worker has not answered within ANSWER_S of taking it (a worker stopped or starved:
+it is killed, so that the bodies behind it do not wait on it too; a 4 MB body takes it ~0.1 s).
 
     request:  8-byte big-endian length, the body
     answer:   8-byte big-endian length, pickle of (kind, detail): ("ok", value), ("utf8", ""),
@@ -33,12 +35,14 @@ from boundgen.errors import InvalidInput
 log = logging.getLogger("boundgen.server")
 LARGE = 1 << 18  # bytes: below this a body is parsed in the server (~1 ms); the round trip would cost more
 PIPE_BYTES = 1 << 18  # written to the worker, and read back, a step at a time
+ANSWER_S = 5.0  # a body the worker has not answered within this long of taking it is parsed in the server
 
 
 class JsonWorker:
     """The serving process's side: `await loads(body, what)`."""
 
-    def __init__(self):
+    def __init__(self, answer_s: float = ANSWER_S):
+        self.answer_s = answer_s
         self._proc: asyncio.subprocess.Process | None = None
         self._lock: asyncio.Lock | None = None  # made on the event loop that uses it
         self._stopped: list[asyncio.subprocess.Process] = []
@@ -65,18 +69,12 @@ class JsonWorker:
         async with self._lock:  # one body at a time on the pipes
             try:
                 proc = await self._running()
-                proc.stdin.write(len(body).to_bytes(8, "big"))
-                view = memoryview(body)
-                for start in range(0, len(body), PIPE_BYTES):  # a whole body buffered at once would be
-                    proc.stdin.write(view[start:start + PIPE_BYTES])  # moved down at every write the pipe takes
-                    await proc.stdin.drain()
-                size = int.from_bytes(await proc.stdout.readexactly(8), "big")
-                if len(self._answer) < size:
-                    self._answer = bytearray(size)
-                for start in range(0, size, PIPE_BYTES):  # a pipe's worth a step, copied into place
-                    part = await proc.stdout.readexactly(min(size - start, PIPE_BYTES))
-                    self._answer[start:start + len(part)] = part
+                size = await asyncio.wait_for(self._ask(proc, body), self.answer_s)
                 return pickle.loads(memoryview(self._answer)[:size])
+            except asyncio.TimeoutError:
+                log.warning("the JSON worker did not answer within %g s; parsing here", self.answer_s)
+                self._stop()
+                return "again", None
             except (OSError, EOFError, asyncio.IncompleteReadError, pickle.UnpicklingError) as exc:
                 log.warning("the JSON worker failed (%s); parsing here", exc)
                 self._stop()
@@ -84,6 +82,21 @@ class JsonWorker:
             except BaseException:  # the server is stopping: the pipes hold half a message
                 self._stop()
                 raise
+
+    async def _ask(self, proc: asyncio.subprocess.Process, body: bytes) -> int:
+        """Send `body`, read the answer into `_answer`: its size."""
+        proc.stdin.write(len(body).to_bytes(8, "big"))
+        view = memoryview(body)
+        for start in range(0, len(body), PIPE_BYTES):  # a whole body buffered at once would be
+            proc.stdin.write(view[start:start + PIPE_BYTES])  # moved down at every write the pipe takes
+            await proc.stdin.drain()
+        size = int.from_bytes(await proc.stdout.readexactly(8), "big")
+        if len(self._answer) < size:
+            self._answer = bytearray(size)
+        for start in range(0, size, PIPE_BYTES):  # a pipe's worth a step, copied into place
+            part = await proc.stdout.readexactly(min(size - start, PIPE_BYTES))
+            self._answer[start:start + len(part)] = part
+        return size
 
     async def close(self, *_) -> None:
         """Stop the worker (an aiohttp on_cleanup callback: its argument, the app, is not needed)."""

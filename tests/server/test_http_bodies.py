@@ -259,3 +259,28 @@ def test_the_worker_keeps_its_servers_digit_limit_and_its_pipes_in_step_when_a_c
         asyncio.run(main(JsonWorker()))
     finally:
         sys.set_int_max_str_digits(digits)
+
+
+def test_a_stalled_worker_is_replaced_and_its_body_parsed_here():
+    """A worker that does not answer within its bound (here stopped with SIGSTOP) is killed: the body
+    it held is parsed in the server, the next goes to a new worker; before, the request waited on
+    the stopped worker for ever, and every large body behind it too."""
+    import os
+    import signal
+    import time
+
+    body = b'{"pad": "' + b"x" * LARGE + b'"}'
+
+    async def main(worker):
+        assert await worker.loads(body, "it", parse_json) == {"pad": "x" * LARGE}  # the worker started
+        stopped = worker._proc
+        os.kill(stopped.pid, signal.SIGSTOP)
+        start = time.monotonic()
+        assert await worker.loads(body, "it", parse_json) == {"pad": "x" * LARGE}
+        assert 0.4 < time.monotonic() - start < 5.0
+        assert await worker.loads(body, "it", parse_json) == {"pad": "x" * LARGE}
+        assert worker._proc is not stopped and worker._proc.returncode is None
+        await stopped.wait()  # killed (SIGKILL ends a stopped process too)
+        await worker.close()
+
+    asyncio.run(main(JsonWorker(answer_s=0.5)))
