@@ -36,10 +36,12 @@ in those steps, 2026-12-06). Only strings of more than json_worker.LARGE bytes a
 a shorter one is cheap to parse, and the signature's check refuses it with the sample it is. So
 that many shorter strings cannot do what one long one cannot, all strings together are held to
 the most a request's texts can hold in all (a score request's total token limit; the prompts a
-beam route takes at once) plus LARGE for the rest (names, parameters). A string's UTF-8 is at least its JSON bytes less 5 a backslash: an
-escape is at most 6 bytes (backslash, u, four hex digits) and stands for at least one byte, the
-rest is the UTF-8 itself (the escaped quotes and backslashes taken out above count 0). Keys are
-strings too: no route's keys are that long.
+beam route takes at once) plus LARGE for the rest (names, parameters). Keys are strings too: no
+route's keys are that long.
+
+A string's UTF-8 is at least its JSON bytes less 5 a backslash: an escape is at most 6 bytes
+(backslash, u, four hex digits) and stands for at least one byte, the rest is the UTF-8 itself
+(the escaped quotes and backslashes taken out above count 0).
 """
 
 from __future__ import annotations
@@ -56,12 +58,12 @@ ENVELOPE = 1024  # values a request may hold besides its texts, token ids or pro
 
 @dataclass(frozen=True)
 class Budget:
-    """What a route's body may hold: `values` JSON values, and strings of at most `longest` bytes of
-    UTF-8 (None: any length)."""
+    """What a route's body may hold: `values` JSON values, no string longer than `longest` bytes of
+    UTF-8 (the longest text) and no more than `total` in all (the texts of a request); None: any."""
 
     values: int = ENVELOPE
     longest: int | None = None
-    total: int | None = None  # bytes of UTF-8 the texts of a request can hold in all (None: any)
+    total: int | None = None
 
 
 class ValueCount:
