@@ -212,6 +212,40 @@ def test_http_errors_are_json_bodies(shm_server):
     assert code == 400 and "needs shared_memory_byte_size" in body["error"]
 
 
+def test_a_key_no_file_can_be_named_is_400(shm_server):
+    """A lone surrogate (JSON's \\ud800) cannot be a file name: 400, not a 500 from encoding it."""
+    for key in ("/boundgen-\ud800", "/boundgen-\udc80"):
+        code, body = post_json(shm_server, "/v2/systemsharedmemory/region/x/register",
+                               {"key": key, "offset": 0, "byte_size": 8})
+        assert code == 400 and "not a shared memory object's name" in body["error"], body
+
+
+def test_regions_a_user_may_hold_are_bounded(regions, monkeypatch):
+    """Each region holds an open descriptor: one user's MAX_REGIONS_PER_USER-th is refused (a client
+    registering in a loop ran the server out of descriptors and its listeners failed, for good)."""
+    import os
+
+    from boundgen.errors import InvalidInput
+    from boundgen.server.kserve import shared_memory
+
+    monkeypatch.setattr(shared_memory, "MAX_REGIONS_PER_USER", 3)
+    monkeypatch.setattr(shared_memory, "MAX_REGIONS", 5)
+    _, key, _ = regions(64)
+    memory, me = shared_memory.SharedMemory(allowed=True), os.getuid()
+    for i in range(3):
+        memory.register(f"r{i}", key, 0, 8, user=me)
+    with pytest.raises(InvalidInput, match="holds 3 regions, the most one user may .3.; unregister some first"):
+        memory.register("r3", key, 0, 8, user=me)
+    memory.unregister("r0", user=me)
+    memory.register("r3", key, 0, 8, user=me)  # room again
+    others = me + 1  # another user's regions count towards the server's bound
+    memory.unregister("r3", user=me)
+    memory.regions.update({(others, f"o{i}"): memory.regions[me, "r1"] for i in range(3)})  # 2 + 3 = 5
+    with pytest.raises(InvalidInput, match="the server holds 5 regions, its most; unregister some first"):
+        memory.register("r3", key, 0, 8, user=me)
+    memory.close()
+
+
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 def test_refused_without_allow_client_shm(fake_server, regions, protocol):
     c = client(protocol, fake_server)

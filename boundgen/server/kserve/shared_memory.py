@@ -40,7 +40,8 @@ CUDA shared memory is not supported (CUDA says why): its status lists no region,
 Errors: 400 / INVALID_ARGUMENT (an unknown region, a slice outside its region, a size that does
 not match the tensor, a key that is not a shared memory object or is outside the prefix or
 another user's, a client with no local user, an object shrunk under the region, an input over
-the body limit), with the region in the message;
+the body limit, a user's MAX_REGIONS_PER_USER-th region or the server's MAX_REGIONS-th: each holds
+an open descriptor), with the region in the message;
 501 / UNIMPLEMENTED for register and unregister while client shared memory is off (status then
 lists no region), and for a CUDA register; all as Triton answers them. Unregistering a region
 that is not registered succeeds, as Triton's does.
@@ -59,6 +60,10 @@ from boundgen.server.status import Unsupported
 from boundgen.server.kserve.tensors import Tensor, from_raw, to_raw
 
 SHM_DIR = "/dev/shm"  # where Linux keeps POSIX shared memory objects (shm_open's namespace)
+# Each region holds an open descriptor: without a bound, one client registering regions in a loop ran the
+# server out of descriptors (its listeners then failed to accept connections, for good)
+MAX_REGIONS_PER_USER = 256
+MAX_REGIONS = 1024  # all users together
 DISABLED = ("client shared memory is off on this server: start it with --allow-client-shm to let clients on its "
             "host pass tensors through shared memory")
 CUDA = ("this server does not support CUDA shared memory: its inputs are texts, tokenized on the CPU, and its "
@@ -101,12 +106,21 @@ def _path(key: str, prefix: str = "/") -> str:
     """/dev/shm/NAME for a key as shm_open takes it (leading slashes, then one name without '/'),
     if "/NAME" starts with `prefix`."""
     name = key.lstrip("/")
-    if not name or "/" in name or name in (".", "..") or "\0" in name:
+    if not name or "/" in name or name in (".", "..") or "\0" in name or not _encodable(name):
         raise InvalidInput(f"shared memory key {key!r} is not a shared memory object's name (like '/input0')")
     if not f"/{name}".startswith(prefix):
         raise InvalidInput(f"shared memory key {key!r} is outside what this server may open: keys must start "
                            f"with {prefix!r} (--shm-prefix)")
     return os.path.join(SHM_DIR, name)
+
+
+def _encodable(name: str) -> bool:
+    """Whether `name` is a file name (UTF-8: no lone surrogate, which JSON's \\ud800 escapes can give)."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 class Region:
@@ -232,6 +246,11 @@ class SharedMemory:
         if (user, name) in self.regions:
             raise InvalidInput(f"shared memory region {name!r} is already registered "
                                f"({self.regions[user, name].status()}); unregister it first")
+        held = sum(1 for owner, _ in self.regions if owner == user)
+        if held >= MAX_REGIONS_PER_USER or len(self.regions) >= MAX_REGIONS:
+            whose = (f"this client's user holds {held} regions, the most one user may ({MAX_REGIONS_PER_USER})"
+                     if held >= MAX_REGIONS_PER_USER else f"the server holds {len(self.regions)} regions, its most")
+            raise InvalidInput(f"cannot register shared memory region {name!r}: {whose}; unregister some first")
         self.regions[user, name] = Region(name, key, _count(offset, "offset"), _count(byte_size, "byte_size"), prefix,
                                           user)
 
