@@ -146,9 +146,20 @@ class Manifest:
         runtime, compiled = _section(RuntimeConfig, raw["runtime"], where), _section(CompileRecord, raw["compile"], where)
         if SPECS.get(raw["task"]) is not type(program):  # the recorded task names the program's kind
             raise ArtifactError(f"{where} says task {raw['task']!r} but its program is a {program.task} program")
+        for key, kind in _KINDS.items():  # an edited manifest (its self-hash redone) must not reach code as a 500
+            if not isinstance(raw[key], kind):
+                raise ArtifactError(f"{where}: {key} must be a JSON {_JSON_NAMES[kind]}, got {type(raw[key]).__name__}; "
+                                    "rebuild the artifact")
+        if not all(isinstance(k, str) and isinstance(v, str) for k, v in raw["files"].items()):
+            raise ArtifactError(f"{where}: files must map file names to sha256 digests; rebuild the artifact")
         return cls(name=raw["name"], created=raw["created"], model=raw["model"], program=program,
                    interface=raw["interface"], runtime=runtime, compile=compiled, validation=raw["validation"],
                    versions=raw["versions"], files=raw["files"])
+
+
+_KINDS = {"name": str, "created": str, "model": dict, "interface": dict, "validation": dict, "versions": dict,
+          "files": dict}
+_JSON_NAMES = {str: "string", dict: "object"}
 
 
 def _section(cls, raw, where: str):
@@ -224,7 +235,7 @@ def verify_files(artifact_dir: Path, manifest: Manifest) -> None:
         raise ArtifactError(f"{root / MANIFEST_FILE} lists no files")
     for name, digest in sorted(manifest.files.items()):
         path = root / name
-        if ".." in Path(name).parts or not path.is_file():
+        if Path(name).is_absolute() or ".." in Path(name).parts or not path.is_file():  # only files of the artifact
             raise ArtifactError(f"artifact file {name} listed in the manifest is missing from {root}")
         actual = sha256_file(path)
         if actual != digest:

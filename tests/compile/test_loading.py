@@ -128,6 +128,23 @@ def test_manifest_missing_an_entry_is_refused(score_artifact, artifact_copy):
         boundgen.load(art)
 
 
+@pytest.mark.parametrize("key,value,message", [
+    ("interface", None, "interface must be a JSON object, got NoneType"),
+    ("versions", None, "versions must be a JSON object, got NoneType"),
+    ("name", 7, "name must be a JSON string, got int"),
+    ("files", {"weights.safetensors": 7}, "files must map file names to sha256 digests"),
+    ("files", {"/etc/passwd": "00"}, "file /etc/passwd listed in the manifest is missing"),
+])
+def test_a_manifest_of_the_wrong_shape_is_refused_by_name(score_artifact, artifact_copy, key, value, message):
+    """An edited manifest whose self-hash was redone: an ArtifactError naming the entry (the server's 400),
+    not an AttributeError deep in loading (500); and no file outside the artifact is read (its hash was
+    quoted in the error)."""
+    art = artifact_copy(score_artifact)
+    edit_manifest(art, lambda m: m.update({key: value}))
+    with pytest.raises(ArtifactError, match=re.escape(message)):
+        boundgen.load(art)
+
+
 def test_a_beam_artifact_serves_without_the_model_programs_or_compiler(beam_artifact):
     """The runtime loads the compiled packages alone: one request runs in a fresh process that
     never imports boundgen's model, programs or compiler; of boundgen's ops it imports just those
