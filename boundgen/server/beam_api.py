@@ -19,6 +19,8 @@ server's default); the first prompt to fail fails the whole request with its
 status (a bad prompt 400, naming its index; a full queue 429; ...) and the others are cancelled.
 `model` may be left out when the server holds one beam model.
 
+Unknown fields are refused (400 naming them), as `/v1/score` refuses them: the width, the steps
+and the deadline are the artifact's and the server's, so a `width` sent here would change nothing.
 Bounds come before work: more prompts than the model can hold at once (its max in flight plus
 its queue: more would be refused 429 anyway, after the first ones had run) are refused by their
 count, 400 naming the limit, before any prompt is encoded or admitted; a prompt that is not valid
@@ -40,12 +42,17 @@ from boundgen.server.score_api import utf8
 from boundgen.server.status import Unavailable
 
 ROUTE = "/v1/beam"
+FIELDS = ("prompt", "prompts", "model", "allow_items", "allow_subset")  # width, steps, a deadline: the artifact's
 
 
 def parse(obj) -> dict:
     """The request's fields, checked (InvalidInput naming what is wrong)."""
     if not isinstance(obj, dict):
         raise InvalidInput('a /v1/beam request is a JSON object like {"prompt": "..."} or {"prompts": ["...", ...]}')
+    unknown = sorted(k for k in obj if k not in FIELDS)
+    if unknown:  # a client that sends width or steps must not believe they took effect
+        raise InvalidInput(f"a /v1/beam request has unknown fields {', '.join(map(repr, unknown))}; it takes "
+                           f"{', '.join(FIELDS)} (the width and steps are the artifact's, fixed at build)")
     if ("prompt" in obj) == ("prompts" in obj):
         raise InvalidInput("give either prompt (one text) or prompts (a list of texts), not both or neither")
     if "prompt" in obj:

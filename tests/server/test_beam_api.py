@@ -48,6 +48,7 @@ def test_same_candidates_as_kserve(fake_server):
     ({"prompt": ""}, "empty"),
     (b"{not json", "not valid JSON"),
     ([1, 2], "is a JSON object"),
+    ({"prompt": "a", "width": 1000, "steps": 99, "timeout": 1}, "unknown fields 'steps', 'timeout', 'width'"),
 ])
 def test_what_a_beam_model_cannot_answer_is_a_json_400(fake_server, body, message):
     status, answer = post(fake_server, body)
