@@ -140,6 +140,13 @@ def cases(server):
         ("undecodable ModelInfer", "INVALID_ARGUMENT", lambda: grpc_code(server, "ModelInfer", undecodable)),
         ("undecodable ModelMetadata without the key", "UNAUTHENTICATED",
          lambda: grpc_code(server, "ModelMetadata", undecodable, key=False)),
+        ("TEXT [1] of one 4 MB string", 400, lambda: post(
+            server, "/v2/models/fscore/infer", infer_json("[1]", data='["' + "a" * ((4 << 20) - 256) + '"]'))),
+        ("TEXT [16] of 250 kB strings", 400, lambda: post(
+            server, "/v2/models/fscore/infer", infer_json("[16]", data='["' + '","'.join(["a" * 250_000] * 16) + '"]'))),
+        ("/v1/beam with a width", 400, lambda: post(server, "/v1/beam", {"prompt": "a", "width": 1000})),
+        ("register a key with a lone surrogate", 400, lambda: post(
+            server, "/v2/systemsharedmemory/region/x/register", b'{"key": "/boundgen-\\ud800", "offset": 0, "byte_size": 8}')),
         ("timeout parameter 10^309", 400, lambda: post(server, "/v2/models/fscore/infer", infer_json("[1]")[:-1]
                                                        + b', "parameters": {"timeout": 1' + b"0" * 309 + b"}}")),
         ("shared memory truncated while read (worst of 30)", 400, lambda: truncated_shm(server)),
