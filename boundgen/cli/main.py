@@ -60,11 +60,21 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
-    except Exception as exc:  # an internal error: say so plainly, traceback only on request
-        if os.environ.get("BOUNDGEN_DEBUG"):
-            raise
-        print(f"internal error: {type(exc).__name__}: {exc} (set BOUNDGEN_DEBUG=1 for a traceback)", file=sys.stderr)
-        return 1
+    except (FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError, FileExistsError) as exc:
+        if exc.filename is None:  # not about a path the user gave: an internal error (below)
+            return _internal(exc)
+        print(f"error: {exc.filename}: {exc.strerror or exc}", file=sys.stderr)  # a path that cannot be used as given
+        return 2
+    except Exception as exc:
+        return _internal(exc)
+
+
+def _internal(exc: BaseException) -> int:
+    """An internal error: said plainly, its traceback only on request."""
+    if os.environ.get("BOUNDGEN_DEBUG"):
+        raise exc
+    print(f"internal error: {type(exc).__name__}: {exc} (set BOUNDGEN_DEBUG=1 for a traceback)", file=sys.stderr)
+    return 1
 
 
 if __name__ == "__main__":

@@ -127,7 +127,9 @@ RAY_ONLY_FLAGS = ("gpus_per_replica", "min_replicas", "max_replicas", "target_on
 
 
 def config_from_args(args):
-    api_key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV) or None
+    # Set, the environment's key is checked as the flag's is: an empty BOUNDGEN_API_KEY (a secret that failed
+    # to be injected) must not serve with no key at all
+    api_key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV)
     try:
         return ServerConfig(host=args.host, http_port=args.http_port, grpc_port=args.grpc_port,
                             max_inflight=args.max_inflight, max_queue=args.max_queue,

@@ -64,8 +64,9 @@ class ServerConfig:
             raise ValueError(f"default_timeout_ms must be > 0, got {self.default_timeout_ms}")
         if self.max_body_bytes < 1024:
             raise ValueError(f"max_body_bytes must be >= 1024, got {self.max_body_bytes}")
-        if self.api_key is not None and not self.api_key:
-            raise ValueError("api_key must not be empty (leave it unset to serve without a key)")
+        if self.api_key is not None and (not self.api_key.strip() or self.api_key != self.api_key.strip()):
+            raise ValueError(f"the API key (--api-key, or {API_KEY_ENV}) must not be empty, blank or begin or end "
+                             "with spaces (leave it unset to serve without a key)")
         if self.api_key is not None and not (self.api_key.isascii() and self.api_key.isprintable()):
             raise ValueError("api_key must be printable ASCII: it travels in an HTTP header")
         if self.drain_timeout_s < 0:

@@ -85,3 +85,15 @@ def test_bad_input_is_a_clear_error(model_dir, capsys, args, message):
 def test_error_exit_code_in_a_real_process(model_dir):
     code, out, err = run_cli("beam", model_dir, "--width", "4", "--steps", "9", "--text", "x")
     assert code == 2 and out == "" and "Traceback" not in err and "steps" in err
+
+
+@pytest.mark.parametrize("argv", [
+    ["keygen", "/nonexistent-dir/k"],
+    ["demo-model", "/proc/boundgen-demo", "--preset", "tiny-qwen3"],
+])
+def test_a_path_that_cannot_be_used_is_an_error_line_not_an_internal_error(argv, capsys):
+    """A path the user gave that cannot be made or written: `error: PATH: why`, exit 2 (it was
+    `internal error: FileNotFoundError ...`, exit 1)."""
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: /") and "internal error" not in err, err

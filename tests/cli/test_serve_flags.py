@@ -34,3 +34,18 @@ def test_single_process_flags_refuse_several_front_ends_and_say_why(flag, why):
         serve._frontends(parse(*flag, "--catalogue", "cbeam=CAT", "--frontends", "2"), True)
     assert why in str(err.value) and "use --frontends 1" in str(err.value)
     assert serve._frontends(parse(*flag), True) == 1  # and the default is one process
+
+
+@pytest.mark.parametrize("key", ["", "  ", " key", "key "])
+def test_an_empty_or_blank_api_key_is_refused_from_the_environment_too(monkeypatch, key):
+    """An empty BOUNDGEN_API_KEY (a secret that failed to be injected) served with no key at all,
+    where --api-key "" was refused."""
+    monkeypatch.setenv("BOUNDGEN_API_KEY", key)
+    with pytest.raises(ConfigError, match="must not be empty, blank or begin or end with spaces"):
+        serve.config_from_args(parse())
+    with pytest.raises(ConfigError, match="must not be empty"):
+        serve.config_from_args(parse("--api-key", key))
+    monkeypatch.delenv("BOUNDGEN_API_KEY")
+    assert serve.config_from_args(parse()).api_key is None
+    monkeypatch.setenv("BOUNDGEN_API_KEY", "sesame")
+    assert serve.config_from_args(parse()).api_key == "sesame"
