@@ -93,8 +93,14 @@ def run(args: argparse.Namespace, plan: Plan, load_engine: Callable) -> int:
     final = [{k: v for k, v in results[s.name].items() if not k.startswith("_")} for s in specs]
     print(report.markdown_summary(final))
     progress(f"wrote {', '.join(f'bench_{s.name}.json' for s in specs)} and plots to {out}")
-    abandon_stuck_threads(0)
-    return 0
+    # A system that failed before measuring anything fails the run (exit 1), whatever the JSON holds
+    failed = [f"{spec.name} {system}: {entry['error']}" for spec, r in zip(specs, final)
+              for system, entry in r["systems"].items() if entry.get("error") and not entry.get("sweep")]
+    if failed or not any(r["systems"] for r in final):
+        progress("not measured: " + ("; ".join(failed) or "no system ran"))
+    status = 1 if failed or not any(r["systems"] for r in final) else 0
+    abandon_stuck_threads(status)
+    return status
 
 
 def _run_boundgen(args, plan: Plan, results, save, tokenizer, load_engine: Callable) -> None:

@@ -9,6 +9,7 @@ process, results after every level) is bench/orchestrate.py's.
 from __future__ import annotations
 
 import argparse
+import math
 import shlex
 import sys
 from pathlib import Path
@@ -158,10 +159,13 @@ def run(args) -> int:
     from boundgen.bench.workloads import get_workload
 
     names = [w.strip() for w in args.workload.split(",") if w.strip()]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"--workload names a workload twice: {args.workload!r}")
     try:
         specs = [get_workload(n) for n in names]
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
+    _check_numbers(args)
     if len({s.task for s in specs}) != 1:
         raise ConfigError("workloads given together must share a task (one target serves them all)")
     remote = args.grpc or args.http
@@ -191,6 +195,26 @@ def run(args) -> int:
     plan = orchestrate.Plan(specs=tuple(specs), config=cfg, out=Path(args.out), tokenizer_dir=tok_dir,
                             client_procs=procs, peer_modes=tuple(modes), command=command, filters=filters)
     return orchestrate.run(args, plan, load_engine=_engine)
+
+
+def _check_numbers(args) -> None:
+    """The sweep's numbers, before anything is loaded or measured (a bad open-loop rate was found
+    only after the whole closed-loop sweep)."""
+    if not (math.isfinite(args.duration) and args.duration > 0):
+        raise ConfigError(f"--duration must be a positive number of seconds, got {args.duration}")
+    if not (math.isfinite(args.warmup) and args.warmup >= 0):
+        raise ConfigError(f"--warmup must be zero or more seconds, got {args.warmup}")
+    for flag, value in (("--max-requests", args.max_requests), ("--pool", args.pool)):
+        if value < 1:
+            raise ConfigError(f"{flag} must be at least 1, got {value}")
+    rate = args.open_loop_rate
+    if rate is not None and rate != "auto":
+        try:
+            number = float(rate)
+        except ValueError:
+            number = math.nan
+        if not (math.isfinite(number) and number > 0):
+            raise ConfigError(f"--open-loop-rate takes a positive number of requests/s or 'auto', got {rate!r}")
 
 
 def _filters(args, specs) -> dict | None:

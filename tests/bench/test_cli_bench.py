@@ -60,7 +60,7 @@ def test_bench_records_an_engine_that_cannot_start(tmp_path, tiny_qwen3_dir, mon
 
     monkeypatch.setattr(bench_cli, "_engine", broken)
     assert main(["bench", "--workload", "W1", "--artifact", str(tiny_qwen3_dir), "--pool", "1",
-                 "--out", str(tmp_path)]) == 0
+                 "--out", str(tmp_path)]) == 1  # recorded, and the run failed: nothing was measured
     result = json.loads((tmp_path / "bench_W1.json").read_text())
     assert result["systems"]["boundgen"]["error"] == "FileNotFoundError: no manifest.json"
 
@@ -79,6 +79,15 @@ def test_argument_checks(tmp_path, capsys):
     assert main(["bench", "--workload", "W1", "--http", "h:1", "--model", "m", "--model-dir", "x",
                  "--client-procs", "0", "--out", str(tmp_path)]) == 2
     remote = ["--grpc", "h:1", "--model", "m", "--model-dir", "x", "--out", str(tmp_path)]
+    for bad, words in ((["--workload", "W1,W1"], "names a workload twice"),
+                       (["--workload", "W1", "--open-loop-rate", "abc"], "--open-loop-rate takes a positive number"),
+                       (["--workload", "W1", "--open-loop-rate=-5"], "--open-loop-rate takes a positive number"),
+                       (["--workload", "W1", "--duration", "0"], "--duration must be a positive number"),
+                       (["--workload", "W1", "--warmup", "-1"], "--warmup must be zero or more"),
+                       (["--workload", "W1", "--pool", "0"], "--pool must be at least 1"),
+                       (["--workload", "W1", "--max-requests", "0"], "--max-requests must be at least 1")):
+        assert main(["bench", *bad, *remote]) == 2
+        assert words in capsys.readouterr().err, bad
     for bad, words in ((["--workload", "W1", "--allow-subset", "s"], "filter a constrained beam model"),
                        (["--workload", "W2", "--allow-items", "10"], "needs K >= 1 and --catalogue"),
                        (["--workload", "W2", "--catalogue", "c"], "--catalogue is for --allow-items"),
