@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from boundgen.cli.common import (add_precision_args, check_model_path, is_artifact, parse_id_list, print_json,
-                                 resolve_dtype)
+import math
+
+from boundgen.cli.common import (add_precision_args, check_device, check_model_path, check_task, is_artifact,
+                                 parse_id_list, print_json, refuse_for_artifacts, resolve_dtype)
 from boundgen.errors import ConfigError, InvalidInput
 from boundgen.artifact.program import MAX_STEPS, MAX_WIDTH
 
@@ -17,7 +19,7 @@ def register(sub):
     p.add_argument("model", metavar="MODEL_DIR", help="HF model directory or boundgen artifact directory")
     p.add_argument("--width", type=int, default=None, help=f"beam width W, 1..{MAX_WIDTH}")
     p.add_argument("--steps", type=int, default=None, help=f"tokens to generate N, 1..{MAX_STEPS}")
-    p.add_argument("--text", default=None, metavar="T", help="the prompt")
+    p.add_argument("--text", action="append", default=None, metavar="T", help="the prompt (one)")
     p.add_argument("--max-tokens", type=int, default=1024, help="prompt token limit (default 1024)")
     p.add_argument("--template", default="{text}", help="prompt template with a {text} placeholder")
     p.add_argument("--stop-token-ids", default=None, metavar="IDS",
@@ -36,10 +38,18 @@ def register(sub):
     p.set_defaults(run=run)
 
 
+# Flags of a run on a model directory, with their defaults: an artifact fixed them when it was built
+EAGER_ONLY = {"max_tokens": 1024, "template": "{text}", "stop_token_ids": None, "length_penalty": 0.0,
+              "min_new_tokens": 0, "dtype": None, "device": "cpu"}
+
+
 def run(args):
     check_model_path(args.model)
     if args.text is None:
         raise InvalidInput("no prompt given: pass --text")
+    if len(args.text) > 1:
+        raise InvalidInput(f"one prompt a run: --text was given {len(args.text)} times")
+    args.text = args.text[0]
     for flag, value in (("--allow-items", args.allow_items), ("--allow-subset", args.allow_subset)):
         if value is not None and args.catalogue is None:
             raise ConfigError(f"{flag} needs --catalogue")
@@ -47,7 +57,9 @@ def run(args):
     if is_artifact(args.model):
         import boundgen
 
+        refuse_for_artifacts(args, EAGER_ONLY, args.model)
         engine = boundgen.load(args.model, catalogue=args.catalogue)
+        check_task(engine, args.model, "beam")
         built_for = engine.spec.program
         for flag, value, built in (("--width", args.width, built_for.width), ("--steps", args.steps, built_for.steps)):
             if value is not None and value != built:
@@ -70,6 +82,9 @@ def _eager(args, allow):
 
     if args.width is None or args.steps is None:
         raise ConfigError("pass --width W and --steps N")
+    check_device(args.device)
+    if not math.isfinite(args.length_penalty):
+        raise ConfigError(f"--length-penalty must be a finite number, got {args.length_penalty}")
     stops = default_stop_tokens(args.model) if args.stop_token_ids is None else parse_id_list(args.stop_token_ids)
     spec = BeamSpec(width=args.width, steps=args.steps, stop_token_ids=stops, length_penalty=args.length_penalty,
                     min_new_tokens=args.min_new_tokens, max_prompt_tokens=args.max_tokens, template=args.template)

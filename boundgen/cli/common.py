@@ -16,6 +16,28 @@ def add_precision_args(parser, default_dtype: str | None = None):
     parser.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
 
 
+def check_device(device: str) -> None:
+    """cpu, cuda or cuda:N, else a ConfigError (torch's own error lists every device type it knows)."""
+    if device != "cpu" and device != "cuda" and not (device.startswith("cuda:") and device[5:].isdigit()):
+        raise ConfigError(f"--device must be cpu, cuda or cuda:N, got {device!r}")
+
+
+def refuse_for_artifacts(args, defaults: dict, path: str) -> None:
+    """Flags of an eager run (`defaults`: dest -> default) given with an artifact, which fixed them at build:
+    a ConfigError naming them, not a run that silently ignores them."""
+    given = [f"--{dest.replace('_', '-')}" for dest, default in defaults.items() if getattr(args, dest) != default]
+    if given:
+        raise ConfigError(f"{', '.join(given)} {'does' if len(given) == 1 else 'do'} not apply to artifact {path}: "
+                          "it was fixed when the artifact was built (`boundgen build`); leave "
+                          f"{'it' if len(given) == 1 else 'them'} out, or run on the model directory")
+
+
+def check_task(engine, path: str, task: str) -> None:
+    """An artifact of the command's task, else a ConfigError naming the command to use."""
+    if engine.spec.task != task:
+        raise ConfigError(f"artifact {path} is a {engine.spec.task} artifact: use `boundgen {engine.spec.task}`")
+
+
 def resolve_dtype(args) -> str:
     return args.dtype or ("bfloat16" if str(args.device).startswith("cuda") else "float32")
 

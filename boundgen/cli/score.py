@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from boundgen.cli.common import add_precision_args, check_model_path, is_artifact, print_json, resolve_dtype
+from boundgen.cli.common import (add_precision_args, check_device, check_model_path, check_task, is_artifact,
+                                 print_json, refuse_for_artifacts, resolve_dtype)
 from boundgen.errors import ConfigError, InvalidInput
 
 
@@ -21,6 +22,10 @@ def register(sub):
     p.set_defaults(run=run)
 
 
+# Flags of a run on a model directory, with their defaults: an artifact fixed them when it was built
+EAGER_ONLY = {"max_tokens": 1024, "template": "{text}", "topk": 0, "head": None, "dtype": None, "device": "cpu"}
+
+
 def run(args):
     check_model_path(args.model)
     if not args.text:
@@ -28,7 +33,9 @@ def run(args):
     if is_artifact(args.model):
         import boundgen
 
+        refuse_for_artifacts(args, EAGER_ONLY, args.model)
         engine = boundgen.load(args.model)
+        check_task(engine, args.model, "score")
         if args.labels is not None and tuple(args.labels) != tuple(engine.spec.program.labels):
             raise ConfigError(f"artifact {args.model} was built for labels {list(engine.spec.program.labels)}, "
                               f"not {args.labels}")
@@ -50,6 +57,7 @@ def _eager(args):
         raise ConfigError("pass --labels (label texts, each one token) or --head FILE")
     if args.max_tokens < 1:
         raise ConfigError(f"--max-tokens must be positive, got {args.max_tokens}")
+    check_device(args.device)
     labels = tuple(args.labels or ())
     ids = Tokenizer.from_dir(args.model).label_token_ids(labels)
     n = len(args.text)

@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from boundgen.errors import ConfigError
 from boundgen.model.qwen import QwenModel
 from boundgen.programs.head import MLPHead
 
@@ -31,7 +32,7 @@ class ScoreProgram(nn.Module):
         if head is None and not label_token_ids:
             raise ValueError("a score program needs label token ids or an MLP head")
         if topk < 0 or topk > model.cfg.vocab_size:
-            raise ValueError(f"topk must be in [0, {model.cfg.vocab_size}], got {topk}")
+            raise ConfigError(f"topk must be in [0, {model.cfg.vocab_size}] (the vocabulary), got {topk}")
         self.model = model
         self.head = head
         self.topk = topk

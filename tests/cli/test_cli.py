@@ -72,6 +72,9 @@ def test_beam_matches_hf(model_dir):
     (["beam", "{m}", "--width", "4", "--steps", "6", "--text", "x"], "in [1, 5]"),
     (["beam", "{m}", "--width", "4", "--steps", "2", "--text", ""], "empty"),
     (["beam", "{m}", "--width", "4", "--steps", "2"], "no prompt"),
+    (["beam", "{m}", "--width", "4", "--steps", "2", "--text", "x", "--length-penalty", "nan"], "finite number"),
+    (["score", "{m}", "--labels", " yes", "--text", "x", "--device", "tpu"], "--device must be cpu, cuda"),
+    (["score", "{m}", "--labels", " yes", "--text", "x", "--topk", "10000000"], "topk must be in"),
     (["score", "/nonexistent/model", "--labels", " yes", "--text", "x"], "not a directory"),
 ])
 def test_bad_input_is_a_clear_error(model_dir, capsys, args, message):

@@ -59,3 +59,22 @@ def test_build_flags_errors_are_clear(tiny_qwen3_dir, tmp_path):
                            "--out", str(tmp_path / "a"), "--width", "4"], cwd=REPO, capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 2 and "do not apply to a score build" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def fails(*args):
+    proc = subprocess.run([sys.executable, "-m", "boundgen", *map(str, args)], cwd=REPO, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr and "internal error" not in proc.stderr, proc.stderr
+    return proc.stderr
+
+
+def test_what_an_artifact_fixed_is_refused_not_ignored(score_artifact, beam_artifact):
+    """Flags an artifact fixed at build, the other task's artifact, a prompt given twice: each an error
+    line (they were ignored, answered with the artifact's own settings, or an AttributeError)."""
+    assert "--template, --topk do not apply to artifact" in fails("score", score_artifact, "--text", "hi",
+                                                                   "--template", "Q: {text}", "--topk", "3")
+    assert "--length-penalty does not apply to artifact" in fails("beam", beam_artifact, "--text", "hi",
+                                                                   "--length-penalty", "2")
+    assert "is a beam artifact: use `boundgen beam`" in fails("score", beam_artifact, "--text", "hi")
+    assert "is a score artifact: use `boundgen score`" in fails("beam", score_artifact, "--text", "hi")
+    assert "--text was given 2 times" in fails("beam", beam_artifact, "--text", "hi", "--text", "ho")
