@@ -86,9 +86,11 @@ def read_deploy_file(path: str | Path | None) -> tuple[dict, Path | None]:
         return {}, None
     path = Path(path)
     if not path.is_file():
-        raise ConfigError(f"deploy file {path} not found")
+        raise ConfigError(f"deploy file {path} {'is a directory' if path.is_dir() else 'not found'}")
     try:
-        raw = json.loads(path.read_text())
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise ConfigError(f"deploy file {path} is not UTF-8 text") from None
     except json.JSONDecodeError as exc:
         raise ConfigError(f"deploy file {path} is not valid JSON: {exc}") from None
     if not isinstance(raw, dict):

@@ -21,7 +21,6 @@ An estimate, deliberately on the high side; plain arithmetic over config.json an
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from boundgen.artifact.tasks import task_of
@@ -69,7 +68,9 @@ def check_fits(cfg, available: int | None = None) -> None:
     available = available_bytes() if available is None else available
     if available is None:
         return
-    config = json.loads((Path(cfg.model_dir) / "config.json").read_text())
+    from boundgen.model.loader import read_json_object  # torch: only when a build checks its memory
+
+    config = read_json_object(Path(cfg.model_dir) / "config.json")
     parts = estimate_bytes(config, cfg.spec, cfg.dtype)
     need = sum(parts.values())
     if need <= available:

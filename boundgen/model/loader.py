@@ -28,14 +28,31 @@ def parse_dtype(name: str) -> torch.dtype:
     return DTYPES[name]
 
 
+def read_json_object(path: Path) -> dict:
+    """A checkpoint's JSON file (config.json, generation_config.json, the shards' index) as one object,
+    else a ConfigError naming the file and what is wrong."""
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path} is not UTF-8 text") from None
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{path} is not valid JSON: {exc}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path} must hold one JSON object, got {type(raw).__name__}")
+    return raw
+
+
 def default_stop_tokens(model_dir: str | Path) -> tuple[int, ...]:
     """Stop tokens as HF generate takes them: generation_config.json's eos_token_id, else config.json's."""
     for name in ("generation_config.json", "config.json"):
         path = Path(model_dir) / name
         if path.is_file():
-            eos = json.loads(path.read_text()).get("eos_token_id")
+            eos = read_json_object(path).get("eos_token_id")
             if eos is not None:
-                return tuple(eos) if isinstance(eos, list) else (int(eos),)
+                ids = eos if isinstance(eos, list) else [eos]
+                if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids):
+                    raise ConfigError(f"{path}: eos_token_id must be a token id or a list of them, got {eos!r}")
+                return tuple(ids)
     return ()
 
 
@@ -43,11 +60,7 @@ def read_config(model_dir: str | Path) -> ModelConfig:
     path = Path(model_dir) / "config.json"
     if not path.is_file():
         raise ConfigError(f"{model_dir} is not a model directory: config.json not found")
-    try:
-        raw = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"{path} is not valid JSON: {exc}") from None
-    return ModelConfig.from_hf_dict(raw)
+    return ModelConfig.from_hf_dict(read_json_object(path))
 
 
 def read_tensors(model_dir: str | Path) -> dict[str, torch.Tensor]:
@@ -58,7 +71,7 @@ def read_tensors(model_dir: str | Path) -> dict[str, torch.Tensor]:
     if single.is_file():
         files = [single]
     elif index.is_file():
-        weight_map = json.loads(index.read_text()).get("weight_map", {})
+        weight_map = read_json_object(index).get("weight_map", {})
         files = [model_dir / name for name in sorted(set(weight_map.values()))]
     else:
         raise ConfigError(f"{model_dir} has no model.safetensors or model.safetensors.index.json "

@@ -100,3 +100,28 @@ def test_a_path_that_cannot_be_used_is_an_error_line_not_an_internal_error(argv,
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: /") and "internal error" not in err, err
+
+
+@pytest.mark.parametrize("name,content,message", [
+    ("config.json", "{not json", "config.json is not valid JSON"),
+    ("config.json", "[1, 2]", "config.json must hold one JSON object, got list"),
+    ("config.json", b"\xff\xfe{", "config.json is not UTF-8 text"),
+    ("generation_config.json", "xx", "generation_config.json is not valid JSON"),
+    ("generation_config.json", '{"eos_token_id": "abc"}', "eos_token_id must be a token id or a list of them"),
+    ("generation_config.json", '{"eos_token_id": [5, -3]}', "eos_token_id must be a token id or a list of them"),
+])
+def test_a_corrupt_checkpoint_file_is_an_error_line(model_dir, tmp_path, capsys, name, content, message):
+    """build, score and beam alike (build and beam raised JSONDecodeError, TypeError or ValueError)."""
+    import shutil
+
+    broken = tmp_path / "broken"
+    shutil.copytree(model_dir, broken)
+    (broken / name).write_bytes(content if isinstance(content, bytes) else content.encode())
+    runs = [["beam", str(broken), "--width", "2", "--steps", "2", "--text", "x"],
+            ["build", str(broken), "--task", "beam", "--width", "2", "--steps", "2", "--out", str(tmp_path / "a")]]
+    if name == "config.json":
+        runs.append(["score", str(broken), "--labels", " yes", "--text", "x"])
+    for argv in runs:
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and message in err, (argv, err)
