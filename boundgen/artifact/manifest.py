@@ -23,11 +23,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 
 from boundgen.artifact.program import SPECS, option, spec_from_dict, spec_to_dict
 from boundgen.errors import ArtifactError, ConfigError
+
+# A model's name, as `boundgen build --name` takes it and the repository route finds it: it is part of every URL
+MODEL_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]*")
 
 SCHEMA = "boundgen.artifact/3"
 MANIFEST_FILE = "manifest.json"

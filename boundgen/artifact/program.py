@@ -9,6 +9,7 @@ field here (with its `option(...)` metadata) plus its use.
 
 from __future__ import annotations
 
+import math
 from dataclasses import MISSING, asdict, dataclass, field, fields
 
 from boundgen.errors import ConfigError
@@ -127,6 +128,14 @@ class BeamSpec:
         _positive(self, "max_prompt_tokens", "max_requests", "catalogue_max_degree")
         if not isinstance(self.constrained, bool):
             raise ConfigError(f"constrained must be true or false, got {self.constrained!r}")
+        if not self.constrained and self.catalogue_max_degree != BeamSpec.catalogue_max_degree:
+            raise ConfigError("catalogue_max_degree bounds a constrained program's trie: it needs constrained "
+                              "(--constrained)")
+        if not (isinstance(self.length_penalty, (int, float)) and not isinstance(self.length_penalty, bool)
+                and math.isfinite(self.length_penalty)):
+            raise ConfigError(f"length_penalty must be a finite number, got {self.length_penalty!r}")
+        if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in self.stop_token_ids):
+            raise ConfigError(f"stop_token_ids must be token ids (integers >= 0), got {list(self.stop_token_ids)}")
         _template(self.template)
 
     @property

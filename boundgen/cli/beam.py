@@ -78,7 +78,7 @@ def run(args):
 def _eager(args, allow):
     from boundgen.artifact.program import BeamSpec
     from boundgen.programs.eager import eager_engine
-    from boundgen.model.loader import default_stop_tokens
+    from boundgen.model.loader import default_stop_tokens, read_config
 
     if args.width is None or args.steps is None:
         raise ConfigError("pass --width W and --steps N")
@@ -86,6 +86,9 @@ def _eager(args, allow):
     if not math.isfinite(args.length_penalty):
         raise ConfigError(f"--length-penalty must be a finite number, got {args.length_penalty}")
     stops = default_stop_tokens(args.model) if args.stop_token_ids is None else parse_id_list(args.stop_token_ids)
+    vocab = read_config(args.model).vocab_size
+    if any(not 0 <= t < vocab for t in stops):
+        raise ConfigError(f"stop token ids {list(stops)} must be in the model's vocabulary [0, {vocab})")
     spec = BeamSpec(width=args.width, steps=args.steps, stop_token_ids=stops, length_penalty=args.length_penalty,
                     min_new_tokens=args.min_new_tokens, max_prompt_tokens=args.max_tokens, template=args.template)
     return eager_engine(args.model, spec, resolve_dtype(args), args.device, catalogue=args.catalogue,

@@ -14,7 +14,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from boundgen.errors import BoundgenError
+from boundgen.errors import BoundgenError, ConfigError
 
 SCORE_TEXTS = ["query: running shoes | item: lightweight trail running shoe", "query: running shoes | item: desk lamp",
                "query: 咖啡 | item: 拿铁咖啡"]
@@ -63,6 +63,8 @@ def _wait_ready(proc, http_port, timeout_s=300):
 def run(args):
     from boundgen.server.deploy.launch import free_port  # lazy: `boundgen --help` must not import the server
 
+    if args.requests < 1:  # before the builds, which take minutes
+        raise ConfigError(f"--requests must be at least 1, got {args.requests}")
     out = Path(args.out)
     model, score_art, beam_art = out / "tiny-qwen3", out / "score-art", out / "beam-art"
     if not (model / "config.json").is_file():

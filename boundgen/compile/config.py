@@ -26,14 +26,15 @@ the checkpoint's generation_config.json; an MLP head path relative to the deploy
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from boundgen.artifact.manifest import RuntimeConfig
+from boundgen.artifact.manifest import MODEL_NAME, RuntimeConfig
 from boundgen.artifact.program import SPECS, BeamSpec, ScoreSpec, options
 from boundgen.errors import ConfigError, InvalidInput
 from boundgen.model import fp8
-from boundgen.model.loader import default_stop_tokens
+from boundgen.model.loader import default_stop_tokens, read_config
 from boundgen.ops.lowering import OpLowering
 from boundgen.text.tokenizer import Tokenizer
 
@@ -129,11 +130,23 @@ def resolve(model_dir, out, options_: dict, base_dir: Path | None = None) -> Bui
     if not isinstance(lowering, dict):
         raise ConfigError(f"lowering must map op names to implementations, got {lowering!r}")
     tolerances = o.get("tolerances") or {}
-    if not isinstance(tolerances, dict) or not all(isinstance(v, (int, float)) for v in tolerances.values()):
-        raise ConfigError(f"tolerances must map output names to numbers, got {tolerances!r}")
+    if not isinstance(tolerances, dict) or not all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                                                   and math.isfinite(v) and v >= 0 for v in tolerances.values()):
+        raise ConfigError(f"tolerances must map output names to numbers >= 0, got {tolerances!r}")
+    from boundgen.compile.validate import FP8_TOLERANCES, TOLERANCES  # the names a build's validation judges
+
+    known = set(FP8_TOLERANCES).union(*TOLERANCES.values())
+    if set(tolerances) - known:
+        raise ConfigError(f"tolerances has unknown names {', '.join(sorted(set(tolerances) - known))}; "
+                          f"known: {', '.join(sorted(known))}")
+    name = o.get("name") or Path(out).name
+    if not (isinstance(name, str) and MODEL_NAME.fullmatch(name)):
+        given = "--name" if o.get("name") else "the artifact directory's name (the default --name)"
+        raise ConfigError(f"{given} must be letters, digits, '.', '_' and '-', not starting with '.' (it is the "
+                          f"model's name in every URL), got {name!r}")
     fp8_mode = str(o.get("fp8", "none"))
     fp8.check_mode(fp8_mode, dtype)
-    cfg = BuildConfig(model_dir=model_dir, out=Path(out), name=o.get("name") or Path(out).name, device=device,
+    cfg = BuildConfig(model_dir=model_dir, out=Path(out), name=name, device=device,
                       dtype=dtype, spec=_spec(task, o, model_dir, base_dir), lowering=OpLowering.from_dict(lowering),
                       runtime=RuntimeConfig(**_values(RuntimeConfig, o)), weights=weights,
                       tolerances={k: float(v) for k, v in tolerances.items()}, fp8=fp8_mode)
@@ -161,7 +174,12 @@ def _spec(task: str, o: dict, model_dir: Path, base_dir: Path | None) -> ScoreSp
 def _beam_spec(values: dict, model_dir: Path, base_dir: Path | None) -> BeamSpec:
     if "stop_token_ids" not in values:
         values["stop_token_ids"] = default_stop_tokens(model_dir)
-    return BeamSpec(**values)
+    spec = BeamSpec(**values)
+    vocab = read_config(model_dir).vocab_size
+    outside = [t for t in spec.stop_token_ids if t >= vocab]
+    if outside:
+        raise ConfigError(f"stop token ids {outside} are outside the model's vocabulary of {vocab} tokens")
+    return spec
 
 
 def _score_spec(values: dict, model_dir: Path, base_dir: Path | None) -> ScoreSpec:

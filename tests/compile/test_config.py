@@ -70,6 +70,14 @@ def test_beam_defaults(tiny_qwen2_dir, tmp_path):
      "add_rmsnorm_quant=triton .* needs --fp8 mlp"),
     ({"task": "beam", "width": 4, "steps": 2, "batch_wait_ms": 25}, "batch_wait_ms must be a number of ms from 0"),
     ({"task": "beam", "width": 4, "steps": 2, "batch_wait_ms": -1}, "batch_wait_ms must be a number"),
+    ({"task": "score", "labels": [" yes"], "tolerances": {"bogus": 1}}, "tolerances has unknown names bogus"),
+    ({"task": "score", "labels": [" yes"], "tolerances": {"probs": -1}}, "tolerances must map output names to numbers >= 0"),
+    ({"task": "score", "labels": [" yes"], "name": "a/b?x"}, "--name must be letters, digits"),
+    ({"task": "score", "labels": [" yes"], "name": "../../etc"}, "--name must be letters, digits"),
+    ({"task": "beam", "width": 4, "steps": 2, "catalogue_max_degree": 64}, "catalogue_max_degree bounds a constrained"),
+    ({"task": "beam", "width": 4, "steps": 2, "length_penalty": float("nan")}, "length_penalty must be a finite"),
+    ({"task": "beam", "width": 4, "steps": 2, "stop_token_ids": [-1]}, "stop_token_ids must be token ids"),
+    ({"task": "beam", "width": 4, "steps": 2, "stop_token_ids": [99999999]}, "outside the model's vocabulary"),
 ])
 def test_bad_options_are_clear_errors(tiny_qwen3_dir, tmp_path, options, message):
     with pytest.raises(ConfigError, match=message):
@@ -84,6 +92,18 @@ def test_deploy_file_errors(tmp_path):
         config.read_deploy_file(tmp_path / "bad.json")
     with pytest.raises(ConfigError, match="not found"):
         config.read_deploy_file(tmp_path / "missing.json")
+    with pytest.raises(ConfigError, match="is a directory"):
+        config.read_deploy_file(tmp_path)
+    (tmp_path / "latin1.json").write_bytes(b'{"name": "caf\xe9"}')
+    with pytest.raises(ConfigError, match="not UTF-8"):
+        config.read_deploy_file(tmp_path / "latin1.json")
+
+
+def test_an_artifact_directory_that_is_no_model_name_asks_for_one(tiny_qwen3_dir, tmp_path):
+    with pytest.raises(ConfigError, match="the artifact directory's name .the default --name. must be letters"):
+        config.resolve(tiny_qwen3_dir, tmp_path / "my art", {"task": "score", "labels": [" yes"]})
+    assert config.resolve(tiny_qwen3_dir, tmp_path / "my art", {"task": "score", "labels": [" yes"],
+                                                                "name": "my-art"}).name == "my-art"
 
 
 def test_lowering_flags():

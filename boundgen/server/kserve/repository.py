@@ -44,17 +44,15 @@ does not fit m answers 400 and leaves the served one in place.
 from __future__ import annotations
 
 import asyncio
-import re
 from pathlib import Path
 from typing import Any, Awaitable, Callable
 
-from boundgen.artifact.manifest import MANIFEST_FILE
+from boundgen.artifact.manifest import MANIFEST_FILE, MODEL_NAME
 from boundgen.errors import BoundgenError, InvalidInput
 from boundgen.runtime.engine import Engine
 from boundgen.server.models import READY, ModelSet
 from boundgen.server.status import ServeError, Unavailable
 
-MODEL_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]*")
 
 
 class NotSupported(ServeError):
