@@ -77,6 +77,7 @@ def run(args):
 
 def _eager(args, allow):
     from boundgen.artifact.program import BeamSpec
+    from boundgen.compile.memory import check_eager_fits
     from boundgen.programs.eager import eager_engine
     from boundgen.model.loader import default_stop_tokens, read_config
 
@@ -91,6 +92,7 @@ def _eager(args, allow):
         raise ConfigError(f"stop token ids {list(stops)} must be in the model's vocabulary [0, {vocab})")
     spec = BeamSpec(width=args.width, steps=args.steps, stop_token_ids=stops, length_penalty=args.length_penalty,
                     min_new_tokens=args.min_new_tokens, max_prompt_tokens=args.max_tokens, template=args.template)
+    check_eager_fits(args.model, spec, resolve_dtype(args), args.device)
     return eager_engine(args.model, spec, resolve_dtype(args), args.device, catalogue=args.catalogue,
                         allow_items=allow, allow_subset=args.allow_subset)
 

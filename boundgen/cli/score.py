@@ -50,6 +50,7 @@ def run(args):
 
 def _eager(args):
     from boundgen.artifact.program import ScoreSpec
+    from boundgen.compile.memory import check_eager_fits
     from boundgen.programs.eager import eager_engine
     from boundgen.text.tokenizer import Tokenizer
 
@@ -64,4 +65,5 @@ def _eager(args):
     spec = ScoreSpec(labels=labels, label_token_ids=ids, head_path=args.head, topk=args.topk, max_samples=n,
                      max_tokens_per_sample=args.max_tokens, max_total_tokens=n * args.max_tokens,
                      template=args.template)
+    check_eager_fits(args.model, spec, resolve_dtype(args), args.device)
     return eager_engine(args.model, spec, resolve_dtype(args), args.device)

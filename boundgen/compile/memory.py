@@ -28,11 +28,13 @@ from boundgen.errors import ConfigError
 
 GIB = 1 << 30
 COMPILE_OVERHEAD_BYTES = 3 * GIB
+EAGER_OVERHEAD_BYTES = 1 * GIB  # the process and torch, without a compiler
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
-def estimate_bytes(model_config: dict, spec, dtype: str) -> dict[str, int]:
-    """Bytes by part (weights, activations, attention, logits, overhead) of building `spec`."""
+def estimate_bytes(model_config: dict, spec, dtype: str, eager: bool = False) -> dict[str, int]:
+    """Bytes by part (weights, activations, attention, logits, overhead) of building `spec`; `eager`:
+    of running it once on the eager program instead (one model, one program, no compiler)."""
     c = model_config
     hidden, inter, layers = c["hidden_size"], c["intermediate_size"], c["num_hidden_layers"]
     num_q, num_kv = c["num_attention_heads"], c.get("num_key_value_heads", c["num_attention_heads"])
@@ -41,12 +43,13 @@ def estimate_bytes(model_config: dict, spec, dtype: str) -> dict[str, int]:
     params = layers * per_layer + vocab * hidden * (1 if c.get("tie_word_embeddings", True) else 2)
     tokens, longest, rows = task_of(spec).memory_shape(spec)
     width = head_dim * (2 * num_q + 2 * num_kv) + 3 * inter + 4 * hidden
+    copies = 1 if eager else 2  # the eager reference and the compiled package
     return {
-        "weights": 3 * params * DTYPE_BYTES.get(dtype, 4),
-        "activations": 2 * tokens * width * 4,
-        "attention": 2 * 3 * num_q * longest * longest * 4,
-        "logits": 2 * rows * vocab * 4,
-        "overhead": COMPILE_OVERHEAD_BYTES,
+        "weights": (1 if eager else 3) * params * DTYPE_BYTES.get(dtype, 4),
+        "activations": copies * tokens * width * 4,
+        "attention": copies * 3 * num_q * longest * longest * 4,
+        "logits": copies * rows * vocab * 4,
+        "overhead": EAGER_OVERHEAD_BYTES if eager else COMPILE_OVERHEAD_BYTES,
     }
 
 
@@ -59,6 +62,25 @@ def available_bytes() -> int | None:
     except OSError:
         pass
     return None
+
+
+def check_eager_fits(model_dir, spec, dtype: str, device: str, available: int | None = None) -> None:
+    """Raise ConfigError, naming the flag to lower, if running `spec` eagerly on the CPU at its bounds
+    could need more memory than is available (`boundgen score|beam MODEL_DIR`: a 25,000-token sample
+    under --max-tokens 30000 was killed by the kernel at 23 GB, without a word)."""
+    if not str(device).startswith("cpu"):
+        return
+    available = available_bytes() if available is None else available
+    if available is None:
+        return
+    from boundgen.model.loader import read_json_object
+
+    parts = estimate_bytes(read_json_object(Path(model_dir) / "config.json"), spec, dtype, eager=True)
+    need = sum(parts.values())
+    if need > available:
+        detail = ", ".join(f"{k} {v / GIB:.1f}" for k, v in parts.items())
+        raise ConfigError(f"at its bounds this run could need about {need / GIB:.1f} GiB of memory ({detail} GiB), "
+                          f"more than the {available / GIB:.1f} GiB available; lower --max-tokens")
 
 
 def check_fits(cfg, available: int | None = None) -> None:

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from boundgen.compile.memory import GIB, check_fits, estimate_bytes
+from boundgen.compile.memory import GIB, check_eager_fits, check_fits, estimate_bytes
 from boundgen.errors import ConfigError
 from boundgen.artifact.program import BeamSpec, ScoreSpec
 
@@ -44,6 +44,20 @@ def test_build_that_cannot_fit_names_the_bound(tmp_path):
     with pytest.raises(ConfigError, match="lower --dtype bfloat16"):  # the weights alone do not fit
         check_fits(cfg(tmp_path, DEFAULT_SCORE), available=8 * GIB)
     check_fits(cfg(tmp_path, DEFAULT_SCORE), available=24 * GIB)  # fits: no error
+
+
+def test_an_eager_run_that_cannot_fit_names_the_flag(tmp_path):
+    """`boundgen score MODEL_DIR --max-tokens 30000`: a 30,000-token sample's attention scores alone are
+    ~160 GiB on Qwen3-0.6B, refused before anything is loaded; the default 1,024 tokens fit 8 GiB."""
+    (tmp_path / "config.json").write_text(json.dumps(QWEN3_06B))
+    long = ScoreSpec(labels=(" yes",), label_token_ids=(9693,), max_samples=1, max_tokens_per_sample=30_000,
+                     max_total_tokens=30_000)
+    with pytest.raises(ConfigError, match="could need about .* GiB .* lower --max-tokens"):
+        check_eager_fits(tmp_path, long, "float32", "cpu", available=24 * GIB)
+    check_eager_fits(tmp_path, long, "float32", "cuda", available=24 * GIB)  # GPU memory: the device's to report
+    default = ScoreSpec(labels=(" yes",), label_token_ids=(9693,), max_samples=2, max_tokens_per_sample=1024,
+                        max_total_tokens=2048)
+    check_eager_fits(tmp_path, default, "float32", "cpu", available=8 * GIB)
 
 
 # The build's own peak: VmHWM of its address space. Not ru_maxrss, which Linux carries across exec from
