@@ -9,6 +9,7 @@ validation result).
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 
 from boundgen.artifact.manifest import RuntimeConfig
@@ -74,6 +75,10 @@ def _add_flag(group, opt) -> None:
         group.add_argument(flag, dest=opt.key, type=opt.kind, default=None, help=opt.help + default)
 
 
+def _terminated(signum, frame):
+    raise KeyboardInterrupt  # the build's cleanup runs (compile/pipeline.py), then `interrupted`, exit 130
+
+
 def run(args):
     from boundgen.compile import config  # lazy: `boundgen --help` must not import torch and the compiler
     from boundgen.compile.pipeline import build
@@ -98,6 +103,7 @@ def run(args):
         flags["lowering"] = {**options_.get("lowering", {}), **config.parse_lowering_flags(args.lowering)}
     options_.update({k: v for k, v in flags.items() if v is not None})
     cfg = config.resolve(args.model, args.out, options_, base_dir)
+    signal.signal(signal.SIGTERM, _terminated)  # as Ctrl-C: the half-built artifact's folder is removed
     written = build(cfg, force=args.force)
     if sign_key is not None:
         signing.sign(cfg.out, sign_key)

@@ -2,8 +2,10 @@
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -78,3 +80,20 @@ def test_what_an_artifact_fixed_is_refused_not_ignored(score_artifact, beam_arti
     assert "is a beam artifact: use `boundgen beam`" in fails("score", beam_artifact, "--text", "hi")
     assert "is a score artifact: use `boundgen score`" in fails("beam", score_artifact, "--text", "hi")
     assert "--text was given 2 times" in fails("beam", beam_artifact, "--text", "hi", "--text", "ho")
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_build_stopped_midway_leaves_no_half_built_folder(tiny_qwen3_dir, tmp_path, signum):
+    """SIGTERM (a scheduler's stop) cleans up as Ctrl-C does: `interrupted`, exit 130, no
+    `.NAME.building-PID` folder beside the artifact (SIGTERM left it, with its files)."""
+    proc = subprocess.Popen([sys.executable, "-m", "boundgen", "build", str(tiny_qwen3_dir), "--task", "score",
+                             "--labels", " yes", " no", "--out", str(tmp_path / "art")], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for _ in range(600):  # until the staging folder exists: the build is under way
+        if any(p.name.startswith(".art.building-") for p in tmp_path.iterdir()):
+            break
+        time.sleep(0.1)
+    proc.send_signal(signum)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130 and err.rstrip().endswith("interrupted"), err[-2000:]
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
