@@ -94,6 +94,8 @@ def _parse(line: str, line_no: int, vocab: int, max_depth: int | None):
         raise ItemsError(f"line {line_no}: not valid JSON ({exc})") from None
     if not isinstance(obj, dict):
         raise ItemsError(f"line {line_no}: expected a JSON object, got {type(obj).__name__}")
+    if any(line.count(f'"{key}"') > 1 for key in obj):  # a key twice, or the same text as a value: parse again
+        json.loads(line, object_pairs_hook=lambda pairs: _unique(pairs, line_no))
     keys = set(obj)
     extra = sorted(keys - {"item_id", "token_ids", "text", "subsets"})
     if extra:
@@ -116,6 +118,15 @@ def _parse(line: str, line_no: int, vocab: int, max_depth: int | None):
         raise ItemsError(f"line {line_no}: token_ids must be a list of integers")
     _check_code(code, line_no, vocab, max_depth, from_text=False)
     return item_id, code, None, _subsets(obj, line_no)
+
+
+def _unique(pairs: list, line_no: int) -> dict:
+    """A JSON object's members, refusing a key given twice (json.loads would keep the last silently)."""
+    keys = [k for k, _ in pairs]
+    twice = sorted({k for k in keys if keys.count(k) > 1})
+    if twice:
+        raise ItemsError(f"line {line_no}: field {twice[0]!r} is given twice")
+    return dict(pairs)
 
 
 def _subsets(obj: dict, line_no: int) -> list[str]:

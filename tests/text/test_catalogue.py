@@ -116,10 +116,16 @@ def write(tmp_path, lines, raw: bytes | None = None):
     ([{"item_id": 5, "token_ids": [1, 2]}, {"item_id": 6, "token_ids": [2]}, {"item_id": 7, "token_ids": [1, 2]}],
      r"lines 1 and 3: items 5 and 7 have the same token sequence"),
     (["", " "], r"holds no items"),
+    (['{"item_id": 1, "token_ids": [1], "item_id": 2}'], r"line 1: field 'item_id' is given twice"),
 ])
 def test_bad_items_name_their_line(tmp_path, lines, message):
     with pytest.raises(ConfigError, match=message):
         build_catalogue(write(tmp_path, lines), FakeTokenizer(), max_depth=3)
+
+
+def test_a_key_as_a_value_is_no_duplicate(tmp_path):
+    cat = build_catalogue(write(tmp_path, [{"item_id": 1, "text": "item_id"}]), FakeTokenizer(), max_depth=9)
+    assert cat.num_items == 1
 
 
 def test_not_utf8_names_the_line(tmp_path):
