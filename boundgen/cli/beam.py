@@ -35,12 +35,12 @@ def register(sub):
                    help="a subset registered with the catalogue (an item's \"subsets\" when it was built): only "
                         "its items may be candidates (with --allow-items: those of the ids in the subset)")
     add_precision_args(p)
-    p.set_defaults(run=run)
+    p.set_defaults(run=run, eager_defaults={dest: p.get_default(dest) for dest in EAGER_ONLY})
 
 
-# Flags of a run on a model directory, with their defaults: an artifact fixed them when it was built
-EAGER_ONLY = {"max_tokens": 1024, "template": "{text}", "stop_token_ids": None, "length_penalty": 0.0,
-              "min_new_tokens": 0, "dtype": None, "device": "cpu"}
+# Flags of a run on a model directory: an artifact fixed them when it was built
+EAGER_ONLY = ("max_tokens", "template", "stop_token_ids", "length_penalty", "min_new_tokens", "dtype",
+              "device")
 
 
 def run(args):
@@ -57,7 +57,7 @@ def run(args):
     if is_artifact(args.model):
         import boundgen
 
-        refuse_for_artifacts(args, EAGER_ONLY, args.model)
+        refuse_for_artifacts(args, args.eager_defaults, args.model)
         engine = boundgen.load(args.model, catalogue=args.catalogue)
         check_task(engine, args.model, "beam")
         built_for = engine.spec.program

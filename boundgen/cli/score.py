@@ -19,11 +19,11 @@ def register(sub):
     p.add_argument("--topk", type=int, default=0, help="also return the top-k next tokens over the vocabulary")
     p.add_argument("--head", default=None, metavar="FILE", help="MLP head safetensors file instead of labels")
     add_precision_args(p)
-    p.set_defaults(run=run)
+    p.set_defaults(run=run, eager_defaults={dest: p.get_default(dest) for dest in EAGER_ONLY})
 
 
-# Flags of a run on a model directory, with their defaults: an artifact fixed them when it was built
-EAGER_ONLY = {"max_tokens": 1024, "template": "{text}", "topk": 0, "head": None, "dtype": None, "device": "cpu"}
+# Flags of a run on a model directory: an artifact fixed them when it was built
+EAGER_ONLY = ("max_tokens", "template", "topk", "head", "dtype", "device")
 
 
 def run(args):
@@ -33,7 +33,7 @@ def run(args):
     if is_artifact(args.model):
         import boundgen
 
-        refuse_for_artifacts(args, EAGER_ONLY, args.model)
+        refuse_for_artifacts(args, args.eager_defaults, args.model)
         engine = boundgen.load(args.model)
         check_task(engine, args.model, "score")
         if args.labels is not None and tuple(args.labels) != tuple(engine.spec.program.labels):
