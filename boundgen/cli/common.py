@@ -32,10 +32,14 @@ def refuse_for_artifacts(args, defaults: dict, path: str) -> None:
                           f"{'it' if len(given) == 1 else 'them'} out, or run on the model directory")
 
 
-def check_task(engine, path: str, task: str) -> None:
-    """An artifact of the command's task, else a ConfigError naming the command to use."""
-    if engine.spec.task != task:
-        raise ConfigError(f"artifact {path} is a {engine.spec.task} artifact: use `boundgen {engine.spec.task}`")
+def check_task(engine, path: str, command: str) -> None:
+    """An artifact of the task `command` runs (each task's command bears its name), else a ConfigError
+    naming the command to use."""
+    from boundgen.artifact.tasks import task_named, task_of
+
+    built = task_of(engine.spec.program)
+    if built is not task_named(command):
+        raise ConfigError(f"artifact {path} is a {built.name} artifact: use `boundgen {built.name}`")
 
 
 def resolve_dtype(args) -> str:

@@ -82,13 +82,19 @@ def test_what_an_artifact_fixed_is_refused_not_ignored(score_artifact, beam_arti
     assert "--text was given 2 times" in fails("beam", beam_artifact, "--text", "hi", "--text", "ho")
 
 
+def _sigint_as_in_a_terminal():
+    """A job started in the background (as CI runs the tests) inherits SIGINT ignored; a terminal's does not."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_a_build_stopped_midway_leaves_no_half_built_folder(tiny_qwen3_dir, tmp_path, signum):
     """SIGTERM (a scheduler's stop) cleans up as Ctrl-C does: `interrupted`, exit 130, no
     `.NAME.building-PID` folder beside the artifact (SIGTERM left it, with its files)."""
     proc = subprocess.Popen([sys.executable, "-m", "boundgen", "build", str(tiny_qwen3_dir), "--task", "score",
                              "--labels", " yes", " no", "--out", str(tmp_path / "art")], cwd=REPO,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=_sigint_as_in_a_terminal)
     for _ in range(600):  # until the staging folder exists: the build is under way
         if any(p.name.startswith(".art.building-") for p in tmp_path.iterdir()):
             break
