@@ -25,7 +25,6 @@ the checkpoint's generation_config.json; an MLP head path relative to the deploy
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,7 +33,7 @@ from boundgen.artifact.manifest import MODEL_NAME, RuntimeConfig
 from boundgen.artifact.program import SPECS, BeamSpec, ScoreSpec, options
 from boundgen.errors import ConfigError, InvalidInput
 from boundgen.model import fp8
-from boundgen.model.loader import default_stop_tokens, read_config
+from boundgen.model.loader import default_stop_tokens, read_config, read_json_object
 from boundgen.ops.lowering import OpLowering
 from boundgen.text.tokenizer import Tokenizer
 
@@ -88,14 +87,7 @@ def read_deploy_file(path: str | Path | None) -> tuple[dict, Path | None]:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"deploy file {path} {'is a directory' if path.is_dir() else 'not found'}")
-    try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except UnicodeDecodeError:
-        raise ConfigError(f"deploy file {path} is not UTF-8 text") from None
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"deploy file {path} is not valid JSON: {exc}") from None
-    if not isinstance(raw, dict):
-        raise ConfigError(f"deploy file {path} must hold one JSON object, got {type(raw).__name__}")
+    raw = read_json_object(path, "deploy file")
     known = deploy_keys()
     unknown = sorted(set(raw) - known)
     if unknown:

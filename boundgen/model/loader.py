@@ -28,17 +28,18 @@ def parse_dtype(name: str) -> torch.dtype:
     return DTYPES[name]
 
 
-def read_json_object(path: Path) -> dict:
-    """A checkpoint's JSON file (config.json, generation_config.json, the shards' index) as one object,
-    else a ConfigError naming the file and what is wrong."""
+def read_json_object(path: Path, what: str = "") -> dict:
+    """A JSON file (config.json, generation_config.json, the shards' index, a deploy file) as one
+    object, else a ConfigError naming the file (after `what` it is, e.g. "deploy file") and what is wrong."""
+    named = f"{what} {path}" if what else str(path)
     try:
         raw = json.loads(path.read_text(encoding="utf-8"))
     except UnicodeDecodeError:
-        raise ConfigError(f"{path} is not UTF-8 text") from None
+        raise ConfigError(f"{named} is not UTF-8 text") from None
     except json.JSONDecodeError as exc:
-        raise ConfigError(f"{path} is not valid JSON: {exc}") from None
+        raise ConfigError(f"{named} is not valid JSON: {exc}") from None
     if not isinstance(raw, dict):
-        raise ConfigError(f"{path} must hold one JSON object, got {type(raw).__name__}")
+        raise ConfigError(f"{named} must hold one JSON object, got {type(raw).__name__}")
     return raw
 
 
