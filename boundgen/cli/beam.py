@@ -79,7 +79,7 @@ def _eager(args, allow):
     from boundgen.artifact.program import BeamSpec
     from boundgen.compile.memory import check_eager_fits
     from boundgen.programs.eager import eager_engine
-    from boundgen.model.loader import default_stop_tokens, read_config
+    from boundgen.model.loader import check_stop_tokens, default_stop_tokens
 
     if args.width is None or args.steps is None:
         raise ConfigError("pass --width W and --steps N")
@@ -87,11 +87,9 @@ def _eager(args, allow):
     if not math.isfinite(args.length_penalty):
         raise ConfigError(f"--length-penalty must be a finite number, got {args.length_penalty}")
     stops = default_stop_tokens(args.model) if args.stop_token_ids is None else parse_id_list(args.stop_token_ids)
-    vocab = read_config(args.model).vocab_size
-    if any(not 0 <= t < vocab for t in stops):
-        raise ConfigError(f"stop token ids {list(stops)} must be in the model's vocabulary [0, {vocab})")
     spec = BeamSpec(width=args.width, steps=args.steps, stop_token_ids=stops, length_penalty=args.length_penalty,
                     min_new_tokens=args.min_new_tokens, max_prompt_tokens=args.max_tokens, template=args.template)
+    check_stop_tokens(args.model, spec.stop_token_ids)
     check_eager_fits(args.model, spec, resolve_dtype(args), args.device)
     return eager_engine(args.model, spec, resolve_dtype(args), args.device, catalogue=args.catalogue,
                         allow_items=allow, allow_subset=args.allow_subset)

@@ -33,7 +33,7 @@ from boundgen.artifact.manifest import MODEL_NAME, RuntimeConfig
 from boundgen.artifact.program import SPECS, BeamSpec, ScoreSpec, options
 from boundgen.errors import ConfigError, InvalidInput
 from boundgen.model import fp8
-from boundgen.model.loader import default_stop_tokens, read_config, read_json_object
+from boundgen.model.loader import check_stop_tokens, default_stop_tokens, read_json_object
 from boundgen.ops.lowering import OpLowering
 from boundgen.text.tokenizer import Tokenizer
 
@@ -166,11 +166,8 @@ def _spec(task: str, o: dict, model_dir: Path, base_dir: Path | None) -> ScoreSp
 def _beam_spec(values: dict, model_dir: Path, base_dir: Path | None) -> BeamSpec:
     if "stop_token_ids" not in values:
         values["stop_token_ids"] = default_stop_tokens(model_dir)
-    spec = BeamSpec(**values)
-    vocab = read_config(model_dir).vocab_size
-    outside = [t for t in spec.stop_token_ids if t >= vocab]
-    if outside:
-        raise ConfigError(f"stop token ids {outside} are outside the model's vocabulary of {vocab} tokens")
+    spec = BeamSpec(**values)  # ids >= 0 (program.py); below the vocabulary's size:
+    check_stop_tokens(model_dir, spec.stop_token_ids)
     return spec
 
 

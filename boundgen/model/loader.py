@@ -57,6 +57,14 @@ def default_stop_tokens(model_dir: str | Path) -> tuple[int, ...]:
     return ()
 
 
+def check_stop_tokens(model_dir: str | Path, stop_token_ids) -> None:
+    """Stop tokens inside the checkpoint's vocabulary, else a ConfigError naming those outside."""
+    vocab = read_config(model_dir).vocab_size
+    outside = [t for t in stop_token_ids if t >= vocab]
+    if outside:
+        raise ConfigError(f"stop token ids {outside} are outside the model's vocabulary of {vocab} tokens")
+
+
 def read_config(model_dir: str | Path) -> ModelConfig:
     path = Path(model_dir) / "config.json"
     if not path.is_file():
