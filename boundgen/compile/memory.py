@@ -64,43 +64,46 @@ def available_bytes() -> int | None:
     return None
 
 
+def _over(model_dir, spec, dtype: str, device: str, available: int | None, eager: bool):
+    """(parts, need, available) when running or building `spec` on the CPU may not fit, else None (it fits,
+    the device is a GPU, whose memory the runtime reports, or the host's memory cannot be read)."""
+    if not str(device).startswith("cpu"):
+        return None
+    available = available_bytes() if available is None else available
+    if available is None:
+        return None
+    from boundgen.model.loader import read_json_object  # torch: only when the memory is checked
+
+    parts = estimate_bytes(read_json_object(Path(model_dir) / "config.json"), spec, dtype, eager=eager)
+    need = sum(parts.values())
+    return (parts, need, available) if need > available else None
+
+
+def _detail(parts: dict[str, int]) -> str:
+    return ", ".join(f"{k} {v / GIB:.1f}" for k, v in parts.items())
+
+
 def check_eager_fits(model_dir, spec, dtype: str, device: str, available: int | None = None) -> None:
     """Raise ConfigError, naming the flag to lower, if running `spec` eagerly on the CPU at its bounds
     could need more memory than is available (`boundgen score|beam MODEL_DIR`: a 25,000-token sample
     under --max-tokens 30000 was killed by the kernel at 23 GB, without a word)."""
-    if not str(device).startswith("cpu"):
-        return
-    available = available_bytes() if available is None else available
-    if available is None:
-        return
-    from boundgen.model.loader import read_json_object
-
-    parts = estimate_bytes(read_json_object(Path(model_dir) / "config.json"), spec, dtype, eager=True)
-    need = sum(parts.values())
-    if need > available:
-        detail = ", ".join(f"{k} {v / GIB:.1f}" for k, v in parts.items())
-        raise ConfigError(f"at its bounds this run could need about {need / GIB:.1f} GiB of memory ({detail} GiB), "
-                          f"more than the {available / GIB:.1f} GiB available; lower --max-tokens")
+    over = _over(model_dir, spec, dtype, device, available, eager=True)
+    if over is not None:
+        parts, need, available = over
+        raise ConfigError(f"at its bounds this run could need about {need / GIB:.1f} GiB of memory "
+                          f"({_detail(parts)} GiB), more than the {available / GIB:.1f} GiB available; "
+                          "lower --max-tokens")
 
 
 def check_fits(cfg, available: int | None = None) -> None:
     """Raise ConfigError, naming the bound to lower, if a CPU build of `cfg` needs more memory than is available."""
-    if not str(cfg.device).startswith("cpu"):
-        return  # GPU memory is the device's; the runtime reports it when it runs out
-    available = available_bytes() if available is None else available
-    if available is None:
+    over = _over(cfg.model_dir, cfg.spec, cfg.dtype, cfg.device, available, eager=False)
+    if over is None:
         return
-    from boundgen.model.loader import read_json_object  # torch: only when a build checks its memory
-
-    config = read_json_object(Path(cfg.model_dir) / "config.json")
-    parts = estimate_bytes(config, cfg.spec, cfg.dtype)
-    need = sum(parts.values())
-    if need <= available:
-        return
+    parts, need, available = over
     if parts["weights"] + parts["overhead"] > available:  # no bound on requests can help
         lower = "--dtype bfloat16, or build on a machine with more memory"
     else:
         lower = task_of(cfg.spec).bounds_to_lower
-    detail = ", ".join(f"{k} {v / GIB:.1f}" for k, v in parts.items())
-    raise ConfigError(f"this build needs about {need / GIB:.1f} GiB of memory ({detail} GiB), more than the "
+    raise ConfigError(f"this build needs about {need / GIB:.1f} GiB of memory ({_detail(parts)} GiB), more than the "
                       f"{available / GIB:.1f} GiB available; lower {lower}")
