@@ -191,12 +191,16 @@ def budget(models, name: str | None = None, task: str | None = None) -> Budget:
 
 def _text_bytes(model) -> int:
     """The UTF-8 bytes the texts of a request for `model` (a ServedModel) can hold in all, on any route."""
-    program, admission = model.engine.spec.program, model.admission
-    tokens = task_of(program).text_tokens(program, admission.max_inflight + admission.max_queue)
-    return tokens * model.signature.max_token_bytes
+    program = model.engine.spec.program
+    return task_of(program).text_tokens(program, _admitted(model)) * model.signature.max_token_bytes
 
 
 def _needs(model) -> int:
     """Values a request for `model` (a ServedModel) needs on any route besides the envelope."""
-    program, admission = model.engine.spec.program, model.admission
-    return task_of(program).json_values(program, admission.max_inflight + admission.max_queue)
+    program = model.engine.spec.program
+    return task_of(program).json_values(program, _admitted(model))
+
+
+def _admitted(model) -> int:
+    """The requests the server admits to `model` at once: in flight and queued."""
+    return model.admission.max_inflight + model.admission.max_queue
