@@ -96,9 +96,9 @@ def run(args: argparse.Namespace, plan: Plan, load_engine: Callable) -> int:
     # A system that failed before measuring anything fails the run (exit 1), whatever the JSON holds
     failed = [f"{spec.name} {system}: {entry['error']}" for spec, r in zip(specs, final)
               for system, entry in r["systems"].items() if entry.get("error") and not entry.get("sweep")]
-    if failed or not any(r["systems"] for r in final):
-        progress("not measured: " + ("; ".join(failed) or "no system ran"))
     status = 1 if failed or not any(r["systems"] for r in final) else 0
+    if status:
+        progress("not measured: " + ("; ".join(failed) or "no system ran"))
     abandon_stuck_threads(status)
     return status
 
