@@ -143,6 +143,8 @@ class Manifest:
         missing = [f.name for f in fields(cls) if f.name not in raw] + [k for k in ("task",) if k not in raw]
         if missing:
             raise ArtifactError(f"{where} lacks keys {', '.join(missing)}; rebuild the artifact")
+        if not isinstance(raw["program"], dict):
+            raise ArtifactError(f"{where}: program must be a JSON object; rebuild the artifact")
         try:
             program = spec_from_dict(raw["program"])
         except (ConfigError, TypeError) as exc:
@@ -154,11 +156,27 @@ class Manifest:
             if not isinstance(raw[key], kind):
                 raise ArtifactError(f"{where}: {key} must be a JSON {_JSON_NAMES[kind]}, got {type(raw[key]).__name__}; "
                                     "rebuild the artifact")
+        _check_token_ids(raw, where)
         if not all(isinstance(k, str) and isinstance(v, str) for k, v in raw["files"].items()):
             raise ArtifactError(f"{where}: files must map file names to sha256 digests; rebuild the artifact")
         return cls(name=raw["name"], created=raw["created"], model=raw["model"], program=program,
                    interface=raw["interface"], runtime=runtime, compile=compiled, validation=raw["validation"],
                    versions=raw["versions"], files=raw["files"])
+
+
+def _check_token_ids(raw: dict, where: str) -> None:
+    """The program's label and stop token ids: integers inside the model's vocabulary (the score of an id
+    outside it would be read out of bounds, a 500 at the first request)."""
+    config = raw["model"].get("config")
+    vocab = config.get("vocab_size") if isinstance(config, dict) else None
+    if isinstance(vocab, bool) or not isinstance(vocab, int) or vocab < 1:
+        raise ArtifactError(f"{where}: model.config.vocab_size must be a positive integer; rebuild the artifact")
+    for key in ("label_token_ids", "stop_token_ids"):
+        ids = raw["program"].get(key, ())
+        bad = [i for i in ids if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < vocab]
+        if bad:
+            raise ArtifactError(f"{where}: {key} {bad[:8]} are not token ids of the model's vocabulary "
+                                f"of {vocab}; rebuild the artifact")
 
 
 _KINDS = {"name": str, "created": str, "model": dict, "interface": dict, "validation": dict, "versions": dict,

@@ -134,6 +134,8 @@ def test_manifest_missing_an_entry_is_refused(score_artifact, artifact_copy):
     ("name", 7, "name must be a JSON string, got int"),
     ("files", {"weights.safetensors": 7}, "files must map file names to sha256 digests"),
     ("files", {"/etc/passwd": "00"}, "file /etc/passwd listed in the manifest is missing"),
+    ("program", "score", "program must be a JSON object"),
+    ("model", {}, "model.config.vocab_size must be a positive integer"),
 ])
 def test_a_manifest_of_the_wrong_shape_is_refused_by_name(score_artifact, artifact_copy, key, value, message):
     """An edited manifest whose self-hash was redone: an ArtifactError naming the entry (the server's 400),
@@ -142,6 +144,16 @@ def test_a_manifest_of_the_wrong_shape_is_refused_by_name(score_artifact, artifa
     art = artifact_copy(score_artifact)
     edit_manifest(art, lambda m: m.update({key: value}))
     with pytest.raises(ArtifactError, match=re.escape(message)):
+        boundgen.load(art)
+
+
+@pytest.mark.parametrize("ids", [[0, 10 ** 9], [-1, 5], ["a", "b"], [True, 3]])
+def test_label_token_ids_outside_the_vocabulary_are_refused_at_load(score_artifact, artifact_copy, ids):
+    """An edited manifest's label ids: an ArtifactError at load (the server's 400), not a score read out of
+    bounds or a 500 at the first request."""
+    art = artifact_copy(score_artifact)
+    edit_manifest(art, lambda m: m["program"].update(label_token_ids=ids))
+    with pytest.raises(ArtifactError, match="label_token_ids .* are not token ids of the model's vocabulary"):
         boundgen.load(art)
 
 
