@@ -149,8 +149,8 @@ def test_a_manifest_of_the_wrong_shape_is_refused_by_name(score_artifact, artifa
 
 @pytest.mark.parametrize("ids", [[0, 10 ** 9], [-1, 5], ["a", "b"], [True, 3]])
 def test_label_token_ids_outside_the_vocabulary_are_refused_at_load(score_artifact, artifact_copy, ids):
-    """An edited manifest's label ids: an ArtifactError at load (the server's 400), not a score read out of
-    bounds or a 500 at the first request."""
+    """An edited manifest's label ids: an ArtifactError at load (the server's 400), not scores labelled
+    with ids the model does not have."""
     art = artifact_copy(score_artifact)
     edit_manifest(art, lambda m: m["program"].update(label_token_ids=ids))
     with pytest.raises(ArtifactError, match="label_token_ids .* are not token ids of the model's vocabulary"):
