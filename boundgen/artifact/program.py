@@ -16,6 +16,9 @@ from boundgen.errors import ConfigError
 
 MAX_WIDTH = 400
 MAX_STEPS = 5
+# |length_penalty| bound: a step's divisor, generated ** length_penalty, stays a normal FP32 number
+# (5 ** 50 = 8.9e34, 5 ** -50 = 1.1e-35); HF's own values are a few units.
+MAX_LENGTH_PENALTY = 50
 
 
 def option(default, help: str, key: str | None = None, required: bool = False, kind=None):
@@ -132,8 +135,9 @@ class BeamSpec:
             raise ConfigError("catalogue_max_degree bounds a constrained program's trie: it needs constrained "
                               "(--constrained)")
         if not (isinstance(self.length_penalty, (int, float)) and not isinstance(self.length_penalty, bool)
-                and math.isfinite(self.length_penalty)):
-            raise ConfigError(f"length_penalty must be a finite number, got {self.length_penalty!r}")
+                and math.isfinite(self.length_penalty) and abs(self.length_penalty) <= MAX_LENGTH_PENALTY):
+            raise ConfigError(f"length_penalty must be a number in [-{MAX_LENGTH_PENALTY}, {MAX_LENGTH_PENALTY}], "
+                              f"got {self.length_penalty!r}")
         if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in self.stop_token_ids):
             raise ConfigError(f"stop_token_ids must be token ids (integers >= 0), got {list(self.stop_token_ids)}")
         _template(self.template)

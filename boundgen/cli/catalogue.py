@@ -6,6 +6,7 @@ import sys
 import time
 from pathlib import Path
 
+from boundgen.artifact.program import MAX_STEPS
 from boundgen.cli.common import positive_int, print_json
 from boundgen.errors import ConfigError
 
@@ -26,8 +27,9 @@ def register(sub) -> None:
     b.add_argument("--tokenizer", required=True, metavar="DIR",
                    help="model or artifact directory whose tokenizer.json the ids (or texts) belong to")
     b.add_argument("--out", required=True, metavar="CAT_DIR", help="directory to write (must be empty or absent)")
-    b.add_argument("--max-depth", type=positive_int, default=None, metavar="N",
-                   help="refuse sequences longer than N tokens (default: no limit; beam checks its --steps)")
+    b.add_argument("--max-depth", type=positive_int, default=MAX_STEPS, metavar="N",
+                   help=f"refuse sequences longer than N tokens, 1..{MAX_STEPS} (default {MAX_STEPS}: a beam program "
+                        "generates at most that many; beam checks its own --steps)")
     b.add_argument("--force", action="store_true", help="replace an earlier catalogue in CAT_DIR")
     b.set_defaults(run=run_build)
 
@@ -38,8 +40,13 @@ def run_build(args) -> int:
     from boundgen.text.tokenizer import Tokenizer  # lazy: imports torch
 
     items, out = Path(args.items), Path(args.out)
-    if not items.is_file():
+    if not items.exists() or items.is_dir():  # a pipe (/dev/stdin, <(...)) reads as a file does
         raise ConfigError(f"{args.items} is not a file")
+    if args.max_depth > MAX_STEPS:
+        raise ConfigError(f"--max-depth must be in [1, {MAX_STEPS}] (the most tokens a beam program generates), "
+                          f"got {args.max_depth}")
+    if not _nearest_existing(out).is_dir():
+        raise ConfigError(f"--out {args.out}: a file is in the way of the directory to write")
     if out.exists() and any(out.iterdir()) and not (args.force and (out / META_FILE).is_file()):
         raise ConfigError(f"{args.out} is not empty" + ("" if args.force else " (--force replaces an earlier catalogue)"))
     start = time.perf_counter()
@@ -53,3 +60,11 @@ def run_build(args) -> int:
     progress(f"wrote {meta['items']:,} items, {meta['nodes']:,} nodes to {out}")
     print_json({**meta, "out": str(out), "seconds": round(time.perf_counter() - start, 3)})
     return 0
+
+
+def _nearest_existing(path: Path) -> Path:
+    """`path` or its nearest ancestor that exists (checked before the items are read, not after)."""
+    path = path.absolute()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path

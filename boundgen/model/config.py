@@ -8,6 +8,7 @@ another activation), is an error that names it.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from boundgen.errors import ConfigError
@@ -63,6 +64,8 @@ class ModelConfig:
                 f"num_attention_heads ({self.num_heads}) must be a multiple of num_key_value_heads ({self.num_kv_heads})")
         if self.head_dim % 2:
             raise ConfigError(f"head_dim must be even for rotary embeddings, got {self.head_dim}")
+        if not (math.isfinite(self.rms_norm_eps) and self.rms_norm_eps > 0):
+            raise ConfigError(f"rms_norm_eps must be a positive number, got {self.rms_norm_eps}")
         if not self.rope_theta > 0:
             raise ConfigError(f"rope_theta must be positive, got {self.rope_theta}")
 
@@ -92,6 +95,13 @@ class ModelConfig:
         missing = [k for k in required if k not in raw]
         if missing:
             raise ConfigError(f"config.json is missing required keys: {', '.join(missing)}")
+        try:
+            return cls._from_checked(raw, family)
+        except (TypeError, ValueError, ZeroDivisionError) as exc:  # e.g. "rms_norm_eps": "x", a head count of 0
+            raise ConfigError(f"config.json has a value boundgen cannot use: {exc}") from None
+
+    @classmethod
+    def _from_checked(cls, raw: dict, family: str) -> "ModelConfig":
         num_heads = raw["num_attention_heads"]
         attention_bias = bool(raw.get("attention_bias", False))
         return cls(

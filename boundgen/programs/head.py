@@ -31,6 +31,16 @@ class MLPHead(nn.Module):
             raise ConfigError(f"MLP head activation {activation!r} unknown; expected {', '.join(ACTIVATIONS)}")
         if output not in OUTPUTS:
             raise ConfigError(f"MLP head output {output!r} unknown; expected {', '.join(OUTPUTS)}")
+        for i, (w, b) in enumerate(zip(weights, biases)):
+            if w.dim() != 2 or 0 in w.shape:
+                raise ConfigError(f"MLP head layers.{i}.weight must be a matrix [outputs, inputs] of at least one "
+                                  f"row and column, got shape {list(w.shape)}")
+            if b is not None and list(b.shape) != [w.shape[0]]:
+                raise ConfigError(f"MLP head layers.{i}.bias must have shape [{w.shape[0]}] (its weight's outputs), "
+                                  f"got {list(b.shape)}")
+            for name, t in ((f"layers.{i}.weight", w), (f"layers.{i}.bias", b)):
+                if t is not None and not (t.is_floating_point() and torch.isfinite(t).all()):
+                    raise ConfigError(f"MLP head {name} must hold finite floating-point values")
         for i in range(1, len(weights)):
             if weights[i].shape[1] != weights[i - 1].shape[0]:
                 raise ConfigError(f"MLP head layers.{i}.weight has {weights[i].shape[1]} inputs, "
@@ -40,6 +50,8 @@ class MLPHead(nn.Module):
             nn.Parameter(b.float() if b is not None else torch.zeros(w.shape[0]), requires_grad=False)
             for w, b in zip(weights, biases))
         self.activation, self.output = activation, output
+        if labels is not None and len(labels) != weights[-1].shape[0]:
+            raise ConfigError(f"MLP head names {len(labels)} labels for {weights[-1].shape[0]} classes")
         self.labels = labels or [str(i) for i in range(weights[-1].shape[0])]
 
     @property
@@ -82,7 +94,8 @@ class MLPHead(nn.Module):
             raise ConfigError(f"MLP head file {path} has no layers.0.weight")
         if names:
             raise ConfigError(f"MLP head file {path} has unexpected tensors: {', '.join(sorted(names))}")
-        if weights[0].shape[1] != hidden_size:
-            raise ConfigError(f"MLP head expects hidden size {weights[0].shape[1]}, the model has {hidden_size}")
         labels = [s for s in meta.get("labels", "").split(",") if s] or None
-        return cls(weights, biases, meta.get("activation", "relu"), meta.get("output", "softmax"), labels)
+        head = cls(weights, biases, meta.get("activation", "relu"), meta.get("output", "softmax"), labels)
+        if head.in_features != hidden_size:
+            raise ConfigError(f"MLP head expects hidden size {head.in_features}, the model has {hidden_size}")
+        return head

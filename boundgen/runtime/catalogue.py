@@ -290,4 +290,7 @@ def _item_ids(allow_items) -> np.ndarray:
     if ids.ndim != 1 or (ids.size and ids.dtype.kind not in "iu"):
         raise InvalidInput(f"ALLOW_ITEMS must be a list of integer item ids, got {np.asarray(allow_items).dtype} "
                            f"of shape {list(ids.shape)}")
+    if ids.dtype.kind == "u" and ids.size and ids.max() > np.iinfo(np.int64).max:  # int64 would wrap them negative
+        raise InvalidInput(f"ALLOW_ITEMS: allowed items {ids[ids > np.iinfo(np.int64).max][:5].tolist()} are not in "
+                           "the catalogue (item ids are integers in [0, 2^63))")
     return ids.astype(np.int64)

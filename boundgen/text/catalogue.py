@@ -38,6 +38,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
@@ -212,8 +213,8 @@ class Catalogue:
         within = None if subset is None else self.subset(subset)
         if allow_items is None:
             return within
-        ids = np.unique(np.asarray(list(allow_items), dtype=np.int64))
-        present = np.isin(ids, self.node_item)
+        ids = _item_array(allow_items)
+        present = np.isin(ids, self.node_item) & (ids >= 0)  # -1 marks the nodes where no item ends
         if not present.all():
             raise ConfigError(f"allowed items {ids[~present][:5].tolist()} are not in the catalogue")
         return ids if within is None else ids[np.isin(ids, within, assume_unique=True)]
@@ -226,8 +227,8 @@ class Catalogue:
         not in the catalogue are an error."""
         if allow_items is None:
             return self.node_item >= 0, np.ones(self.num_nodes, dtype=bool)
-        wanted = np.unique(np.asarray(list(allow_items), dtype=np.int64))
-        present = np.isin(wanted, self.node_item)
+        wanted = _item_array(allow_items)
+        present = np.isin(wanted, self.node_item) & (wanted >= 0)  # -1 marks the nodes where no item ends
         if not present.all():
             missing = wanted[~present][:5].tolist()
             raise ConfigError(f"allowed items {missing} are not in the catalogue")
@@ -264,19 +265,25 @@ class Catalogue:
                               "build one with `boundgen catalogue build`)") from None
         except (ValueError, UnicodeDecodeError) as exc:
             raise ConfigError(f"{path / META_FILE} is not valid JSON: {exc}") from None
+        if not isinstance(meta, dict):
+            raise ConfigError(f"{path / META_FILE} is not a catalogue's: a JSON object was expected")
         if meta.get("format") != "boundgen-catalogue" or meta.get("format_version") != FORMAT_VERSION:
             raise ConfigError(f"{cat_dir} holds catalogue format {meta.get('format_version')!r}; "
                               f"this boundgen reads version {FORMAT_VERSION}: rebuild it")
+        tokenizer, subsets = meta.get("tokenizer", {}), meta.get("subsets") or {}
+        if not isinstance(tokenizer, dict) or not isinstance(subsets, dict):
+            raise ConfigError(f"{path / META_FILE} is damaged: its tokenizer and its subsets (name: items) must be "
+                              "JSON objects; rebuild the catalogue")
         try:
             with np.load(path / INDEX_FILE, allow_pickle=False) as arrays:
-                cat = cls(**{name: arrays[name] for name in ARRAYS}, tokenizer=meta.get("tokenizer", {}))
-        except (OSError, KeyError, ValueError) as exc:
+                cat = cls(**{name: arrays[name] for name in ARRAYS}, tokenizer=tokenizer)
+        except _DAMAGED as exc:
             raise ConfigError(f"{path / INDEX_FILE} is missing or damaged: {exc}") from None
-        if meta.get("subsets"):
+        if subsets:
             try:
                 with np.load(path / SUBSETS_FILE, allow_pickle=False) as arrays:
-                    cat.subsets = {name: arrays[name] for name in meta["subsets"]}
-            except (OSError, KeyError, ValueError) as exc:
+                    cat.subsets = {name: arrays[name] for name in subsets}
+            except _DAMAGED as exc:
                 raise ConfigError(f"{path / SUBSETS_FILE} is missing or damaged: {exc}") from None
         nodes = len(cat.node_item)
         if (len(cat.row_ptr) != nodes + 1 or len(cat.child_token) != nodes - 1 or cat.row_ptr[-1] != nodes - 1
@@ -285,6 +292,19 @@ class Catalogue:
         if verify and cat.content_sha256() != meta.get("sha256"):
             raise ConfigError(f"{cat_dir}: the trie's content does not match the sha256 in {META_FILE}")
         return cat
+
+
+# What numpy raises on a missing, cut or edited .npz (a cut zip is BadZipFile, not an OSError).
+_DAMAGED = (OSError, KeyError, ValueError, EOFError, zipfile.BadZipFile)
+
+
+def _item_array(allow_items: Sequence[int]) -> np.ndarray:
+    """An allow-list's distinct ids as int64; ids no item can have (past int64, not integers) name themselves."""
+    ids = list(allow_items)
+    bad = [i for i in ids if isinstance(i, bool) or not isinstance(i, (int, np.integer)) or not -2 ** 63 <= i < 2 ** 63]
+    if bad:
+        raise ConfigError(f"allowed items {bad[:5]} are not in the catalogue (item ids are integers in [0, 2^63))")
+    return np.unique(np.asarray(ids, dtype=np.int64))
 
 
 def check_subset_name(name) -> None:

@@ -92,9 +92,13 @@ def _parse(line: str, line_no: int, vocab: int, max_depth: int | None):
         obj = json.loads(line)
     except ValueError as exc:
         raise ItemsError(f"line {line_no}: not valid JSON ({exc})") from None
+    except RecursionError:
+        raise ItemsError(f"line {line_no}: JSON nested too deeply") from None
     if not isinstance(obj, dict):
         raise ItemsError(f"line {line_no}: expected a JSON object, got {type(obj).__name__}")
-    if any(line.count(f'"{key}"') > 1 for key in obj):  # a key twice, or the same text as a value: parse again
+    # A key twice (or its text again as a value), or escapes that may spell a key another way
+    # ("item\u005fid"): parse again, keeping every member, to refuse the repeat.
+    if "\\u" in line or any(line.count(f'"{key}"') > 1 for key in obj):
         json.loads(line, object_pairs_hook=lambda pairs: _unique(pairs, line_no))
     keys = set(obj)
     extra = sorted(keys - {"item_id", "token_ids", "text", "subsets"})
@@ -112,6 +116,10 @@ def _parse(line: str, line_no: int, vocab: int, max_depth: int | None):
         text = obj["text"]
         if not isinstance(text, str) or not text:
             raise ItemsError(f"line {line_no}: text must be a non-empty string, got {text!r}")
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:  # a lone surrogate (\ud800 escaped in the JSON): the tokenizer reads U+FFFD
+            raise ItemsError(f"line {line_no}: text holds a lone surrogate, which is not Unicode text") from None
         return item_id, None, text, _subsets(obj, line_no)
     code = obj["token_ids"]
     if not isinstance(code, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in code):

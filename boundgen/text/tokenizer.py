@@ -237,6 +237,12 @@ class Tokenizer:
 
     def token_id(self, text: str) -> int:
         """The id of a label that must be exactly one token, e.g. " yes"."""
+        if not isinstance(text, str):
+            raise InvalidInput(f"a label is text, got {text!r}")
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:  # a lone surrogate: from bytes that were not UTF-8 (a command line's)
+            raise InvalidInput(f"label {text!r} is not valid UTF-8 text") from None
         ids = self.backend.encode(text, add_special_tokens=False).ids
         if len(ids) != 1:
             pieces = " + ".join(f"{self.decode([i], skip_special_tokens=False)!r} ({i})" for i in ids)

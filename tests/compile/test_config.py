@@ -75,7 +75,8 @@ def test_beam_defaults(tiny_qwen2_dir, tmp_path):
     ({"task": "score", "labels": [" yes"], "name": "a/b?x"}, "--name must be letters, digits"),
     ({"task": "score", "labels": [" yes"], "name": "../../etc"}, "--name must be letters, digits"),
     ({"task": "beam", "width": 4, "steps": 2, "catalogue_max_degree": 64}, "catalogue_max_degree bounds a constrained"),
-    ({"task": "beam", "width": 4, "steps": 2, "length_penalty": float("nan")}, "length_penalty must be a finite"),
+    ({"task": "beam", "width": 4, "steps": 2, "length_penalty": float("nan")}, "length_penalty must be a number in"),
+    ({"task": "beam", "width": 4, "steps": 2, "length_penalty": 2000.0}, "length_penalty must be a number in"),
     ({"task": "beam", "width": 4, "steps": 2, "stop_token_ids": [-1]}, "stop_token_ids must be token ids"),
     ({"task": "beam", "width": 4, "steps": 2, "stop_token_ids": [99999999]}, "outside the model's vocabulary"),
 ])

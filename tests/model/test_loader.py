@@ -42,6 +42,9 @@ def test_loads(ckpt):
     ({"use_sliding_window": True}, "use_sliding_window"),
     ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0}}, "yarn"),
     ({"num_key_value_heads": 3}, "multiple of num_key_value_heads"),
+    ({"rms_norm_eps": "x"}, "a value boundgen cannot use: could not convert"),  # was a ValueError
+    ({"rms_norm_eps": 0}, "rms_norm_eps must be a positive number"),
+    ({"hidden_size": "64"}, "a value boundgen cannot use"),  # was a TypeError
 ])
 def test_config_errors(ckpt, changes, message):
     edit_config(ckpt, **changes)

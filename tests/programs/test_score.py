@@ -78,3 +78,22 @@ def test_mlp_head_errors(tmp_path):
         MLPHead.load(path, 64)
     with pytest.raises(ConfigError, match="not found"):
         MLPHead.load(tmp_path / "missing.safetensors", 64)
+
+
+@pytest.mark.parametrize("tensors,metadata,message", [
+    ({"layers.0.weight": torch.zeros(64)}, {}, "must be a matrix"),
+    ({"layers.0.weight": torch.zeros(3, 64, 2)}, {}, "must be a matrix"),
+    ({"layers.0.weight": torch.zeros(0, 64)}, {}, "at least one row"),
+    ({"layers.0.weight": torch.zeros(3, 64), "layers.0.bias": torch.zeros(5)}, {}, "bias must have shape \\[3\\]"),
+    ({"layers.0.weight": torch.zeros(3, 64), "layers.0.bias": torch.zeros(3, 1)}, {}, "bias must have shape"),
+    ({"layers.0.weight": torch.full((3, 64), float("nan"))}, {}, "finite floating-point"),
+    ({"layers.0.weight": torch.zeros(3, 64, dtype=torch.int32)}, {}, "finite floating-point"),
+    ({"layers.0.weight": torch.zeros(3, 64)}, {"labels": "a,b"}, "names 2 labels for 3 classes"),
+])
+def test_a_head_file_of_the_wrong_shape_is_a_clear_error(tmp_path, tensors, metadata, message):
+    """Each was an IndexError or RuntimeError at load or at the first call (the CLI's "internal error"),
+    a 0-class head answered empty scores and a NaN head printed NaN, which is not JSON."""
+    path = tmp_path / "head.safetensors"
+    save_file(tensors, str(path), metadata=metadata)
+    with pytest.raises(ConfigError, match=message):
+        MLPHead.load(path, 64)

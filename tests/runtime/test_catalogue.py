@@ -187,3 +187,14 @@ def test_a_far_larger_degree_bound_gets_a_hint():
     assert degree_hint(cat, 512) is None
     wide = Catalogue.from_sequences(range(300), [[1, t] for t in range(300)])
     assert degree_hint(wide, 4096) is None and "--catalogue-max-degree 512 " in degree_hint(wide, 8192)
+
+
+def test_allow_ids_past_int64_are_named_not_wrapped():
+    """numpy reads 2^63 as uint64, which int64 wrapped to -2^63: the error named an id no one sent."""
+    from boundgen.runtime.catalogue import _item_ids
+
+    assert _item_ids([3, 1]).tolist() == [3, 1]
+    with pytest.raises(InvalidInput, match=r"allowed items \[9223372036854775808\] are not in the catalogue"):
+        _item_ids([2 ** 63])
+    with pytest.raises(InvalidInput, match="must be a list of integer item ids"):
+        _item_ids([10 ** 20])

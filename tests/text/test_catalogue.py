@@ -2,6 +2,7 @@
 input of ITEMS.jsonl named by its line."""
 
 import json
+import os
 import random
 
 import numpy as np
@@ -110,6 +111,7 @@ def write(tmp_path, lines, raw: bytes | None = None):
     ([{"item_id": 1, "token_ids": [-3]}], r"line 1: token id -3 is outside"),
     ([{"item_id": 1, "token_ids": [1, 2, 3, 4]}], r"line 1: token_ids are 4 tokens, more than --max-depth 3"),
     ([{"item_id": 1, "text": ""}], r"line 1: text must be a non-empty string"),
+    (['{"item_id": 1, "text": "a\\ud800"}'], r"line 1: text holds a lone surrogate"),
     ([{"item_id": 1, "text": "abcd"}], r"line 1: the text's tokens are 4 tokens, more than --max-depth 3"),
     ([{"item_id": 5, "token_ids": [1]}, {"item_id": 6, "token_ids": [2]}, {"item_id": 5, "token_ids": [3]}],
      r"lines 1 and 3: item_id 5 appears twice"),
@@ -117,6 +119,10 @@ def write(tmp_path, lines, raw: bytes | None = None):
      r"lines 1 and 3: items 5 and 7 have the same token sequence"),
     (["", " "], r"holds no items"),
     (['{"item_id": 1, "token_ids": [1], "item_id": 2}'], r"line 1: field 'item_id' is given twice"),
+    # a key spelt with an escape is the same key: the last used to win silently
+    (['{"item_id": 1, "item\\u005fid": 2, "token_ids": [1]}'], r"line 1: field 'item_id' is given twice"),
+    (['{"item_id": 1, "token_ids": [1], "token\\u005fids": [2]}'], r"line 1: field 'token_ids' is given twice"),
+    (['{"item_id": 1, "token_ids": ' + "[" * 5000 + "]" * 5000 + "}"], r"line 1: JSON nested too deeply"),
 ])
 def test_bad_items_name_their_line(tmp_path, lines, message):
     with pytest.raises(ConfigError, match=message):
@@ -159,7 +165,53 @@ def test_cli_build_with_texts_and_ids(tmp_path, tiny_qwen3_dir, capsys):
     assert main(["catalogue", "build", str(items), "--tokenizer", str(tiny_qwen3_dir), "--out", str(out), "--force"]) == 0
 
 
+def test_cli_build_checks_its_paths_before_reading_and_reads_a_pipe(tmp_path, tiny_qwen3_dir, capsys):
+    items = write(tmp_path, [{"item_id": 1, "token_ids": [5, 6]}])
+    base = ["catalogue", "build", str(items), "--tokenizer", str(tiny_qwen3_dir)]
+    assert main([*base, "--out", str(items / "cat")]) == 2  # the items file is where a directory would go
+    assert "a file is in the way" in capsys.readouterr().err
+    assert main([*base, "--out", str(tmp_path / "cat"), "--max-depth", "6"]) == 2
+    assert "--max-depth must be in [1, 5]" in capsys.readouterr().err
+    read, write_end = os.pipe()  # a pipe, as /dev/stdin or <(...) give one: it was "is not a file"
+    os.write(write_end, items.read_bytes())
+    os.close(write_end)
+    try:
+        assert main(["catalogue", "build", f"/dev/fd/{read}", "--tokenizer", str(tiny_qwen3_dir),
+                     "--out", str(tmp_path / "piped")]) == 0
+    finally:
+        os.close(read)
+    assert Catalogue.load(tmp_path / "piped").num_items == 1
+
+
 def test_another_tokenizer_is_refused(tmp_path, tiny_qwen3_dir):
     cat = Catalogue.from_sequences([1], [[5]], {"vocab_size": 100, "sha256": "0" * 64})
     with pytest.raises(ConfigError, match="another tokenizer"):
         check_tokenizer(cat, tiny_qwen3_dir, "cat")
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda d: (d / "catalogue.json").write_text("[1, 2]"), "a JSON object was expected"),
+    (lambda d: (d / "catalogue.json").write_text(
+        json.dumps({**json.loads((d / "catalogue.json").read_text()), "tokenizer": "x"})), "is damaged"),
+    (lambda d: (d / "trie.npz").write_bytes((d / "trie.npz").read_bytes()[:100]), "trie.npz is missing or damaged"),
+])
+def test_a_damaged_catalogue_directory_is_a_clear_error(tmp_path, damage, message):
+    """A cut index was a BadZipFile, a catalogue.json that is not an object an AttributeError: the CLI's
+    "internal error" and the server's 500 where a ConfigError (exit 2, 400) names the file."""
+    cat = Catalogue.from_sequences(np.array([1, 2]), [[5, 6], [5, 7]], {"vocab_size": 100, "sha256": None})
+    cat.save(tmp_path / "cat")
+    damage(tmp_path / "cat")
+    with pytest.raises(ConfigError, match=message):
+        Catalogue.load(tmp_path / "cat")
+
+
+def test_an_allow_list_names_only_items(tmp_path):
+    """-1 marks the trie's nodes where no item ends: it was taken for an item of the catalogue; an id past
+    int64 was an OverflowError."""
+    cat = Catalogue.from_sequences(np.array([1, 2]), [[5, 6], [5, 7]], {"vocab_size": 100, "sha256": None})
+    for ids in ([1, -1], [2 ** 64], [1, "2"]):
+        with pytest.raises(ConfigError, match="are not in the catalogue"):
+            cat.allowed_ids(ids)
+        with pytest.raises(ConfigError, match="are not in the catalogue"):
+            cat.reachable(ids)
+    assert cat.allowed_ids([2, 1, 2]).tolist() == [1, 2]
