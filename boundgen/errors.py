@@ -15,6 +15,15 @@ class InvalidInput(BoundgenError):
     """A request that cannot be served as given (empty, too long, wrong type, out of bounds)."""
 
 
+class WrongTask(InvalidInput, NotImplementedError):
+    """A call of the other task's method: `score` on a beam model, `beam` on a score model, token ids
+    where the model takes none. (A NotImplementedError too, as the Engine interface raised before.)"""
+
+
+class EngineClosed(BoundgenError, RuntimeError):
+    """A call on an engine after its `close()`. (A RuntimeError too, as raised before.)"""
+
+
 class DeadlineExceeded(BoundgenError):
     """A request whose deadline (`time.monotonic()` seconds) passed before the engine could run it;
     it was not run. Raised by `Engine.score` / `Engine.beam` when given a deadline."""

@@ -77,11 +77,11 @@ class RuntimeConfig:
                 raise ConfigError(f"{name} must be true or false, got {getattr(self, name)!r}")
 
     def replace(self, **overrides) -> "RuntimeConfig":
-        """A copy with the overrides that are not None; a name that is no field here is a TypeError."""
+        """A copy with the overrides that are not None; a name that is no field here is a ConfigError."""
         known = [f.name for f in fields(self)]
         unknown = sorted(set(overrides) - set(known))
         if unknown:
-            raise TypeError(f"unknown runtime settings {', '.join(unknown)}; the settings are {', '.join(known)}")
+            raise ConfigError(f"unknown runtime settings {', '.join(unknown)}; the settings are {', '.join(known)}")
         return RuntimeConfig(**{**asdict(self), **{k: v for k, v in overrides.items() if v is not None}})
 
 

@@ -15,6 +15,8 @@ No torch here (artifact/ is the build/serve contract, imported by servers withou
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Iterable, Mapping, Set as AbstractSet
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -22,7 +24,7 @@ import numpy as np
 
 from boundgen.artifact.program import SPECS, BeamSpec, ScoreSpec
 from boundgen.artifact.tensors import BEAM_OUTPUTS, FILTERS, ITEM_OUTPUT, TRIE, score_outputs
-from boundgen.errors import ConfigError, InvalidInput
+from boundgen.errors import ConfigError, InvalidInput, WrongTask
 
 # Requests one batched score call may hold (a beam program records its own, BeamSpec.max_requests; a score
 # program's bounds count samples and tokens): admission's room per context when score requests share calls.
@@ -94,14 +96,15 @@ class Task:
         return None
 
     # -- requests --------------------------------------------------------------------------
-    def texts(self, call: str, payload, model: str) -> list[str]:
-        """An engine call's payload (`engine.score(texts)` / `engine.beam(text)`) as the request's texts;
-        NotImplementedError when the model is not of the task `call` names."""
+    def texts(self, call: str, payload, model: str, limit: int) -> list[str]:
+        """An engine call's payload (`engine.score(texts)` / `engine.beam(text)`) as the request's texts,
+        at most `limit` + 1 of them read (the request's count check refuses more); WrongTask when the model
+        is not of the task `call` names."""
         if call != self.name:
-            raise NotImplementedError(f"model {model} is a {self.name} model, not a {call} model")
-        return self._texts(payload)
+            raise WrongTask(f"model {model} is a {self.name} model, not a {call} model")
+        return self._texts(payload, limit)
 
-    def _texts(self, payload) -> list[str]:
+    def _texts(self, payload, limit: int) -> list[str]:
         raise NotImplementedError
 
     def call(self, engine, texts: Sequence[str], deadline: float | None = None, cancelled=None):
@@ -195,10 +198,10 @@ class ScoreTask(Task):
     def head_path(self, spec: ScoreSpec) -> str | None:
         return spec.head_path or None
 
-    def _texts(self, payload) -> list[str]:
-        if isinstance(payload, str):
-            raise InvalidInput("score takes a list of texts, got a single string")
-        return list(payload)
+    def _texts(self, payload, limit: int) -> list[str]:
+        if isinstance(payload, (str, bytes, Mapping, AbstractSet)) or not isinstance(payload, Iterable):
+            raise InvalidInput(f"score takes a list of texts, got {type(payload).__name__}")
+        return list(itertools.islice(payload, limit + 1))  # a generator that never ends is read no further
 
     def call(self, engine, texts, deadline=None, cancelled=None):
         return engine.score(list(texts), deadline, cancelled)
@@ -320,7 +323,7 @@ class BeamTask(Task):
     def constrained(self, spec: BeamSpec) -> bool:
         return spec.constrained
 
-    def _texts(self, payload) -> list[str]:
+    def _texts(self, payload, limit: int) -> list[str]:
         if not isinstance(payload, str):
             raise InvalidInput(f"beam takes one prompt text, got {type(payload).__name__}")
         return [payload]

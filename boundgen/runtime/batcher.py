@@ -47,10 +47,10 @@ from concurrent.futures import Future, wait
 from dataclasses import dataclass, field
 from typing import Callable, Hashable, Sequence
 
-from boundgen.errors import Cancelled, DeadlineExceeded, Overloaded
+from boundgen.errors import Cancelled, DeadlineExceeded, EngineClosed, Overloaded
 from boundgen.runtime.company import CompanyWait
 from boundgen.runtime.fair_queue import FairQueue
-from boundgen.runtime.waiting import refusal, wait_slice
+from boundgen.runtime.waiting import checked, refusal, wait_slice
 
 
 @dataclass(eq=False)  # compared by identity: the queue removes this very entry
@@ -103,6 +103,7 @@ class Batcher:
         error). Raises DeadlineExceeded or Cancelled, without queueing it, if it is already gone,
         and Overloaded if `max_queue` requests wait and no other client gives a place up (module
         docstring); `withdraw(ticket)` takes it back out while it still waits. `client`: who sent it."""
+        deadline, cancelled = checked(deadline, cancelled)
         entry = Ticket(item, deadline, self._clock(), cancelled, client)
         gone = entry.gone(entry.submitted)
         if gone == "cancelled":
@@ -113,7 +114,7 @@ class Batcher:
         displaced = None
         with self._cond:
             if self._closed:
-                raise RuntimeError("the engine is closed")
+                raise EngineClosed("the engine is closed")
             if max_queue is not None and len(self._waiting) >= max_queue:
                 displaced = self._waiting.displaceable(client)
                 if displaced is None:

@@ -15,6 +15,7 @@ from typing import Sequence
 
 from boundgen.artifact.manifest import RuntimeConfig
 from boundgen.artifact.program import BeamSpec, ScoreSpec, spec_from_dict, spec_to_dict
+from boundgen.errors import WrongTask
 from boundgen.runtime.results import BeamResult, ScoreResult
 
 
@@ -76,15 +77,15 @@ class Engine:
 
     def score(self, texts: Sequence[str], deadline: float | None = None,
               cancelled: threading.Event | None = None) -> ScoreResult:
-        raise NotImplementedError(f"model {self.spec.name} is a {self.spec.task} model, not a score model")
+        raise WrongTask(f"model {self.spec.name} is a {self.spec.task} model, not a score model")
 
     def score_ids(self, samples: Sequence[Sequence[int]], deadline: float | None = None,
                   cancelled: threading.Event | None = None) -> ScoreResult:
         """`score` of samples given as token ids (no template: the ids are the model's input)."""
-        raise NotImplementedError(f"model {self.spec.name} does not take token ids")
+        raise WrongTask(f"model {self.spec.name} does not take token ids")
 
     def beam(self, text: str, deadline: float | None = None, cancelled: threading.Event | None = None) -> BeamResult:
-        raise NotImplementedError(f"model {self.spec.name} is a {self.spec.task} model, not a beam model")
+        raise WrongTask(f"model {self.spec.name} is a {self.spec.task} model, not a beam model")
 
     def warmup(self) -> None:
         """Run representative requests once so that the first real request pays no lazy cost."""

@@ -15,6 +15,7 @@ imports the model or the programs: a compiled artifact is served from its packag
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import torch
@@ -22,7 +23,7 @@ import torch
 from boundgen.artifact.manifest import Manifest, check_versions, read_manifest, verify_files as verify_artifact_files
 from boundgen.artifact.tasks import task_of
 from boundgen.artifact.tensors import TRIE_LAYOUT, has_vocab_outputs
-from boundgen.errors import ArtifactError
+from boundgen.errors import ArtifactError, ConfigError
 from boundgen.runtime import libstdcxx
 from boundgen.runtime.compiled import load_runner
 from boundgen.runtime.engine import Provenance
@@ -43,6 +44,8 @@ def load_artifact_engine(path, verify_files: bool = True, libstdcxx_check: str =
     the same ids and texts every way). catalogue: the catalogue directory a constrained beam artifact
     serves (runtime/catalogue.py; given to any other artifact it is refused; a constrained engine
     without one refuses requests until `set_catalogue`)."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise ArtifactError(f"an artifact is a directory path (str or Path), got {type(path).__name__}")
     root = Path(path)
     manifest = read_manifest(root)
     if verify_files:
@@ -69,7 +72,11 @@ def load_artifact_engine(path, verify_files: bool = True, libstdcxx_check: str =
                          fp8_groups=[] if compiled.fp8 == "none" else compiled.fp8.split(","),  # bench/mfu.py groups
                          provenance=provenance)
     if catalogue is not None:
-        engine.load_catalogue(catalogue)
+        try:
+            engine.load_catalogue(catalogue)
+        except BaseException:
+            engine.close()  # its batch threads started with it: a failed load leaves nothing running
+            raise
     return engine
 
 
@@ -96,7 +103,7 @@ def _check_libstdcxx(mode: str) -> None:
     if mode == "skip":
         return
     if mode not in ("auto", "require"):
-        raise ValueError(f"libstdcxx_check must be auto, require or skip, got {mode!r}")
+        raise ConfigError(f"libstdcxx_check must be auto, require or skip, got {mode!r}")
     if mode == "require" and libstdcxx.is_preloaded():
         return
     lib = libstdcxx.missing_preload() if mode == "auto" else (libstdcxx.system_libstdcxx() or "libstdc++.so.6")

@@ -104,7 +104,8 @@ class LocalEngine(Engine):
 
     def score(self, texts: Sequence[str], deadline: float | None = None,
               cancelled: threading.Event | None = None) -> ScoreResult:
-        return self._request(self.task.texts("score", texts, self.spec.name), deadline, cancelled)
+        texts = self.task.texts("score", texts, self.spec.name, limit=self.packer.bounds.max_samples)
+        return self._request(texts, deadline, cancelled)
 
     def score_ids(self, samples: Sequence[Sequence[int]], deadline: float | None = None,
                   cancelled: threading.Event | None = None) -> ScoreResult:
@@ -116,7 +117,7 @@ class LocalEngine(Engine):
              allow_items: Sequence[int] | None = None, allow_subset: str | None = None) -> BeamResult:
         """allow_items: item ids a constrained search may return (None: every item of the catalogue);
         allow_subset: a subset registered with the catalogue, by name (with allow_items: both apply)."""
-        return self._request(self.task.texts("beam", text, self.spec.name), deadline, cancelled,
+        return self._request(self.task.texts("beam", text, self.spec.name, limit=1), deadline, cancelled,
                              allow_items=allow_items, allow_subset=allow_subset)
 
     @property

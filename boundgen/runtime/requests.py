@@ -56,7 +56,11 @@ class RequestPacker:
         """Check samples given as token ids against the bounds and the vocabulary, and pack them
         (no template: the ids are the model's input, as SGLang's pre-tokenized /v1/score sends them)."""
         b = self.bounds
-        if isinstance(samples, (str, bytes)) or not samples:
+        if isinstance(samples, np.ndarray):  # [B, n] ids: the lists they stand for
+            samples = samples.tolist()
+        if isinstance(samples, (str, bytes)) or not isinstance(samples, Sequence):
+            raise InvalidInput(f"score_ids takes a list of samples, each a list of token ids; got {type(samples).__name__}")
+        if not samples:
             raise InvalidInput("the request has no samples")
         if len(samples) > b.max_samples:
             raise InvalidInput(f"the request has {len(samples)} samples; this model accepts at most {b.max_samples}")

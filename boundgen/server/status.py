@@ -114,8 +114,6 @@ def status_of(exc: BaseException) -> Status:
         outcome, message = "deadline_exceeded", str(exc)
     elif isinstance(exc, errors.Cancelled):  # the client went away; the answer reaches nobody
         outcome, message = "cancelled", str(exc)
-    elif isinstance(exc, NotImplementedError):  # Engine's answer to the wrong task
-        outcome, message = "invalid_input", str(exc)
     else:
         outcome, message = "internal_error", f"internal error: {type(exc).__name__}: {exc}"
     http, code = _CODES[outcome]

@@ -35,6 +35,10 @@ from boundgen.text.byte_decoder import ByteDecoder, byte_decoder
 from boundgen.text.fast_bpe import FastEncoder, fast_encoder, vocab_bytes
 from boundgen.text.template import Template
 
+# Characters: a longer text goes to `tokenizers`. tiktoken's regex backtracks over a run of whitespace
+# before a letter and gives up at a million characters; no text the token bounds admit is this long.
+FAST_MAX_CHARS = 1 << 18
+
 
 @dataclass
 class PackedBatch:
@@ -185,16 +189,19 @@ class Tokenizer:
                 raise InvalidInput(f"{name} must be a string, got {type(text).__name__}")
             if not text or text.isspace():  # what `not text.strip()` says, without copying the text
                 raise InvalidInput(f"{name} is empty or whitespace only; every text needs content")
+            if not text.isascii():  # (a flag of the string: free) a lone surrogate is no Unicode text
+                try:
+                    text.encode("utf-8")
+                except UnicodeEncodeError as exc:
+                    raise InvalidInput(f"{name} holds a lone surrogate at character {exc.start}: not Unicode "
+                                       "text") from None
 
     def token_array(self, texts: list[str]) -> tuple[np.ndarray, list[int]]:
         """Texts' ids back to back and each text's count: (tokens [T] int64, lengths [B]); no
         template, no bound. The fast encoder writes them straight into an array (one tiktoken call
         a request where it joins); otherwise each text's id list is copied in (`reference_token_array`)."""
-        if self.fast is not None:
-            try:
-                return self.fast.encode_array(texts, self.threads)
-            except UnicodeEncodeError:  # a lone surrogate: `tokenizers` says what is wrong
-                pass
+        if self._fast_for(texts):
+            return self.fast.encode_array(texts, self.threads)
         return self.reference_token_array(texts)
 
     def reference_token_array(self, texts: list[str]) -> tuple[np.ndarray, list[int]]:
@@ -212,8 +219,10 @@ class Tokenizer:
         (an id the embedding does not have must never reach the device)."""
         vocab, lengths = self.vocab_size, []
         for i, ids in enumerate(samples):
+            if isinstance(ids, np.ndarray):
+                ids = ids.tolist()
             if (not isinstance(ids, Sequence) or isinstance(ids, (str, bytes)) or not ids
-                    or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids)):
+                    or not all(isinstance(t, (int, np.integer)) and not isinstance(t, bool) for t in ids)):
                 raise InvalidInput(f"sample {i} must be a non-empty list of token ids")
             if len(ids) > max_tokens:
                 raise InvalidInput(f"sample {i} has {len(ids)} tokens, more than the limit of {max_tokens} tokens "
@@ -228,12 +237,14 @@ class Tokenizer:
         return pack_arrays(np.fromiter(chain.from_iterable(samples), dtype=np.int64, count=total), lengths)
 
     def _ids(self, texts: list[str]) -> list[list[int]]:
-        if self.fast is not None:
-            try:
-                return self.fast.encode_batch(texts, self.threads)
-            except UnicodeEncodeError:  # a lone surrogate: `tokenizers` says what is wrong
-                pass
+        if self._fast_for(texts):
+            return self.fast.encode_batch(texts, self.threads)
         return [e.ids for e in self.backend.encode_batch(texts, add_special_tokens=False)]
+
+    def _fast_for(self, texts: list[str]) -> bool:
+        """Whether the fast encoder takes these texts: not past FAST_MAX_CHARS, where tiktoken's regex
+        can give up (a million spaces and a letter: a ValueError, or a Rust panic) and `tokenizers` does not."""
+        return self.fast is not None and all(len(t) <= FAST_MAX_CHARS for t in texts)
 
     def token_id(self, text: str) -> int:
         """The id of a label that must be exactly one token, e.g. " yes"."""
