@@ -11,7 +11,8 @@
 A batch of one is the unbatched case: without batching, the batcher's `fits` admits no second
 request, so each call holds one request, exactly as a batched engine's lone request. Programs
 keep requests independent (block-diagonal attention; beams attend to their own prompt and are
-selected per request), so results equal one call per request. Deadlines and cancellation are
+selected per request), so results equal one call per request up to float rounding (a call of
+other shapes sums in another order: docs/runtime.md). Deadlines and cancellation are
 the batcher's (runtime/batcher.py): a request whose deadline passes, or whose `cancelled` event
 is set, while it waits is never run. CUDA graphs are captured in `warmup`, on every context,
 for every padded shape (runtime/graphs.py), never while serving.
