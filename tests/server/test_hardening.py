@@ -340,6 +340,58 @@ def test_a_client_that_half_closes_after_its_request_gets_its_answer(server):
     assert http(server, "GET", "/v2/health/ready")[0] == 200
 
 
+def test_the_head_watch_closes_a_trickled_head_whatever_aiohttp_does():
+    """With aiohttp's keep-alive timer off (as in aiohttp versions that do not start it with the
+    connection), the protocol's own watch closes a connection whose head trickles in for one to two
+    head timeouts, and keeps one that parsed a head in each period."""
+    import asyncio
+
+    from aiohttp import web, web_server
+
+    from boundgen.server.connections import LimitedRequestHandler
+
+    class Transport(asyncio.Transport):
+        def __init__(self):
+            super().__init__()
+            self.closed_at = None
+
+        def get_extra_info(self, name, default=None):
+            return default
+
+        def is_closing(self):
+            return self.closed_at is not None
+
+        def close(self):
+            if self.closed_at is None:
+                self.closed_at = time.monotonic()
+
+        def write(self, data):
+            pass
+
+    async def answer(request):
+        return web.Response()
+
+    async def main():
+        manager = web_server.Server(answer)
+        trickled, fed = Transport(), Transport()
+        slow = LimitedRequestHandler(manager, loop=asyncio.get_running_loop(), max_connections=10,
+                                     head_timeout_s=0.2, keepalive_timeout=0)
+        busy = LimitedRequestHandler(manager, loop=asyncio.get_running_loop(), max_connections=10,
+                                     head_timeout_s=0.2, keepalive_timeout=100)  # kept alive between requests
+        start = time.monotonic()
+        slow.connection_made(trickled)
+        busy.connection_made(fed)
+        for i in range(12):  # 0.6 s: a byte of a head on one, a whole request each 0.05 s on the other
+            slow.data_received(b"GET /a HTTP/1.1\r\nX-Slow: " if i == 0 else b"a")
+            busy.data_received(b"GET /a HTTP/1.1\r\nHost: x\r\n\r\n")
+            await asyncio.sleep(0.05)
+        assert trickled.closed_at is not None and 0.15 <= trickled.closed_at - start <= 0.5, trickled.closed_at
+        assert fed.closed_at is None
+        busy.connection_lost(None)
+
+    asyncio.run(main())
+
+
 def test_the_protocol_notes_each_pipelined_head_as_it_is_parsed():
     """LimitedRequestHandler stamps each request head when aiohttp parses it; `head_time` gives a
     request's stamp and forgets those of requests before it that never reached the application."""
