@@ -59,7 +59,6 @@ class LimitedRequestHandler(web_protocol.RequestHandler):
         super().__init__(manager, **kwargs)
         self._max_connections = max_connections
         self._heads: collections.deque = collections.deque()  # (message, time.monotonic() it was parsed)
-        self._last_body = None  # the body stream of the latest request parsed (eof_received)
         # The idle timeout's own watch (`_watch_heads`): aiohttp's keep-alive timer runs from the
         # connection's start in the aiohttp we test with, not in every version it may be served with
         # (on one GPU host's, on 2026-12-07, no trickled head was closed within 4.5 s of a 3 s timeout).
@@ -77,7 +76,6 @@ class LimitedRequestHandler(web_protocol.RequestHandler):
             self._heads_parsed += len(messages) - before
             now = time.monotonic()
             self._heads.extend((message, now) for message, _ in itertools.islice(messages, before, None))
-            self._last_body = messages[-1][1]
 
     def head_time(self, message) -> float | None:
         """When the head of request `message` (its `request.message`) was parsed, or None when it
@@ -87,20 +85,6 @@ class LimitedRequestHandler(web_protocol.RequestHandler):
             if head is message:
                 return parsed
         return None
-
-    def eof_received(self) -> bool | None:
-        """The client closed its side of the connection (a half-close, `shutdown(SHUT_WR)`). Requests it
-        sent whole are still answered: the connection stays open for writing until the one being handled
-        is answered, then closes (requests queued behind it are not started). With no request to answer
-        (aiohttp waits for the next), or one whose body had not all arrived, it ends as before: asyncio
-        closes the transport, and a handler reading a body sees the client gone."""
-        waiter = getattr(self, "_waiter", None)  # set while aiohttp waits for a request
-        if waiter is not None and not waiter.done():
-            return None
-        if self._last_body is not None and not self._last_body.is_eof():
-            return None
-        self.close()
-        return True
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
