@@ -165,8 +165,8 @@ class Manifest:
 
 
 def _check_token_ids(raw: dict, where: str) -> None:
-    """The program's label and stop token ids: integers inside the model's vocabulary (the score of an id
-    outside it would be read out of bounds, a 500 at the first request)."""
+    """The program's label and stop token ids: integers inside the model's vocabulary (an edited id
+    outside it labelled scores with an id the model does not have)."""
     config = raw["model"].get("config")
     vocab = config.get("vocab_size") if isinstance(config, dict) else None
     if isinstance(vocab, bool) or not isinstance(vocab, int) or vocab < 1:
