@@ -39,6 +39,12 @@ the most a request's texts can hold in all (a score request's total token limit;
 beam route takes at once) plus LARGE for the rest (names, parameters). Keys are strings too: no
 route's keys are that long.
 
+The bytes outside strings (numbers, punctuation, whitespace) are held to OUTSIDE_PER_VALUE a value of
+the budget plus OUTSIDE_BASE: no field takes a number longer than 24 characters, so a body past that
+holds numbers no request has (300 shape dimensions of 4,000 digits: few values, 1.2 MB that
+json.loads takes ~20 ms over, in the worker or on the loop) or more whitespace than any request's
+layout, and is refused as it arrives like a flood.
+
 A string's UTF-8 is at least its JSON bytes less 5 a backslash: an escape is at most 6 bytes
 (backslash, u, four hex digits) and stands for at least one byte, the rest is the UTF-8 itself
 (the escaped quotes and backslashes taken out above count 0).
@@ -54,6 +60,13 @@ from boundgen.errors import InvalidInput
 from boundgen.server.json_worker import LARGE
 
 ENVELOPE = 1024  # values a request may hold besides its texts, token ids or prompts (names, shapes, parameters)
+# Bytes outside strings (numbers, punctuation, whitespace) a body may hold: OUTSIDE_PER_VALUE a value
+# of its budget (a number of int64 or double is at most 24 characters; the rest is room for the
+# separators and an indented layout) plus OUTSIDE_BASE. A body past it holds numbers no field
+# takes (300 dimensions of 4,000 digits: 1.2 MB that json.loads takes 21 ms over) or more
+# whitespace than any request needs, and is refused before it is parsed.
+OUTSIDE_PER_VALUE = 64
+OUTSIDE_BASE = 64 << 10
 
 
 @dataclass(frozen=True)
@@ -81,6 +94,8 @@ class ValueCount:
         self._open = 0  # the string the last chunk ended in: its UTF-8 bytes so far, at least
         self.string_bytes = 0  # the UTF-8 bytes of all strings so far, at least
         self.too_much = 0  # `string_bytes` once over `total` + LARGE
+        self.outside_bytes = 0  # bytes outside strings so far
+        self.too_wide = 0  # `outside_bytes` once over what the budget's values can take (OUTSIDE_PER_VALUE)
         self.values = 1  # the lower bound so far (module docstring): the larger of
         self.strings, self._separated = 0, 1  # strings, and 1 + commas + colons outside strings
         self._json_bytes = json_bytes
@@ -90,7 +105,7 @@ class ValueCount:
 
     @property
     def over(self) -> bool:
-        return self.values > self.budget or bool(self.too_long or self.too_much)
+        return self.values > self.budget or bool(self.too_long or self.too_much or self.too_wide)
 
     @property
     def final(self) -> bool:
@@ -120,6 +135,9 @@ class ValueCount:
         if self.longest is not None:
             self._measure(parts[1 - inside::2], inside, self._quotes % 2)
         outside = b"".join(parts[inside::2])
+        self.outside_bytes += len(outside)
+        if self.outside_bytes > OUTSIDE_PER_VALUE * self.budget + OUTSIDE_BASE:
+            self.too_wide = self.outside_bytes
         self._separated += outside.count(b",") + outside.count(b":")
         self.values = max(self._separated, self.strings)
         if self.total is not None:  # the bytes inside strings, less 5 a backslash (_at_least)
@@ -150,7 +168,7 @@ class ValueCount:
             again = ValueCount(self.budget, longest=self.longest, total=self.total)
             again.feed(text.decode(encoding, "replace").encode())
             self.values, self.strings = again.values, again.strings
-            self.too_long, self.too_much = again.too_long, again.too_much
+            self.too_long, self.too_much, self.too_wide = again.too_long, again.too_much, again.too_wide
 
     def check(self, what: str, whom: str) -> None:
         """InvalidInput if over the budget: `what` the body is, `whom` the budget is for."""
@@ -167,6 +185,10 @@ class ValueCount:
             return (f"{what} holds at least {self.too_much} bytes of strings, more than the texts of a request to "
                     f"{whom} can hold ({self.total} bytes: its token limits times the longest token's bytes) and "
                     f"{LARGE} bytes of other strings; it was refused before it was parsed")
+        if self.too_wide and self.values <= self.budget:
+            return (f"{what} holds at least {self.too_wide} bytes outside strings (numbers, punctuation, whitespace), "
+                    f"more than the {self.budget} values a request to {whom} can hold take "
+                    f"({OUTSIDE_PER_VALUE} bytes a value and {OUTSIDE_BASE}); it was refused before it was parsed")
         return (f"{what} holds at least {self.values} JSON values, more than the {self.budget} a "
                 f"request to {whom} can hold; it was refused before it was parsed")
 

@@ -33,8 +33,10 @@ LIMIT = 1 << 20
 
 
 def spaces(mib: int, encoding: str) -> bytes:
-    """`mib` MiB of spaces compressed as Content-Encoding `encoding` sends them."""
-    data = b" " * (mib << 20)
+    """`mib` MiB of spaces, inside a JSON string (so that only the size limit refuses them: spaces outside
+    strings are refused sooner, by json_values' bytes-outside-strings bound), compressed as Content-Encoding
+    `encoding` sends them."""
+    data = b'"' + b" " * (mib << 20)
     if encoding == "br":
         return brotli.compress(data)
     wbits = {"gzip": 31, "deflate": 15, "raw-deflate": -15}[encoding]
@@ -233,7 +235,8 @@ def test_a_large_body_is_parsed_in_a_worker_process_and_answered_as_before(serve
         {"query": "q ", "items": ["a", "b"], "label_token_ids": [9693], "apply_softmax": True, "pad": pad}).encode(),
         {"Content-Type": "application/json"})
     assert code == 400 and "unknown fields 'pad'" in json.loads(answer)["message"], answer  # parsed, then checked
-    for bad, error in ((body[:-2] + b" " * 10, "is not valid JSON: Expecting"), (b"\xff" * LARGE, "not valid UTF-8")):
+    for bad, error in ((body[:-2] + b" " * 10, "is not valid JSON: Expecting"),
+                       (b'"' + b"\xff" * LARGE + b'"', "not valid UTF-8")):
         code, _, answer = http(server, "POST", "/v2/models/fscore/infer", bad, {"Content-Type": "application/json"})
         assert code == 400 and error in json.loads(answer)["error"], answer
     assert len(worker_processes(server.proc.pid)) == 1  # one worker, kept

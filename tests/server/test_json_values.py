@@ -194,3 +194,21 @@ def test_strings_are_held_to_the_texts_total_plus_large():
     assert not counted(newlines, 10_000, longest=65536, total=1000).over
     backslashes = json.dumps(["\\n" * 1000] * 2000).encode()  # an escaped backslash and n: 2 of UTF-8, counted 1
     assert counted(backslashes, 10_000, longest=65536, total=1000).too_much
+
+
+def test_bytes_outside_strings_are_held_to_what_the_budget_can_take():
+    """300 dimensions of 4,000 digits are 300 values, within any budget, but 1.2 MB that json.loads
+    takes ~20 ms over: refused by their bytes outside strings (OUTSIDE_PER_VALUE a budgeted value)
+    long before the body ends. A body at its budget of the longest numbers, indented, passes."""
+    budget = 5000
+    dims = ('{"inputs": [{"name": "TEXT", "datatype": "BYTES", "shape": [%s], "data": ["a"]}]}'
+            % ", ".join(["1" + "0" * 4000] * 300)).encode()
+    count = counted(dims, budget, cuts=range(0, len(dims), 65536))
+    assert count.over and count.too_wide
+    assert count.too_wide <= json_values.OUTSIDE_PER_VALUE * budget + json_values.OUTSIDE_BASE + 65536
+    with pytest.raises(InvalidInput, match="bytes outside strings .* refused before it was parsed"):
+        count.check("the request body", "model m")
+    ids = {"inputs": [{"name": "INPUT_IDS", "datatype": "INT64", "shape": [budget - 20],
+                       "data": [-(2 ** 63)] * (budget - 20)}], "parameters": {"timeout": 2 ** 63 - 1}}
+    body = json.dumps(ids, indent=8).encode()
+    assert not counted(body, budget, cuts=range(0, len(body), 4096)).over
