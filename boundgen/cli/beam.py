@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import math
-
 from boundgen.cli.common import (add_precision_args, check_device, check_model_path, check_task, is_artifact,
                                  parse_id_list, print_json, refuse_for_artifacts, resolve_dtype)
 from boundgen.errors import ConfigError, InvalidInput
-from boundgen.artifact.program import MAX_LENGTH_PENALTY, MAX_STEPS, MAX_WIDTH
+from boundgen.artifact.program import MAX_STEPS, MAX_WIDTH
 
 
 def register(sub):
@@ -84,9 +82,6 @@ def _eager(args, allow):
     if args.width is None or args.steps is None:
         raise ConfigError("pass --width W and --steps N")
     check_device(args.device)
-    if not (math.isfinite(args.length_penalty) and abs(args.length_penalty) <= MAX_LENGTH_PENALTY):
-        raise ConfigError(f"--length-penalty must be a number in [-{MAX_LENGTH_PENALTY}, {MAX_LENGTH_PENALTY}], "
-                          f"got {args.length_penalty}")
     stops = default_stop_tokens(args.model) if args.stop_token_ids is None else parse_id_list(args.stop_token_ids)
     spec = BeamSpec(width=args.width, steps=args.steps, stop_token_ids=stops, length_penalty=args.length_penalty,
                     min_new_tokens=args.min_new_tokens, max_prompt_tokens=args.max_tokens, template=args.template)

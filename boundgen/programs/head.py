@@ -45,13 +45,13 @@ class MLPHead(nn.Module):
             if weights[i].shape[1] != weights[i - 1].shape[0]:
                 raise ConfigError(f"MLP head layers.{i}.weight has {weights[i].shape[1]} inputs, "
                                   f"layers.{i - 1} has {weights[i - 1].shape[0]} outputs")
+        if labels is not None and len(labels) != weights[-1].shape[0]:
+            raise ConfigError(f"MLP head names {len(labels)} labels for {weights[-1].shape[0]} classes")
         self.weights = nn.ParameterList(nn.Parameter(w.float(), requires_grad=False) for w in weights)
         self.biases = nn.ParameterList(
             nn.Parameter(b.float() if b is not None else torch.zeros(w.shape[0]), requires_grad=False)
             for w, b in zip(weights, biases))
         self.activation, self.output = activation, output
-        if labels is not None and len(labels) != weights[-1].shape[0]:
-            raise ConfigError(f"MLP head names {len(labels)} labels for {weights[-1].shape[0]} classes")
         self.labels = labels or [str(i) for i in range(weights[-1].shape[0])]
 
     @property

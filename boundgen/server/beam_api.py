@@ -38,7 +38,7 @@ import numpy as np
 from boundgen.errors import InvalidInput
 from boundgen.runtime.results import BeamResult
 from boundgen.server.models import LOADING, ModelSet
-from boundgen.server.score_api import utf8
+from boundgen.text.utf8 import utf8
 from boundgen.server.status import Unavailable
 
 ROUTE = "/v1/beam"

@@ -38,6 +38,7 @@ from aiohttp import web
 
 from boundgen.errors import InvalidInput
 from boundgen.server import json_values, score_api
+from boundgen.text.utf8 import utf8
 from boundgen.server.config import ServerConfig
 from boundgen.server.connections import arrived
 from boundgen.server.http_bodies import error_response, read_json
@@ -138,7 +139,7 @@ def pick_model(models: ModelSet, requested: str | None, route: str, pairs: int) 
 
 async def relevance(models: ModelSet, name: str, texts: list[str], deadline: float) -> list[float]:
     """Each text's probability of the model's first label, from one engine call of them all."""
-    call = models.get(name).signature.call([score_api.utf8(t, f"documents[{i}]") for i, t in enumerate(texts)])
+    call = models.get(name).signature.call([utf8(t, f"documents[{i}]") for i, t in enumerate(texts)])
     result = await models.run(name, call, deadline)
     return [float(p) for p in np.asarray(result.scores, dtype=np.float32)[:, 0]]
 

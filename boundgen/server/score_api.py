@@ -40,6 +40,7 @@ from boundgen.server import http_bodies
 from boundgen.server.models import LOADING
 from boundgen.server.signature import REBUILD, EngineCall
 from boundgen.server.status import Unavailable, status_of
+from boundgen.text.utf8 import utf8
 
 ROUTE = "/v1/score"
 FIELDS = ("query", "items", "label_token_ids", "apply_softmax", "item_first", "model")
@@ -123,15 +124,6 @@ def token_call(parsed: dict, model: str, max_samples: int) -> EngineCall:
                            f"(max_samples of model {model})")
     samples = tuple(tuple(item + query if parsed["item_first"] else query + item) for item in items)
     return EngineCall("score", (), token_ids=samples)
-
-
-def utf8(text: str, where: str) -> bytes:
-    """`text` as UTF-8; 400 naming `where` for one that cannot be (a lone surrogate from a JSON escape)."""
-    try:
-        return text.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise InvalidInput(f"{where} is not valid UTF-8 text: it holds a lone surrogate "
-                           f"({text[exc.start]!r} at character {exc.start})") from None
 
 
 async def run(models, name: str, parsed: dict, deadline: float) -> dict:

@@ -22,8 +22,9 @@ from typing import Callable
 
 import numpy as np
 
-from boundgen.errors import ConfigError
+from boundgen.errors import ConfigError, InvalidInput
 from boundgen.text.catalogue import Catalogue, check_subset_name, tokenizer_sha256
+from boundgen.text.utf8 import utf8
 
 PROGRESS_EVERY = 1_000_000  # lines between progress reports
 TEXT_BATCH = 4096  # texts tokenized per call
@@ -117,9 +118,9 @@ def _parse(line: str, line_no: int, vocab: int, max_depth: int | None):
         if not isinstance(text, str) or not text:
             raise ItemsError(f"line {line_no}: text must be a non-empty string, got {text!r}")
         try:
-            text.encode("utf-8")
-        except UnicodeEncodeError:  # a lone surrogate (\ud800 escaped in the JSON): the tokenizer reads U+FFFD
-            raise ItemsError(f"line {line_no}: text holds a lone surrogate, which is not Unicode text") from None
+            utf8(text, f"line {line_no}: the text")  # \ud800 escaped in the JSON: the tokenizer would read U+FFFD
+        except InvalidInput as exc:
+            raise ItemsError(str(exc)) from None
         return item_id, None, text, _subsets(obj, line_no)
     code = obj["token_ids"]
     if not isinstance(code, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in code):

@@ -34,6 +34,7 @@ from boundgen.errors import ConfigError, InvalidInput
 from boundgen.text.byte_decoder import ByteDecoder, byte_decoder
 from boundgen.text.fast_bpe import FastEncoder, fast_encoder, vocab_bytes
 from boundgen.text.template import Template
+from boundgen.text.utf8 import utf8
 
 # Characters: a longer text goes to `tokenizers`. tiktoken's regex backtracks over a run of whitespace
 # before a letter and gives up at a million characters; no text the token bounds admit is this long.
@@ -189,12 +190,8 @@ class Tokenizer:
                 raise InvalidInput(f"{name} must be a string, got {type(text).__name__}")
             if not text or text.isspace():  # what `not text.strip()` says, without copying the text
                 raise InvalidInput(f"{name} is empty or whitespace only; every text needs content")
-            if not text.isascii():  # (a flag of the string: free) a lone surrogate is no Unicode text
-                try:
-                    text.encode("utf-8")
-                except UnicodeEncodeError as exc:
-                    raise InvalidInput(f"{name} holds a lone surrogate at character {exc.start}: not Unicode "
-                                       "text") from None
+            if not text.isascii():  # (a flag of the string: free) only then can it hold a lone surrogate
+                utf8(text, name)
 
     def token_array(self, texts: list[str]) -> tuple[np.ndarray, list[int]]:
         """Texts' ids back to back and each text's count: (tokens [T] int64, lengths [B]); no
@@ -250,10 +247,7 @@ class Tokenizer:
         """The id of a label that must be exactly one token, e.g. " yes"."""
         if not isinstance(text, str):
             raise InvalidInput(f"a label is text, got {text!r}")
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError:  # a lone surrogate: from bytes that were not UTF-8 (a command line's)
-            raise InvalidInput(f"label {text!r} is not valid UTF-8 text") from None
+        utf8(text, f"label {text!r}")  # a command line's bytes that were not UTF-8
         ids = self.backend.encode(text, add_special_tokens=False).ids
         if len(ids) != 1:
             pieces = " + ".join(f"{self.decode([i], skip_special_tokens=False)!r} ({i})" for i in ids)

@@ -53,7 +53,8 @@ def test_a_deadline_far_away_or_infinite_is_waited_for(engines):
     (b"hi", "score takes a list of texts, got bytes"),
     ({"a", "b"}, "score takes a list of texts, got set"),
     ({"a": 1}, "score takes a list of texts, got dict"),
-    (["a\ud800b"], "sample 0 holds a lone surrogate"),  # read as U+FFFD by tiktoken, a TypeError by tokenizers
+    # read as U+FFFD by tiktoken, a TypeError by tokenizers
+    (["a\ud800b"], "sample 0 is not valid UTF-8 text: it holds a lone surrogate"),
 ])
 def test_score_input_of_the_wrong_kind_is_invalid_input(engines, texts, message):
     with pytest.raises(InvalidInput, match=message):
