@@ -45,12 +45,15 @@ class FrontendServer(Server):
         self.link.tell("listening")
 
     async def load(self) -> None:
-        """Ready once the engine process is: its models, with this process's tokenizers."""
+        """Ready once the engine process is: its models, with this process's tokenizers. A tokenizer is
+        read on a worker thread (a Qwen vocabulary takes about half a second a model to parse): the event loop
+        goes on answering health checks and refusing requests as not ready meanwhile."""
         state = await self.link.wait_state("ready", "draining")
         if state != "ready":
             return
         for hosted in self.link.models.values():
-            self.models.add(LinkedEngine(self.link, hosted, self.config.tokenize_threads), hosted["source"])
+            engine = await asyncio.to_thread(LinkedEngine, self.link, hosted, self.config.tokenize_threads)
+            self.models.add(engine, hosted["source"])
         self.models.set_ready()
         self.link.tell("ready")
 
