@@ -123,9 +123,9 @@ class Server:
         """Load and warm up every artifact off the event loop, then become ready."""
         for path in self.artifact_dirs:
             self.say(f"boundgen serve: loading {path}")
-            engine = await _in_daemon_thread(self.engine_factory, path)
+            engine = await in_daemon_thread(self.engine_factory, path)
             model = self.models.add(engine, str(path))
-            await _in_daemon_thread(engine.warmup)
+            await in_daemon_thread(engine.warmup)
             spec = engine.spec
             self.say(f"boundgen serve: model {spec.name} ({spec.task}) loaded and warmed up, "
                      f"max in flight {model.admission.max_inflight}, queue {model.admission.max_queue}")
@@ -134,9 +134,9 @@ class Server:
 
     async def _load_engine(self, path: Path) -> Engine:
         """A loaded and warmed-up engine, off the event loop (a repository load; closed if warm-up fails)."""
-        engine = await _in_daemon_thread(self.engine_factory, path)
+        engine = await in_daemon_thread(self.engine_factory, path)
         try:
-            await _in_daemon_thread(engine.warmup)
+            await in_daemon_thread(engine.warmup)
         except BaseException:
             engine.close()
             raise
@@ -184,7 +184,7 @@ def _grpc_host(host: str) -> str:
     return f"[{host}]" if ":" in host and not host.startswith("[") else host
 
 
-async def _in_daemon_thread(fn, *args):
+async def in_daemon_thread(fn, *args):
     """Run a blocking call on a daemon thread, so that a stop during a long load does not wait for it."""
     loop = asyncio.get_running_loop()
     future = loop.create_future()

@@ -17,7 +17,7 @@ import asyncio
 import json
 import sys
 
-from boundgen.server.app import Server, serve_until_signal
+from boundgen.server.app import Server, in_daemon_thread, serve_until_signal
 from boundgen.server.config import ServerConfig
 from boundgen.server.deploy.linked_engine import EngineGone, EngineLink, LinkedEngine
 from boundgen.server.deploy.replicas import exit_with_parent
@@ -46,13 +46,14 @@ class FrontendServer(Server):
 
     async def load(self) -> None:
         """Ready once the engine process is: its models, with this process's tokenizers. A tokenizer is
-        read on a worker thread (a Qwen vocabulary takes about half a second a model to parse): the event loop
-        goes on answering health checks and refusing requests as not ready meanwhile."""
+        read on a daemon thread, as the one-process server loads its artifacts (a Qwen vocabulary takes
+        about half a second a model to parse): the event loop goes on answering health checks and
+        refusing requests as not ready meanwhile."""
         state = await self.link.wait_state("ready", "draining")
         if state != "ready":
             return
         for hosted in self.link.models.values():
-            engine = await asyncio.to_thread(LinkedEngine, self.link, hosted, self.config.tokenize_threads)
+            engine = await in_daemon_thread(LinkedEngine, self.link, hosted, self.config.tokenize_threads)
             self.models.add(engine, hosted["source"])
         self.models.set_ready()
         self.link.tell("ready")
