@@ -109,8 +109,8 @@ source "$root/scripts/gpu_env.sh"
 source "$root/scripts/gpu_artifacts.sh"
 TOTAL_S="${TOTAL_S:-570}"; FRONTENDS="${FRONTENDS:-4}"; CLIENT_PROCS="${CLIENT_PROCS:-4}"
 SERVER_CORES="${SERVER_CORES:-0-7}"; CLIENT_CORES="${CLIENT_CORES:-8-15}"; BENCH_CORES="${BENCH_CORES:-8-15}"
-SWEEP_W1="${SWEEP_W1:---concurrency 1,2,3,4,6,8 --duration 2 --warmup 0.5}"
-SWEEP_BEAM="${SWEEP_BEAM:---concurrency 1,2,4,6,8,12,16 --duration 2 --warmup 0.5}"
+SWEEP_W1="${SWEEP_W1:---concurrency 1,2,3,4,5,6,8 --duration 2 --warmup 0.5}"
+SWEEP_BEAM="${SWEEP_BEAM:---concurrency 1,2,4,5,6,8,12,16 --duration 2 --warmup 0.5}"
 start=$SECONDS
 left() { echo $(( TOTAL_S - (SECONDS - start) )); }
 log() { echo "[gpu_served +$(( SECONDS - start ))s] $*" | tee -a "$RES/run.log" >&2; }
