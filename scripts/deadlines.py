@@ -16,6 +16,10 @@ the client's own scheduling: a success is late when it took longer than its dead
   gRPC client send small score requests one after another with a `timeout` parameter of 20 ms.
 - grpc_burst: 300 gRPC score requests at once, each with a `timeout` parameter of 100 ms.
 - grpc_deadline_burst: the same with gRPC deadlines (the client's `timeout`) instead.
+  After each gRPC burst the same burst goes to a bare grpc.aio server in its own process that
+  answers every call at once: its latest answer is what gRPC alone adds to the burst's last call
+  on this host, time no server's clock sees (grpc.aio hands a connection's calls to Python one at
+  a time), so a `timeout` parameter's success can be late by up to about that much.
 - open_loop_http: 400 HTTP score requests 0.5 ms apart whatever the answers, `timeout` 60 ms.
 
 Every answer must be a success, 429 / RESOURCE_EXHAUSTED or 504 / DEADLINE_EXCEEDED; the table
@@ -30,6 +34,7 @@ import argparse
 import asyncio
 import collections
 import json
+import subprocess
 import sys
 import tempfile
 import threading
@@ -59,6 +64,7 @@ class Answers:
     counts: collections.Counter = field(default_factory=collections.Counter)
     past: list = field(default_factory=list)  # a success's latency minus its deadline, seconds
     note: str = ""
+    floor_ms: float | None = None  # the same burst answered at once by a bare gRPC server: its latest answer
 
     def add(self, answer, latency_s: float, deadline_s: float) -> None:
         kind = ANSWERS.get(answer, f"unexpected {answer}")
@@ -150,14 +156,61 @@ async def _grpc_burst(t: Target, n: int, deadline_s: float, parameter: bool, ans
         await asyncio.gather(*(one() for _ in range(n)))
 
 
+BARE_SERVER = """
+import asyncio, grpc
+async def main():
+    server = grpc.aio.server()
+    async def answer(request, context):
+        return b""
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("inference.GRPCInferenceService",
+        {"ModelInfer": grpc.unary_unary_rpc_method_handler(answer)}),))
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    print(port, flush=True)
+    await server.wait_for_termination()
+asyncio.run(main())
+"""
+
+
+def bare_floor_ms(data: bytes, n: int) -> float:
+    """The latest answer, ms, of n calls of `data` at once on one channel to a bare grpc.aio server in its own
+    process that answers each at once: what gRPC itself adds to the last call of such a burst, on this host,
+    which no server's clock can see (the calls wait to be handed to Python one at a time)."""
+    import grpc
+
+    proc = subprocess.Popen([sys.executable, "-c", BARE_SERVER], stdout=subprocess.PIPE, text=True)
+    try:
+        port = int(proc.stdout.readline())
+
+        async def burst() -> float:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+                call = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer",
+                                           request_serializer=lambda b: b, response_deserializer=lambda b: b)
+                await channel.channel_ready()
+
+                async def one() -> float:
+                    start = time.monotonic()
+                    await call(data, timeout=30.0)
+                    return time.monotonic() - start
+
+                return max(await asyncio.gather(*(one() for _ in range(n))))
+
+        return asyncio.run(burst()) * 1e3
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 def grpc_burst(t: Target, n: int, answers: Answers) -> None:
     answers.note = f"{n} at once, `timeout` parameter 100 ms"
     asyncio.run(_grpc_burst(t, n, 0.100, True, answers))
+    answers.floor_ms = bare_floor_ms(timed_grpc_bytes(t.score, 100_000), n)
 
 
 def grpc_deadline_burst(t: Target, n: int, answers: Answers) -> None:
     answers.note = f"{n} at once, gRPC deadline 100 ms"
     asyncio.run(_grpc_burst(t, n, 0.100, False, answers))
+    answers.floor_ms = bare_floor_ms(timed_grpc_bytes(t.score, None), n)
 
 
 async def _open_loop_http(t: Target, n: int, interval_s: float, deadline_s: float, answers: Answers) -> None:
@@ -216,6 +269,7 @@ def run(frontends: int = 1, engine: str | None = None, scenarios=None, sizes=Non
             results["scenarios"].append({
                 "scenario": name, "title": title, "note": answers.note, "answers": dict(answers.counts),
                 "late": len(late), "latest_ms": max(answers.past, default=float("nan")) * 1e3,
+                "bare_grpc_latest_ms": answers.floor_ms,
                 "per_contract": set(answers.counts) <= {SUCCESS, REFUSED, EXPIRED} and answers.counts[SUCCESS] > 0,
                 "server_ready_after": alive})
             say(f"{name}: {dict(answers.counts)} late={len(late)} server ready={alive}")
@@ -234,13 +288,14 @@ def table(results: dict) -> str:
     lines = [f"frontends {results['frontends']}, engine {results['engine']}, late: over the deadline by more than "
              f"{results['slack_ms']:g} ms at the client; server exit {results['server_exit']}", "",
              "| scenario | requests | success / 429 / 504 | late successes | latest success, ms past its deadline "
-             "| server ready after |", "| --- | --- | --- | ---: | ---: | --- |"]
+             "| bare gRPC server, latest answer ms | server ready after |", "| --- | --- | --- | ---: | ---: | ---: | --- |"]
     for s in results["scenarios"]:
         a = s["answers"]
         other = sum(v for k, v in a.items() if k not in (SUCCESS, REFUSED, EXPIRED))
+        floor = "" if s.get("bare_grpc_latest_ms") is None else f"{s['bare_grpc_latest_ms']:.1f}"
         lines.append(f"| {s['title']}: {s['note']} | {sum(a.values())} | {a.get(SUCCESS, 0)} / {a.get(REFUSED, 0)} / "
                      f"{a.get(EXPIRED, 0)}{f' (other: {other})' if other else ''} | {s['late']} "
-                     f"| {s['latest_ms']:.1f} | {'yes' if s['server_ready_after'] else 'NO'} |")
+                     f"| {s['latest_ms']:.1f} | {floor} | {'yes' if s['server_ready_after'] else 'NO'} |")
     return "\n".join(lines)
 
 

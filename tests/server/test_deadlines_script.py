@@ -49,3 +49,13 @@ def test_no_late_success(results, name):
 def test_the_table_reports_every_scenario(results, deadlines):
     table = deadlines.table(results)
     assert all(s["title"] in table for s in results["scenarios"])
+
+
+def test_the_grpc_bursts_report_the_bare_grpc_floor(results, deadlines):
+    """Each gRPC burst is also sent to a bare server that answers at once: its latest answer is what gRPC
+    alone adds to the burst's last call here; the other scenarios have none."""
+    floors = {s["scenario"]: s["bare_grpc_latest_ms"] for s in results["scenarios"]}
+    for name in ("grpc_burst", "grpc_deadline_burst"):
+        assert 0 < floors[name] < 30_000, floors
+    assert floors["big_bodies"] is None and floors["open_loop_http"] is None
+    assert "bare gRPC server" in deadlines.table(results)
