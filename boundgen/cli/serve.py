@@ -96,6 +96,11 @@ def register(sub):
     p.add_argument("--tokenize-threads", type=positive_int, default=ServerConfig.tokenize_threads, metavar="N",
                    help="with --frontends > 1: each front-end process encodes a request's texts on N threads "
                         "(a score request's ~15 samples at once; default %(default)s)")
+    p.add_argument("--frontend-hang-s", type=float, default=ServerConfig.frontend_hang_s, metavar="S",
+                   help="with --frontends > 1: a ready front-end process whose event loop has not turned for S "
+                        "seconds (it answers the engine process's pings from it; stopped or stuck) is killed and "
+                        "restarted, so that its share of new connections does not hang; 0: never "
+                        "(default %(default)g)")
     add_runtime_flags(p, "runtime (override the artifact's manifest without a rebuild; default: as built)")
     group = p.add_mutually_exclusive_group()
     group.add_argument("--replicas", type=int, default=None, metavar="N",
@@ -141,7 +146,7 @@ def config_from_args(args):
                             log_level=args.log_level,
                             access_log=args.access_log, model_repository=args.model_repository,
                             allow_client_shm=args.allow_client_shm, shm_prefix=args.shm_prefix,
-                            tokenize_threads=args.tokenize_threads)
+                            tokenize_threads=args.tokenize_threads, frontend_hang_s=args.frontend_hang_s)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
 

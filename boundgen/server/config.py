@@ -40,6 +40,9 @@ class ServerConfig:
     # A front-end process encodes a request's texts on this many threads (--frontends > 1). 4: served W1 on the
     # H200 host, c=1 9.9 -> 7.8 ms, within the budget 228.0 -> 230.0 QPS (2026-12-02, 8a966e5, docs/benchmarks.md).
     tokenize_threads: int = 4
+    # A ready front-end process that has answered none of the engine process's pings (one a second, answered
+    # from its event loop) for this long is killed and restarted (--frontends > 1); 0: never.
+    frontend_hang_s: float = 10.0
     allow_client_shm: bool = False  # clients may register system shared memory regions (server/kserve/shared_memory.py)
     shm_prefix: str = SHM_PREFIX  # ... only of objects whose key starts with this ("/": any object)
 
@@ -54,6 +57,8 @@ class ServerConfig:
             raise ValueError(f"max_inflight must be >= 1, got {self.max_inflight}")
         if not isinstance(self.tokenize_threads, int) or not 1 <= self.tokenize_threads <= 64:
             raise ValueError(f"tokenize_threads must be an integer from 1 to 64, got {self.tokenize_threads!r}")
+        if not 0 <= self.frontend_hang_s < float("inf"):
+            raise ValueError(f"frontend_hang_s must be a number of seconds >= 0 (0: never), got {self.frontend_hang_s}")
         if self.max_queue < 0:
             raise ValueError(f"max_queue must be >= 0, got {self.max_queue}")
         if not 0 <= self.refusal_hold_ms <= 10_000:

@@ -108,6 +108,38 @@ def test_a_dead_front_end_is_restarted(frontends_server, engines):
         np.testing.assert_allclose(scores, engines["score"].score(TEXTS).scores, rtol=1e-5, atol=1e-7)
 
 
+def test_a_stopped_front_end_is_killed_and_restarted(launch, eager_models, engines):
+    """A front end whose event loop stops (SIGSTOP here; a stuck loop alike) would keep its share of new
+    connections (SO_REUSEPORT) and answer none: it answers no ping, so it is killed and restarted."""
+    server = launch([eager_models["score"]], args=["--frontends", "2", "--frontend-hang-s", "2"])
+    try:
+        # Ready to a client once one front end is; the watch starts when the engine process says all are.
+        wait_for(lambda: "boundgen serve: ready" in "".join(server.output), 30, "every front end ready")
+        victim = next(p for p in children(server.proc.pid) if "deploy.frontend" in _cmdline(p))
+        os.kill(victim, signal.SIGSTOP)
+        try:
+            wait_for(lambda: "answered no ping" in "".join(server.output), 15, "the stopped front end's kill")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; the server said:\n{''.join(server.output)}") from None
+        wait_for(lambda: _zombie(victim), 10, "the stopped front end's exit")
+        wait_for(lambda: "restarting" in "".join(server.output), 10, "a restart line")
+        wait_for(lambda: len([p for p in children(server.proc.pid) if not _zombie(p)]) == 2, 20,
+                 "two live front ends")
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:  # the new one becomes ready within seconds
+            try:
+                got = [infer("http", server, "escore", TEXTS).as_numpy("SCORES") for _ in range(6)]
+                break
+            except InferenceServerException:
+                time.sleep(0.2)
+        for scores in got:
+            np.testing.assert_allclose(scores, engines["score"].score(TEXTS).scores, rtol=1e-5, atol=1e-7)
+        assert "answered no ping" not in "".join(server.output).split("restarting", 1)[1]  # the new one is not
+    finally:
+        if server.proc.poll() is None:
+            assert server.stop() == 0
+
+
 def test_sigterm_drains_every_process(launch, eager_models):
     server = launch([eager_models["score"]], args=["--frontends", "2"])
     front = children(server.proc.pid)
@@ -123,6 +155,14 @@ def test_engine_process_death_stops_the_front_ends(launch, eager_models):
     server.proc.wait()
     for pid in front:
         wait_for(lambda pid=pid: not os.path.exists(f"/proc/{pid}") or _zombie(pid), 10, f"front end {pid} exit")
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
 
 
 def _zombie(pid: int) -> bool:

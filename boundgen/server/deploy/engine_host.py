@@ -15,6 +15,9 @@
     batch worker: the call's rows -> the outbox; the sender thread packs each RESULT frame and
                   writes it on its front end's connection, while the worker starts the next call
     connection closed (front end died): everything it had queued is withdrawn
+    pinger thread: PING to every front end each link.PING_INTERVAL_S; a front end answers from its event
+                  loop, so one that is ready but has not answered for a while is stuck (`stuck`:
+                  frontends.py kills and restarts it, or its share of new connections would hang)
 
 Nothing here tokenizes or builds texts: requests arrive as token ids and leave as result rows
 (link.py). The deadline a request brings is checked by the batcher when it takes a call, so a
@@ -62,6 +65,9 @@ class _Connection:
     sock: socket.socket
     index: int
     send_lock: threading.Lock = field(default_factory=threading.Lock)
+    state: str = ""  # the front end's last STATE, and its process id
+    pid: int | None = None
+    unanswered: float | None = None  # time.monotonic() of the oldest PING sent and not yet answered
     tickets: dict = field(default_factory=dict)  # request id -> (model, Ticket), while queued or running
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -72,6 +78,21 @@ class _Connection:
                 self.sock.sendall(data)
             except OSError:
                 pass  # the front end is gone; its reader thread cleans up
+
+    def try_send(self, message: dict) -> None:
+        """Send `message` if it can go now: the lock free and room in the socket's buffer (a stuck front
+        end's buffer fills); else drop it. A frame begun is finished, so the stream stays whole."""
+        if not self.send_lock.acquire(blocking=False):
+            return
+        try:
+            data = link.frame(message)
+            sent = self.sock.send(data, socket.MSG_DONTWAIT)
+            if sent < len(data):
+                self.sock.sendall(data[sent:])
+        except OSError:
+            pass  # no room (BlockingIOError), or the front end is gone
+        finally:
+            self.send_lock.release()
 
 
 class EngineHost:
@@ -99,6 +120,7 @@ class EngineHost:
         threading.Thread(target=self._accept, name="boundgen-link-accept", daemon=True).start()
         threading.Thread(target=self._send_results, name="boundgen-link-send", daemon=True).start()
         threading.Thread(target=self._send_held, name="boundgen-link-held", daemon=True).start()
+        threading.Thread(target=self._ping, name="boundgen-link-ping", daemon=True).start()
 
     # ---- the engine process's side ------------------------------------------------------------
 
@@ -121,6 +143,13 @@ class EngineHost:
         with self._changed:
             return self._changed.wait_for(
                 lambda: sum(s == state for s in self.frontend_states.values()) >= count, timeout_s)
+
+    def stuck(self, after_s: float) -> list[int]:
+        """Process ids of the ready front ends that have left a PING unanswered for `after_s` seconds."""
+        now = time.monotonic()
+        with self._lock:
+            return [c.pid for c in self._connections if c.state == "ready" and c.pid is not None
+                    and c.unanswered is not None and now - c.unanswered > after_s]
 
     def close(self) -> None:
         self._closed = True
@@ -165,9 +194,12 @@ class EngineHost:
                     self._submit(conn, message)
                 elif op == link.CANCEL:
                     self._cancel(conn, message["id"])
+                elif op == link.PONG:
+                    conn.unanswered = None
                 elif op == link.STATE:
                     with self._changed:
                         self.frontend_states[message["frontend"]] = message["state"]
+                        conn.state, conn.pid = message["state"], message.get("pid")
                         self._changed.notify_all()
                     if message["state"] == "draining":  # its drain waits for nothing held here
                         self._flush_held(conn)
@@ -250,6 +282,18 @@ class EngineHost:
             model, ticket = held
             ticket.cancelled.set()
             model.engine.withdraw(ticket)
+
+    def _ping(self) -> None:
+        while not self._closed:
+            time.sleep(link.PING_INTERVAL_S)
+            with self._lock:
+                connections = list(self._connections)
+            for conn in connections:
+                # Set before the PING goes (its PONG may come back at once), and also when it cannot go: a
+                # front end that reads nothing fills its socket's buffer, and the sender may be blocked on it.
+                if conn.unanswered is None:
+                    conn.unanswered = time.monotonic()
+                conn.try_send({"op": link.PING})
 
     def _send_results(self) -> None:
         while True:

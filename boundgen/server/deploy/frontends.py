@@ -8,7 +8,8 @@
 This process binds both ports first (so that port 0 picks one number for everyone), starts the
 front ends, says "listening" once each listens, loads and warms up the artifacts, then tells the
 front ends to become ready. A front end that exits is restarted (its own in-flight requests
-fail with it; the engine withdraws what it had queued). SIGTERM / SIGINT: every front end drains
+fail with it; the engine withdraws what it had queued); one that is ready but whose event loop
+answers no ping for --frontend-hang-s (stopped, or stuck in a bug) is killed first. SIGTERM / SIGINT: every front end drains
 (new requests 503; what it admitted finishes) and exits, then the engine admits nothing more and
 the engines close. If this process dies, the front ends see the link close (and their lifeline
 pipe) and exit: no half-alive server.
@@ -123,7 +124,7 @@ def serve_frontends(artifact_dirs: Sequence[str | Path], config: ServerConfig, c
         if not _wait(host, count, "ready", frontends, stop):
             raise BoundgenError(f"the front-end processes were not all ready within {START_TIMEOUT_S:.0f} s")
         say(f"boundgen serve: ready, models: {', '.join(host.models)}, {count} front-end processes")
-        _supervise(frontends, stop, say)
+        _supervise(frontends, stop, say, host, config.frontend_hang_s)
         say("boundgen serve: draining (new requests get 503 / UNAVAILABLE)")
         # The front ends first: each stops admitting and finishes what it admitted, which the engine
         # still takes; then the engine admits nothing more.
@@ -169,10 +170,18 @@ def _wait(host: EngineHost, count: int, state: str, frontends: list[_Frontend], 
     return stop.is_set()
 
 
-def _supervise(frontends: list[_Frontend], stop: threading.Event, say) -> None:
-    """Until `stop`: restart a front end that exits (after a short backoff)."""
+def _supervise(frontends: list[_Frontend], stop: threading.Event, say, host: EngineHost, hang_s: float) -> None:
+    """Until `stop`: restart a front end that exits (after a short backoff); kill one that is ready but has
+    answered no ping for `hang_s` seconds (0: never), which then restarts: stopped or stuck, it would keep
+    taking its share of new connections (SO_REUSEPORT) and answer none of them."""
     while not stop.wait(0.2):
+        stuck = set(host.stuck(hang_s)) if hang_s > 0 else set()
         for fe in frontends:
+            if fe.process.pid in stuck and fe.process.poll() is None:
+                say(f"boundgen serve: front-end process {fe.index} (pid {fe.process.pid}) answered no ping for "
+                    f"{hang_s:g} s (its event loop is stopped or stuck); killing it")
+                fe.process.kill()
+                fe.process.wait()
             code = fe.process.poll()
             if code is None:
                 continue

@@ -4,10 +4,12 @@
                                    [, allow_items, allow_subset]}  (a constrained beam request's
                                    allow-list, int64 [K]; its named subset, a text)
                           CANCEL  {id}                 (client gone, or its deadline passed)
-                          STATE   {state}              (the front end is listening / ready / draining)
+                          STATE   {frontend, state, pid}  (the front end is listening / ready / draining)
+                          PONG    {}                   (an answer to PING, from the front end's event loop)
     engine -> front end   MODELS  {state, models: [{name, source, spec, ...}]}  (on connect, on change)
                           RESULT  {id, rows, queue_s, model_s, requests_in_call}
                           ERROR   {id, kind, message}  (kind: a status name, see ERROR_KINDS)
+                          PING    {}                   (every PING_INTERVAL_S: is the front end's loop turning?)
 
 A frame is a 4-byte little-endian length and a msgpack map. Arrays travel as raw bytes with
 their dtype and shape (`pack_array` / `unpack_array`): token ids, allow-lists and result rows
@@ -26,6 +28,8 @@ import msgpack
 import numpy as np
 
 SUBMIT, CANCEL, STATE, MODELS, RESULT, ERROR = "submit", "cancel", "state", "models", "result", "error"
+PING, PONG = "ping", "pong"
+PING_INTERVAL_S = 1.0
 ERROR_KINDS = ("invalid", "overloaded", "deadline", "cancelled", "unavailable", "internal")
 _LEN = struct.Struct("<I")
 MAX_FRAME = 256 << 20  # a frame longer than this is a broken peer, not a request

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import os
 import time
 
 import numpy as np
@@ -65,7 +66,7 @@ class EngineLink:
 
     def tell(self, state: str) -> None:
         """Say this front end's state (listening, ready, draining) to the engine process."""
-        self._send({"op": link.STATE, "frontend": self.frontend, "state": state})
+        self._send({"op": link.STATE, "frontend": self.frontend, "state": state, "pid": os.getpid()})
 
     async def wait_state(self, *states: str) -> str:
         while self.state not in states:
@@ -121,6 +122,9 @@ class EngineLink:
                 if message is None:
                     break
                 op = message.get("op")
+                if op == link.PING:  # answered here, on the event loop: a loop that is stuck answers nothing
+                    self._send({"op": link.PONG})
+                    continue
                 if op == link.MODELS:
                     self.state = message["state"]
                     self.models = {m["name"]: m for m in message["models"]}
