@@ -137,7 +137,7 @@ class EngineLink:
                     future.set_result(message)
                 else:
                     error = _ERRORS.get(message.get("kind"), RuntimeError)
-                    future.set_exception(error(message.get("message", "the engine failed the request")))
+                    _fail(future, error(message.get("message", "the engine failed the request")))
         except (ConnectionError, ValueError, OSError) as exc:
             log.error("the link to the engine process broke: %s", exc)
         finally:
@@ -145,7 +145,15 @@ class EngineLink:
             self._changed.set()
             for future in self._pending.values():
                 if not future.done():
-                    future.set_exception(Unavailable("the engine process stopped while the request was in it"))
+                    _fail(future, Unavailable("the engine process stopped while the request was in it"))
+
+
+def _fail(future: asyncio.Future, error: BaseException) -> None:
+    """Fail a request's future, its exception marked as seen: a caller that awaits it still gets it, and one
+    that is gone (cancelled as the answer came, or its task dropped as the loop stops) leaves no "Future
+    exception was never retrieved" in the log, one a refused request under overload."""
+    future.set_exception(error)
+    future.exception()
 
 
 class LinkedEngine(Engine):
