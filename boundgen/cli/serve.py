@@ -99,8 +99,8 @@ def register(sub):
     p.add_argument("--frontend-hang-s", type=float, default=ServerConfig.frontend_hang_s, metavar="S",
                    help="with --frontends > 1: a ready front-end process whose event loop has not turned for S "
                         "seconds (it answers the engine process's pings from it; stopped or stuck) is killed and "
-                        "restarted, so that its share of new connections does not hang; 0: never "
-                        "(default %(default)g)")
+                        "restarted, so that its share of new connections does not hang; 0: never, else at "
+                        "least 3 (default %(default)g)")
     add_runtime_flags(p, "runtime (override the artifact's manifest without a rebuild; default: as built)")
     group = p.add_mutually_exclusive_group()
     group.add_argument("--replicas", type=int, default=None, metavar="N",

@@ -116,7 +116,7 @@ def assert_serves_after_restart(server, engines) -> None:
 def test_a_stopped_front_end_is_killed_and_restarted(launch, eager_models, engines):
     """A front end whose event loop stops (SIGSTOP here; a stuck loop alike) would keep its share of new
     connections (SO_REUSEPORT) and answer none: it answers no ping, so it is killed and restarted."""
-    server = launch([eager_models["score"]], args=["--frontends", "2", "--frontend-hang-s", "2"])
+    server = launch([eager_models["score"]], args=["--frontends", "2", "--frontend-hang-s", "3"])
     try:
         # Ready to a client once one front end is; the watch starts when the engine process says all are.
         wait_for(lambda: "boundgen serve: ready" in "".join(server.output), 30, "every front end ready")

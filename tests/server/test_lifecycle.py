@@ -169,9 +169,10 @@ def test_startup_errors_exit_2(tmp_path, fake_dirs):
     assert bad_flag.returncode == 2 and "max_queue" in bad_flag.stderr
     bad_hold = serve(str(fake_dirs["score"]), "--refusal-hold-ms", "-5")
     assert bad_hold.returncode == 2 and "refusal_hold_ms must be from 0 to 10000" in bad_hold.stderr
-    for hang in ("-1", "nan", "inf"):
+    for hang in ("-1", "nan", "inf", "0.3"):
         bad_hang = serve(str(fake_dirs["score"]), "--frontend-hang-s", hang)
-        assert bad_hang.returncode == 2 and "frontend_hang_s must be a number of seconds >= 0" in bad_hang.stderr
+        assert bad_hang.returncode == 2 and "frontend_hang_s must be 0 (never) or a number of seconds >= 3" \
+            in bad_hang.stderr
     bad_key = serve(str(fake_dirs["score"]), "--client-key", "header")
     assert bad_key.returncode == 2 and "--client-key: invalid choice: 'header'" in bad_key.stderr
     with socket.socket() as taken:

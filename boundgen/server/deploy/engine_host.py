@@ -62,37 +62,33 @@ class HostedModel:
 
 @dataclass
 class _Connection:
+    """One front end's link. Frames are packed by whoever sends and written by the connection's own writer
+    thread, in order: a front end that stops reading (stopped, stuck) fills its socket and blocks only its
+    own writer, never the answers to the other front ends (the sender and held-answer threads are shared)."""
     sock: socket.socket
     index: int
-    send_lock: threading.Lock = field(default_factory=threading.Lock)
+    tickets: dict = field(default_factory=dict)  # request id -> (model, Ticket), while queued or running
+    lock: threading.Lock = field(default_factory=threading.Lock)
     state: str = ""  # the front end's last STATE, and its process id
     pid: int | None = None
     unanswered: float | None = None  # time.monotonic() of the oldest PING sent and not yet answered
-    tickets: dict = field(default_factory=dict)  # request id -> (model, Ticket), while queued or running
-    lock: threading.Lock = field(default_factory=threading.Lock)
+    outgoing: queue.SimpleQueue = field(default_factory=queue.SimpleQueue)  # frames; None: stop writing
+
+    def start_writer(self) -> None:
+        threading.Thread(target=self._write, name=f"boundgen-link-write-{self.index}", daemon=True).start()
 
     def send(self, message: dict) -> None:
-        data = link.frame(message)
-        with self.send_lock:
+        self.outgoing.put(link.frame(message))
+
+    def stop_writer(self) -> None:
+        self.outgoing.put(None)
+
+    def _write(self) -> None:
+        while (data := self.outgoing.get()) is not None:
             try:
                 self.sock.sendall(data)
             except OSError:
-                pass  # the front end is gone; its reader thread cleans up
-
-    def try_send(self, message: dict) -> None:
-        """Send `message` if it can go now: the lock free and room in the socket's buffer (a stuck front
-        end's buffer fills); else drop it. A frame begun is finished, so the stream stays whole."""
-        if not self.send_lock.acquire(blocking=False):
-            return
-        try:
-            data = link.frame(message)
-            sent = self.sock.send(data, socket.MSG_DONTWAIT)
-            if sent < len(data):
-                self.sock.sendall(data[sent:])
-        except OSError:
-            pass  # no room (BlockingIOError), or the front end is gone
-        finally:
-            self.send_lock.release()
+                return  # the front end is gone; its reader thread cleans up
 
 
 class EngineHost:
@@ -120,6 +116,7 @@ class EngineHost:
         threading.Thread(target=self._accept, name="boundgen-link-accept", daemon=True).start()
         threading.Thread(target=self._send_results, name="boundgen-link-send", daemon=True).start()
         threading.Thread(target=self._send_held, name="boundgen-link-held", daemon=True).start()
+        self._pinged = time.monotonic()  # the pinger's last round
         threading.Thread(target=self._ping, name="boundgen-link-ping", daemon=True).start()
 
     # ---- the engine process's side ------------------------------------------------------------
@@ -145,8 +142,11 @@ class EngineHost:
                 lambda: sum(s == state for s in self.frontend_states.values()) >= count, timeout_s)
 
     def stuck(self, after_s: float) -> list[int]:
-        """Process ids of the ready front ends that have left a PING unanswered for `after_s` seconds."""
+        """Process ids of the ready front ends that have left a PING unanswered for `after_s` seconds; none
+        while the pinger itself is late (this process was stopped or starved: no verdict from it)."""
         now = time.monotonic()
+        if now - self._pinged > 2 * link.PING_INTERVAL_S:
+            return []
         with self._lock:
             return [c.pid for c in self._connections if c.state == "ready" and c.pid is not None
                     and c.unanswered is not None and now - c.unanswered > after_s]
@@ -175,6 +175,7 @@ class EngineHost:
             except OSError:
                 return
             conn = _Connection(sock, index)
+            conn.start_writer()
             index += 1
             with self._lock:
                 self._connections.append(conn)
@@ -215,6 +216,7 @@ class EngineHost:
             for model, ticket in queued:  # its clients are gone with it
                 ticket.cancelled.set()
                 model.engine.withdraw(ticket)
+            conn.stop_writer()
             conn.sock.close()
 
     def _submit(self, conn: _Connection, message: dict) -> None:
@@ -286,14 +288,17 @@ class EngineHost:
     def _ping(self) -> None:
         while not self._closed:
             time.sleep(link.PING_INTERVAL_S)
+            now = time.monotonic()
+            # Overslept: this process was stopped or starved, so the pings' ages say nothing of the front ends
+            # (their PONGs may wait unread, behind what they sent meanwhile): every count starts again.
+            overslept = now - self._pinged > 2 * link.PING_INTERVAL_S
+            self._pinged = now
             with self._lock:
                 connections = list(self._connections)
             for conn in connections:
-                # Set before the PING goes (its PONG may come back at once), and also when it cannot go: a
-                # front end that reads nothing fills its socket's buffer, and the sender may be blocked on it.
-                if conn.unanswered is None:
-                    conn.unanswered = time.monotonic()
-                conn.try_send({"op": link.PING})
+                if overslept or conn.unanswered is None:  # set before the PING goes: its PONG may come at once
+                    conn.unanswered = now
+                conn.send({"op": link.PING})
 
     def _send_results(self) -> None:
         while True:

@@ -178,10 +178,10 @@ def _supervise(frontends: list[_Frontend], stop: threading.Event, say, host: Eng
         stuck = set(host.stuck(hang_s)) if hang_s > 0 else set()
         for fe in frontends:
             if fe.process.pid in stuck and fe.process.poll() is None:
-                say(f"boundgen serve: front-end process {fe.index} (pid {fe.process.pid}) answered no ping for "
-                    f"{hang_s:g} s (its event loop is stopped or stuck); killing it")
-                fe.process.kill()
+                fe.process.kill()  # first: saying it may block (a log pipe nobody reads), the kill must not
                 fe.process.wait()
+                say(f"boundgen serve: front-end process {fe.index} (pid {fe.process.pid}) answered no ping for "
+                    f"{hang_s:g} s (its event loop was stopped or stuck); killed it")
             code = fe.process.poll()
             if code is None:
                 continue
