@@ -12,8 +12,9 @@
                   its front end or the engine starts draining);
                   a batch worker takes it into a call
         CANCEL -> withdraw it from the queue at once (a request already in a call runs to the end)
-    batch worker: the call's rows -> the outbox; the sender thread packs each RESULT frame and
-                  writes it on its front end's connection, while the worker starts the next call
+    batch worker: the call's rows -> the outbox; the sender thread packs each RESULT frame for its
+                  front end's connection, whose own writer thread writes it, while the worker
+                  starts the next call
     connection closed (front end died): everything it had queued is withdrawn
     pinger thread: PING to every front end each link.PING_INTERVAL_S; a front end answers from its event
                   loop, so one that is ready but has not answered for a while is stuck (`stuck`:

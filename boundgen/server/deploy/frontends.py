@@ -9,9 +9,9 @@ This process binds both ports first (so that port 0 picks one number for everyon
 front ends, says "listening" once each listens, loads and warms up the artifacts, then tells the
 front ends to become ready. A front end that exits is restarted (its own in-flight requests
 fail with it; the engine withdraws what it had queued); one that is ready but whose event loop
-answers no ping for --frontend-hang-s (stopped, or stuck in a bug) is killed first. SIGTERM / SIGINT: every front end drains
-(new requests 503; what it admitted finishes) and exits, then the engine admits nothing more and
-the engines close. If this process dies, the front ends see the link close (and their lifeline
+answers no ping for --frontend-hang-s (stopped, or stuck in a bug) is killed first. SIGTERM /
+SIGINT: every front end drains (new requests 503; what it admitted finishes) and exits, then the
+engine admits nothing more and the engines close. If this process dies, the front ends see the link close (and their lifeline
 pipe) and exit: no half-alive server.
 """
 

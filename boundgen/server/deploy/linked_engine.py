@@ -151,7 +151,7 @@ class EngineLink:
 def _fail(future: asyncio.Future, error: BaseException) -> None:
     """Fail a request's future, its exception marked as seen: a caller that awaits it still gets it, and one
     that is gone (cancelled as the answer came, or its task dropped as the loop stops) leaves no "Future
-    exception was never retrieved" in the log, one a refused request under overload."""
+    exception was never retrieved" in the log (under overload: a line a refused request)."""
     future.set_exception(error)
     future.exception()
 
