@@ -34,7 +34,6 @@ import argparse
 import asyncio
 import collections
 import json
-import subprocess
 import sys
 import tempfile
 import threading
@@ -156,32 +155,17 @@ async def _grpc_burst(t: Target, n: int, deadline_s: float, parameter: bool, ans
         await asyncio.gather(*(one() for _ in range(n)))
 
 
-BARE_SERVER = """
-import asyncio, grpc
-async def main():
-    server = grpc.aio.server()
-    async def answer(request, context):
-        return b""
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("inference.GRPCInferenceService",
-        {"ModelInfer": grpc.unary_unary_rpc_method_handler(answer)}),))
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    print(port, flush=True)
-    await server.wait_for_termination()
-asyncio.run(main())
-"""
-
-
 def bare_floor_ms(data: bytes, n: int) -> float:
-    """The latest answer, ms, of n calls of `data` at once on one channel to a bare grpc.aio server in its own
-    process that answers each at once: what gRPC itself adds to the last call of such a burst, on this host,
-    which no server's clock can see (the calls wait to be handed to Python one at a time)."""
+    """The latest answer, ms, of n calls of `data` at once on one channel to the bare grpc.aio server of
+    boundgen.bench.grpc_floor in its own process (each answered at once, with W2's fixed answer): what gRPC
+    itself adds to the last call of such a burst, on this host, which no server's clock can see (the calls
+    wait to be handed to Python one at a time)."""
     import grpc
 
-    proc = subprocess.Popen([sys.executable, "-c", BARE_SERVER], stdout=subprocess.PIPE, text=True)
-    try:
-        port = int(proc.stdout.readline())
+    from boundgen.bench.grpc_floor import start_server
 
+    process, port = start_server("aio")
+    try:
         async def burst() -> float:
             async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
                 call = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer",
@@ -197,8 +181,8 @@ def bare_floor_ms(data: bytes, n: int) -> float:
 
         return asyncio.run(burst()) * 1e3
     finally:
-        proc.kill()
-        proc.wait()
+        process.terminate()
+        process.join(5)
 
 
 def grpc_burst(t: Target, n: int, answers: Answers) -> None:

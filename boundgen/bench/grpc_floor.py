@@ -178,6 +178,20 @@ def _serve(port_queue, cores, kind: str = "aio", handler_ms: float = 0.0) -> Non
     asyncio.run(run())
 
 
+def start_server(kind: str = "aio", cores: set[int] | None = None, handler_ms: float = 0.0):
+    """A server of `kind` (SERVERS) in a fresh interpreter (no state of this one's gRPC in it), on `cores`:
+    (its process, its gRPC port). The caller ends the process (terminate, join)."""
+    ctx = get_context("spawn")
+    ports = ctx.Queue()
+    process = ctx.Process(target=_serve, args=(ports, cores, kind, handler_ms), daemon=True)
+    process.start()
+    try:
+        return process, ports.get(timeout=60)
+    except BaseException:
+        process.terminate()
+        raise
+
+
 def measure(calls: int = 2000, warmup: int = 200, server_cores: set[int] | None = None, server: str = "aio",
             handler_ms: float = 0.0) -> dict:
     """Sequential round trips against the server of kind `server` (SERVERS), each handler idle
@@ -190,12 +204,8 @@ def measure(calls: int = 2000, warmup: int = 200, server_cores: set[int] | None 
     import grpc
 
     pb = _pb()
-    ctx = get_context("spawn")  # a fresh interpreter: no state of this one's gRPC in the server
-    ports = ctx.Queue()
-    process = ctx.Process(target=_serve, args=(ports, server_cores, server, handler_ms), daemon=True)
-    process.start()
+    process, port = start_server(server, server_cores, handler_ms)
     try:
-        port = ports.get(timeout=60)
         channel = grpc.insecure_channel(f"127.0.0.1:{port}")
         infer = channel.unary_unary(f"/{pb.SERVICE}/ModelInfer", request_serializer=pb.ModelInferRequest.SerializeToString,
                                     response_deserializer=pb.ModelInferResponse.FromString)
