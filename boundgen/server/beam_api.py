@@ -38,8 +38,8 @@ import numpy as np
 from boundgen.errors import InvalidInput
 from boundgen.runtime.results import BeamResult
 from boundgen.server.models import LOADING, ModelSet
-from boundgen.text.utf8 import utf8
 from boundgen.server.status import Unavailable
+from boundgen.text.utf8 import utf8
 
 ROUTE = "/v1/beam"
 FIELDS = ("prompt", "prompts", "model", "allow_items", "allow_subset")  # width, steps, a deadline: the artifact's

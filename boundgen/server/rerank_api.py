@@ -38,12 +38,12 @@ from aiohttp import web
 
 from boundgen.errors import InvalidInput
 from boundgen.server import json_values, score_api
-from boundgen.text.utf8 import utf8
 from boundgen.server.config import ServerConfig
 from boundgen.server.connections import arrived
 from boundgen.server.http_bodies import error_response, read_json
 from boundgen.server.models import LOADING, ModelSet
 from boundgen.server.status import Unavailable, check_deadline
+from boundgen.text.utf8 import utf8
 
 RERANK_ROUTES = ("/v1/rerank", "/rerank")
 PAIRS_ROUTE = "/score"
