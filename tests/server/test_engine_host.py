@@ -62,3 +62,28 @@ def test_no_verdict_on_the_front_ends_while_the_pinger_was_late(host_and_two):
     assert host.stuck(3.0) == [4242]
     host._pinged = time.monotonic() - 3 * link.PING_INTERVAL_S
     assert host.stuck(3.0) == []
+
+
+def test_frames_keep_their_order_and_bytes_when_the_socket_fills(host_and_two):
+    """Frames go out at once while the socket takes them, else through the writer thread (the rest of one the
+    socket took in part, then every later one behind it): a reader that falls behind and catches up gets each
+    frame whole and in the order sent."""
+    _, (conn_a, _), (sock_a, _) = host_and_two
+    sizes = [10, 3 << 20, 10, 1 << 20, 10, 10, 5 << 20, 10]  # the large ones fill the socket mid-frame
+    for i, size in enumerate(sizes):
+        conn_a.send({"op": link.ERROR, "id": i, "kind": "internal", "message": chr(ord("a") + i) * size})
+    assert conn_a.pending > 0  # some went through the writer: nothing reads yet
+    sock_a.settimeout(10.0)
+    got = []
+    while len(got) < len(sizes):
+        message = link.read_frame(sock_a)
+        if message["op"] == link.ERROR:
+            got.append(message)
+    assert [m["id"] for m in got] == list(range(len(sizes)))
+    assert all(m["message"] == chr(ord("a") + i) * size for i, (m, size) in enumerate(zip(got, sizes)))
+    deadline = time.monotonic() + 5
+    while conn_a.pending and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert conn_a.pending == 0
+    conn_a.send({"op": link.ERROR, "id": 99, "kind": "internal", "message": "small"})  # at once again
+    assert next_error(sock_a, 5.0)["id"] == 99

@@ -63,9 +63,10 @@ class HostedModel:
 
 @dataclass
 class _Connection:
-    """One front end's link. Frames are packed by whoever sends and written by the connection's own writer
-    thread, in order: a front end that stops reading (stopped, stuck) fills its socket and blocks only its
-    own writer, never the answers to the other front ends (the sender and held-answer threads are shared)."""
+    """One front end's link. Frames are packed by whoever sends, and written in order: at once by the sender
+    while the socket takes them without blocking, else by the connection's own writer thread. A front end
+    that stops reading (stopped, stuck) fills its socket and blocks only its own writer, never the answers
+    to the other front ends (the sender and held-answer threads are shared)."""
     sock: socket.socket
     index: int
     tickets: dict = field(default_factory=dict)  # request id -> (model, Ticket), while queued or running
@@ -74,12 +75,30 @@ class _Connection:
     pid: int | None = None
     unanswered: float | None = None  # time.monotonic() of the oldest PING sent and not yet answered
     outgoing: queue.SimpleQueue = field(default_factory=queue.SimpleQueue)  # frames; None: stop writing
+    pending: int = 0  # frames handed to the writer thread and not yet written (under write_lock)
+    write_lock: threading.Lock = field(default_factory=threading.Lock)
 
     def start_writer(self) -> None:
         threading.Thread(target=self._write, name=f"boundgen-link-write-{self.index}", daemon=True).start()
 
     def send(self, message: dict) -> None:
-        self.outgoing.put(link.frame(message))
+        """Write `message` at once when the writer thread has nothing pending and the socket takes it whole
+        without blocking (an answer's usual way: one thread wake-up fewer), else hand it, or what the socket
+        did not take, to the writer thread."""
+        data = link.frame(message)
+        with self.write_lock:  # never held across a write that may block
+            if not self.pending:
+                try:
+                    sent = self.sock.send(data, socket.MSG_DONTWAIT)
+                except BlockingIOError:
+                    sent = 0
+                except OSError:
+                    return  # the front end is gone; its reader thread cleans up
+                if sent == len(data):
+                    return
+                data = data[sent:]
+            self.pending += 1
+            self.outgoing.put(data)
 
     def stop_writer(self) -> None:
         self.outgoing.put(None)
@@ -90,6 +109,8 @@ class _Connection:
                 self.sock.sendall(data)
             except OSError:
                 return  # the front end is gone; its reader thread cleans up
+            with self.write_lock:
+                self.pending -= 1
 
 
 class EngineHost:
