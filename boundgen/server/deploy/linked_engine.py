@@ -86,7 +86,8 @@ class EngineLink:
         if self.closed.is_set():
             raise Unavailable("the engine process has stopped; this server is shutting down")
         rid = next(self._ids)
-        future = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
         self._pending[rid] = future
         message = {"op": link.SUBMIT, "id": rid, "model": model, "deadline": deadline, "client": client,
                    "source": source,
@@ -99,9 +100,12 @@ class EngineLink:
         if allow_subset is not None:
             message["allow_subset"] = allow_subset
         self._send(message)
+        # A timer fails the future at the deadline, and the future is awaited as it is: the answer wakes this
+        # coroutine in one turn of the loop (wait_for over a shield took three).
+        expiry = loop.call_later(max(0.0, deadline - time.monotonic()), _expire, future)
         try:
-            return await asyncio.wait_for(asyncio.shield(future), max(0.0, deadline - time.monotonic()))
-        except asyncio.TimeoutError:
+            return await future
+        except _Expired:
             self._send({"op": link.CANCEL, "id": rid})
             raise DeadlineExceeded("the deadline passed while the request waited for model "
                                    f"{model}; it was not run, or its answer came too late and was dropped") from None
@@ -109,6 +113,7 @@ class EngineLink:
             self._send({"op": link.CANCEL, "id": rid})
             raise
         finally:
+            expiry.cancel()
             self._pending.pop(rid, None)
 
     def _send(self, message: dict) -> None:
@@ -146,6 +151,15 @@ class EngineLink:
             for future in self._pending.values():
                 if not future.done():
                     _fail(future, Unavailable("the engine process stopped while the request was in it"))
+
+
+class _Expired(Exception):
+    """A request's deadline passed before its answer came (EngineLink.call's timer)."""
+
+
+def _expire(future: asyncio.Future) -> None:
+    if not future.done():
+        future.set_exception(_Expired())
 
 
 def _fail(future: asyncio.Future, error: BaseException) -> None:
