@@ -99,6 +99,29 @@ def test_a_dead_front_end_is_restarted(frontends_server, engines):
     assert_serves_after_restart(frontends_server, engines)
 
 
+def test_a_restarted_front_end_listens_once_it_can_answer(frontends_server):
+    """While a restarted front end loads its tokenizers (~0.5 s a model) the other serves; it takes its share
+    of new connections only once it can answer them: no request of a stream of new connections gets 503."""
+    body = {"inputs": [{"name": "TEXT", "shape": [1], "datatype": "BYTES", "data": ["hello"]}]}
+    def listened() -> int:
+        return "".join(frontends_server.output).count("] boundgen serve: listening")
+
+    before = listened()
+    victim = children(frontends_server.proc.pid)[0]
+    os.kill(victim, signal.SIGKILL)
+    statuses, until = [], None
+    while until is None or time.monotonic() < until:
+        try:
+            statuses.append(post_json(frontends_server, "/v2/models/escore/infer", body)[0])
+        except OSError:  # a connection the killed process had accepted, reset with it
+            statuses.append("reset")
+        if until is None and listened() > before:
+            until = time.monotonic() + 2.0  # the new one listens: new connections reach both
+        assert len(statuses) < 5000, "the front end was not restarted"
+    assert 503 not in statuses, f"{statuses.count(503)} of {len(statuses)} requests got 503 during the restart"
+    assert statuses[-20:] == [200] * 20
+
+
 def assert_serves_after_restart(server, engines) -> None:
     """Six requests answered right, once the restarted front end is ready (within seconds; meanwhile the
     other serves, and a request that reaches the new one before it is ready gets 503)."""

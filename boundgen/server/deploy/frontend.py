@@ -6,7 +6,8 @@ It serves every protocol (KServe v2 HTTP and gRPC, the JSON routes, metrics) on 
 engine process chose, shared with the other front ends (SO_REUSEPORT: the kernel spreads
 connections over them). Its models are LinkedEngines (linked_engine.py): it tokenizes and
 encodes results itself and sends token ids to the engine process. It becomes ready once the
-engine process says its models are loaded and warmed up; SIGTERM drains it like any server;
+engine process says its models are loaded and warmed up; one started while the engine is
+already ready (a restart) loads its tokenizers before it listens; SIGTERM drains it like any server;
 it exits when the engine process closes the link or dies (the lifeline, replicas.py).
 """
 
@@ -52,11 +53,15 @@ class FrontendServer(Server):
         state = await self.link.wait_state("ready", "draining")
         if state != "ready":
             return
+        if not self.models.models:  # else loaded before listening (serve: a restart)
+            await self._add_models()
+        self.models.set_ready()
+        self.link.tell("ready")
+
+    async def _add_models(self) -> None:
         for hosted in self.link.models.values():
             engine = await in_daemon_thread(LinkedEngine, self.link, hosted, self.config.tokenize_threads)
             self.models.add(engine, hosted["source"])
-        self.models.set_ready()
-        self.link.tell("ready")
 
     async def drain(self) -> None:
         self.models.start_draining()  # admits nothing more, then: the engine sends what it holds back
@@ -72,6 +77,11 @@ class FrontendServer(Server):
         await self.link.connect()
         watcher = asyncio.ensure_future(engine_gone())
         try:
+            if await self.link.wait_state("loading", "ready", "draining") == "ready":
+                # A restart: the other front ends serve meanwhile, so this one loads its tokenizers before it
+                # listens (listening first, it took its share of new connections and answered them 503).
+                await self._add_models()
+                self.models.set_ready()
             code = await super().serve(stop)
         finally:
             watcher.cancel()
