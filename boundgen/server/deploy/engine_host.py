@@ -126,6 +126,7 @@ class EngineHost:
         self.models: dict[str, HostedModel] = {}
         self.state = "loading"
         self.frontend_states: dict[int, str] = {}
+        self._ready_pids: set[int] = set()  # the front-end processes that have said "ready"
         self._connections: list[_Connection] = []
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
@@ -162,6 +163,11 @@ class EngineHost:
         with self._changed:
             return self._changed.wait_for(
                 lambda: sum(s == state for s in self.frontend_states.values()) >= count, timeout_s)
+
+    def was_ready(self, pid: int) -> bool:
+        """Whether the front-end process `pid` ever said it was ready."""
+        with self._lock:
+            return pid in self._ready_pids
 
     def stuck(self, after_s: float) -> list[int]:
         """Process ids of the ready front ends that have left a PING unanswered for `after_s` seconds; none
@@ -223,6 +229,8 @@ class EngineHost:
                     with self._changed:
                         self.frontend_states[message["frontend"]] = message["state"]
                         conn.state, conn.pid = message["state"], message.get("pid")
+                        if conn.state == "ready":
+                            self._ready_pids.add(conn.pid)
                         self._changed.notify_all()
                     if message["state"] == "draining":  # its drain waits for nothing held here
                         self._flush_held(conn)

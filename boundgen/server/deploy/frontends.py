@@ -9,7 +9,8 @@ This process binds both ports first (so that port 0 picks one number for everyon
 front ends, says "listening" once each listens, loads and warms up the artifacts, then tells the
 front ends to become ready. A front end that exits is restarted (its own in-flight requests
 fail with it; the engine withdraws what it had queued); one that is ready but whose event loop
-answers no ping for --frontend-hang-s (stopped, or stuck in a bug) is killed first. SIGTERM /
+answers no ping for --frontend-hang-s (stopped, or stuck in a bug) is killed first; one that
+exits MAX_FAILED_STARTS times in a row before it is ready stops serve (exit 1). SIGTERM /
 SIGINT: every front end drains (new requests 503; what it admitted finishes) and exits, then the
 engine admits nothing more and the engines close. If this process dies, the front ends see the link close (and their lifeline
 pipe) and exit: no half-alive server.
@@ -40,7 +41,8 @@ from boundgen.server.deploy.engine_host import EngineHost
 from boundgen.server.deploy.replicas import LIFELINE_ENV
 
 START_TIMEOUT_S = 120.0  # a front end must listen (and later be ready) within this long
-RESTART_BACKOFF_S = 0.5
+RESTART_BACKOFF_S = 0.5  # before a restart, times the front end's failed starts in a row plus one (at most 5 s)
+MAX_FAILED_STARTS = 5  # a front end that exits this many times in a row before it is ready stops serve
 
 
 def default_frontends(cores: int | None = None) -> int:
@@ -68,6 +70,8 @@ class _Frontend:
         self.index, self.argv, self.env, self.lifeline = index, argv, env, lifeline
         self.process: subprocess.Popen | None = None
         self.restarts = 0
+        self.failed_starts = 0  # exits in a row before it was ready
+        self.restart_at: float | None = None  # time.monotonic() of a restart that waits out its backoff
 
     def start(self) -> None:
         self.process = subprocess.Popen(self.argv + ["--index", str(self.index)], env=self.env,
@@ -124,13 +128,18 @@ def serve_frontends(artifact_dirs: Sequence[str | Path], config: ServerConfig, c
         if not _wait(host, count, "ready", frontends, stop):
             raise BoundgenError(f"the front-end processes were not all ready within {START_TIMEOUT_S:.0f} s")
         say(f"boundgen serve: ready, models: {', '.join(host.models)}, {count} front-end processes")
-        _supervise(frontends, stop, say, host, config.frontend_hang_s)
+        failed = _supervise(frontends, stop, say, host, config.frontend_hang_s)
+        if failed:
+            say(f"boundgen serve: error: {failed}; stopping")
         say("boundgen serve: draining (new requests get 503 / UNAVAILABLE)")
         # The front ends first: each stops admitting and finishes what it admitted, which the engine
         # still takes; then the engine admits nothing more.
-        _stop_frontends(frontends, config.drain_timeout_s + 5.0)
+        for fe in _stop_frontends(frontends, config.drain_timeout_s + 5.0):
+            say(f"boundgen serve: front-end process {fe.index} (pid {fe.process.pid}) had not drained "
+                f"{config.drain_timeout_s + 5.0:g} s after SIGTERM (stopped or stuck); killed it, with the "
+                "requests it held")
         host.set_state("draining")
-        return 0
+        return 1 if failed else 0
     finally:
         _stop_frontends(frontends, 0.0)
         for engine in engines:
@@ -170,13 +179,22 @@ def _wait(host: EngineHost, count: int, state: str, frontends: list[_Frontend], 
     return stop.is_set()
 
 
-def _supervise(frontends: list[_Frontend], stop: threading.Event, say, host: EngineHost, hang_s: float) -> None:
-    """Until `stop`: restart a front end that exits (after a short backoff); kill one that is ready but has
-    answered no ping for `hang_s` seconds (0: never), which then restarts: stopped or stuck, it would keep
-    taking its share of new connections (SO_REUSEPORT) and answer none of them."""
+def _supervise(frontends: list[_Frontend], stop: threading.Event, say, host: EngineHost,
+               hang_s: float) -> str | None:
+    """Until `stop` (then None): restart a front end that exits, after a backoff that grows with its failed
+    starts in a row (the watch over the others goes on meanwhile); kill one that is ready but has answered no
+    ping for `hang_s` seconds (0: never), which then restarts: stopped or stuck, it would keep taking its share
+    of new connections (SO_REUSEPORT) and answer none of them. A front end that exits MAX_FAILED_STARTS times
+    in a row before it is ready (its model's files gone, a broken install) cannot serve: what to say, and
+    serve stops, rather than restart it for ever."""
     while not stop.wait(0.2):
         stuck = set(host.stuck(hang_s)) if hang_s > 0 else set()
         for fe in frontends:
+            if fe.restart_at is not None:
+                if time.monotonic() >= fe.restart_at:
+                    fe.restart_at = None
+                    fe.start()
+                continue
             if fe.process.pid in stuck and fe.process.poll() is None:
                 fe.process.kill()  # first: saying it may block (a log pipe nobody reads), the kill must not
                 fe.process.wait()
@@ -185,22 +203,30 @@ def _supervise(frontends: list[_Frontend], stop: threading.Event, say, host: Eng
             code = fe.process.poll()
             if code is None:
                 continue
+            fe.failed_starts = 0 if host.was_ready(fe.process.pid) else fe.failed_starts + 1
+            if fe.failed_starts >= MAX_FAILED_STARTS:
+                return (f"front-end process {fe.index} exited {fe.failed_starts} times in a row before it was "
+                        f"ready (last with code {code}; its error is above)")
             fe.restarts += 1
-            say(f"boundgen serve: front-end process {fe.index} exited with code {code}; restarting it "
-                f"(restart {fe.restarts})")
-            time.sleep(min(RESTART_BACKOFF_S * fe.restarts, 5.0))
-            fe.start()
+            backoff = min(RESTART_BACKOFF_S * (fe.failed_starts + 1), 5.0)
+            say(f"boundgen serve: front-end process {fe.index} exited with code {code}; restarting it in "
+                f"{backoff:g} s (restart {fe.restarts})")
+            fe.restart_at = time.monotonic() + backoff
+    return None
 
 
-def _stop_frontends(frontends: list[_Frontend], timeout_s: float) -> None:
-    """SIGTERM every front end (they drain), wait up to `timeout_s`, then SIGKILL what is left."""
-    live = [fe.process for fe in frontends if fe.process is not None and fe.process.poll() is None]
-    for proc in live:
-        proc.send_signal(signal.SIGTERM)
-    deadline = time.monotonic() + timeout_s
-    for proc in live:
+def _stop_frontends(frontends: list[_Frontend], timeout_s: float) -> list[_Frontend]:
+    """SIGTERM every front end (they drain), wait up to `timeout_s`, then SIGKILL what is left; the front
+    ends it had to kill."""
+    live = [fe for fe in frontends if fe.process is not None and fe.process.poll() is None]
+    for fe in live:
+        fe.process.send_signal(signal.SIGTERM)
+    deadline, killed = time.monotonic() + timeout_s, []
+    for fe in live:
         try:
-            proc.wait(max(0.0, deadline - time.monotonic()))
+            fe.process.wait(max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+            fe.process.kill()
+            fe.process.wait()
+            killed.append(fe)
+    return killed
