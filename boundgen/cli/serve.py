@@ -101,10 +101,6 @@ def register(sub):
                         "seconds (it answers the engine process's pings from it; stopped or stuck) is killed and "
                         "restarted, so that its share of new connections does not hang; 0: never, else at "
                         "least 3 (default %(default)g)")
-    p.add_argument("--switch-interval-ms", type=float, default=None, metavar="MS",
-                   help="Python's thread switch interval in every serve process (sys.setswitchinterval): the "
-                        "longest a thread that wants the GIL waits for one running Python code (default: "
-                        "Python's, 5 ms)")
     add_runtime_flags(p, "runtime (override the artifact's manifest without a rebuild; default: as built)")
     group = p.add_mutually_exclusive_group()
     group.add_argument("--replicas", type=int, default=None, metavar="N",
@@ -150,8 +146,7 @@ def config_from_args(args):
                             log_level=args.log_level,
                             access_log=args.access_log, model_repository=args.model_repository,
                             allow_client_shm=args.allow_client_shm, shm_prefix=args.shm_prefix,
-                            tokenize_threads=args.tokenize_threads, frontend_hang_s=args.frontend_hang_s,
-                            switch_interval_ms=args.switch_interval_ms)
+                            tokenize_threads=args.tokenize_threads, frontend_hang_s=args.frontend_hang_s)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
 
@@ -165,8 +160,6 @@ def worker_args(args) -> list[str]:
            "--drain-timeout-s", str(args.drain_timeout_s), "--default-timeout-ms", "600000"]
     if args.max_inflight is not None:
         out += ["--max-inflight", str(args.max_inflight)]
-    if args.switch_interval_ms is not None:
-        out += ["--switch-interval-ms", str(args.switch_interval_ms)]
     if args.trust_key is not None:  # every worker checks the artifacts it loads too
         out += ["--trust-key", os.path.abspath(args.trust_key)]
     out += ["--idle-timeout-s", str(args.idle_timeout_s), "--read-timeout-s", str(args.read_timeout_s),
@@ -198,7 +191,6 @@ def run(args, engine_factory=None, worker_command=None):
         raise ConfigError("--allow-client-shm cannot be combined with --ray: a region registered through Ray's proxy "
                           "would be known to one replica only")
     config = config_from_args(args)
-    config.apply_switch_interval()
     factory = engine_factory or default_engine_factory
     overrides = runtime_overrides(args)
     if overrides:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 
 from boundgen.server.logs import FORMATS, LEVELS
@@ -47,16 +46,8 @@ class ServerConfig:
     # A ready front-end process that has answered none of the engine process's pings (one a second, answered
     # from its event loop) for this long is killed and restarted (--frontends > 1); 0: never.
     frontend_hang_s: float = 10.0  # >= MIN_FRONTEND_HANG_S
-    # Python's thread switch interval in each serve process (sys.setswitchinterval, in ms; None: Python's 5 ms):
-    # the longest a thread that wants the GIL (a link reader, the result sender) waits for one running Python code.
-    switch_interval_ms: float | None = None
     allow_client_shm: bool = False  # clients may register system shared memory regions (server/kserve/shared_memory.py)
     shm_prefix: str = SHM_PREFIX  # ... only of objects whose key starts with this ("/": any object)
-
-    def apply_switch_interval(self) -> None:
-        """Set this process's thread switch interval (`switch_interval_ms`), where one is given."""
-        if self.switch_interval_ms is not None:
-            sys.setswitchinterval(self.switch_interval_ms / 1e3)
 
     def __post_init__(self):
         for name in ("http_port", "grpc_port"):
@@ -73,8 +64,6 @@ class ServerConfig:
             raise ValueError(f"frontend_hang_s must be 0 (never) or a number of seconds >= {MIN_FRONTEND_HANG_S:g} "
                              f"(a front end's answer to a ping may take most of a second under a burst), "
                              f"got {self.frontend_hang_s}")
-        if self.switch_interval_ms is not None and not 0.01 <= self.switch_interval_ms <= 1000:
-            raise ValueError(f"switch_interval_ms must be from 0.01 to 1000, got {self.switch_interval_ms}")
         if self.max_queue < 0:
             raise ValueError(f"max_queue must be >= 0, got {self.max_queue}")
         if not 0 <= self.refusal_hold_ms <= 10_000:

@@ -173,9 +173,6 @@ def test_startup_errors_exit_2(tmp_path, fake_dirs):
         bad_hang = serve(str(fake_dirs["score"]), "--frontend-hang-s", hang)
         assert bad_hang.returncode == 2 and "frontend_hang_s must be 0 (never) or a number of seconds >= 3" \
             in bad_hang.stderr
-    for interval in ("0", "-1", "nan", "2000"):
-        bad_interval = serve(str(fake_dirs["score"]), "--switch-interval-ms", interval)
-        assert bad_interval.returncode == 2 and "switch_interval_ms must be from 0.01 to 1000" in bad_interval.stderr
     bad_key = serve(str(fake_dirs["score"]), "--client-key", "header")
     assert bad_key.returncode == 2 and "--client-key: invalid choice: 'header'" in bad_key.stderr
     with socket.socket() as taken:
@@ -216,26 +213,3 @@ def test_replica_workers_hold_refusals_as_long_as_their_front_end_says():
     for given, passed in (([], "100.0"), (["--refusal-hold-ms", "250"], "250.0"), (["--refusal-hold-ms", "0"], "0.0")):
         out = serve_cli.worker_args(parser.parse_args(["serve", "unused", *given]))
         assert out[out.index("--refusal-hold-ms") + 1] == passed
-
-
-def test_the_switch_interval_reaches_every_serve_process():
-    """--switch-interval-ms: set in the process that reads it (serve, a front end: ServerConfig), passed on to
-    --replicas / --gpus workers; not given, Python's own stays."""
-    import argparse
-
-    from boundgen.cli import serve as serve_cli
-    from boundgen.server.config import ServerConfig
-
-    before = sys.getswitchinterval()
-    try:
-        ServerConfig().apply_switch_interval()
-        assert sys.getswitchinterval() == before
-        ServerConfig(switch_interval_ms=0.5).apply_switch_interval()
-        assert sys.getswitchinterval() == pytest.approx(0.0005)
-    finally:
-        sys.setswitchinterval(before)
-    parser = argparse.ArgumentParser()
-    serve_cli.register(parser.add_subparsers())
-    assert "--switch-interval-ms" not in serve_cli.worker_args(parser.parse_args(["serve", "unused"]))
-    out = serve_cli.worker_args(parser.parse_args(["serve", "unused", "--switch-interval-ms", "0.5"]))
-    assert out[out.index("--switch-interval-ms") + 1] == "0.5"

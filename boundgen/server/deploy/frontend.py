@@ -99,7 +99,6 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     exit_with_parent()
     config = ServerConfig(**json.loads(args.config))
-    config.apply_switch_interval()
     engine_link = EngineLink(args.link, args.index)
     try:
         return serve_until_signal(lambda: (FrontendServer(args.artifacts, config, engine_link, args.index), None),
