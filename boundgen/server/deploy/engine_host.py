@@ -71,7 +71,8 @@ class _Connection:
     index: int
     tickets: dict = field(default_factory=dict)  # request id -> (model, Ticket), while queued or running
     lock: threading.Lock = field(default_factory=threading.Lock)
-    state: str = ""  # the front end's last STATE, and its process id
+    state: str = ""  # the front end's last STATE, its index and its process id
+    frontend: int | None = None
     pid: int | None = None
     unanswered: float | None = None  # time.monotonic() of the oldest PING sent and not yet answered
     outgoing: queue.SimpleQueue = field(default_factory=queue.SimpleQueue)  # frames; None: stop writing
@@ -228,14 +229,17 @@ class EngineHost:
                 elif op == link.STATE:
                     with self._changed:
                         self.frontend_states[message["frontend"]] = message["state"]
-                        conn.state, conn.pid = message["state"], message.get("pid")
+                        conn.state, conn.frontend, conn.pid = message["state"], message["frontend"], message.get("pid")
                         if conn.state == "ready":
                             self._ready_pids.add(conn.pid)
                         self._changed.notify_all()
                     if message["state"] == "draining":  # its drain waits for nothing held here
                         self._flush_held(conn)
         except (OSError, ConnectionError, ValueError) as exc:
-            log.warning("front-end link %d broken: %s", conn.index, exc)
+            # A front end that exits as it drains may reset its link: no news then
+            level = logging.INFO if "draining" in (conn.state, self.state) else logging.WARNING
+            log.log(level, "the link of front end %s (connection %d) broke: %s",
+                    "?" if conn.frontend is None else conn.frontend, conn.index, exc)
         finally:
             with self._lock:
                 if conn in self._connections:

@@ -18,6 +18,7 @@ import asyncio
 import json
 import sys
 
+from boundgen.errors import BoundgenError
 from boundgen.server.app import Server, in_daemon_thread, serve_until_signal
 from boundgen.server.config import ServerConfig
 from boundgen.server.deploy.linked_engine import EngineGone, EngineLink, LinkedEngine
@@ -60,7 +61,10 @@ class FrontendServer(Server):
 
     async def _add_models(self) -> None:
         for hosted in self.link.models.values():
-            engine = await in_daemon_thread(LinkedEngine, self.link, hosted, self.config.tokenize_threads)
+            try:
+                engine = await in_daemon_thread(LinkedEngine, self.link, hosted, self.config.tokenize_threads)
+            except BoundgenError as exc:  # its files gone since the engine loaded them: one line, no traceback
+                raise BoundgenError(f"model {hosted['name']}: {exc}") from None
             self.models.add(engine, hosted["source"])
 
     async def drain(self) -> None:
@@ -77,12 +81,14 @@ class FrontendServer(Server):
         await self.link.connect()
         watcher = asyncio.ensure_future(engine_gone())
         try:
-            if await self.link.wait_state("loading", "ready", "draining") == "ready":
-                # A restart: the other front ends serve meanwhile, so this one loads its tokenizers before it
-                # listens (listening first, it took its share of new connections and answered them 503).
+            restart = await self.link.wait_state("loading", "ready", "draining") == "ready"
+            if restart:
+                # The other front ends serve meanwhile, so this one loads its tokenizers before it listens
+                # (listening first, it took its share of new connections and answered them 503).
                 await self._add_models()
                 self.models.set_ready()
-            code = await super().serve(stop)
+            # Stopped while it loaded (SIGTERM, the engine gone): it never listened, so there is nothing to drain.
+            code = 0 if restart and stop.is_set() else await super().serve(stop)
         finally:
             watcher.cancel()
         if self.link.closed.is_set() and self.link.state != "draining":
@@ -97,7 +103,7 @@ def main(argv=None) -> int:
     p.add_argument("--index", type=int, required=True)
     p.add_argument("--config", required=True, help="ServerConfig as JSON")
     args = p.parse_args(argv)
-    exit_with_parent()
+    exit_with_parent("the engine process is gone; this front end exits")
     config = ServerConfig(**json.loads(args.config))
     engine_link = EngineLink(args.link, args.index)
     try:
@@ -105,6 +111,9 @@ def main(argv=None) -> int:
                                   config.log_format, config.log_level)
     except EngineGone:
         return ENGINE_GONE_EXIT
+    except BoundgenError as exc:
+        print(f"[front end {args.index}] boundgen serve: error: {exc}", file=sys.stderr, flush=True)
+        return 1
 
 
 if __name__ == "__main__":

@@ -9,8 +9,9 @@ This process binds both ports first (so that port 0 picks one number for everyon
 front ends, says "listening" once each listens, loads and warms up the artifacts, then tells the
 front ends to become ready. A front end that exits is restarted (its own in-flight requests
 fail with it; the engine withdraws what it had queued); one that is ready but whose event loop
-answers no ping for --frontend-hang-s (stopped, or stuck in a bug) is killed first; one that
-exits MAX_FAILED_STARTS times in a row before it is ready stops serve (exit 1). SIGTERM /
+answers no ping for --frontend-hang-s (stopped, or stuck in a bug) is killed first, and so is a
+restarted one not ready within START_TIMEOUT_S; one that fails MAX_FAILED_STARTS starts in a row
+(exits with an error or crashes before it is ready) stops serve (exit 1). SIGTERM /
 SIGINT: every front end drains (new requests 503; what it admitted finishes) and exits, then the
 engine admits nothing more and the engines close. If this process dies, the front ends see the link close (and their lifeline
 pipe) and exit: no half-alive server.
@@ -42,7 +43,10 @@ from boundgen.server.deploy.replicas import LIFELINE_ENV
 
 START_TIMEOUT_S = 120.0  # a front end must listen (and later be ready) within this long
 RESTART_BACKOFF_S = 0.5  # before a restart, times the front end's failed starts in a row plus one (at most 5 s)
-MAX_FAILED_STARTS = 5  # a front end that exits this many times in a row before it is ready stops serve
+MAX_FAILED_STARTS = 5  # a front end that fails this many starts in a row stops serve
+# The signals of a process's own crash: an exit by one of these before it is ready is a failed start, as an exit
+# with an error is; one killed from outside (SIGKILL, SIGTERM: the OOM killer, an operator) says nothing of it.
+CRASH_SIGNALS = frozenset({signal.SIGSEGV, signal.SIGABRT, signal.SIGBUS, signal.SIGILL, signal.SIGFPE})
 
 
 def default_frontends(cores: int | None = None) -> int:
@@ -70,12 +74,25 @@ class _Frontend:
         self.index, self.argv, self.env, self.lifeline = index, argv, env, lifeline
         self.process: subprocess.Popen | None = None
         self.restarts = 0
-        self.failed_starts = 0  # exits in a row before it was ready
+        self.failed_starts = 0  # starts in a row that failed before it was ready
         self.restart_at: float | None = None  # time.monotonic() of a restart that waits out its backoff
+        self.started_at = 0.0  # time.monotonic() of its last start
+        self.start_timed_out = False  # killed for not becoming ready within START_TIMEOUT_S of its start
 
     def start(self) -> None:
+        self.started_at, self.start_timed_out = time.monotonic(), False
         self.process = subprocess.Popen(self.argv + ["--index", str(self.index)], env=self.env,
                                         stdout=sys.stderr, pass_fds=(self.lifeline,))
+
+    def failed_start(self, code: int, was_ready: bool) -> bool | None:
+        """Whether its exit with `code` was a failed start: True (an error, a crash or a start that timed out,
+        before it was ready), False (it had been ready), None (killed from outside before it was ready: no
+        verdict)."""
+        if was_ready:
+            return False
+        if self.start_timed_out or code >= 0 or -code in CRASH_SIGNALS:
+            return True
+        return None
 
 
 def serve_frontends(artifact_dirs: Sequence[str | Path], config: ServerConfig, count: int,
@@ -184,9 +201,10 @@ def _supervise(frontends: list[_Frontend], stop: threading.Event, say, host: Eng
     """Until `stop` (then None): restart a front end that exits, after a backoff that grows with its failed
     starts in a row (the watch over the others goes on meanwhile); kill one that is ready but has answered no
     ping for `hang_s` seconds (0: never), which then restarts: stopped or stuck, it would keep taking its share
-    of new connections (SO_REUSEPORT) and answer none of them. A front end that exits MAX_FAILED_STARTS times
-    in a row before it is ready (its model's files gone, a broken install) cannot serve: what to say, and
-    serve stops, rather than restart it for ever."""
+    of new connections (SO_REUSEPORT) and answer none of them; kill a restarted one that is not ready within
+    START_TIMEOUT_S (it does not listen before: it would only hang there). A front end that fails
+    MAX_FAILED_STARTS starts in a row (`_Frontend.failed_start`: its model's files gone, a broken install)
+    cannot serve: what to say, and serve stops, rather than restart it for ever."""
     while not stop.wait(0.2):
         stuck = set(host.stuck(hang_s)) if hang_s > 0 else set()
         for fe in frontends:
@@ -195,24 +213,48 @@ def _supervise(frontends: list[_Frontend], stop: threading.Event, say, host: Eng
                     fe.restart_at = None
                     fe.start()
                 continue
-            if fe.process.pid in stuck and fe.process.poll() is None:
-                fe.process.kill()  # first: saying it may block (a log pipe nobody reads), the kill must not
-                fe.process.wait()
-                say(f"boundgen serve: front-end process {fe.index} (pid {fe.process.pid}) answered no ping for "
-                    f"{hang_s:g} s (its event loop was stopped or stuck); killed it")
+            pid = fe.process.pid
+            if fe.process.poll() is None:
+                if pid in stuck:
+                    _kill(fe)  # first: saying it may block (a log pipe nobody reads), the kill must not
+                    say(f"boundgen serve: front-end process {fe.index} (pid {pid}) answered no ping for {hang_s:g} "
+                        "s (its event loop was stopped or stuck); killed it")
+                elif time.monotonic() - fe.started_at > START_TIMEOUT_S and not host.was_ready(pid):
+                    fe.start_timed_out = True  # a restart that hangs before it is ready (it does not listen yet)
+                    _kill(fe)
+                    say(f"boundgen serve: front-end process {fe.index} (pid {pid}) was not ready "
+                        f"{START_TIMEOUT_S:.0f} s after its start; killed it")
             code = fe.process.poll()
             if code is None:
                 continue
-            fe.failed_starts = 0 if host.was_ready(fe.process.pid) else fe.failed_starts + 1
+            failed = fe.failed_start(code, host.was_ready(pid))
+            if failed is not None:
+                fe.failed_starts = fe.failed_starts + 1 if failed else 0
+            how = _exit_words(code)
             if fe.failed_starts >= MAX_FAILED_STARTS:
-                return (f"front-end process {fe.index} exited {fe.failed_starts} times in a row before it was "
-                        f"ready (last with code {code}; its error is above)")
+                return (f"front-end process {fe.index} failed {fe.failed_starts} starts in a row (the last "
+                        f"{how}, before it was ready; its error is above)")
             fe.restarts += 1
             backoff = min(RESTART_BACKOFF_S * (fe.failed_starts + 1), 5.0)
-            say(f"boundgen serve: front-end process {fe.index} exited with code {code}; restarting it in "
-                f"{backoff:g} s (restart {fe.restarts})")
+            say(f"boundgen serve: front-end process {fe.index} {how}; restarting it in {backoff:g} s "
+                f"(restart {fe.restarts})")
             fe.restart_at = time.monotonic() + backoff
     return None
+
+
+def _kill(fe: _Frontend) -> None:
+    fe.process.kill()
+    fe.process.wait()
+
+
+def _exit_words(code: int) -> str:
+    """How a process ended, from its return code: "exited with code 1", "was killed by SIGKILL"."""
+    if code >= 0:
+        return f"exited with code {code}"
+    try:
+        return f"was killed by {signal.Signals(-code).name}"
+    except ValueError:
+        return f"was killed by signal {-code}"
 
 
 def _stop_frontends(frontends: list[_Frontend], timeout_s: float) -> list[_Frontend]:

@@ -326,8 +326,8 @@ class WorkerPool:
             return json.loads(r.read())
 
 
-def exit_with_parent(environ=os.environ) -> None:
-    """In a worker (LIFELINE_ENV set): exit as soon as the front end that started it is gone."""
+def exit_with_parent(message: str = "the front end is gone; this worker exits", environ=os.environ) -> None:
+    """In a worker (LIFELINE_ENV set): exit as soon as the process that started it is gone, saying `message`."""
     fd = environ.get(LIFELINE_ENV)
     if not fd:
         return
@@ -339,7 +339,7 @@ def exit_with_parent(environ=os.environ) -> None:
         except OSError:
             pass
         try:  # its output pipe went with the front end: this print may fail, the exit must not
-            print("boundgen serve: the front end is gone; this worker exits", file=sys.stderr, flush=True)
+            print(f"boundgen serve: {message}", file=sys.stderr, flush=True)
         finally:
             os.kill(os.getpid(), signal.SIGKILL)
 
