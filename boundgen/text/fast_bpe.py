@@ -153,7 +153,7 @@ class FastEncoder:
         """Each text's ids. `threads` > 1: texts spread over that many threads of a pool shared by the
         process (tiktoken releases the GIL while it encodes), for a request's latency on idle cores."""
         if threads > 1 and len(texts) >= 2:
-            return list(_pool(threads).map(self.encode, texts))
+            return _spread(self.encode, texts, threads)
         if not self.joined or len(texts) < 2 or not all(self._joinable(t) for t in texts):
             return [self.encode(text) for text in texts]
         ids = self.encoding.encode(SEPARATOR.join(texts), allowed_special="all")
@@ -199,7 +199,7 @@ class FastEncoder:
             per = -(-len(texts) // max(1, min(threads, len(texts))))  # ceil: `threads` groups at most
             groups = [texts[i:i + per] for i in range(0, len(texts), per)]
         if threads > 1 and len(groups) > 1:
-            parts = list(_pool(threads).map(self._joined_ids, groups))
+            parts = _spread(self._joined_ids, groups, threads)
         else:
             parts = [self._joined_ids(group) for group in groups]
         views = [view for part in parts for view in part]
@@ -218,6 +218,17 @@ class FastEncoder:
         starts = [0, *(cut + 1).tolist()]
         ends = [*cut.tolist(), int(ids.shape[0])]
         return [ids[a:b] for a, b in zip(starts, ends)]
+
+
+def _spread(fn, items: Sequence, threads: int) -> list:
+    """[fn(item) for item in items], the first on this thread and the rest on the pool of `threads`: the
+    caller works instead of waiting, and one thread fewer is woken (a 2-core CPU, 15 texts of ~120 tokens
+    joined, 2 ms idle between requests, mean of 2,000: 2 groups 0.49-0.60 ms against 0.64-0.69 with every
+    group on the pool, 4 groups 0.57-0.62 against 0.62-0.65; one thread alone 0.39 on that CPU)."""
+    pool = _pool(threads)
+    rest = [pool.submit(fn, item) for item in items[1:]]
+    first = fn(items[0])
+    return [first, *(future.result() for future in rest)]
 
 
 _POOLS: dict[int, ThreadPoolExecutor] = {}
