@@ -268,7 +268,6 @@ def _stop_frontends(frontends: list[_Frontend], timeout_s: float) -> list[_Front
         try:
             fe.process.wait(max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
-            fe.process.kill()
-            fe.process.wait()
+            _kill(fe)
             killed.append(fe)
     return killed
