@@ -59,8 +59,8 @@ from boundgen.bench import previous_kernels
 from boundgen.bench.kernel_timing import (HBM_PEAK_BYTES_PER_S, PEAK_BF16_FLOPS, KernelTiming, markdown_table,
                                           measure, roofline_table)
 from boundgen.bench.selection import run_selection_benchmarks
-from boundgen.ops import (add_rmsnorm, add_rmsnorm_quant, packed_attention, prefix_attention, qk_norm_rope, rmsnorm,
-                          rope, rope_kv_write, silu_mul, silu_quant)
+from boundgen.ops import (add_rmsnorm, add_rmsnorm_quant, decode_attention, packed_attention, prefix_attention,
+                          qk_norm_rope, rmsnorm, rope, rope_kv_write, silu_mul, silu_quant)
 
 # Packed-kernel launch configs (BLOCK_M, BLOCK_N, num_warps, num_stages) timed beside the default.
 PACKED_SWEEP = [(64, 64, 4, 2), (64, 32, 4, 2), (64, 64, 8, 2), (128, 64, 8, 3)]
@@ -376,6 +376,50 @@ def bench_rope_kv_write(rows: int, heads=(14, 2), head_dim: int = 64, slots: int
     return measure(f"rope_kv_write B={rows} heads={num_q}/{num_kv} D={head_dim}", impls, work, calls, replays)
 
 
+def separate_decode_attention(qkv, cos, sin, k_prefix, v_prefix, suffix_k, suffix_v, step, cu_seqlens, layer: int,
+                              width: int, scale: float, num_q_heads: int, num_kv_heads: int) -> torch.Tensor:
+    """What a decode layer launches without the fused decode attention: rope_kv_write, then
+    prefix_attention (decode_attention.launch's signature)."""
+    q = rope_kv_write.launch(qkv, cos, sin, suffix_k, suffix_v, step, layer, num_q_heads, num_kv_heads)
+    return prefix_attention.launch(q, k_prefix, v_prefix, suffix_k[layer], suffix_v[layer], step, cu_seqlens, width,
+                                   scale)
+
+
+def bench_decode_attention(requests: int, prefix_len: int, width: int = 100, heads=(14, 2), head_dim: int = 64,
+                           slots: int = 4, layers: int = 24, device: str = "cuda", calls: int = 24, replays: int = 10,
+                           dtype: torch.dtype = torch.bfloat16) -> list[KernelTiming]:
+    """A beam decode layer's attention at step 2 (three suffix slots valid) of `requests` packed
+    requests of `width` beams over prompts of `prefix_len` tokens (Qwen2.5-0.5B heads): what a
+    decode layer launches without the fused op (rope_kv_write, then prefix_attention: 2 launches)
+    against the fused kernel (ops/decode_attention.py, 1 launch), `calls` of each in one CUDA graph
+    (24: a decode step's layers)."""
+    num_q, num_kv = heads
+    beams = requests * width
+    gen = torch.Generator(device=device).manual_seed(beams)
+
+    def randn(*shape):
+        return torch.randn(*shape, device=device, generator=gen).to(dtype)
+    qkv = randn(beams, (num_q + 2 * num_kv) * head_dim)
+    cos, sin = rope.cos_sin(prefix_len + torch.zeros(beams, dtype=torch.int64, device=device) + 2,
+                            rope.inv_freq(head_dim, 1e6).to(device), dtype)
+    k_prefix, v_prefix = randn(requests * prefix_len, num_kv, head_dim), randn(requests * prefix_len, num_kv, head_dim)
+    cu_seqlens = torch.arange(0, requests * prefix_len + 1, prefix_len, device=device, dtype=torch.int32)
+    step, scale = torch.tensor([2], device=device), head_dim ** -0.5
+    suffix_k, suffix_v = randn(layers, beams, slots, num_kv, head_dim), randn(layers, beams, slots, num_kv, head_dim)
+
+    def run(fn):
+        return lambda: (fn(qkv, cos, sin, k_prefix, v_prefix, suffix_k, suffix_v, step, cu_seqlens, 1, width, scale,
+                           num_q, num_kv), suffix_k[1, :, 2], suffix_v[1, :, 2])
+    impls = {"torch reference": run(decode_attention.reference),
+             "rope_kv_write + prefix_attention (2 launches)": run(separate_decode_attention),
+             "fused triton (1 launch)": run(decode_attention.launch)}
+    flops, nbytes = prefix_work(width, prefix_len, 3, num_q, num_kv, head_dim, dtype.itemsize)
+    qkv_bytes = beams * (num_q + 2 * num_kv) * head_dim * dtype.itemsize  # read once; q is no longer written and read
+    return measure(f"decode attention R={requests} W={width} L_p={prefix_len} heads={num_q}/{num_kv} D={head_dim}",
+                   impls, (requests * flops, requests * nbytes + qkv_bytes), calls, replays,
+                   tensor_peak=PEAK_BF16_FLOPS)
+
+
 def bench_silu_mul(num_tokens: int, inter: int, device: str = "cuda", calls: int = 20,
                    replays: int = 10, dtype: torch.dtype = torch.bfloat16) -> list[KernelTiming]:
     x = torch.randn(num_tokens, 2 * inter, device=device, dtype=dtype)
@@ -571,6 +615,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="Qwen3's q/k norm + RoPE + packed attention at W1 shapes (calls of 1 and 4 requests): "
                              "qk_norm_rope then triton_gqa against the fused packed_attention_qk kernel; with "
                              "--sweep also PACKED_QK_SWEEP's launch configs of the fused kernel")
+    parser.add_argument("--decode-attention", metavar="REQUESTS", default=None,
+                        help="a beam decode layer's RoPE, K/V write and prefix attention, separate and fused, at "
+                             "these requests a call (comma list, e.g. 1,8): W2 prompts, and W3's at the first two")
     parser.add_argument("--silu-quant", metavar="TOKENS", default=None,
                         help="SwiGLU + E4M3 quantization at these token counts (comma list, e.g. 2250,4500,9000)")
     parser.add_argument("--memory-bound", metavar="TOKENS", nargs="?", const=",".join(map(str, W1_ROWS)),
@@ -589,11 +636,13 @@ def main(argv: list[str] | None = None) -> int:
                         help="HBM bandwidth the table's %% is of, in B/s (default 4.8e12, the H200's)")
     parser.add_argument("--markdown", metavar="FILE", help="also write the table to FILE")
     args = parser.parse_args(argv)
-    if not (args.packed_sweep or args.packed_qk or args.silu_quant or args.memory_bound or args.all):
+    if not (args.packed_sweep or args.packed_qk or args.silu_quant or args.memory_bound or args.decode_attention
+            or args.all):
         parser.error("name at least one benchmark: --packed-sweep, --packed-qk, --silu-quant TOKENS, "
-                     "--memory-bound [TOKENS], --all")
+                     "--memory-bound [TOKENS], --decode-attention REQUESTS, --all")
     tokens = _token_list(args.silu_quant, "--silu-quant", parser)
     memory_tokens = _token_list(args.memory_bound, "--memory-bound", parser)
+    decode_requests = _token_list(args.decode_attention, "--decode-attention", parser)
     variants = tuple(args.variant.split(","))
     if any(v not in VARIANTS for v in variants):
         parser.error(f"--variant takes a comma list of {', '.join(VARIANTS)}, got {args.variant!r}")
@@ -607,6 +656,9 @@ def main(argv: list[str] | None = None) -> int:
         rows += bench_packed_qk(w1_lengths(count=15 * requests), configs=PACKED_QK_SWEEP if args.sweep else ())
     for t in tokens:
         rows += bench_silu_quant(t)
+    for i, r in enumerate(decode_requests):
+        for prefix_len in (64, 400) if i < 2 else (64,):
+            rows += bench_decode_attention(r, prefix_len)
     for t in memory_tokens:
         rows += bench_memory_bound(t, variants, sweep=args.sweep, cold=args.cold)
     table = "\n\n".join(filter(None, [roofline_table(rows, args.hbm_peak) if rows else "",

@@ -27,7 +27,8 @@ from typing import Callable
 
 import torch
 
-from boundgen.ops import packed_attention, prefix_attention, qk_norm_rope, rmsnorm, rope, rope_kv_write
+from boundgen.ops import (decode_attention, packed_attention, prefix_attention, qk_norm_rope, rmsnorm, rope,
+                          rope_kv_write)
 
 # (case, op module whose launcher runs, call, the arguments the kernel really writes)
 Case = tuple[str, object, Callable[[torch.device], object], tuple[str, ...]]
@@ -52,6 +53,12 @@ def _cases() -> list[Case]:
          lambda d: rope_kv_write.launch(t(d, 4, 18 * 64), *cos_sin(d, 4, 64), t(d, 2, 4, 3, 2, 64),
                                         t(d, 2, 4, 3, 2, 64), torch.zeros(1, dtype=torch.int64, device=d), 1, 14, 2),
          ("q_ptr", "sk_ptr", "sv_ptr")),
+        ("decode_attention", decode_attention,
+         lambda d: decode_attention.launch(t(d, 4, 18 * 64), *cos_sin(d, 4, 64), t(d, 8, 2, 64), t(d, 8, 2, 64),
+                                           t(d, 2, 4, 3, 2, 64), t(d, 2, 4, 3, 2, 64),
+                                           torch.zeros(1, dtype=torch.int64, device=d),
+                                           torch.tensor([0, 8], dtype=torch.int32, device=d), 1, 4, 0.125, 14, 2),
+         ("sk_ptr", "sv_ptr", "out_ptr")),
         ("qk_norm_rope", qk_norm_rope,
          lambda d: qk_norm_rope.launch(t(d, 4, 32 * 128), t(d, 128), t(d, 128), *cos_sin(d, 4, 128), 1e-6, 16, 8),
          ("q_ptr", "k_ptr")),

@@ -113,6 +113,16 @@ class Layer(nn.Module):
         return h, ops.rope_kv_write(apply_linear(qkv_proj, x, x_scale), cos, sin, suffix_k, suffix_v, step, layer,
                                     cfg.num_heads, cfg.num_kv_heads)
 
+    def attend_step(self, h, delta, cos, sin, prefix_k, prefix_v, suffix_k, suffix_v, step, cu_seqlens, layer: int,
+                    width: int, scale: float, ops: Ops):
+        """`attn_in_step` and the prefix attention in one kernel, where `decode_attention` is lowered
+        (ops/decode_attention.py; not with a q/k norm): returns (h, attention output)."""
+        cfg, qkv_proj = self.cfg, self.self_attn.qkv_proj
+        h, x, x_scale = norm_for(qkv_proj, h, delta, self.input_layernorm, cfg.rms_norm_eps, ops)
+        return h, ops.decode_attention(apply_linear(qkv_proj, x, x_scale), cos, sin, prefix_k, prefix_v, suffix_k,
+                                       suffix_v, step, cu_seqlens, layer, width, scale, cfg.num_heads,
+                                       cfg.num_kv_heads)
+
     def attn_out(self, h, attn, ops: Ops, decoding: bool = False):
         """The attention's output projection added to h, then the MLP: returns (h, the MLP's
         output, not yet added: the next norm adds it)."""
@@ -218,10 +228,15 @@ class QwenModel(nn.Module):
             width = tokens.shape[0]
         h, cos, sin = self._embed(tokens, positions)
         delta = None
+        fused = ops.decode_attention is not None and not self.cfg.qk_norm  # RoPE, K/V write, attention: one kernel
         for i, layer in enumerate(self.layers):
-            h, q = layer.attn_in_step(h, delta, cos, sin, suffix_k, suffix_v, step, i, ops)
-            attn = ops.prefix_attention(q, prefix_k[i], prefix_v[i], suffix_k[i], suffix_v[i], step, cu_seqlens,
-                                        width, self.scale)
+            if fused:
+                h, attn = layer.attend_step(h, delta, cos, sin, prefix_k[i], prefix_v[i], suffix_k, suffix_v, step,
+                                            cu_seqlens, i, width, self.scale, ops)
+            else:
+                h, q = layer.attn_in_step(h, delta, cos, sin, suffix_k, suffix_v, step, i, ops)
+                attn = ops.prefix_attention(q, prefix_k[i], prefix_v[i], suffix_k[i], suffix_v[i], step, cu_seqlens,
+                                            width, self.scale)
             h, delta = layer.attn_out(h, attn, ops, decoding=True)
         return add_norm(h, delta, self.norm, self.cfg.rms_norm_eps, ops)[1]
 

@@ -31,6 +31,7 @@ class OpLowering:
     qk_norm_rope: str = "separate"  # no fused op: the model applies rmsnorm, then rope
     add_rmsnorm: str = "separate"  # no fused op: the model adds the residual, then applies rmsnorm
     rope_kv_write: str = "separate"  # no fused op: a decode step applies rope, then writes K/V with index_copy_
+    decode_attention: str = "separate"  # no fused op: a decode step runs rope_kv_write, then prefix_attention
     swiglu_down: str = "separate"  # no fused op: a decode step applies silu_mul, then down_proj
     silu_quant: str = "separate"  # no fused op: an FP8 MLP quantizes silu_mul's output
     add_rmsnorm_quant: str = "separate"  # no fused op: an FP8 MLP quantizes the post-attention norm's output
@@ -70,6 +71,7 @@ class Ops:
     qk_norm_rope: Callable | None  # None: not fused
     add_rmsnorm: Callable | None  # None: not fused
     rope_kv_write: Callable | None  # None: not fused
+    decode_attention: Callable | None  # None: not fused
     swiglu_down: Callable | None  # None: not fused
     silu_quant: Callable | None  # None: not fused
     add_rmsnorm_quant: Callable | None  # None: not fused

@@ -105,6 +105,49 @@ def _dot(a, b, IEEE: tl.constexpr):
 
 
 @triton.jit
+def _attend_prompts(q, kp_ptr, vp_ptr, stride_kpl, stride_vpl, start, end, offs_d, qk_scale,
+                    ROWS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, IEEE: tl.constexpr):
+    """Online softmax of the rows q [ROWS, D] over each row's prompt keys [start, end) (one K/V head's
+    rows of the packed prompts at kp_ptr / vp_ptr): the union of the rows' ranges, one tensor-core dot
+    per key tile, each row's scores masked to its own range. Returns (acc [ROWS, D], l_i, m_i) FP32."""
+    acc = tl.zeros([ROWS, HEAD_DIM], dtype=tl.float32)
+    l_i = tl.zeros([ROWS], dtype=tl.float32)
+    m_i = tl.full([ROWS], -1.0e30, dtype=tl.float32)  # finite: no NaN in pad rows
+    block_end = tl.max(end, axis=0)
+    for start_n in range(tl.min(start, axis=0), block_end, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        in_range = offs_n < block_end
+        k = tl.load(kp_ptr + offs_n[None, :] * stride_kpl + offs_d[:, None],
+                    mask=in_range[None, :], other=0.0)  # [D, N]
+        # .to(fp32): Inductor passes a Python float argument as fp64 in AOTI builds.
+        s = (_dot(q, k, IEEE) * qk_scale).to(tl.float32)  # [R, N], log2 domain
+        own = (offs_n[None, :] >= start[:, None]) & (offs_n[None, :] < end[:, None])
+        s = tl.where(own, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        v = tl.load(vp_ptr + offs_n[:, None] * stride_vpl + offs_d[None, :],
+                    mask=in_range[:, None], other=0.0)  # [N, D]
+        acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, IEEE)
+        m_i = m_new
+    return acc, l_i, m_i
+
+
+@triton.jit
+def _attend_position(acc, l_i, m_i, qf, k, v, qk_scale):
+    """The online softmax's update by one suffix position: each row's key k and value v [ROWS, D]
+    (its own beam's), FP32 dot products on CUDA cores with the rows qf [ROWS, D] in FP32."""
+    s = (tl.sum(qf * k.to(tl.float32), axis=1) * qk_scale).to(tl.float32)  # [R]
+    m_new = tl.maximum(m_i, s)
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new)
+    l_i = l_i * alpha + p
+    acc = acc * alpha[:, None] + p[:, None] * v.to(tl.float32)
+    return acc, l_i, m_new
+
+
+@triton.jit
 def _prefix_attention_kernel(
         q_ptr, kp_ptr, vp_ptr, ks_ptr, vs_ptr, step_ptr, cu_ptr, out_ptr, num_beams, width,
         qk_scale,
@@ -126,32 +169,9 @@ def _prefix_attention_kernel(
     request = tl.minimum(beam, num_beams - 1) // width
     start = tl.load(cu_ptr + request)  # [R]
     end = tl.load(cu_ptr + request + 1)  # [R]
-
-    acc = tl.zeros([BEAMS * GROUP_PAD, HEAD_DIM], dtype=tl.float32)
-    l_i = tl.zeros([BEAMS * GROUP_PAD], dtype=tl.float32)
-    m_i = tl.full([BEAMS * GROUP_PAD], -1.0e30, dtype=tl.float32)  # finite: no NaN in pad rows
-
-    # Prefix: the union of the block's prompt ranges, one tensor-core dot per key tile.
-    kp_ptr += kv_head * stride_kph
-    vp_ptr += kv_head * stride_vph
-    block_end = tl.max(end, axis=0)
-    for start_n in range(tl.min(start, axis=0), block_end, BLOCK_N):
-        offs_n = start_n + tl.arange(0, BLOCK_N)
-        in_range = offs_n < block_end
-        k = tl.load(kp_ptr + offs_n[None, :] * stride_kpl + offs_d[:, None],
-                    mask=in_range[None, :], other=0.0)  # [D, N]
-        # .to(fp32): Inductor passes a Python float argument as fp64 in AOTI builds.
-        s = (_dot(q, k, IEEE) * qk_scale).to(tl.float32)  # [R, N], log2 domain
-        own = (offs_n[None, :] >= start[:, None]) & (offs_n[None, :] < end[:, None])
-        s = tl.where(own, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        v = tl.load(vp_ptr + offs_n[:, None] * stride_vpl + offs_d[None, :],
-                    mask=in_range[:, None], other=0.0)  # [N, D]
-        acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, IEEE)
-        m_i = m_new
+    acc, l_i, m_i = _attend_prompts(q, kp_ptr + kv_head * stride_kph, vp_ptr + kv_head * stride_vph, stride_kpl,
+                                    stride_vpl, start, end, offs_d, qk_scale, BEAMS * GROUP_PAD, HEAD_DIM, BLOCK_N,
+                                    IEEE)
 
     # Suffix: each row's own beam, positions [0, n) one at a time (n <= L_s, a handful).
     ks_ptr += kv_head * stride_ksh
@@ -161,15 +181,9 @@ def _prefix_attention_kernel(
     for j in range(0, suffix_len):
         k = tl.load(ks_ptr + beam[:, None] * stride_ksw + j * stride_ksl + offs_d[None, :],
                     mask=row_ok[:, None], other=0.0)  # [R, D]
-        s = (tl.sum(qf * k.to(tl.float32), axis=1) * qk_scale).to(tl.float32)  # [R]
-        m_new = tl.maximum(m_i, s)
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new)
-        l_i = l_i * alpha + p
         v = tl.load(vs_ptr + beam[:, None] * stride_vsw + j * stride_vsl + offs_d[None, :],
                     mask=row_ok[:, None], other=0.0)  # [R, D]
-        acc = acc * alpha[:, None] + p[:, None] * v.to(tl.float32)
-        m_i = m_new
+        acc, l_i, m_i = _attend_position(acc, l_i, m_i, qf, k, v, qk_scale)
 
     out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
     tl.store(out_ptr + beam[:, None] * stride_ow + head[:, None] * stride_oh + offs_d[None, :],
@@ -226,6 +240,17 @@ def _check(q, k_prefix, v_prefix, k_suffix, v_suffix, step, cu_seqlens, width) -
                          f"{[str(t.device) for t in tensors + (step, cu_seqlens)]}")
 
 
+def program_rows(group: int, beams_per_program: int | None = None) -> tuple[int, int]:
+    """(BEAMS, GROUP_PAD) of a program: its beams (a power of two; default: fill one 16-row MMA
+    tile) and the rows each beam's `group` query heads take (a power of two, padded so that the
+    tile has >= 16 rows, as tl.dot needs). Also the fused decode attention's (ops/decode_attention.py)."""
+    group_pad = triton.next_power_of_2(group)
+    beams = beams_per_program or max(1, 16 // group_pad)
+    if beams & (beams - 1):
+        raise ValueError(f"prefix_attention: beams_per_program must be a power of two; got {beams}")
+    return beams, max(group_pad, 16 // beams)
+
+
 def launch(q: torch.Tensor, k_prefix: torch.Tensor, v_prefix: torch.Tensor,
            k_suffix: torch.Tensor, v_suffix: torch.Tensor, step: torch.Tensor,
            cu_seqlens: torch.Tensor, width: int, scale: float, beams_per_program: int | None = None,
@@ -236,11 +261,7 @@ def launch(q: torch.Tensor, k_prefix: torch.Tensor, v_prefix: torch.Tensor,
     beams_total, num_q_heads, head_dim = q.shape
     num_kv_heads = k_prefix.shape[1]
     group = num_q_heads // num_kv_heads
-    group_pad = triton.next_power_of_2(group)
-    beams = beams_per_program or max(1, 16 // group_pad)
-    if beams & (beams - 1):
-        raise ValueError(f"prefix_attention: beams_per_program must be a power of two; got {beams}")
-    group_pad = max(group_pad, 16 // beams)  # tl.dot needs >= 16 rows
+    beams, group_pad = program_rows(group, beams_per_program)
     out = torch.empty((beams_total, num_q_heads, head_dim), dtype=q.dtype, device=q.device)
     grid = (triton.cdiv(beams_total, beams), num_kv_heads)
     wrap_triton(_prefix_attention_kernel)[grid](

@@ -169,6 +169,20 @@ def test_rope_kv_write_benchmark_agrees_with_the_reference_on_cpu(monkeypatch):
 
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="needs TRITON_INTERPRET=1")
+def test_decode_attention_benchmark_agrees_with_the_reference_on_cpu(monkeypatch):
+    """The fused kernel and the pair it replaces give the reference's attention (within FP32 rounding)
+    and its slot; the bytes count qkv once beside the prefix attention's."""
+    monkeypatch.setattr(kernel_timing, "gpu_time_us", lambda fn, calls, replays: 1.0)
+    rows = kernels.bench_decode_attention(2, 5, width=3, heads=(4, 2), head_dim=16, slots=4, layers=2, device="cpu",
+                                          dtype=torch.float32)
+    assert [r.impl for r in rows] == ["torch reference", "rope_kv_write + prefix_attention (2 launches)",
+                                      "fused triton (1 launch)"]
+    assert all(r.max_abs_err < 1e-5 for r in rows), kernel_timing.markdown_table(rows)
+    _, prefix_bytes = kernels.prefix_work(3, 5, 3, 4, 2, 16, 4)
+    assert rows[0].bytes == 2 * prefix_bytes + 6 * 8 * 16 * 4
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="needs TRITON_INTERPRET=1")
 def test_silu_quant_benchmark_agrees_with_the_reference_on_cpu(monkeypatch):
     """Every form of SwiGLU + E4M3 quantization dequantizes to the reference's values within an
     E4M3 ulp of the row's largest (a 1/8 of its scale x 448, at most)."""

@@ -34,8 +34,8 @@ def test_the_analysis_finds_only_the_real_outputs():
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     rows = json.loads(out.stdout.strip().splitlines()[-1])
-    assert {r["case"] for r in rows} == {"prefix_attention", "rope_kv_write", "qk_norm_rope", "add_rmsnorm",
-                                         "packed_attention", "packed_attention_stacked"}
+    assert {r["case"] for r in rows} == {"prefix_attention", "rope_kv_write", "decode_attention", "qk_norm_rope",
+                                         "add_rmsnorm", "packed_attention", "packed_attention_stacked"}
     for r in rows:
         assert sorted(r["written"]) == sorted(r["outputs"]) and r["copied"] == [], (r, out.stderr)
 

@@ -218,6 +218,18 @@ def test_a_beam_artifact_with_fused_decode_ops_registers_them_and_answers_alike(
     _assert_same_candidates(beam_build[0], fused)
 
 
+def test_a_beam_artifact_with_the_fused_decode_attention_registers_it_and_answers_alike(beam_build, tiny_qwen2_dir,
+                                                                                        tmp_path):
+    """--lowering decode_attention=triton (with rope_kv_write=triton, which it replaces): the step
+    package calls one op a layer from the qkv product to the attention's output (the K/V write a
+    declared mutation of the suffix buffers), the manifest says so, a fresh process registers it on
+    load, and the candidates equal the default build's."""
+    fused, manifest = _built_with_lowering(tiny_qwen2_dir, tmp_path / "fused", {
+        "decode_attention": "triton", "rope_kv_write": "triton"})
+    assert manifest["compile"]["custom_ops"] == ["decode_attention", "packed_attention"]
+    _assert_same_candidates(beam_build[0], fused)
+
+
 _SCORES = """
 import json, sys
 import boundgen

@@ -82,6 +82,27 @@ KERNELS = {
                                "stride_vs": "i32"},
                               {"layer": 1, "NUM_Q": 14, "NUM_KV": 2, "HALF": 32, "BLOCK_T": 4, "BLOCK_N": 16,
                                "BLOCK_KV": 2, "SOFT_BF16": True}, 4),
+    # A beam decode step's attention (Qwen2.5-0.5B: 14 / 2 heads of 64, 2 beams a program), its helpers
+    # shared with the fused decode attention below.
+    "prefix_attention": ("prefix_attention", "_prefix_attention_kernel",
+                         {"q_ptr": "*bf16", "kp_ptr": "*bf16", "vp_ptr": "*bf16", "ks_ptr": "*bf16", "vs_ptr": "*bf16",
+                          "step_ptr": "*i64", "cu_ptr": "*i32", "out_ptr": "*bf16", "num_beams": "i32",
+                          "width": "i32", "qk_scale": "fp32", "stride_qw": "i32", "stride_qh": "i32",
+                          "stride_kpl": "i32", "stride_kph": "i32", "stride_vpl": "i32", "stride_vph": "i32",
+                          "stride_ksw": "i32", "stride_ksl": "i32", "stride_ksh": "i32", "stride_vsw": "i32",
+                          "stride_vsl": "i32", "stride_vsh": "i32", "stride_ow": "i32", "stride_oh": "i32"},
+                         {"GROUP": 7, "GROUP_PAD": 8, "BEAMS": 2, "HEAD_DIM": 64, "BLOCK_N": 64, "IEEE": False}, 4),
+    # RoPE, the K/V write and the prefix attention in one kernel (layer 1 specialised to a constant).
+    "decode_attention_layer_1": ("decode_attention", "_decode_attention_kernel",
+                                 {"qkv_ptr": "*bf16", "cos_ptr": "*bf16", "sin_ptr": "*bf16", "kp_ptr": "*bf16",
+                                  "vp_ptr": "*bf16", "sk_ptr": "*bf16", "sv_ptr": "*bf16", "step_ptr": "*i64",
+                                  "cu_ptr": "*i32", "out_ptr": "*bf16", "num_beams": "i32", "width": "i32",
+                                  "qk_scale": "fp32", "stride_qkv": "i32", "stride_cos": "i32", "stride_sin": "i32",
+                                  "stride_kpl": "i32", "stride_kph": "i32", "stride_vpl": "i32", "stride_vph": "i32",
+                                  "stride_kl": "i32", "stride_kb": "i32", "stride_ks": "i32", "stride_vl": "i32",
+                                  "stride_vb": "i32", "stride_vs": "i32", "stride_ow": "i32", "stride_oh": "i32"},
+                                 {"layer": 1, "NUM_Q": 14, "NUM_KV": 2, "GROUP_PAD": 8, "BEAMS": 2, "HEAD_DIM": 64,
+                                  "BLOCK_N": 64, "IEEE": False, "SOFT_BF16": True}, 4),
     # W1's triton_stacked lowering: two query heads of 64 tokens stacked as 128 rows, a warpgroup each.
     "packed_attention_stacked": ("packed_attention_stacked", "_packed_attention_stacked_kernel",
                                  {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "out_ptr": "*bf16",
