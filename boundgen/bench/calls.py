@@ -24,6 +24,9 @@ from typing import Sequence
 from boundgen.bench.profile import analyze_trace
 
 
+TOP_KERNELS = 20  # kernels a row names, by GPU time
+
+
 def call_curve(engine, texts: Sequence[str], requests: Sequence[int] = (1, 2, 4, 8, 16), iterations: int = 20,
                warmup: int = 3, profiled: int = 3) -> list[dict]:
     """[{requests, call_ms (median), request_ms, speedup (vs R x the one-request call), and on CUDA
@@ -64,12 +67,16 @@ def profile_calls(call, calls: int) -> dict:
         path = Path(tmp) / "trace.json"
         prof.export_chrome_trace(str(path))
         trace = json.loads(path.read_text())
-    return per_call(analyze_trace(trace), calls)
+    return per_call(analyze_trace(trace, top=TOP_KERNELS), calls)
 
 
 def per_call(summary: dict, calls: int) -> dict:
-    """A profile summary (bench/profile.py analyze_trace) of `calls` calls -> the per-call figures."""
-    return {"kernels_per_call": summary["kernels"] / calls, "gpu_ms_per_call": summary["gpu_busy_ms"] / calls}
+    """A profile summary (bench/profile.py analyze_trace) of `calls` calls -> the per-call figures:
+    kernels and GPU ms a call, and the kernels that take the most GPU time (launches and us a call)."""
+    top = [{"name": k["name"], "launches_per_call": k["count"] / calls, "us_per_call": k["total_ms"] * 1e3 / calls,
+            "mean_us": k["mean_us"]} for k in summary.get("top_kernels", [])]
+    return {"kernels_per_call": summary["kernels"] / calls, "gpu_ms_per_call": summary["gpu_busy_ms"] / calls,
+            "top_kernels": top}
 
 
 def markdown(rows: list[dict], title: str) -> str:
@@ -82,6 +89,12 @@ def markdown(rows: list[dict], title: str) -> str:
         if kernels:
             line += f" {r['kernels_per_call']:.0f} | {r['gpu_ms_per_call']:.2f} |"
         lines.append(line)
+    for r in rows:  # where a call's GPU time goes, for the fewest and the most requests a call
+        if r.get("top_kernels") and r in (rows[0], rows[-1]):
+            lines += ["", f"Kernels of a call of {r['requests']} requests, by GPU time:", "",
+                      "| kernel | launches a call | us a call | us a launch |", "|---|---:|---:|---:|"]
+            lines += [f"| `{k['name'][:90]}` | {k['launches_per_call']:.0f} | {k['us_per_call']:.1f} | "
+                      f"{k['mean_us']:.1f} |" for k in r["top_kernels"]]
     return "\n".join(lines)
 
 

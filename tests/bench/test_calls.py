@@ -30,7 +30,13 @@ def test_per_call_figures_come_from_the_profile_of_several_calls():
     for start in (0.0, 100.0):
         events += [{"ph": "X", "cat": "kernel", "name": "k", "ts": start + t, "dur": d}
                    for t, d in ((0.0, 5.0), (4.0, 6.0), (20.0, 10.0))]
+    events[2]["name"] = events[5]["name"] = "long"
     figures = per_call(analyze_trace({"traceEvents": events}), 2)
-    assert figures == {"kernels_per_call": 3.0, "gpu_ms_per_call": pytest.approx(0.020)}  # 10 + 10 us a call
+    assert figures["kernels_per_call"] == 3.0 and figures["gpu_ms_per_call"] == pytest.approx(0.020)  # 10 + 10 us
+    assert figures["top_kernels"] == [  # by GPU time, per call
+        {"name": "k", "launches_per_call": 2.0, "us_per_call": pytest.approx(11.0), "mean_us": pytest.approx(5.5)},
+        {"name": "long", "launches_per_call": 1.0, "us_per_call": pytest.approx(10.0), "mean_us": pytest.approx(10.0)}]
     rows = [{"requests": 1, "call_ms": 1.0, "request_ms": 1.0, "speedup": 1.0, **figures}]
-    assert "| 1 | 1.00 | 1.00 | 1.00x | 3 | 0.02 |" in markdown(rows, "W2")
+    table = markdown(rows, "W2")
+    assert "| 1 | 1.00 | 1.00 | 1.00x | 3 | 0.02 |" in table
+    assert "Kernels of a call of 1 requests" in table and "| `k` | 2 | 11.0 | 5.5 |" in table
