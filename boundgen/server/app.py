@@ -84,10 +84,10 @@ class Server:
 
     def say(self, message: str) -> None:
         """One line on `out`, written whole: worker threads say things at once (print() writes the
-        text and its newline separately, so two lines could interleave into one)."""
+        text and its newline separately, so two lines could interleave into one); to a pipe without
+        waiting for its reader (logs.say)."""
         with self._say_lock:
-            self.out.write(logs.status_line(message, self.log_settings.format) + "\n")
-            self.out.flush()
+            logs.say(self.out, logs.status_line(message, self.log_settings.format))
 
     async def start(self) -> None:
         cfg = self.config

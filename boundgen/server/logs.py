@@ -17,6 +17,14 @@ gRPC code), the model, the outcome (metrics.py's label) and its time in the serv
     text: boundgen.access INFO http POST /v2/models/m/infer 200 m success 1.234 ms id=3f2a...
     json: {..., "request_id", "route", "status", "model", "protocol", "outcome", "ms"}
 
+Nothing waits for a pipe: a pipe that nobody reads (a log shipper that hung, a pipe left open)
+takes no more once full, and a write to it waits for as long. Lines for a pipe (records, and
+status lines by `say`) are queued, QUEUE_LINES at most, for one writer thread per stream
+(`LineWriter`): that thread alone waits; past the bound lines are dropped and counted, and once the
+pipe takes lines again the writer says how many ("boundgen: N lines dropped: <stderr> was not
+read"). A process writes what is queued at exit for up to FLUSH_S. Lines for a file or a terminal
+are written at once, as before.
+
 A running server's format and level are its `LogSettings`, which Triton's log settings call
 changes (triton_extensions.py; HTTP /v2/logging, gRPC LogSettings): `apply()` reconfigures the
 process's logging, and status lines follow the new format.
@@ -24,10 +32,18 @@ process's logging, and status lines follow the new format.
 
 from __future__ import annotations
 
+import atexit
+import copy
 import datetime
+import itertools
 import json
 import logging
+import os
+import queue
+import stat
 import sys
+import threading
+import time
 from dataclasses import dataclass
 
 from boundgen.server import request_ids
@@ -38,6 +54,8 @@ FORMATS = ("text", "json")
 TEXT_FORMAT = "%(asctime)s %(name)s %(levelname)s %(message)s"
 ACCESS = logging.getLogger("boundgen.access")
 ACCESS_FIELDS = ("request_id", "route", "status", "model", "protocol", "outcome", "ms")
+QUEUE_LINES = 10_000  # lines waiting for a stream at most; more are dropped and counted
+FLUSH_S = 2.0  # at exit, the longest wait for the queued records to be written
 
 
 def _now() -> str:
@@ -55,10 +73,124 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(line, ensure_ascii=False)
 
 
+class LineWriter:
+    """The lines of one stream, written by a thread of its own: `write` queues a line without waiting
+    (a full queue of `capacity` lines drops it and counts it); the thread writes each whole line and
+    flushes, and once the queue is empty again, the drops since its last report
+    ("boundgen: N lines dropped: stderr was not read", in the process's format). `close` lets it
+    write what is queued for up to FLUSH_S."""
+
+    def __init__(self, stream, capacity: int = QUEUE_LINES):
+        self.stream, self.queue = stream, queue.Queue(capacity)
+        self._drops = itertools.count()  # next() is atomic under the GIL: no lock on the writing path
+        self._thread = threading.Thread(target=self._run, name="boundgen-line-writer", daemon=True)
+        self._thread.start()
+
+    def dropped(self) -> int:
+        """Lines dropped so far."""
+        return next(copy.copy(self._drops))
+
+    def write(self, line: str) -> None:
+        try:
+            self.queue.put_nowait(line)
+        except queue.Full:
+            next(self._drops)
+
+    def _run(self) -> None:
+        reported = 0
+        while True:
+            line = self.queue.get()  # None: close() asks it to stop
+            try:
+                if line is not None:
+                    self.stream.write(line + "\n")
+                    self.stream.flush()
+                dropped = self.dropped()
+                if dropped > reported and (line is None or self.queue.empty()):  # after the lines that were kept
+                    name = getattr(self.stream, "name", "the stream").strip("<>")
+                    self.stream.write(status_line(f"boundgen: {dropped - reported} lines dropped: {name} was not read",
+                                                  _format) + "\n")
+                    self.stream.flush()
+                    reported = dropped
+            except (OSError, ValueError):  # a closed stream or a reader gone: nothing more can be written
+                return
+            if line is None:
+                return
+
+    def close(self, timeout_s: float = FLUSH_S) -> None:
+        """Write what is queued, for up to `timeout_s` (the writer stops after it)."""
+        end = time.monotonic() + timeout_s
+        if self._thread.is_alive():
+            try:
+                self.queue.put(None, timeout=timeout_s)
+                self._thread.join(max(0.0, end - time.monotonic()))
+            except queue.Full:
+                pass
+
+
+_writers: dict[int, LineWriter] = {}  # by the file descriptor a stream writes to
+_writers_lock = threading.Lock()
+_format = "text"  # the process's log format, for the writers' own lines
+
+
+def line_writer(stream) -> LineWriter:
+    """The process's one LineWriter for the file `stream` writes to (created at first use)."""
+    fd = stream.fileno()
+    with _writers_lock:
+        if fd not in _writers:
+            if not _writers:
+                atexit.register(flush)
+            _writers[fd] = LineWriter(stream)
+        return _writers[fd]
+
+
+def flush(timeout_s: float = FLUSH_S) -> None:
+    """Write what every LineWriter holds, for up to `timeout_s` in all, and stop them (at exit)."""
+    end = time.monotonic() + timeout_s
+    for writer in list(_writers.values()):
+        writer.close(max(0.0, end - time.monotonic()))
+
+
+def is_pipe(stream) -> bool:
+    """Whether `stream` writes to a pipe (or a FIFO): the one kind of file whose writes wait, for as
+    long as nobody reads it."""
+    try:
+        return stat.S_ISFIFO(os.fstat(stream.fileno()).st_mode)
+    except (AttributeError, OSError, ValueError):  # no file behind it (a test's buffer), or closed
+        return False
+
+
+def say(stream, line: str) -> None:
+    """A status line on `stream`: to a pipe through its LineWriter (never waiting for a reader), else
+    written and flushed at once. The caller serialises its own lines (one write a line here)."""
+    if is_pipe(stream):
+        line_writer(stream).write(line)
+    else:
+        stream.write(line + "\n")
+        stream.flush()
+
+
+class QueuedHandler(logging.Handler):
+    """Log records formatted by the thread that logs them and written by stderr's LineWriter: logging
+    never waits for stderr (a full queue drops the line, and the writer says how many it dropped)."""
+
+    def __init__(self, stream=None):
+        super().__init__()
+        self.stream = stream or sys.stderr
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            line = self.format(record)
+        except Exception:  # arguments that do not fit the message: both as they are, not a traceback
+            line = f"{record.levelname} {record.msg!r} % {record.args!r}"
+        say(self.stream, line)
+
+
 def configure(log_format: str = "text", level: str = "info") -> None:
-    """Log records to stderr in `log_format`, from `level` up (the process's one logging setup).
-    Status lines on stdout are not records: every level writes them."""
-    handler = logging.StreamHandler(sys.stderr)
+    """Log records to stderr in `log_format`, from `level` up (the process's one logging setup), by a
+    `QueuedHandler`. Status lines on stdout are not records: every level writes them."""
+    global _format
+    _format = log_format
+    handler = QueuedHandler()
     handler.setFormatter(JsonFormatter() if log_format == "json" else logging.Formatter(TEXT_FORMAT))
     root = logging.getLogger()
     root.handlers[:] = [handler]

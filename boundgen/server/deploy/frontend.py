@@ -19,6 +19,7 @@ import json
 import sys
 
 from boundgen.errors import BoundgenError
+from boundgen.server import logs
 from boundgen.server.app import Server, in_daemon_thread, serve_until_signal
 from boundgen.server.config import ServerConfig
 from boundgen.server.deploy.linked_engine import EngineGone, EngineLink, LinkedEngine
@@ -112,7 +113,7 @@ def main(argv=None) -> int:
     except EngineGone:
         return ENGINE_GONE_EXIT
     except BoundgenError as exc:
-        print(f"[front end {args.index}] boundgen serve: error: {exc}", file=sys.stderr, flush=True)
+        logs.say(sys.stderr, f"[front end {args.index}] boundgen serve: error: {exc}")  # written at exit
         return 1
 
 

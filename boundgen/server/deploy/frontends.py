@@ -101,10 +101,9 @@ def serve_frontends(artifact_dirs: Sequence[str | Path], config: ServerConfig, c
     logs.configure(config.log_format, config.log_level)
     say_lock = threading.Lock()
 
-    def say(message: str) -> None:
+    def say(message: str) -> None:  # to a pipe without waiting for its reader (logs.say)
         with say_lock:
-            out.write(logs.status_line(message, config.log_format) + "\n")
-            out.flush()
+            logs.say(out, logs.status_line(message, config.log_format))
 
     if not link.native_msgpack():
         say("warning: msgpack runs without its C extension (pure Python) in this Python: every request crosses "

@@ -49,6 +49,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from boundgen.errors import BoundgenError
 from boundgen.runtime.waiting import CANCEL_POLL_S
+from boundgen.server import logs
 from boundgen.server.kserve import pb
 from boundgen.server.config import API_KEY_ENV
 from boundgen.server.deploy.launch import ServerProcess
@@ -338,8 +339,9 @@ def exit_with_parent(message: str = "the front end is gone; this worker exits", 
                 pass
         except OSError:
             pass
-        try:  # its output pipe went with the front end: this print may fail, the exit must not
-            print(f"boundgen serve: {message}", file=sys.stderr, flush=True)
+        try:  # its output pipe went with the front end, or nobody reads it: the line may not go out, the exit must
+            logs.say(sys.stderr, f"boundgen serve: {message}")
+            logs.flush(timeout_s=0.5)
         finally:
             os.kill(os.getpid(), signal.SIGKILL)
 
