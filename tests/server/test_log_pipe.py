@@ -1,8 +1,8 @@
 """A server whose stderr nobody reads (a log shipper that hung, a pipe left open) keeps serving: its
 log records wait in a bounded queue for a writer thread, never written by the thread that handles
-a request; once the pipe is read again they all come out. Past the queue's bound records are
-dropped and counted, and the writer says how many. With front-end processes too (they share the
-pipe)."""
+a request; once the pipe is read again they all come out, and with the pipe full SIGTERM still
+drains and stops the server. Past the queue's bound lines are dropped and counted, and the writer
+says how many. With front-end processes too (they share the pipe)."""
 
 from __future__ import annotations
 
@@ -100,14 +100,16 @@ def test_a_stderr_nobody_reads_stalls_no_request(tmp_path, frontends, eager_mode
             logged += _drain(read_end)
             time.sleep(0.05)
         assert logged.count(b"boundgen.access") == REQUESTS and b"dropped" not in logged
-    finally:
+        for _ in range(REQUESTS):  # the pipe full again, and left so: SIGTERM still drains and stops
+            assert _score(port, model) == 200
+        stopping = time.monotonic()
         proc.send_signal(signal.SIGTERM)
-        try:
-            code = proc.wait(timeout=60)
-        finally:
-            proc.kill()
-            os.close(read_end)
-    assert code == 0
+        code = proc.wait(timeout=60)
+        assert code == 0 and time.monotonic() - stopping < 30
+    finally:
+        proc.kill()
+        proc.wait()
+        os.close(read_end)
 
 
 class _StuckStream:
