@@ -150,7 +150,9 @@ class EngineHost:
             self.models[name] = HostedModel(name, engine, source)
 
     def set_state(self, state: str) -> None:
-        """loading -> ready -> draining, told to every front end; draining sends the held refusals."""
+        """loading -> ready (the models are loaded: the front ends read their tokenizers) -> serving
+        (every front end has said ready: they admit requests) -> draining, told to every front end;
+        draining sends the held refusals."""
         with self._lock:
             self.state = state
             connections = list(self._connections)
@@ -258,7 +260,7 @@ class EngineHost:
         model = self.models.get(message["model"])
         if model is None:
             return conn.send(_error(rid, "unavailable", f"model {message['model']} is not loaded in the engine"))
-        if self.state != "ready":
+        if self.state not in ("ready", "serving"):
             return conn.send(_error(rid, "unavailable", "the server is shutting down and admits no new requests"
                                     if self.state == "draining" else "the server is still loading its models"))
         tokens = link.unpack_array(message["tokens"])

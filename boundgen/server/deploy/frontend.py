@@ -48,17 +48,20 @@ class FrontendServer(Server):
         self.link.tell("listening")
 
     async def load(self) -> None:
-        """Ready once the engine process is: its models, with this process's tokenizers. A tokenizer is
-        read on a daemon thread, as the one-process server loads its artifacts (a Qwen vocabulary takes
-        about half a second a model to parse): the event loop goes on answering health checks and
-        refusing requests as not ready meanwhile."""
-        state = await self.link.wait_state("ready", "draining")
-        if state != "ready":
+        """Ready once every front end is: the engine process's models, with this process's tokenizers,
+        then the engine process's word that all front ends have theirs ("serving"). A connection lands
+        on any front end, so one that said ready while another still read its tokenizers had a probe
+        answered 200 and the next request 503. A tokenizer is read on a daemon thread, as the
+        one-process server loads its artifacts (a Qwen vocabulary takes about half a second a model to
+        parse): the event loop goes on answering health checks and refusing requests as not ready
+        meanwhile."""
+        if await self.link.wait_state("ready", "serving", "draining") == "draining":
             return
         if not self.models.models:  # else loaded before listening (serve: a restart)
             await self._add_models()
-        self.models.set_ready()
         self.link.tell("ready")
+        if await self.link.wait_state("serving", "draining") == "serving":
+            self.models.set_ready()
 
     async def _add_models(self) -> None:
         for hosted in self.link.models.values():
@@ -82,12 +85,13 @@ class FrontendServer(Server):
         await self.link.connect()
         watcher = asyncio.ensure_future(engine_gone())
         try:
-            restart = await self.link.wait_state("loading", "ready", "draining") == "ready"
+            restart = await self.link.wait_state("loading", "ready", "serving", "draining") in ("ready", "serving")
             if restart:
                 # The other front ends serve meanwhile, so this one loads its tokenizers before it listens
                 # (listening first, it took its share of new connections and answered them 503).
                 await self._add_models()
-                self.models.set_ready()
+                if self.link.state == "serving":
+                    self.models.set_ready()
             # Stopped while it loaded (SIGTERM, the engine gone): it never listened, so there is nothing to drain.
             code = 0 if restart and stop.is_set() else await super().serve(stop)
         finally:

@@ -143,6 +143,7 @@ def serve_frontends(artifact_dirs: Sequence[str | Path], config: ServerConfig, c
         host.set_state("ready")
         if not _wait(host, count, "ready", frontends, stop):
             raise BoundgenError(f"the front-end processes were not all ready within {START_TIMEOUT_S:.0f} s")
+        host.set_state("serving")  # each front end answers ready from now on, all of them at once
         say(f"boundgen serve: ready, models: {', '.join(host.models)}, {count} front-end processes")
         failed = _supervise(frontends, stop, say, host, config.frontend_hang_s)
         if failed:
