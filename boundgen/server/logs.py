@@ -33,9 +33,7 @@ process's logging, and status lines follow the new format.
 from __future__ import annotations
 
 import atexit
-import copy
 import datetime
-import itertools
 import json
 import logging
 import os
@@ -56,6 +54,7 @@ ACCESS = logging.getLogger("boundgen.access")
 ACCESS_FIELDS = ("request_id", "route", "status", "model", "protocol", "outcome", "ms")
 QUEUE_LINES = 10_000  # lines waiting for a stream at most; more are dropped and counted
 FLUSH_S = 2.0  # at exit, the longest wait for the queued records to be written
+REPORT_S = 1.0  # while lines are dropped, how often the writer says how many
 
 
 def _now() -> str:
@@ -75,42 +74,45 @@ class JsonFormatter(logging.Formatter):
 
 class LineWriter:
     """The lines of one stream, written by a thread of its own: `write` queues a line without waiting
-    (a full queue of `capacity` lines drops it and counts it); the thread writes each whole line and
-    flushes, and once the queue is empty again, the drops since its last report
-    ("boundgen: N lines dropped: stderr was not read", in the process's format). `close` lets it
-    write what is queued for up to FLUSH_S."""
+    (a full queue of `capacity` lines drops it and counts it); the thread writes each whole line
+    straight to the stream's file descriptor (not through the stream: a write stuck on a full pipe
+    must not hold the stream's lock, which the interpreter's exit and anything else writing to it
+    would wait for), and reports the drops since its last report once the queue is empty again or
+    every REPORT_S while drops go on ("boundgen: N lines dropped: stderr was not read", in the
+    process's format). `close` lets it write what is queued for up to FLUSH_S."""
 
     def __init__(self, stream, capacity: int = QUEUE_LINES):
         self.stream, self.queue = stream, queue.Queue(capacity)
-        self._drops = itertools.count()  # next() is atomic under the GIL: no lock on the writing path
+        self._sink = _sink(stream)
+        self._drops, self._drops_lock = 0, threading.Lock()
         self._thread = threading.Thread(target=self._run, name="boundgen-line-writer", daemon=True)
         self._thread.start()
 
     def dropped(self) -> int:
         """Lines dropped so far."""
-        return next(copy.copy(self._drops))
+        return self._drops
 
     def write(self, line: str) -> None:
         try:
             self.queue.put_nowait(line)
         except queue.Full:
-            next(self._drops)
+            with self._drops_lock:
+                self._drops += 1
 
     def _run(self) -> None:
-        reported = 0
+        reported, reported_at = 0, time.monotonic()
         while True:
             line = self.queue.get()  # None: close() asks it to stop
             try:
                 if line is not None:
-                    self.stream.write(line + "\n")
-                    self.stream.flush()
-                dropped = self.dropped()
-                if dropped > reported and (line is None or self.queue.empty()):  # after the lines that were kept
+                    self._sink(line + "\n")
+                dropped = self._drops
+                if dropped > reported and (line is None or self.queue.empty()
+                                           or time.monotonic() - reported_at >= REPORT_S):
                     name = getattr(self.stream, "name", "the stream").strip("<>")
-                    self.stream.write(status_line(f"boundgen: {dropped - reported} lines dropped: {name} was not read",
-                                                  _format) + "\n")
-                    self.stream.flush()
-                    reported = dropped
+                    self._sink(status_line(f"boundgen: {dropped - reported} lines dropped: {name} was not read",
+                                           _format) + "\n")
+                    reported, reported_at = dropped, time.monotonic()
             except (OSError, ValueError):  # a closed stream or a reader gone: nothing more can be written
                 return
             if line is None:
@@ -125,6 +127,27 @@ class LineWriter:
                 self._thread.join(max(0.0, end - time.monotonic()))
             except queue.Full:
                 pass
+
+
+def _sink(stream):
+    """How a LineWriter writes a line to `stream`: os.write on its file descriptor, the whole line
+    (the stream's own buffer flushed first, so that what it held comes before), in its encoding;
+    a stream without one (a test's) through its write and flush."""
+    try:
+        fd = stream.fileno()
+    except (AttributeError, OSError, ValueError):
+        def write(text: str) -> None:
+            stream.write(text)
+            stream.flush()
+        return write
+    stream.flush()
+    encoding = getattr(stream, "encoding", None) or "utf-8"
+
+    def write(text: str) -> None:
+        data = memoryview(text.encode(encoding, errors="backslashreplace"))
+        while data:
+            data = data[os.write(fd, data):]
+    return write
 
 
 _writers: dict[int, LineWriter] = {}  # by the file descriptor a stream writes to

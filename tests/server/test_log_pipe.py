@@ -73,8 +73,8 @@ def test_a_stderr_nobody_reads_stalls_no_request(tmp_path, frontends, eager_mode
     artifact = eager_models["score"] if frontends else write_fake_artifact(tmp_path / "fscore", SCORE_SPEC)
     args = [str(artifact), "--http-port", "0", "--grpc-port", "0", "--access-log",
             *(["--frontends", str(frontends)] if frontends else [])]
-    proc = subprocess.Popen(FAKE_SERVE + args, stdout=subprocess.PIPE, stderr=write_end, text=True, cwd=REPO,
-                            env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # buffered, as serve runs by default
+    proc = subprocess.Popen(FAKE_SERVE + args, stdout=subprocess.PIPE, stderr=write_end, text=True, cwd=REPO, env=env)
     os.close(write_end)
     try:
         port = None
@@ -156,3 +156,26 @@ def test_a_file_or_a_buffer_is_written_at_once(tmp_path, capsys):
     with os.fdopen(write_end, "w") as pipe:
         assert logs.is_pipe(pipe)
     os.close(read_end)
+
+
+class _SlowStream(_StuckStream):
+    """A stream that takes a line every 5 ms (a reader that is alive but slow)."""
+
+    def write(self, text):
+        time.sleep(0.005)
+        self.text += text
+
+
+def test_while_lines_are_dropped_the_writer_says_so_every_second():
+    """Under steady overload the queue never empties: the drops are still reported as they go on,
+    not only once the load stops."""
+    stream = _SlowStream()
+    stream.unblock.set()
+    writer = logs.LineWriter(stream, capacity=5)
+    end = time.monotonic() + 2.5
+    while time.monotonic() < end:
+        writer.write("a record")
+        time.sleep(0.001)
+    reports = stream.text.count("lines dropped")  # while still loaded: nothing has been closed yet
+    writer.close()
+    assert reports >= 1 and writer.dropped() > 0
