@@ -20,6 +20,14 @@ Lowerings: "separate" (the default: no fused op, the model calls the two ops as 
 "triton" (this kernel; the registered op runs `reference` on CPU). Models with a q/k norm (Qwen3)
 keep the separate form: the norm comes first there (ops/qk_norm_rope.py).
 
+Measured (one H100, 2026-12-07, docs/benchmarks.md): **slower, so off.** At W2's shapes in a
+CUDA graph the kernel takes 7.4 us against 6.2 for the pair at one request (100 beams) and 21.1
+against 11.8 at eight; a call of one / eight W2 requests 7.28 / 13.93 ms against 7.20 / 13.16
+with 96 kernels fewer, and W2 359.5 against 411.0 QPS within the budget in process. The launches
+it saves cost ~1 us each, less than the rotations it takes on: each program rotates its 16 rows
+of q and its beams' k once per query head that reads them (rope_kv_write: one row a program over
+the whole grid), with 251 registers a thread (two programs an SM; prefix_attention 161).
+
 Triton kernel: prefix_attention's (one program per block of BEAMS beams and a K/V head, its rows
 the beams' query heads of that K/V head; ops/prefix_attention.py says why), which loads its rows
 of q from qkv and rotates them with rope_kv_write's helper (rope.rotate_halves, the same
@@ -27,7 +35,8 @@ roundings: q is rope_kv_write's bit for bit), rotates its beams' k of this K/V h
 and v into slot `step` (the first row of each beam's group writes: each (beam, K/V head) has one
 program, so nothing else reads or writes that slot meanwhile). It attends to the prompt and to
 slots [0, step) as prefix_attention does (its helpers) and to slot `step` from registers, in the
-same order: the output is the separate pair's up to the compiler's choices.
+same order: under the interpreter its output and writes are the separate pair's bit for bit;
+compiled (an H100), its writes are and its output is within a bf16 ulp of theirs.
 """
 
 import math

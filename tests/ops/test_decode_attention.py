@@ -1,5 +1,6 @@
 """A decode layer's RoPE, K/V write and prefix attention in one kernel: against the torch reference
-(the two ops one after the other), against the two kernels it fuses (bit for bit), the registered op
+(the two ops one after the other), against the two kernels it fuses (bit for bit under the
+interpreter; compiled, its writes bit for bit and its output within a bf16 ulp), the registered op
 (its writes survive export), and the model's decode step with the op lowered.
 
 The kernel tests run the real kernel: under TRITON_INTERPRET=1 on CPU tensors (the CPU lane), else
@@ -164,13 +165,15 @@ def test_decode_with_the_fused_op_equals_the_decode_without(checkpoint, request)
 @needs_compiled_kernel
 @pytest.mark.parametrize("lengths,width,step", [((64,), 100, 3), ((64,) * 8, 100, 0), ((400, 400), 100, 2)],
                          ids=["W2", "W2x8", "W3x2"])
-def test_gpu_qwen2_shapes_equal_the_separate_kernels(lengths, width, step):
-    """W2 / W3 decode steps: Qwen2.5-0.5B heads 14/2 of 64, 4 suffix slots, bf16: bit for bit the two
-    kernels it fuses, and within bf16 tolerance of the reference."""
+def test_gpu_qwen2_shapes_match_the_separate_kernels(lengths, width, step):
+    """W2 / W3 decode steps: Qwen2.5-0.5B heads 14/2 of 64, 4 suffix slots, bf16: the slot written bit
+    for bit as the two kernels it fuses write it; the output within a bf16 rounding of theirs (compiled,
+    the two kernels' sums need not come out in one order: on an H100 on 2026-12-07 up to one ulp apart
+    here and there), and within bf16 tolerance of the reference."""
     inputs = make_inputs(lengths, width, (14, 2), 64, 4, step, torch.bfloat16, "cuda")
     got = run(op.launch, inputs, 2, width, (14, 2))
     pair = run(separate_kernels, inputs, 2, width, (14, 2))
-    for name, a, b in zip(("out", "suffix_k", "suffix_v"), got, pair):
-        assert torch.equal(a, b), f"{name}: max abs difference {(a.float() - b.float()).abs().max()}"
+    assert torch.equal(got[1], pair[1]) and torch.equal(got[2], pair[2])
+    torch.testing.assert_close(got[0].float(), pair[0].float(), rtol=2 ** -7, atol=2 ** -12)
     torch.testing.assert_close(got[0].float(), run(op.reference, inputs, 2, width, (14, 2))[0].float(),
                                atol=TOLERANCE[torch.bfloat16], rtol=0)
