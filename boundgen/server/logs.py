@@ -223,9 +223,11 @@ def configure(log_format: str = "text", level: str = "info") -> None:
 @dataclass
 class LogSettings:
     """A server's log format (FORMATS) and level (LEVELS) as it runs. `apply()` configures the
-    process's logging (`configure`: the root logger), in whatever process runs the server."""
+    process's logging (`configure`: the root logger), in whatever process runs the server.
+    `fixed`: why they cannot change while it runs (None: they can)."""
     format: str = "text"
     level: str = "info"
+    fixed: str | None = None
 
     def apply(self) -> None:
         configure(self.format, self.level)

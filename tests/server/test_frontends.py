@@ -92,6 +92,19 @@ def test_errors_keep_their_codes(frontends_server):
     assert err.value.status() == "StatusCode.DEADLINE_EXCEEDED", err.value
 
 
+def test_log_settings_are_read_but_not_changed_while_front_ends_run(frontends_server):
+    """A change would reach the one front end a connection lands on, and the engine process none:
+    refused (501, saying why); the settings still read, and a request that changes nothing passes."""
+    client = thttp.InferenceServerClient(frontends_server.http_url)
+    assert client.get_log_settings()["log_format"] == "text"
+    assert client.update_log_settings({"log_format": "text"})["log_format"] == "text"
+    with pytest.raises(InferenceServerException, match="--log-format when starting serve") as err:
+        client.update_log_settings({"log_format": "json"})
+    assert "501" in str(err.value.status())
+    for _ in range(4):  # on every front end
+        assert thttp.InferenceServerClient(frontends_server.http_url).get_log_settings()["log_format"] == "text"
+
+
 def test_a_dead_front_end_is_restarted(frontends_server, engines):
     victim = children(frontends_server.proc.pid)[0]
     os.kill(victim, signal.SIGKILL)

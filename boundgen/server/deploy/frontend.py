@@ -34,6 +34,9 @@ class FrontendServer(Server):
     def __init__(self, artifact_dirs, config: ServerConfig, engine_link: EngineLink, index: int):
         super().__init__(artifact_dirs, config, engine_factory=self._no_loading, out=sys.stderr)
         self.link, self.index = engine_link, index
+        # A request changes the one front end it lands on, and the engine process none: refused, said why.
+        self.log_settings.fixed = ("each of serve's processes (--frontends) logs on its own; set --log-level and "
+                                   "--log-format when starting serve")
         self.metrics.add_constant_labels(frontend=str(index))  # a scrape reaches one front end: which one
 
     def say(self, message: str) -> None:

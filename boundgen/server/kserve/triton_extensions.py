@@ -190,6 +190,8 @@ def update_log_settings(settings: LogSettings | None, update: dict) -> dict:
         if key in update and not update[key] and LEVELS.index(kind) >= LEVELS.index(level):
             raise InvalidInput(f"{key} cannot be off while {level} records are written: boundgen logs by level "
                                f"({', '.join(LEVELS)}), each with every more severe kind")
+    if settings.fixed and (level, merged["log_format"]) != (settings.level, settings.format):
+        raise Unsupported(f"log settings cannot change while this server runs: {settings.fixed}")
     settings.level, settings.format = level, merged["log_format"]
     settings.apply()
     return log_settings(settings)
