@@ -92,6 +92,19 @@ def test_errors_keep_their_codes(frontends_server):
     assert err.value.status() == "StatusCode.DEADLINE_EXCEEDED", err.value
 
 
+def test_a_front_end_killed_while_serve_starts_is_started_again(launch, eager_models, engines):
+    """SIGKILL (the OOM killer, an operator) to a front end before serve is ready: it is started again and serve
+    becomes ready and serves, where it stopped with exit 2 blaming an error that was not there."""
+    server = launch([eager_models["score"]], args=["--frontends", "2"], wait_ready=False)
+    victim = wait_for(lambda: children(server.proc.pid), 10, "a front end")[0]
+    os.kill(victim, signal.SIGKILL)
+    server.wait_ready(60)
+    assert "was killed by SIGKILL while starting; starting it again" in "".join(server.output)
+    got = infer("http", server, "escore", TEXTS).as_numpy("SCORES")
+    np.testing.assert_allclose(got, engines["score"].score(TEXTS).scores, rtol=1e-5, atol=1e-7)
+    assert server.stop() == 0
+
+
 def test_log_settings_are_read_but_not_changed_while_front_ends_run(frontends_server):
     """A change would reach the one front end a connection lands on, and the engine process none:
     refused (501, saying why); the settings still read, and a request that changes nothing passes."""

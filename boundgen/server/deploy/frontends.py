@@ -7,7 +7,8 @@
 
 This process binds both ports first (so that port 0 picks one number for everyone), starts the
 front ends, says "listening" once each listens, loads and warms up the artifacts, then tells the
-front ends to become ready. A front end that exits is restarted (its own in-flight requests
+front ends to become ready (a front end killed from outside meanwhile is started again). A front end that
+exits is restarted (its own in-flight requests
 fail with it; the engine withdraws what it had queued); one that is ready but whose event loop
 answers no ping for --frontend-hang-s (stopped, or stuck in a bug) is killed first, and so is a
 restarted one not ready within START_TIMEOUT_S; one that fails MAX_FAILED_STARTS starts in a row
@@ -125,7 +126,7 @@ def serve_frontends(artifact_dirs: Sequence[str | Path], config: ServerConfig, c
     try:
         for fe in frontends:
             fe.start()
-        if not _wait(host, count, "listening", frontends, stop):
+        if not _wait(host, count, "listening", frontends, stop, say):
             raise BoundgenError(f"the front-end processes did not all listen within {START_TIMEOUT_S:.0f} s")
         http_hold.close()
         grpc_hold.close()
@@ -141,7 +142,7 @@ def serve_frontends(artifact_dirs: Sequence[str | Path], config: ServerConfig, c
             say(f"boundgen serve: model {engine.spec.name} ({engine.spec.task}) loaded and warmed up, "
                 f"queue {config.max_queue}")
         host.set_state("ready")
-        if not _wait(host, count, "ready", frontends, stop):
+        if not _wait(host, count, "ready", frontends, stop, say):
             raise BoundgenError(f"the front-end processes were not all ready within {START_TIMEOUT_S:.0f} s")
         host.set_state("serving")  # each front end answers ready from now on, all of them at once
         say(f"boundgen serve: ready, models: {', '.join(host.models)}, {count} front-end processes")
@@ -184,15 +185,25 @@ def _reserve(host: str, port: int, what: str) -> tuple[socket.socket, int]:
     return sock, sock.getsockname()[1]
 
 
-def _wait(host: EngineHost, count: int, state: str, frontends: list[_Frontend], stop: threading.Event) -> bool:
+def _wait(host: EngineHost, count: int, state: str, frontends: list[_Frontend], stop: threading.Event, say) -> bool:
+    """Until `count` front ends say `state` (True), serve is stopped (True) or START_TIMEOUT_S passes (False).
+    A front end killed from outside meanwhile (SIGKILL, SIGTERM: the OOM killer, an operator) is started again;
+    one that fails (an error, a crash) stops serve: its error is above."""
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline and not stop.is_set():
         if host.wait_frontends(count, state, 0.2):
             return True
-        dead = [fe for fe in frontends if fe.process.poll() is not None]
-        if dead:
-            raise BoundgenError(f"front-end process {dead[0].index} exited with code {dead[0].process.returncode} "
-                                f"while starting (its error is above)")
+        for fe in frontends:
+            code = fe.process.poll()
+            if code is None:
+                continue
+            if fe.failed_start(code, host.was_ready(fe.process.pid)) is not None:
+                raise BoundgenError(f"front-end process {fe.index} {_exit_words(code)} while starting (its error is "
+                                    "above)")
+            fe.restarts += 1
+            say(f"boundgen serve: front-end process {fe.index} {_exit_words(code)} while starting; starting it again "
+                f"(restart {fe.restarts})")
+            fe.start()
     return stop.is_set()
 
 
