@@ -193,8 +193,9 @@ def say(stream, line: str) -> None:
 
 
 class QueuedHandler(logging.Handler):
-    """Log records formatted by the thread that logs them and written by stderr's LineWriter: logging
-    never waits for stderr (a full queue drops the line, and the writer says how many it dropped)."""
+    """Log records formatted by the thread that logs them and written as `say` writes a line: to a pipe
+    by its LineWriter, so that logging never waits for a reader (a full queue drops the line, and the
+    writer says how many it dropped); to a file or a terminal at once."""
 
     def __init__(self, stream=None):
         super().__init__()

@@ -187,8 +187,8 @@ def _reserve(host: str, port: int, what: str) -> tuple[socket.socket, int]:
 
 def _wait(host: EngineHost, count: int, state: str, frontends: list[_Frontend], stop: threading.Event, say) -> bool:
     """Until `count` front ends say `state` (True), serve is stopped (True) or START_TIMEOUT_S passes (False).
-    A front end killed from outside meanwhile (SIGKILL, SIGTERM: the OOM killer, an operator) is started again;
-    one that fails (an error, a crash) stops serve: its error is above."""
+    A front end killed from outside meanwhile (SIGKILL, SIGTERM: the OOM killer, an operator), or one that had
+    been ready, is started again; one that fails its start (an error, a crash) stops serve: its error is above."""
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline and not stop.is_set():
         if host.wait_frontends(count, state, 0.2):
@@ -197,7 +197,7 @@ def _wait(host: EngineHost, count: int, state: str, frontends: list[_Frontend], 
             code = fe.process.poll()
             if code is None:
                 continue
-            if fe.failed_start(code, host.was_ready(fe.process.pid)) is not None:
+            if fe.failed_start(code, host.was_ready(fe.process.pid)):  # not one killed from outside, nor a ready one
                 raise BoundgenError(f"front-end process {fe.index} {_exit_words(code)} while starting (its error is "
                                     "above)")
             fe.restarts += 1
