@@ -376,15 +376,6 @@ def bench_rope_kv_write(rows: int, heads=(14, 2), head_dim: int = 64, slots: int
     return measure(f"rope_kv_write B={rows} heads={num_q}/{num_kv} D={head_dim}", impls, work, calls, replays)
 
 
-def separate_decode_attention(qkv, cos, sin, k_prefix, v_prefix, suffix_k, suffix_v, step, cu_seqlens, layer: int,
-                              width: int, scale: float, num_q_heads: int, num_kv_heads: int) -> torch.Tensor:
-    """What a decode layer launches without the fused decode attention: rope_kv_write, then
-    prefix_attention (decode_attention.launch's signature)."""
-    q = rope_kv_write.launch(qkv, cos, sin, suffix_k, suffix_v, step, layer, num_q_heads, num_kv_heads)
-    return prefix_attention.launch(q, k_prefix, v_prefix, suffix_k[layer], suffix_v[layer], step, cu_seqlens, width,
-                                   scale)
-
-
 def bench_decode_attention(requests: int, prefix_len: int, width: int = 100, heads=(14, 2), head_dim: int = 64,
                            slots: int = 4, layers: int = 24, device: str = "cuda", calls: int = 24, replays: int = 10,
                            dtype: torch.dtype = torch.bfloat16) -> list[KernelTiming]:
@@ -411,7 +402,7 @@ def bench_decode_attention(requests: int, prefix_len: int, width: int = 100, hea
         return lambda: (fn(qkv, cos, sin, k_prefix, v_prefix, suffix_k, suffix_v, step, cu_seqlens, 1, width, scale,
                            num_q, num_kv), suffix_k[1, :, 2], suffix_v[1, :, 2])
     impls = {"torch reference": run(decode_attention.reference),
-             "rope_kv_write + prefix_attention (2 launches)": run(separate_decode_attention),
+             "rope_kv_write + prefix_attention (2 launches)": run(decode_attention.launch_pair),
              "fused triton (1 launch)": run(decode_attention.launch)}
     flops, nbytes = prefix_work(width, prefix_len, 3, num_q, num_kv, head_dim, dtype.itemsize)
     qkv_bytes = beams * (num_q + 2 * num_kv) * head_dim * dtype.itemsize  # read once; q is no longer written and read

@@ -153,6 +153,17 @@ def _check(qkv, cos, sin, k_prefix, v_prefix, suffix_k, suffix_v, step, cu_seqle
         raise ValueError(f"decode_attention: {err}") from None
 
 
+def launch_pair(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_prefix: torch.Tensor,
+                v_prefix: torch.Tensor, suffix_k: torch.Tensor, suffix_v: torch.Tensor, step: torch.Tensor,
+                cu_seqlens: torch.Tensor, layer: int, width: int, scale: float, num_q_heads: int,
+                num_kv_heads: int) -> torch.Tensor:
+    """The two kernels this one fuses, one after the other (what a decode layer launches without this
+    lowering): rope_kv_write, then prefix_attention; `launch`'s signature, for its tests and benchmark."""
+    q = rope_kv_write.launch(qkv, cos, sin, suffix_k, suffix_v, step, layer, num_q_heads, num_kv_heads)
+    return prefix_attention.launch(q, k_prefix, v_prefix, suffix_k[layer], suffix_v[layer], step, cu_seqlens, width,
+                                   scale)
+
+
 def launch(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_prefix: torch.Tensor, v_prefix: torch.Tensor,
            suffix_k: torch.Tensor, suffix_v: torch.Tensor, step: torch.Tensor, cu_seqlens: torch.Tensor, layer: int,
            width: int, scale: float, num_q_heads: int, num_kv_heads: int, beams_per_program: int | None = None,

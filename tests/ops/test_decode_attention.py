@@ -10,7 +10,6 @@ import pytest
 import torch
 
 from boundgen.ops import decode_attention as op
-from boundgen.ops import prefix_attention, rope_kv_write
 from tests.ops.decode_testing import assert_decode_unchanged
 from tests.ops.kernel_testing import KERNEL_DEVICE, call_targets, needs_compiled_kernel, needs_kernel
 from tests.ops.test_prefix_attention import TOLERANCE
@@ -45,13 +44,6 @@ def run(fn, inputs, layer, width, heads, **launch):
     return out, suffix_k, suffix_v
 
 
-def separate_kernels(qkv, cos, sin, k_prefix, v_prefix, suffix_k, suffix_v, step, cu, layer, width, scale, num_q,
-                     num_kv):
-    """What a decode layer runs without the fused op: the two kernels one after the other."""
-    q = rope_kv_write.launch(qkv, cos, sin, suffix_k, suffix_v, step, layer, num_q, num_kv)
-    return prefix_attention.launch(q, k_prefix, v_prefix, suffix_k[layer], suffix_v[layer], step, cu, width, scale)
-
-
 # (prompt lengths, W, suffix slots, step): one request, prompts of one token, W = 1, odd W (a block of
 # beams spans requests), the first and the last slot.
 CASES = [((37,), 5, 4, 3), ((1,), 1, 2, 0), ((7,), 9, 3, 1), ((1, 37), 3, 4, 2), ((9, 1, 23), 7, 4, 0),
@@ -72,7 +64,7 @@ def test_kernel_matches_the_reference_and_the_separate_kernels(lengths, width, s
     torch.testing.assert_close(got[0].float(), expected[0].float(), atol=TOLERANCE[dtype], rtol=0)
     assert torch.equal(got[1], expected[1]) and torch.equal(got[2], expected[2])
     assert not torch.equal(got[1][1], inputs[5][1]) and torch.equal(got[1][0], inputs[5][0])  # layer 1 written alone
-    pair = run(separate_kernels, inputs, 1, width, heads)
+    pair = run(op.launch_pair, inputs, 1, width, heads)
     for name, a, b in zip(("out", "suffix_k", "suffix_v"), got, pair):
         assert torch.equal(a, b), f"{name}: max abs difference {(a.float() - b.float()).abs().max()}"
 
@@ -172,7 +164,7 @@ def test_gpu_qwen2_shapes_match_the_separate_kernels(lengths, width, step):
     here and there), and within bf16 tolerance of the reference."""
     inputs = make_inputs(lengths, width, (14, 2), 64, 4, step, torch.bfloat16, "cuda")
     got = run(op.launch, inputs, 2, width, (14, 2))
-    pair = run(separate_kernels, inputs, 2, width, (14, 2))
+    pair = run(op.launch_pair, inputs, 2, width, (14, 2))
     assert torch.equal(got[1], pair[1]) and torch.equal(got[2], pair[2])
     torch.testing.assert_close(got[0].float(), pair[0].float(), rtol=2 ** -7, atol=2 ** -12)
     torch.testing.assert_close(got[0].float(), run(op.reference, inputs, 2, width, (14, 2))[0].float(),
