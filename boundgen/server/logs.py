@@ -192,7 +192,7 @@ def say(stream, line: str) -> None:
         stream.flush()
 
 
-class QueuedHandler(logging.Handler):
+class LineHandler(logging.Handler):
     """Log records formatted by the thread that logs them and written as `say` writes a line: to a pipe
     by its LineWriter, so that logging never waits for a reader (a full queue drops the line, and the
     writer says how many it dropped); to a file or a terminal at once."""
@@ -211,10 +211,10 @@ class QueuedHandler(logging.Handler):
 
 def configure(log_format: str = "text", level: str = "info") -> None:
     """Log records to stderr in `log_format`, from `level` up (the process's one logging setup), by a
-    `QueuedHandler`. Status lines on stdout are not records: every level writes them."""
+    `LineHandler`. Status lines on stdout are not records: every level writes them."""
     global _format
     _format = log_format
-    handler = QueuedHandler()
+    handler = LineHandler()
     handler.setFormatter(JsonFormatter() if log_format == "json" else logging.Formatter(TEXT_FORMAT))
     root = logging.getLogger()
     root.handlers[:] = [handler]
