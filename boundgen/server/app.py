@@ -102,7 +102,8 @@ class Server:
         await self._runner.setup()
         try:
             self._http = await connections.listen(self._runner, cfg.host, cfg.http_port, cfg.max_connections,
-                                                  handler_kwargs, reuse_port=self.reuse_port)
+                                                  handler_kwargs, reuse_port=self.reuse_port,
+                                                  unanswered=http.count_unanswered)
         except OSError as exc:
             raise BoundgenError(f"cannot listen for HTTP on {cfg.host}:{cfg.http_port}: {exc.strerror or exc}") from None
         self.http_port = self._http.sockets[0].getsockname()[1]

@@ -26,6 +26,7 @@ import itertools
 import json
 import logging
 import time
+from typing import Callable
 
 from aiohttp import web, web_protocol, web_server
 from aiohttp.http_exceptions import LineTooLong
@@ -55,9 +56,10 @@ class LimitedRequestHandler(web_protocol.RequestHandler):
     request's arrival: when its head was parsed (`head_time`)."""
 
     def __init__(self, manager: web_server.Server, *, max_connections: int, head_timeout_s: float | None = None,
-                 **kwargs):
+                 unanswered: Callable[[str, str], None] | None = None, **kwargs):
         super().__init__(manager, **kwargs)
         self._max_connections = max_connections
+        self._unanswered = unanswered  # told (method, path) of each request parsed but never handled
         self._heads: collections.deque = collections.deque()  # (message, time.monotonic() it was parsed)
         # The idle timeout's own watch (`_watch_heads`): aiohttp's keep-alive timer runs from the
         # connection's start in the aiohttp we test with, not in every version it may be served with
@@ -65,6 +67,7 @@ class LimitedRequestHandler(web_protocol.RequestHandler):
         self._head_timeout_s = kwargs.get("keepalive_timeout") if head_timeout_s is None else head_timeout_s
         self._head_watch: asyncio.TimerHandle | None = None
         self._heads_parsed = 0  # request heads parsed since the watch last looked
+        self._any_head = False  # a request head was parsed on this connection
 
     def data_received(self, data: bytes) -> None:
         """aiohttp's, noting the time of each request head it parsed: a request's handler starts
@@ -74,6 +77,7 @@ class LimitedRequestHandler(web_protocol.RequestHandler):
         super().data_received(data)
         if messages is not None and len(messages) > before:
             self._heads_parsed += len(messages) - before
+            self._any_head = True
             now = time.monotonic()
             self._heads.extend((message, now) for message, _ in itertools.islice(messages, before, None))
 
@@ -99,10 +103,26 @@ class LimitedRequestHandler(web_protocol.RequestHandler):
             self.force_close()
             transport.close()
 
+    def close(self) -> None:
+        """aiohttp's (the server stopping: answer what has arrived, then close), and a connection with
+        no request head yet is closed at once. aiohttp drops whatever arrives once it is closing, and
+        only wakes a handler task that already waits for a request: one accepted just before the
+        stop, whose task had not yet run, stayed open, its request unread and unanswered, until the
+        idle timeout, and the server's stop waited that long for it."""
+        super().close()
+        if not self._any_head:
+            self.force_close()
+
     def connection_lost(self, exc: BaseException | None) -> None:
         if self._head_watch is not None:
             self._head_watch.cancel()
             self._head_watch = None
+        # Requests whose heads were parsed and that were never handled (pipelined behind one whose
+        # client left, or the connection closed by a stop): aiohttp drops them unseen.
+        for message, _ in getattr(self, "_messages", None) or ():
+            url = getattr(message, "url", None)  # none for a malformed head's error entry
+            if self._unanswered is not None and url is not None:
+                self._unanswered(message.method, url.path)
         super().connection_lost(exc)
 
     def _watch_heads(self) -> None:
@@ -135,15 +155,18 @@ class LimitedRequestHandler(web_protocol.RequestHandler):
 
 
 async def listen(runner: web.AppRunner, host: str, port: int, max_connections: int,
-                 handler_kwargs: dict, reuse_port: bool = False) -> asyncio.AbstractServer:
+                 handler_kwargs: dict, reuse_port: bool = False,
+                 unanswered: Callable[[str, str], None] | None = None) -> asyncio.AbstractServer:
     """Listen on host:port with `runner`'s application, each connection a LimitedRequestHandler.
     Close the returned server before `runner.cleanup()` (which closes the connections).
     `reuse_port`: share the port with the other front-end processes (the kernel spreads
-    connections over them; server/deploy/frontends.py)."""
+    connections over them; server/deploy/frontends.py). `unanswered(method, path)`: called for
+    each request parsed and never handled, its connection closed first."""
     loop = asyncio.get_running_loop()
     manager = runner.server
 
     def factory() -> LimitedRequestHandler:
-        return LimitedRequestHandler(manager, loop=loop, max_connections=max_connections, **handler_kwargs)
+        return LimitedRequestHandler(manager, loop=loop, max_connections=max_connections, unanswered=unanswered,
+                                     **handler_kwargs)
 
     return await loop.create_server(factory, host, port, reuse_address=True, reuse_port=reuse_port or None)

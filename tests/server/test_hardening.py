@@ -313,6 +313,45 @@ def test_a_pipelined_request_counts_its_timeout_from_its_head(server, tmp_path):
     assert answers.count(b"HTTP/1.1 504") == 2 and b"had already passed when it arrived" in answers, answers
 
 
+def _requests_counted(server, model: str) -> float:
+    return sum(metric(server, f'boundgen_requests_total{{model="{model}",outcome="{outcome}",protocol="http"}}')
+               for outcome in ("success", "cancelled", "rejected", "deadline_exceeded", "invalid_input",
+                               "unavailable", "internal_error"))
+
+
+def test_pipelined_requests_of_a_client_that_leaves_are_all_counted(server, tmp_path):
+    """Requests pipelined on one connection behind one that waits for the slot, and the client
+    closes: the first is cancelled in the queue; those behind it were parsed but never reached a
+    handler, and aiohttp drops them unseen. Each is still counted (cancelled), under its model (""
+    for none the server has); a GET of another route is not an inference request. 1 of 10 were."""
+    release = tmp_path / f"release-{uuid.uuid4().hex}"
+    holder = socket.create_connection(("127.0.0.1", server.http_port), timeout=10)
+    held = json_body([f"hold={release}"])
+    holder.sendall(b"POST /v2/models/fscore/infer HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                   + f"Content-Length: {len(held)}\r\n\r\n".encode() + held)
+    wait_for_event(server.log, f"hold={release}", "started")
+    before, before_none = _requests_counted(server, "fscore"), _requests_counted(server, "")
+    body = json_body(["a"])
+    infer = (b"POST /v2/models/fscore/infer HTTP/1.1\r\nHost: x\r\n"
+             + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+    score = json.dumps({"query": "q", "items": ["a"], "label_token_ids": [9693], "apply_softmax": True}).encode()
+    sock = socket.create_connection(("127.0.0.1", server.http_port), timeout=10)
+    sock.sendall(infer * 3 + b"GET /v2/health/ready HTTP/1.1\r\nHost: x\r\n\r\n"
+                 + infer.replace(b"fscore", b"nosuch") + infer.replace(b"/models/fscore/", b"/models/fscore/versions/1/")
+                 + b"POST /v1/score HTTP/1.1\r\nHost: x\r\n" + f"Content-Length: {len(score)}\r\n\r\n".encode()
+                 + score)
+    time.sleep(0.3)  # the first in the queue, the rest parsed and waiting behind it
+    sock.close()
+    deadline = time.monotonic() + 10
+    while (_requests_counted(server, "fscore") - before < 4 or _requests_counted(server, "") - before_none < 2) \
+            and time.monotonic() < deadline:
+        time.sleep(0.05)
+    release.touch()
+    read_until_closed(holder)
+    assert _requests_counted(server, "fscore") - before == 5  # the three, the versioned one, the holder's
+    assert _requests_counted(server, "") - before_none == 2  # nosuch, and /v1/score's model is in its unread body
+
+
 def test_a_client_that_half_closes_is_taken_as_gone(server, tmp_path):
     """TCP cannot tell a half-close (shutdown(SHUT_WR)) from a close before the server writes: both
     are the peer's EOF. The server takes both as the client leaving, so a queued request of a client
@@ -373,6 +412,57 @@ def test_the_head_watch_closes_a_trickled_head_whatever_aiohttp_does():
         assert trickled.closed_at is not None and 0.15 <= trickled.closed_at - start <= 0.5, trickled.closed_at
         assert fed.closed_at is None
         busy.connection_lost(None)
+
+    asyncio.run(main())
+
+
+def test_a_connection_the_server_closes_before_its_first_request_closes_at_once():
+    """The server stops (aiohttp's `close` of every connection) just after accepting a connection,
+    before its handler task has waited for a request: the connection is closed then, not left open
+    with its request's bytes dropped until the idle timeout (which a stopping server waited for,
+    its clients answered nothing). One that has a request is answered first, as before."""
+    import asyncio
+
+    from aiohttp import web, web_server
+
+    from boundgen.server.connections import LimitedRequestHandler
+
+    class Transport(asyncio.Transport):
+        def __init__(self):
+            super().__init__()
+            self.closed, self.written = False, b""
+
+        def get_extra_info(self, name, default=None):
+            return default
+
+        def is_closing(self):
+            return self.closed
+
+        def close(self):
+            self.closed = True
+
+        def write(self, data):
+            self.written += data
+
+    async def answer(request):
+        return web.Response(text="ok")
+
+    async def main():
+        manager = web_server.Server(answer)
+        loop = asyncio.get_running_loop()
+        fresh, asked = Transport(), Transport()
+        new = LimitedRequestHandler(manager, loop=loop, max_connections=10, keepalive_timeout=30)
+        busy = LimitedRequestHandler(manager, loop=loop, max_connections=10, keepalive_timeout=30)
+        new.connection_made(fresh)
+        busy.connection_made(asked)
+        busy.data_received(b"GET /a HTTP/1.1\r\nHost: x\r\n\r\n")
+        new.close()  # before either handler task's first step
+        busy.close()
+        new.data_received(b"GET /a HTTP/1.1\r\nHost: x\r\n\r\n")  # dropped: the connection is closing
+        await asyncio.sleep(0.1)
+        assert fresh.closed and fresh.written == b""
+        assert asked.written.startswith(b"HTTP/1.1 200") and asked.closed
+        await asyncio.wait_for(manager.shutdown(5.0), 1.0)  # nothing left to wait for
 
     asyncio.run(main())
 

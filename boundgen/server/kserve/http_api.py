@@ -41,6 +41,7 @@ error is typed exactly `application/json`, which KServe's Python SDK needs to sh
 from __future__ import annotations
 
 import functools
+import re
 import time
 
 from aiohttp import web
@@ -72,6 +73,7 @@ PUBLIC_PATHS = frozenset({"/v2/health/live", "/v2/health/ready"})
 # Inference routes besides /infer: counted in boundgen_requests_total whatever their end, a 401 too
 JSON_INFERENCE_ROUTES = frozenset({score_api.ROUTE, beam_api.ROUTE, *rerank_api.RERANK_ROUTES, rerank_api.PAIRS_ROUTE})
 EXTENSIONS = ("binary_tensor_data",)
+INFER_PATH = re.compile(r"/v2/models/([^/]+)(?:/versions/[^/]+)?/infer")  # the /infer routes, as the router has them
 
 
 def extensions(shared_memory: SharedMemory) -> list[str]:
@@ -147,6 +149,16 @@ class HttpFrontend:
         server's logging, which /v2/logging changes (None: refused)."""
         self.models, self.config, self.repository = models, config, repository
         self.shared_memory, self.logs = shared_memory or SharedMemory(), log_settings
+
+    def count_unanswered(self, method: str, path: str) -> None:
+        """A request whose head was parsed and that was never handled, its connection closed first (a
+        pipelined request behind one whose client left; connections.LimitedRequestHandler): an
+        inference request is counted `cancelled`, as one whose client left mid-way is."""
+        infer = INFER_PATH.fullmatch(path)
+        if method != "POST" or infer is None and path not in JSON_INFERENCE_ROUTES:
+            return
+        name = infer.group(1) if infer is not None else ""  # a JSON route's model: in its body, unread
+        self.models.metrics.observe_request(name if name in self.models.models else "", "http", "cancelled", 0.0)
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=self.config.max_body_bytes,
