@@ -287,18 +287,24 @@ def test_a_slow_body_counts_against_the_timeout(server):
     assert answer.startswith(b"HTTP/1.1 504"), answer
 
 
-def test_a_pipelined_request_counts_its_timeout_from_its_head(server, tmp_path):
-    """Two requests in one write on one connection, while another connection's request holds the
-    one slot: aiohttp starts the second once the first is answered (504 after its 300 ms in the
-    queue), but the second's 200 ms count from when its head was parsed (connections.py
-    head_time), so it has expired on its turn. The clock used to start at its turn: with the slot
-    freed right then, it ran and succeeded 500 ms after it arrived with a 200 ms timeout."""
+def _hold_the_slot(server, tmp_path) -> tuple[socket.socket, os.PathLike]:
+    """A request that holds fscore's one slot until the returned file is made: (its connection, the file)."""
     release = tmp_path / f"release-{uuid.uuid4().hex}"
     holder = socket.create_connection(("127.0.0.1", server.http_port), timeout=10)
     held = json_body([f"hold={release}"])
     holder.sendall(b"POST /v2/models/fscore/infer HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
                    + f"Content-Length: {len(held)}\r\n\r\n".encode() + held)
     wait_for_event(server.log, f"hold={release}", "started")
+    return holder, release
+
+
+def test_a_pipelined_request_counts_its_timeout_from_its_head(server, tmp_path):
+    """Two requests in one write on one connection, while another connection's request holds the
+    one slot: aiohttp starts the second once the first is answered (504 after its 300 ms in the
+    queue), but the second's 200 ms count from when its head was parsed (connections.py
+    head_time), so it has expired on its turn. The clock used to start at its turn: with the slot
+    freed right then, it ran and succeeded 500 ms after it arrived with a 200 ms timeout."""
+    holder, release = _hold_the_slot(server, tmp_path)
     first, second = json_body(["a"], {"timeout": 300_000}), json_body(["b"], {"timeout": 200_000})
     sock = socket.create_connection(("127.0.0.1", server.http_port), timeout=10)
     sock.sendall(b"POST /v2/models/fscore/infer HTTP/1.1\r\nHost: x\r\n"
@@ -324,12 +330,7 @@ def test_pipelined_requests_of_a_client_that_leaves_are_all_counted(server, tmp_
     closes: the first is cancelled in the queue; those behind it were parsed but never reached a
     handler, and aiohttp drops them unseen. Each is still counted (cancelled), under its model (""
     for none the server has); a GET of another route is not an inference request. 1 of 10 were."""
-    release = tmp_path / f"release-{uuid.uuid4().hex}"
-    holder = socket.create_connection(("127.0.0.1", server.http_port), timeout=10)
-    held = json_body([f"hold={release}"])
-    holder.sendall(b"POST /v2/models/fscore/infer HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
-                   + f"Content-Length: {len(held)}\r\n\r\n".encode() + held)
-    wait_for_event(server.log, f"hold={release}", "started")
+    holder, release = _hold_the_slot(server, tmp_path)
     before, before_none = _requests_counted(server, "fscore"), _requests_counted(server, "")
     body = json_body(["a"])
     infer = (b"POST /v2/models/fscore/infer HTTP/1.1\r\nHost: x\r\n"
