@@ -86,7 +86,7 @@ def test_a_stderr_nobody_reads_stalls_no_request(tmp_path, frontends, eager_mode
         assert port is not None, "the server did not say where it listens"
         threading.Thread(target=proc.stdout.read, daemon=True).start()
         _wait_ready(port)
-        started, slowest = time.monotonic(), 0.0
+        slowest = 0.0
         for i in range(REQUESTS):
             sent = time.monotonic()
             try:
@@ -94,8 +94,7 @@ def test_a_stderr_nobody_reads_stalls_no_request(tmp_path, frontends, eager_mode
             except Exception as exc:
                 raise AssertionError(f"request {i}: {exc}; stderr: {_drain(read_end)[-3000:]!r}") from exc
             slowest = max(slowest, time.monotonic() - sent)
-        assert slowest < 5.0, f"a request took {slowest:.1f} s"
-        assert time.monotonic() - started < 120
+        assert slowest < 5.0, f"a request took {slowest:.1f} s"  # none waited for the pipe
         logged, deadline = b"", time.monotonic() + 20  # the pipe read again: the queue held every record
         while logged.count(b"boundgen.access") < REQUESTS and time.monotonic() < deadline:
             logged += _drain(read_end)
@@ -179,3 +178,35 @@ def test_while_lines_are_dropped_the_writer_says_so_every_second():
     reports = stream.text.count("lines dropped")  # while still loaded: nothing has been closed yet
     writer.close()
     assert reports >= 1 and writer.dropped() > 0
+
+
+@pytest.mark.parametrize("frontends", [None, 2], ids=["one_process", "frontends_2"])
+def test_a_log_reader_that_goes_away_stalls_nothing_and_the_drain_exits_0(tmp_path, frontends, eager_models):
+    """The reader of stdout and stderr exits (a log shipper killed): writes meet EPIPE. Requests are
+    answered as before, and SIGTERM drains and stops with exit 0, not Python's 120 for an exit whose
+    last flush failed, and with no traceback."""
+    model = "escore" if frontends else "fscore"
+    artifact = eager_models["score"] if frontends else write_fake_artifact(tmp_path / "fscore", SCORE_SPEC)
+    args = [str(artifact), "--http-port", "0", "--grpc-port", "0", "--access-log",
+            *(["--frontends", str(frontends)] if frontends else [])]
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    proc = subprocess.Popen(FAKE_SERVE + args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd=REPO, env=env)
+    try:
+        port = None
+        for line in proc.stdout:
+            match = re.search(r"listening http=[^ ]*:(\d+)", line)
+            if match:
+                port = int(match.group(1))
+                break
+        assert port is not None, "the server did not say where it listens"
+        _wait_ready(port)
+        proc.stdout.close()  # the reader goes away: every later write to either stream meets EPIPE
+        proc.stderr.close()
+        for _ in range(50):
+            assert _score(port, model) == 200
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+    finally:
+        proc.kill()
+        proc.wait()
