@@ -55,15 +55,15 @@ def main(argv=None) -> int:
     try:
         return int(args.run(args) or 0)
     except BoundgenError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        _say(f"error: {exc}")
         return 2
     except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
+        _say("interrupted")
         return 130
     except (FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError, FileExistsError) as exc:
         if exc.filename is None:  # not about a path the user gave: an internal error (below)
             return _internal(exc)
-        print(f"error: {exc.filename}: {exc.strerror or exc}", file=sys.stderr)  # a path that cannot be used as given
+        _say(f"error: {exc.filename}: {exc.strerror or exc}")  # a path that cannot be used as given
         return 2
     except Exception as exc:
         return _internal(exc)
@@ -73,8 +73,23 @@ def _internal(exc: BaseException) -> int:
     """An internal error: said plainly, its traceback only on request."""
     if os.environ.get("BOUNDGEN_DEBUG"):
         raise exc
-    print(f"internal error: {type(exc).__name__}: {exc} (set BOUNDGEN_DEBUG=1 for a traceback)", file=sys.stderr)
+    _say(f"internal error: {type(exc).__name__}: {exc} (set BOUNDGEN_DEBUG=1 for a traceback)")
     return 1
+
+
+def _say(line: str) -> None:
+    """`line` on stderr. A reader that has gone (EPIPE) loses the line, not the exit status: the failed
+    print used to raise out of `main` (exit 1, whatever the error); stderr then points at /dev/null, so
+    that the interpreter's last flush has nowhere left to fail."""
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except OSError:
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stderr.fileno())
+            os.close(devnull)
+        except (OSError, ValueError):  # no descriptor behind sys.stderr (a test's capture)
+            pass
 
 
 if __name__ == "__main__":

@@ -94,6 +94,19 @@ def test_error_exit_code_in_a_real_process(model_dir):
     assert code == 2 and out == "" and "Traceback" not in err and "steps" in err
 
 
+def test_an_error_keeps_its_exit_code_when_nobody_reads_stderr(model_dir):
+    """The reader of stderr has gone (EPIPE on the error line): the exit status still says what
+    happened (2), where the failed print raised out of main and exited 1 with a traceback."""
+    import os
+
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # every write to the pipe meets EPIPE
+    proc = subprocess.run([sys.executable, "-m", "boundgen", "beam", model_dir, "--width", "4", "--steps", "9",
+                           "--text", "x"], stdout=subprocess.DEVNULL, stderr=write_end, timeout=300)
+    os.close(write_end)
+    assert proc.returncode == 2
+
+
 @pytest.mark.parametrize("argv", [
     ["keygen", "/nonexistent-dir/k"],
     ["demo-model", "/proc/boundgen-demo", "--preset", "tiny-qwen3"],
