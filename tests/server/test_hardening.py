@@ -58,6 +58,15 @@ def post(server, path, body, headers=None):
     return code, json.loads(answer) if answer else None
 
 
+def requests_total(server, protocol: str, model: str | None = None) -> float:
+    """Inference requests counted over `protocol`, whatever their outcome, and whatever their model label
+    unless `model` names one ("" for requests that named no served model)."""
+    _, _, text = http(server, "GET", "/metrics")
+    labels = [f'protocol="{protocol}"', *([f'model="{model}"'] if model is not None else [])]
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.decode().splitlines()
+               if line.startswith("boundgen_requests_total{") and all(label in line for label in labels))
+
+
 def shm_object(size: int) -> tuple[str, int]:
     """A fresh POSIX shared memory object under the server's default prefix: (key, fd)."""
     key = f"/boundgen-test-{uuid.uuid4().hex[:12]}"
@@ -319,19 +328,13 @@ def test_a_pipelined_request_counts_its_timeout_from_its_head(server, tmp_path):
     assert answers.count(b"HTTP/1.1 504") == 2 and b"had already passed when it arrived" in answers, answers
 
 
-def _requests_counted(server, model: str) -> float:
-    return sum(metric(server, f'boundgen_requests_total{{model="{model}",outcome="{outcome}",protocol="http"}}')
-               for outcome in ("success", "cancelled", "rejected", "deadline_exceeded", "invalid_input",
-                               "unavailable", "internal_error"))
-
-
 def test_pipelined_requests_of_a_client_that_leaves_are_all_counted(server, tmp_path):
     """Requests pipelined on one connection behind one that waits for the slot, and the client
     closes: the first is cancelled in the queue; those behind it were parsed but never reached a
     handler, and aiohttp drops them unseen. Each is still counted (cancelled), under its model (""
     for none the server has); a GET of another route is not an inference request. 1 of 10 were."""
     holder, release = _hold_the_slot(server, tmp_path)
-    before, before_none = _requests_counted(server, "fscore"), _requests_counted(server, "")
+    before, before_none = requests_total(server, "http", "fscore"), requests_total(server, "http", "")
     body = json_body(["a"])
     infer = (b"POST /v2/models/fscore/infer HTTP/1.1\r\nHost: x\r\n"
              + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
@@ -344,13 +347,13 @@ def test_pipelined_requests_of_a_client_that_leaves_are_all_counted(server, tmp_
     time.sleep(0.3)  # the first in the queue, the rest parsed and waiting behind it
     sock.close()
     deadline = time.monotonic() + 10
-    while (_requests_counted(server, "fscore") - before < 4 or _requests_counted(server, "") - before_none < 2) \
-            and time.monotonic() < deadline:
+    while time.monotonic() < deadline and (requests_total(server, "http", "fscore") - before < 4
+                                           or requests_total(server, "http", "") - before_none < 2):
         time.sleep(0.05)
     release.touch()
     read_until_closed(holder)
-    assert _requests_counted(server, "fscore") - before == 5  # the three, the versioned one, the holder's
-    assert _requests_counted(server, "") - before_none == 2  # nosuch, and /v1/score's model is in its unread body
+    assert requests_total(server, "http", "fscore") - before == 5  # the three, the versioned one, the holder's
+    assert requests_total(server, "http", "") - before_none == 2  # nosuch, and /v1/score's model is in its unread body
 
 
 def test_a_client_that_half_closes_is_taken_as_gone(server, tmp_path):
@@ -554,13 +557,6 @@ def test_undecodable_grpc_messages_are_invalid_argument(server, keyed, method):
 
 # ---- 5. metrics -----------------------------------------------------------------------------
 
-def grpc_total(server) -> float:
-    """gRPC inference requests counted, whatever their model label and outcome."""
-    _, _, text = http(server, "GET", "/metrics")
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.decode().splitlines()
-               if line.startswith("boundgen_requests_total{") and 'protocol="grpc"' in line)
-
-
 def test_grpc_requests_that_expire_before_their_handler_are_counted(server):
     request = pb.ModelInferRequest(model_name="fscore")
     request.inputs.add(name="TEXT", datatype="BYTES", shape=[1])
@@ -568,7 +564,7 @@ def test_grpc_requests_that_expire_before_their_handler_are_counted(server):
     data = request.SerializeToString()
     call = grpc_call(server, "ModelInfer", pb.ModelInferResponse)
     call(data, timeout=10)
-    before = grpc_total(server)
+    before = requests_total(server, "grpc")
     calls = [call.future(data, timeout=0.002) for _ in range(200)]
     for c in calls:
         try:
@@ -576,10 +572,10 @@ def test_grpc_requests_that_expire_before_their_handler_are_counted(server):
         except grpc.RpcError:
             pass
     end = time.monotonic() + 5
-    while grpc_total(server) - before < 180 and time.monotonic() < end:
+    while requests_total(server, "grpc") - before < 180 and time.monotonic() < end:
         time.sleep(0.05)
     # gRPC itself drops a few calls before it looks their method up: those never reach the server's code.
-    assert grpc_total(server) - before >= 180, grpc_total(server) - before
+    assert requests_total(server, "grpc") - before >= 180, requests_total(server, "grpc") - before
 
 
 def test_beam_overload_leaves_no_unretrieved_task_exception():
