@@ -147,6 +147,10 @@ def cases(server):
         ("/v1/beam with a width", 400, lambda: post(server, "/v1/beam", {"prompt": "a", "width": 1000})),
         ("register a key with a lone surrogate", 400, lambda: post(
             server, "/v2/systemsharedmemory/region/x/register", b'{"key": "/boundgen-\\ud800", "offset": 0, "byte_size": 8}')),
+        ("a plain body said to be in two codings (gzip, gzip)", 400, lambda: post(
+            server, "/v2/models/fscore/infer", infer_json("[1]"), b"Content-Encoding: gzip, gzip\r\n")),
+        ('a bare JSON value as data ("data": "a")', 400,
+         lambda: post(server, "/v2/models/fscore/infer", infer_json("[1]", data='"a"'))),
         ("timeout parameter 10^309", 400, lambda: post(server, "/v2/models/fscore/infer", infer_json("[1]")[:-1]
                                                        + b', "parameters": {"timeout": 1' + b"0" * 309 + b"}}")),
         ("shared memory truncated while read (worst of 30)", 400, lambda: truncated_shm(server)),

@@ -30,11 +30,17 @@ ENCODINGS = frozenset({"gzip", "deflate", "br", "zstd"})  # the ones aiohttp's p
 
 
 def body_encoding(header: str | None) -> str | None:
-    """The compression a Content-Encoding header's value names (None: the body is as sent)."""
-    if not header or not header.isascii():
+    """The compression a Content-Encoding header's value names (None: the body is as sent, no header or
+    `identity`). Any other value (an unknown coding, several codings, `gzip, gzip`) is InvalidInput:
+    taken as identity, its compressed bytes reached the JSON parser as text and its bounds as if inflated."""
+    encoding = (header or "").strip().lower()
+    if encoding in ("", "identity"):
         return None
-    encoding = header.strip().lower()
-    return encoding if encoding in ENCODINGS else None
+    if encoding in ENCODINGS:
+        return encoding
+    shown = header if header.isascii() and header.isprintable() else ascii(header)
+    raise InvalidInput(f"Content-Encoding {shown[:80]} is not supported here; send one coding of gzip, "
+                       "deflate or br, or none")
 
 
 class Inflater:

@@ -141,6 +141,26 @@ def test_read_body_gives_a_compressed_body_inflated():
     assert asyncio.run(main()) == text
 
 
+@pytest.mark.parametrize("header", ["gzip, gzip", "compress", "x-gzip", "gzip;q=1", "gzíp"])
+def test_read_body_refuses_a_coding_it_cannot_undo(header):
+    """Before, any value but one of the four codings was taken as identity: a body sent with
+    `gzip, gzip` reached the JSON parser still compressed, and its bounds counted it compressed."""
+    async def main():
+        request = body_request(gzip.compress(gzip.compress(json_body(["a"]))), {"Content-Encoding": header})
+        await read_body(request, ServerConfig())
+
+    with pytest.raises(InvalidInput, match="Content-Encoding .* is not supported here"):
+        asyncio.run(main())
+
+
+@pytest.mark.parametrize("header", ["identity", " Identity ", ""])
+def test_read_body_takes_identity_as_sent(header):
+    async def main():
+        return await read_body(body_request(json_body(["a"]), {"Content-Encoding": header}), ServerConfig())
+
+    assert asyncio.run(main()) == json_body(["a"])
+
+
 # ---- a real server ------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
@@ -165,6 +185,14 @@ def test_compressed_bodies_within_the_limits_are_served(server, encoding):
                             "Content-Encoding": "deflate" if encoding == "raw-deflate" else encoding})
     assert code == 200, answer
     assert json.loads(answer)["outputs"][0]["shape"] == [2, 2]
+
+
+def test_a_body_in_two_codings_is_a_400_that_names_the_header(server):
+    sent = gzip.compress(gzip.compress(json_body(["a query"])))
+    code, _, answer = http(server, "POST", "/v2/models/fscore/infer", sent,
+                           {"Content-Type": "application/json", "Content-Encoding": "gzip, gzip"})
+    assert code == 400, answer
+    assert "Content-Encoding gzip, gzip is not supported" in json.loads(answer)["error"]
 
 
 def test_a_body_over_its_json_values_is_answered_before_its_rest_then_closed(server):

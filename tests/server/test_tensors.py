@@ -60,9 +60,12 @@ def test_json_nested_and_flat():
     ("INT8", [1000], "does not fit INT8"),
     ("FP32", [True], "element 0"),
     ("BYTES", ["a"], "has 2 elements"),
+    ("BYTES", "a", "must be a JSON array"),
+    ("INT64", 3, "must be a JSON array"),
+    ("BYTES", {"a": 1}, "must be a JSON array"),
 ])
 def test_bad_json(datatype, data, message):
-    shape = (2,) if message == "has 2 elements" else (len(data),)
+    shape = (2,) if message == "has 2 elements" else (len(data),) if isinstance(data, list) else (1,)
     with pytest.raises(InvalidInput, match=message):
         from_json("T", datatype, shape, data)
 

@@ -156,9 +156,7 @@ def to_raw(tensor: Tensor) -> bytes:
 
 # ---- JSON -----------------------------------------------------------------------------------
 
-def _flatten(data: Any) -> list:
-    if not isinstance(data, list):
-        return [data]
+def _flatten(data: list) -> list:
     out, stack = [], [iter(data)]
     while stack:
         for item in stack[-1]:
@@ -172,7 +170,11 @@ def _flatten(data: Any) -> list:
 
 
 def from_json(name: str, datatype: str, shape: tuple[int, ...], data: Any) -> Tensor:
-    """A tensor from the JSON `data` member (nested or flat lists, row-major)."""
+    """A tensor from the JSON `data` member (nested or flat lists, row-major; a bare value, even for
+    one element, is refused as KServe v2 says: before, `"data": "a"` passed as ["a"])."""
+    if not isinstance(data, list):
+        raise InvalidInput(f"tensor {name}: 'data' must be a JSON array (flat or nested, row-major), "
+                           f"got {type(data).__name__}")
     flat = _flatten(data)
     count = element_count(shape)
     if len(flat) != count:
