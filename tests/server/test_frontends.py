@@ -220,6 +220,23 @@ def test_sigterm_says_which_front_end_did_not_drain(launch, eager_models):
     assert "had not drained 6 s after SIGTERM (stopped or stuck); killed it" in "".join(server.output)
 
 
+def test_a_front_end_that_dies_while_draining_fails_the_stop(launch, eager_models):
+    """A front end killed while it drains (here SIGKILL from outside, as the OOM killer would) may take
+    requests with it: serve names it and exits 1 (before, its exit code was not looked at: exit 0)."""
+    server = launch([eager_models["score"]], args=["--frontends", "2", "--frontend-hang-s", "0",
+                                                   "--drain-timeout-s", "20"])
+    wait_for(lambda: "boundgen serve: ready" in "".join(server.output), 30, "every front end ready")
+    stopped = next(p for p in children(server.proc.pid) if "deploy.frontend" in _cmdline(p))
+    os.kill(stopped, signal.SIGSTOP)  # so that it is still draining when it is killed
+    server.proc.send_signal(signal.SIGTERM)
+    wait_for(lambda: "boundgen serve: draining" in "".join(server.output), 30, "the drain")
+    os.kill(stopped, signal.SIGKILL)
+    assert server.stop() == 1
+    said = "".join(server.output)
+    assert f"(pid {stopped}) was killed by SIGKILL while draining" in said, said
+    assert "had not drained" not in said, said
+
+
 def test_sigterm_drains_every_process(launch, eager_models):
     server = launch([eager_models["score"]], args=["--frontends", "2"])
     front = children(server.proc.pid)

@@ -14,7 +14,8 @@ answers no ping for --frontend-hang-s (stopped, or stuck in a bug) is killed fir
 restarted one not ready within START_TIMEOUT_S; one that fails MAX_FAILED_STARTS starts in a row
 (exits with an error or crashes before it is ready) stops serve (exit 1). SIGTERM /
 SIGINT: every front end drains (new requests 503; what it admitted finishes) and exits, then the
-engine admits nothing more and the engines close. If this process dies, the front ends see the link close (and their lifeline
+engine admits nothing more and the engines close; exit 0, or 1 where a front end's drain ended in an
+error or a crash (one stuck past the drain timeout is killed and named, as one process names its own). If this process dies, the front ends see the link close (and their lifeline
 pipe) and exit: no half-alive server.
 """
 
@@ -152,12 +153,20 @@ def serve_frontends(artifact_dirs: Sequence[str | Path], config: ServerConfig, c
         say("boundgen serve: draining (new requests get 503 / UNAVAILABLE)")
         # The front ends first: each stops admitting and finishes what it admitted, which the engine
         # still takes; then the engine admits nothing more.
-        for fe in _stop_frontends(frontends, config.drain_timeout_s + 5.0):
-            say(f"boundgen serve: front-end process {fe.index} (pid {fe.process.pid}) had not drained "
-                f"{config.drain_timeout_s + 5.0:g} s after SIGTERM (stopped or stuck); killed it, with the "
-                "requests it held")
+        drain_failed = False
+        for fe, killed in _stop_frontends(frontends, config.drain_timeout_s + 5.0):
+            pid, code = fe.process.pid, fe.process.returncode
+            if killed:  # a drain past its time, as in one process (app.py): said, not an error of serve
+                say(f"boundgen serve: front-end process {fe.index} (pid {pid}) had not drained "
+                    f"{config.drain_timeout_s + 5.0:g} s after SIGTERM (stopped or stuck); killed it, with the "
+                    "requests it held")
+            elif code != 0 and (code != -signal.SIGTERM or host.was_ready(pid)):
+                # (one that our SIGTERM ended before it was ready never listened: it held nothing)
+                drain_failed = True
+                say(f"boundgen serve: error: front-end process {fe.index} (pid {pid}) {_exit_words(code)} while "
+                    "draining (its error, if any, is above); the requests it held may have failed")
         host.set_state("draining")
-        return 1 if failed else 0
+        return 1 if failed or drain_failed else 0
     finally:
         _stop_frontends(frontends, 0.0)
         for engine in engines:
@@ -268,17 +277,18 @@ def _exit_words(code: int) -> str:
         return f"was killed by signal {-code}"
 
 
-def _stop_frontends(frontends: list[_Frontend], timeout_s: float) -> list[_Frontend]:
-    """SIGTERM every front end (they drain), wait up to `timeout_s`, then SIGKILL what is left; the front
-    ends it had to kill."""
+def _stop_frontends(frontends: list[_Frontend], timeout_s: float) -> list[tuple[_Frontend, bool]]:
+    """SIGTERM every front end (they drain), wait up to `timeout_s`, then SIGKILL what is left; each front
+    end that was running, with whether it had to be killed."""
     live = [fe for fe in frontends if fe.process is not None and fe.process.poll() is None]
     for fe in live:
         fe.process.send_signal(signal.SIGTERM)
-    deadline, killed = time.monotonic() + timeout_s, []
+    deadline, stopped = time.monotonic() + timeout_s, []
     for fe in live:
         try:
             fe.process.wait(max(0.0, deadline - time.monotonic()))
+            stopped.append((fe, False))
         except subprocess.TimeoutExpired:
             _kill(fe)
-            killed.append(fe)
-    return killed
+            stopped.append((fe, True))
+    return stopped
