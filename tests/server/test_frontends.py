@@ -24,7 +24,8 @@ import boundgen
 from boundgen.errors import InvalidInput
 from boundgen.server.deploy.frontends import MAX_FAILED_STARTS
 from tests.server import test_constrained_serving as constrained
-from tests.server.conftest import post_json
+from tests.server.conftest import SCORE_SPEC, post_json
+from tests.server.fake_engine import write_fake_artifact
 from tests.server.real import eager_engine_from_config, write_eager_artifact
 from tests.server.test_real_engine import PROMPT, TEXTS, eager_models, infer  # noqa: F401 (a fixture)
 
@@ -235,6 +236,17 @@ def test_a_front_end_that_dies_while_draining_fails_the_stop(launch, eager_model
     said = "".join(server.output)
     assert f"(pid {stopped}) was killed by SIGKILL while draining" in said, said
     assert "had not drained" not in said, said
+
+
+def test_sigterm_while_a_model_loads_exits_at_once(launch, tmp_path):
+    """A SIGTERM while the engine process loads or warms up a model exits 0 at once, as one process does
+    (before, the load ran on its main thread, and the stop waited for the load and its warm-up: here a
+    warm-up that never ends, so it hung)."""
+    server = launch([write_fake_artifact(tmp_path / "fscore", SCORE_SPEC, gate=tmp_path / "never")],
+                    args=["--frontends", "2"], wait_ready=False)
+    wait_for(lambda: "boundgen serve: loading" in "".join(server.output), 30, "the load")
+    server.proc.send_signal(signal.SIGTERM)
+    assert server.proc.wait(10) == 0
 
 
 def test_sigterm_drains_every_process(launch, eager_models):

@@ -136,9 +136,13 @@ def serve_frontends(artifact_dirs: Sequence[str | Path], config: ServerConfig, c
             if stop.is_set():
                 return 0
             say(f"boundgen serve: loading {path}")
-            engine = engine_factory(Path(path))
+            loaded, engine = _unless_stopped(stop, engine_factory, Path(path))
+            if not loaded:
+                return 0
             engines.append(engine)
-            engine.warmup()
+            if not _unless_stopped(stop, engine.warmup)[0]:
+                engines.remove(engine)  # still warming up on its thread: left to the exit, not closed under it
+                return 0
             host.add(engine.spec.name, engine, str(path))
             say(f"boundgen serve: model {engine.spec.name} ({engine.spec.task}) loaded and warmed up, "
                 f"queue {config.max_queue}")
@@ -177,6 +181,30 @@ def serve_frontends(artifact_dirs: Sequence[str | Path], config: ServerConfig, c
         grpc_hold.close()
         shutil.rmtree(workdir, ignore_errors=True)
         say("boundgen serve: stopped")
+
+
+def _unless_stopped(stop: threading.Event, fn: Callable, *args) -> tuple[bool, object]:
+    """`fn(*args)` (a load, a warm-up: seconds to minutes) on a daemon thread, waited for until it ends or
+    `stop` is set: (True, its result), or (False, None) when stopped first, the thread left to the exit, so
+    that a SIGTERM while a model loads exits at once, as one process does (app.in_daemon_thread; here
+    the load ran on the main thread, and a stop waited for the load and its warm-up). Its error is raised."""
+    ended, box = threading.Event(), {}
+
+    def target():
+        try:
+            box["result"] = fn(*args)
+        except BaseException as exc:  # handed to the waiting thread
+            box["error"] = exc
+        finally:
+            ended.set()
+
+    threading.Thread(target=target, name="boundgen-loader", daemon=True).start()
+    while not ended.wait(0.1):
+        if stop.is_set():
+            return False, None
+    if "error" in box:
+        raise box["error"]
+    return True, box["result"]
 
 
 def _reserve(host: str, port: int, what: str) -> tuple[socket.socket, int]:
