@@ -73,7 +73,10 @@ PUBLIC_PATHS = frozenset({"/v2/health/live", "/v2/health/ready"})
 # Inference routes besides /infer: counted in boundgen_requests_total whatever their end, a 401 too
 JSON_INFERENCE_ROUTES = frozenset({score_api.ROUTE, beam_api.ROUTE, *rerank_api.RERANK_ROUTES, rerank_api.PAIRS_ROUTE})
 EXTENSIONS = ("binary_tensor_data",)
-INFER_PATH = re.compile(r"/v2/models/([^/]+)(?:/versions/[^/]+)?/infer")  # the /infer routes, as the router has them
+MODEL_PREFIXES = ("/v2/models/{model}", "/v2/models/{model}/versions/{version}")  # each model route under both
+# The /infer routes as patterns, group 1 the model: for a request the router never saw (count_unanswered)
+INFER_PATHS = tuple(re.compile(re.sub(r"\\\{\w+\\\}", "([^/]+)", re.escape(prefix + "/infer")))
+                    for prefix in MODEL_PREFIXES)
 
 
 def extensions(shared_memory: SharedMemory) -> list[str]:
@@ -154,7 +157,7 @@ class HttpFrontend:
         """A request whose head was parsed and that was never handled, its connection closed first (a
         pipelined request behind one whose client left; connections.LimitedRequestHandler): an
         inference request is counted `cancelled`, as one whose client left mid-way is."""
-        infer = INFER_PATH.fullmatch(path)
+        infer = next((match for pattern in INFER_PATHS if (match := pattern.fullmatch(path))), None)
         if method != "POST" or infer is None and path not in JSON_INFERENCE_ROUTES:
             return
         name = infer.group(1) if infer is not None else ""  # a JSON route's model: in its body, unread
@@ -171,7 +174,7 @@ class HttpFrontend:
         app.router.add_get("/v2", self.server_metadata)
         app.router.add_get("/metrics", self.metrics)
         app.router.add_get("/v2/models/stats", self.statistics)  # before /v2/models/{model} takes "stats"
-        for prefix in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
+        for prefix in MODEL_PREFIXES:
             app.router.add_get(prefix, self.model_metadata)
             app.router.add_get(prefix + "/ready", self.model_ready)
             app.router.add_post(prefix + "/infer", self.infer)
