@@ -71,15 +71,33 @@ class LimitedRequestHandler(web_protocol.RequestHandler):
 
     def data_received(self, data: bytes) -> None:
         """aiohttp's, noting the time of each request head it parsed: a request's handler starts
-        two turns of the event loop later, under load many milliseconds after its arrival."""
+        two turns of the event loop later, under load many milliseconds after its arrival. Once the
+        server stops, aiohttp drops whatever arrives, the body of a request whose head came before
+        the stop included: its handler then waited out --read-timeout-s for it (a 408, and the exit
+        held as long). So while a request's body is still arriving, its bytes are let in."""
         messages = getattr(self, "_messages", None)  # aiohttp's queue of parsed requests
         before = len(messages) if messages is not None else 0
-        super().data_received(data)
+        closing = (self._close, self._force_close)
+        let_in = any(closing) and self.transport is not None and self._body_arriving()
+        if let_in:
+            self._close = self._force_close = False
+        try:
+            super().data_received(data)
+        finally:
+            if let_in:
+                self._close, self._force_close = closing
         if messages is not None and len(messages) > before:
             self._heads_parsed += len(messages) - before
             self._any_head = True
             now = time.monotonic()
             self._heads.extend((message, now) for message, _ in itertools.islice(messages, before, None))
+
+    def _body_arriving(self) -> bool:
+        """Whether a request whose head was parsed still waits for the rest of its body."""
+        request = getattr(self, "_current_request", None)
+        if request is not None and not request.content.is_eof():
+            return True
+        return any(not payload.is_eof() for _, payload in getattr(self, "_messages", None) or ())
 
     def head_time(self, message) -> float | None:
         """When the head of request `message` (its `request.message`) was parsed, or None when it

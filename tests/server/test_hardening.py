@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import threading
 import time
@@ -23,7 +24,7 @@ from boundgen.server.kserve import pb
 from boundgen.server.kserve.tensors import serialize_bytes
 from tests.server.conftest import BEAM_SPEC, SCORE_SPEC, metric
 from tests.server.fake_engine import wait_for_event, write_fake_artifact
-from tests.server.test_reliability import http, json_body, read_until_closed
+from tests.server.test_reliability import NOT_HUNG_S, http, json_body, read_until_closed
 
 KEY = "sesame"
 
@@ -469,6 +470,69 @@ def test_a_connection_the_server_closes_before_its_first_request_closes_at_once(
         await asyncio.wait_for(manager.shutdown(5.0), 1.0)  # nothing left to wait for
 
     asyncio.run(main())
+
+
+def test_a_body_that_arrives_after_the_stop_began_is_read_and_answered(launch, artifacts):
+    """A POST whose head came before SIGTERM and whose body came after the server closed its connections
+    (a slow upload across the stop): aiohttp drops what arrives on a closing connection, so the body
+    never came, the answer was a 408 after --read-timeout-s (20 s here) and the exit waited as long.
+    Its body is let in now: answered at once (503: the server admits nothing new), exit 0 at once."""
+    server = launch(artifacts, args=["--read-timeout-s", "20"])
+    body = json_body(["a"])
+    sock = socket.create_connection(("127.0.0.1", server.http_port), timeout=30)
+    sock.sendall(b"POST /v2/models/fscore/infer HTTP/1.1\r\nHost: x\r\n"
+                 + f"Content-Length: {len(body)}\r\n\r\n".encode())
+    time.sleep(0.2)  # the head parsed
+    start = time.monotonic()
+    server.proc.send_signal(signal.SIGTERM)
+    time.sleep(1.0)  # the drain done (nothing admitted) and the connections closing
+    sock.sendall(body)
+    answer = read_until_closed(sock)
+    assert answer.startswith(b"HTTP/1.1 503"), answer[:300]
+    assert server.proc.wait(NOT_HUNG_S) == 0
+    assert time.monotonic() - start < NOT_HUNG_S
+
+
+def test_answers_while_the_server_drains_close_their_connection(launch, tmp_path):
+    """A keep-alive client's request answered while the server drains carries `Connection: close`: without
+    it the client sent its next request on a connection about to close, sent and never answered."""
+    server = launch([write_fake_artifact(tmp_path / "fscore", SCORE_SPEC, log=tmp_path / "calls.jsonl")],
+                    args=["--max-inflight", "1"])
+    server.log = tmp_path / "calls.jsonl"
+    request = json_body(["a"])
+    request = (b"POST /v2/models/fscore/infer HTTP/1.1\r\nHost: x\r\n"
+               + f"Content-Length: {len(request)}\r\n\r\n".encode() + request)
+    kept = socket.create_connection(("127.0.0.1", server.http_port), timeout=NOT_HUNG_S)
+    kept.sendall(request)
+    head, _ = read_one_answer(kept)
+    assert head.startswith(b"HTTP/1.1 200") and b"connection: close" not in head.lower(), head
+    holder, release = _hold_the_slot(server, tmp_path)  # the drain waits for it
+    server.proc.send_signal(signal.SIGTERM)
+    end = time.monotonic() + NOT_HUNG_S
+    while "draining" not in "".join(server.output) and time.monotonic() < end:
+        time.sleep(0.05)
+    kept.sendall(request)
+    head, _ = read_one_answer(kept)
+    assert head.startswith(b"HTTP/1.1 503") and b"connection: close" in head.lower(), head
+    release.touch()
+    assert read_until_closed(holder).startswith(b"HTTP/1.1 200")
+    assert server.proc.wait(NOT_HUNG_S) == 0
+
+
+def read_one_answer(sock) -> tuple[bytes, bytes]:
+    """(head, body) of the next answer on a keep-alive connection (its Content-Length read)."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        assert chunk, data
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    size = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+    while len(body) < size:
+        chunk = sock.recv(65536)
+        assert chunk, data
+        body += chunk
+    return head, body
 
 
 def test_the_protocol_notes_each_pipelined_head_as_it_is_parsed():

@@ -56,7 +56,7 @@ from boundgen.server.http_bodies import (JSON_WORKER, UNREAD, error_response, lo
 from boundgen.server.json_worker import JsonWorker
 from boundgen.server.logs import LogSettings
 from boundgen.server.metrics import CONTENT_TYPE
-from boundgen.server.models import ModelSet
+from boundgen.server.models import DRAINING, ModelSet
 from boundgen.server.status import check_deadline, status_of
 from boundgen.server.kserve import inference
 from boundgen.server.kserve import shared_memory as shm
@@ -208,12 +208,16 @@ class HttpFrontend:
     @web.middleware
     async def _arrival(self, request: web.Request, handler):
         """Note when the request arrived (its head read, its body not yet), where deadlines count from;
-        close the connection after an answer that left part of the body unread (http_bodies.UNREAD)."""
+        close the connection after an answer that left part of the body unread (http_bodies.UNREAD),
+        and after every answer once the server drains (`Connection: close`: a keep-alive client's next
+        request would otherwise go on a connection about to close, sent and never answered)."""
         protocol = getattr(request, "protocol", None)
         # A request that reached this process another way (Ray Serve's proxy: a stand-in protocol) has no head time.
         parsed = protocol.head_time(request.message) if isinstance(protocol, LimitedRequestHandler) else None
         request[ARRIVED] = parsed if parsed is not None else time.monotonic()
         response = await handler(request)
+        if self.models.state == DRAINING and not response.prepared:
+            response.force_close()
         if response.get(UNREAD) and hasattr(protocol, "force_close"):
             await response.prepare(request)
             await response.write_eof()  # the answer is in the transport's buffer, which closing flushes
