@@ -107,7 +107,8 @@ class Server:
         except OSError as exc:
             raise BoundgenError(f"cannot listen for HTTP on {cfg.host}:{cfg.http_port}: {exc.strerror or exc}") from None
         self.http_port = self._http.sockets[0].getsockname()[1]
-        frontend = GrpcFrontend(self.models, cfg, self.repository, self.shared_memory, self.log_settings)
+        frontend = self._grpc_frontend = GrpcFrontend(self.models, cfg, self.repository, self.shared_memory,
+                                                      self.log_settings)
         self._grpc = grpc.aio.server(options=frontend.options())
         self._grpc.add_generic_rpc_handlers((frontend.handler(),))
         try:
@@ -151,6 +152,7 @@ class Server:
 
     async def stop(self) -> None:
         if self._grpc is not None:
+            await self._grpc_frontend.intake_settled()  # calls still in gRPC's intake: answered, not cancelled
             await self._grpc.stop(grace=1.0)
         if self._http is not None:
             self._http.close()  # no new connections; cleanup() below closes the open ones

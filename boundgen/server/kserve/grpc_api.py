@@ -84,6 +84,7 @@ class GrpcFrontend:
         self.shared_memory, self.logs = shared_memory or SharedMemory(), log_settings
         self._unseen: dict[asyncio.Task, _Unseen] = {}  # ModelInfer calls whose handler has not run
         self.port = 0  # the port it listens on, once bound (app.py): with config.host, a call's server end
+        self.looked_up = 0.0  # time.monotonic() when gRPC last looked a call's method up (Arrivals)
 
     def handler(self) -> grpc.GenericRpcHandler:
         """Every method: ModelInfer and ModelStreamInfer decoded within the body limit, the others
@@ -101,6 +102,16 @@ class GrpcFrontend:
         handlers["ModelStreamInfer"] = grpc.stream_stream_rpc_method_handler(
             self.model_stream_infer, request_deserializer=self._decode_infer, response_serializer=serialize)
         return Arrivals(self, grpc.method_handlers_generic_handler(pb.SERVICE, handlers))
+
+    async def intake_settled(self, quiet_s: float = 0.05, bound_s: float = 2.0) -> None:
+        """Until no call has been looked up for `quiet_s` (at most `bound_s`): before gRPC stops, the calls
+        its core took in and has not yet handed over (grpc.aio hands them to Python one a turn of the event
+        loop: a burst on one connection waits there) reach their handlers and are answered UNAVAILABLE
+        while the server drains. gRPC's stop cancelled them: CANCELLED, which a client's retry policy
+        takes for its own cancel, and which the server never logged or counted."""
+        end = time.monotonic() + bound_s
+        while time.monotonic() < end and time.monotonic() - self.looked_up < quiet_s:
+            await asyncio.sleep(quiet_s / 5)
 
     def _refusing_undecodable(self, method: str, behaviour):
         """`behaviour`, except that an undecodable message is answered INVALID_ARGUMENT (after the
