@@ -119,3 +119,46 @@ def test_cancelling_the_stream_frees_its_queue_place(one_slot):
     release.touch()
     wait_metric(one_slot, INFLIGHT, 0)
     assert not any("never runs" in call["texts"] for call in read_log(one_slot.log))
+
+
+def test_a_stream_that_is_never_read_holds_at_most_its_window(launch, tmp_path):
+    """A client that writes requests as fast as it can and reads no answer: once its receive window is
+    full, the server stops taking its requests after STREAM_WINDOW more (the client's writes then wait).
+    Before, the server read and ran every request and held every answer (memory up ~4 MB/s for ever).
+    Cancelling the stream then ends it without a traceback in the log (gRPC logged a failed send)."""
+    import threading
+    import time
+
+    import grpc
+
+    from boundgen.server.kserve import pb
+    from boundgen.server.kserve.grpc_api import STREAM_WINDOW
+    from tests.server.fake_engine import write_fake_artifact
+
+    log = tmp_path / "calls.jsonl"
+    server = launch([write_fake_artifact(tmp_path / "fscore", SCORE_SPEC, log=log)], args=["--max-queue", "1000"])
+    request = pb.ModelInferRequest(model_name="fscore")
+    request.inputs.add(name="TEXT", datatype="BYTES", shape=[1]).contents.bytes_contents.append(b"hello")
+    message, stop = request.SerializeToString(), threading.Event()
+
+    def requests():
+        while not stop.is_set():
+            yield message
+
+    channel = grpc.insecure_channel(server.grpc_url, options=[("grpc.http2.bdp_probe", 0)])  # a 64 KiB window
+    call = channel.stream_stream(f"/{pb.SERVICE}/ModelStreamInfer", request_serializer=lambda b: b,
+                                 response_deserializer=lambda b: b)(requests())
+    try:
+        counts = []
+        for _ in range(3):
+            time.sleep(2.0)
+            counts.append(len(read_log(log)))
+        assert counts[0] > STREAM_WINDOW, counts  # it ran until the client's window was full
+        assert counts[2] - counts[1] <= 1, counts  # and then stopped taking requests
+    finally:
+        stop.set()
+        call.cancel()
+        channel.close()
+    assert server.stop() == 0
+    said = "".join(server.output)
+    assert "Traceback" not in said and "ExecuteBatchError" not in said, said[-2000:]

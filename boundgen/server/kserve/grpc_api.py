@@ -16,7 +16,8 @@ ModelStreamInfer: each request of the stream runs as a ModelInfer call would (sa
 deadline, errors), as soon as it arrives, so that several are in flight at once; the answers go
 back in request order. A request that fails is answered with `error_message` (and its id in
 `infer_response.id`) and the stream goes on. The stream's gRPC deadline bounds every request
-of it; cancelling the stream cancels its requests still waiting.
+of it; cancelling the stream cancels its requests still waiting. At most STREAM_WINDOW of a stream's
+requests are read and not yet answered: a client that does not read its answers waits to write.
 
 Every method decodes its own message: one that is not a valid message of its type is answered
 INVALID_ARGUMENT (UNAUTHENTICATED first when a key is required and missing), never INTERNAL.
@@ -65,6 +66,13 @@ from boundgen.server.kserve.shared_memory import SharedMemory
 from boundgen.server.kserve.triton_extensions import (log_settings, model_config, model_statistics, repository_index,
                                                       to_message, trace_settings, update_log_settings)
 from boundgen.version import __version__
+
+
+STREAM_WINDOW = 64  # a ModelStreamInfer stream's requests read and not yet answered, at most
+try:  # what gRPC raises for a message its transport could not send (the call broken: its client gone)
+    from grpc._cython.cygrpc import ExecuteBatchError as SendFailed
+except ImportError:  # pragma: no cover - a grpcio without it: such a failure is raised (and gRPC logs it)
+    SendFailed = ()
 
 
 @dataclass
@@ -323,18 +331,23 @@ class GrpcFrontend:
         except Exception as exc:
             await self._abort(context, exc)
 
-    async def model_stream_infer(self, requests, context):
+    async def model_stream_infer(self, requests, context) -> None:
         """ModelStreamInfer (see the module docstring): a task per request as it arrives, answers
-        in request order."""
+        in request order, at most STREAM_WINDOW requests of the stream read and not yet answered (a
+        client that writes and never reads held every answer in memory: 4 MB/s, unbounded). Written
+        with `context.write`, so that a send that fails because the client left ends the call
+        quietly (as a generator's answer, gRPC logged a traceback for it)."""
         stream = identify(context, "ModelStreamInfer", self.config.client_key)
         await self._call(context, lambda: None)
         order: asyncio.Queue = asyncio.Queue()  # each request's task, in arrival order; None ends
         tasks: set[asyncio.Task] = set()
+        window = asyncio.Semaphore(STREAM_WINDOW)  # held from a request's read to its answer's write
 
         async def read() -> None:
             try:
                 count, previous = 0, None
                 async for request in requests:
+                    await window.acquire()  # a full window: the client's writes wait (gRPC's flow control)
                     count += 1
                     tag = request_ids.RequestTag(f"{stream.id}.{count}", stream.route, "grpc", stream.client,
                                                  stream.source)
@@ -349,7 +362,12 @@ class GrpcFrontend:
         reader = asyncio.ensure_future(read())
         try:
             while (task := await order.get()) is not None:
-                yield await task
+                answer = await task
+                try:
+                    await context.write(answer)
+                except SendFailed:  # the client went away (cancelled, closed) while its answer was sent
+                    return
+                window.release()
             await reader  # a broken request stream ends the call with its error
         finally:
             reader.cancel()
