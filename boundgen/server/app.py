@@ -183,6 +183,12 @@ class Server:
             await self.stop()
 
 
+# The signals that drain and stop a server: SIGTERM (an orchestrator), SIGINT (Ctrl-C), SIGHUP (its
+# terminal closed, a process group's hang-up: before 2026-12-07 it killed the server undrained, and with
+# front ends left its socket folder behind).
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
 def _grpc_host(host: str) -> str:
     return f"[{host}]" if ":" in host and not host.startswith("[") else host
 
@@ -231,7 +237,7 @@ def serve_until_signal(make_server, log_format: str = "text", log_level: str = "
     async def main() -> int:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        for sig in STOP_SIGNALS:
             loop.add_signal_handler(sig, stop.set)
         server, cleanup = make_server()
         try:

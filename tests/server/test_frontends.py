@@ -249,10 +249,13 @@ def test_sigterm_while_a_model_loads_exits_at_once(launch, tmp_path):
     assert server.proc.wait(10) == 0
 
 
-def test_sigterm_drains_every_process(launch, eager_models):
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_sigterm_drains_every_process(launch, eager_models, stop):
+    """SIGTERM, and SIGHUP (a closed terminal: it killed serve undrained, its socket folder left behind)."""
     server = launch([eager_models["score"]], args=["--frontends", "2"])
     front = children(server.proc.pid)
-    assert server.stop() == 0
+    server.proc.send_signal(stop)
+    assert server.proc.wait(60) == 0
     for pid in front:
         wait_for(lambda pid=pid: not os.path.exists(f"/proc/{pid}") or _zombie(pid), 10, f"front end {pid} exit")
 

@@ -82,7 +82,9 @@ def test_sigterm_while_loading_exits_0(launch, tmp_path):
     assert server.proc.wait(30) == 0
 
 
-def test_sigterm_drains_admitted_requests_and_exits_0(launch, tmp_path):
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_sigterm_drains_admitted_requests_and_exits_0(launch, tmp_path, stop):
+    """SIGTERM, and SIGHUP (a closed terminal: it killed the server undrained before)."""
     log = tmp_path / "calls.jsonl"
     server = launch([write_fake_artifact(tmp_path / "fscore", SCORE_SPEC, log=log)],
                     args=["--max-inflight", "1", "--max-queue", "2", "--default-timeout-ms", "30000"])
@@ -92,7 +94,7 @@ def test_sigterm_drains_admitted_requests_and_exits_0(launch, tmp_path):
         wait_metric(server, 'boundgen_inflight_requests{model="fscore"}', 1)
         queued = pool.submit(infer, "grpc", server, "queued at SIGTERM")
         wait_metric(server, 'boundgen_queue_depth{model="fscore"}', 1)
-        server.proc.send_signal(signal.SIGTERM)
+        server.proc.send_signal(stop)
         for _ in range(1000):  # bounded: ready turns 503 once draining
             if status_of(server, "/v2/health/ready") == 503:
                 break

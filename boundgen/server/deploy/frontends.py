@@ -13,7 +13,7 @@ fail with it; the engine withdraws what it had queued); one that is ready but wh
 answers no ping for --frontend-hang-s (stopped, or stuck in a bug) is killed first, and so is a
 restarted one not ready within START_TIMEOUT_S; one that fails MAX_FAILED_STARTS starts in a row
 (exits with an error or crashes before it is ready) stops serve (exit 1). SIGTERM /
-SIGINT: every front end drains (new requests 503; what it admitted finishes) and exits, then the
+SIGINT / SIGHUP (app.STOP_SIGNALS): every front end drains (new requests 503; what it admitted finishes) and exits, then the
 engine admits nothing more and the engines close; exit 0, or 1 where a front end's drain ended in an
 error or a crash (one stuck past the drain timeout is killed and named, as one process names its own). If this process dies, the front ends see the link close (and their lifeline
 pipe) and exit: no half-alive server.
@@ -37,7 +37,7 @@ from typing import Callable, Sequence
 
 from boundgen.errors import BoundgenError
 from boundgen.server import logs
-from boundgen.server.app import LISTENING
+from boundgen.server.app import LISTENING, STOP_SIGNALS
 from boundgen.server.config import ServerConfig
 from boundgen.server.deploy import link
 from boundgen.server.deploy.engine_host import EngineHost
@@ -111,7 +111,7 @@ def serve_frontends(artifact_dirs: Sequence[str | Path], config: ServerConfig, c
         say("warning: msgpack runs without its C extension (pure Python) in this Python: every request crosses "
             "the front ends' link slower; install msgpack's wheel for this interpreter")
     stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    for sig in STOP_SIGNALS:
         signal.signal(sig, lambda *_: stop.set())
     workdir = tempfile.mkdtemp(prefix="boundgen-serve-")
     host = EngineHost(os.path.join(workdir, "engine.sock"), config.max_queue, config.refusal_hold_ms / 1e3)
