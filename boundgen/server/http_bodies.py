@@ -84,6 +84,18 @@ def _json_part(header_length: str | None) -> int | None:
         return 0
 
 
+def _check_transfer_coding(header: str | None) -> None:
+    """A Transfer-Encoding other than `chunked` alone (`gzip, chunked`: aiohttp reads the chunks and
+    passes the gzip bytes on as they are, which then failed as JSON) is InvalidInput naming it."""
+    if header is None:
+        return
+    codings = [coding.strip().lower() for coding in header.split(",")]
+    if codings != ["chunked"]:
+        shown = header if header.isascii() and header.isprintable() else ascii(header)
+        raise InvalidInput(f"Transfer-Encoding {shown[:80]} is not supported here; send the body chunked or with "
+                           "a Content-Length, compressed (if at all) as its Content-Encoding")
+
+
 def _inflater(request: web.Request) -> Inflater | None:
     """The body's Inflater, if it is compressed and aiohttp has not inflated it already (the server's
     connections leave it to us, app.py; aiohttp's test server does not: its stream then says how
@@ -103,6 +115,7 @@ async def _read_within(request: web.Request, limit: int, count: json_values.Valu
     steps are kept apart and joined once at the end: a body grown in place is copied as it grows,
     and a refused one is never copied whole."""
     parts, size = [], 0
+    _check_transfer_coding(request.headers.get("Transfer-Encoding"))
     inflater = _inflater(request)
     drain = request.content_length is not None  # and at most `limit` (read_body): the rest is bounded
     while data := await request.content.readany():

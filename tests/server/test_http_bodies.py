@@ -153,6 +153,17 @@ def test_read_body_refuses_a_coding_it_cannot_undo(header):
         asyncio.run(main())
 
 
+@pytest.mark.parametrize("header", ["gzip, chunked", "deflate,chunked", "chunked, chunked"])
+def test_read_body_refuses_a_transfer_coding_besides_chunked(header):
+    """Before, `Transfer-Encoding: gzip, chunked` was read as chunked alone: the gzip bytes reached the
+    JSON parser as they were."""
+    async def main():
+        await read_body(body_request(gzip.compress(json_body(["a"])), {"Transfer-Encoding": header}), ServerConfig())
+
+    with pytest.raises(InvalidInput, match="Transfer-Encoding .* is not supported here"):
+        asyncio.run(main())
+
+
 @pytest.mark.parametrize("header", ["identity", " Identity ", ""])
 def test_read_body_takes_identity_as_sent(header):
     async def main():
@@ -193,6 +204,17 @@ def test_a_body_in_two_codings_is_a_400_that_names_the_header(server):
                            {"Content-Type": "application/json", "Content-Encoding": "gzip, gzip"})
     assert code == 400, answer
     assert "Content-Encoding gzip, gzip is not supported" in json.loads(answer)["error"]
+
+
+def test_a_chunked_body_in_another_transfer_coding_is_a_400_that_names_it(server):
+    sent = gzip.compress(json_body(["a query"]))
+    sock = socket.create_connection(("127.0.0.1", server.http_port), timeout=NOT_HUNG_S)
+    sock.sendall(b"POST /v2/models/fscore/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 b"Transfer-Encoding: gzip, chunked\r\nConnection: close\r\n\r\n"
+                 + f"{len(sent):x}\r\n".encode() + sent + b"\r\n0\r\n\r\n")
+    head, _, error = read_until_closed(sock).partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400"), head
+    assert "Transfer-Encoding gzip, chunked is not supported" in json.loads(error)["error"]
 
 
 def test_a_body_over_its_json_values_is_answered_before_its_rest_then_closed(server):
