@@ -84,8 +84,8 @@ class LimitedRequestHandler(web_protocol.RequestHandler):
         try:
             super().data_received(data)
         finally:
-            if let_in:
-                self._close, self._force_close = closing
+            if let_in:  # closing again, and still so whatever aiohttp decided meanwhile
+                self._close, self._force_close = self._close or closing[0], self._force_close or closing[1]
         if messages is not None and len(messages) > before:
             self._heads_parsed += len(messages) - before
             self._any_head = True
