@@ -6,17 +6,18 @@
     this process: EngineHost (engine_host.py): one queue per model, the batcher, program calls
 
 This process binds both ports first (so that port 0 picks one number for everyone), starts the
-front ends, says "listening" once each listens, loads and warms up the artifacts, then tells the
-front ends to become ready (a front end killed from outside meanwhile is started again). A front end that
-exits is restarted (its own in-flight requests
-fail with it; the engine withdraws what it had queued); one that is ready but whose event loop
-answers no ping for --frontend-hang-s (stopped, or stuck in a bug) is killed first, and so is a
+front ends, says "listening" once each listens, loads and warms up the artifacts (on a thread, so
+that a stop meanwhile exits at once), then tells the front ends to become ready (a front end killed
+from outside meanwhile is started again). A front end that exits is restarted (its own in-flight
+requests fail with it; the engine withdraws what it had queued); one that is ready but whose event
+loop answers no ping for --frontend-hang-s (stopped, or stuck in a bug) is killed first, and so is a
 restarted one not ready within START_TIMEOUT_S; one that fails MAX_FAILED_STARTS starts in a row
-(exits with an error or crashes before it is ready) stops serve (exit 1). SIGTERM /
-SIGINT / SIGHUP (app.STOP_SIGNALS): every front end drains (new requests 503; what it admitted finishes) and exits, then the
-engine admits nothing more and the engines close; exit 0, or 1 where a front end's drain ended in an
-error or a crash (one stuck past the drain timeout is killed and named, as one process names its own). If this process dies, the front ends see the link close (and their lifeline
-pipe) and exit: no half-alive server.
+(exits with an error or crashes before it is ready) stops serve (exit 1). SIGTERM / SIGINT /
+SIGHUP (app.STOP_SIGNALS): every front end drains (new requests 503; what it admitted finishes) and
+exits, then the engine admits nothing more and the engines close; exit 0, or 1 where a front end's
+drain ended in an error or a crash (one stuck past the drain timeout is killed and named, as one
+process names its own). If this process dies, the front ends see the link close (and their
+lifeline pipe) and exit: no half-alive server.
 """
 
 from __future__ import annotations
