@@ -7,6 +7,19 @@ reaches no client: the server raises it only for a request whose client has gone
 """
 
 
+def shown(value, limit: int = 80) -> str:
+    """A client's value in an error message, cut short (a model name of 200,000 characters made a
+    200 KB answer): its repr to `limit` characters, a list or an object by its kind alone."""
+    if isinstance(value, list):
+        return f"a list of {len(value)}"
+    if isinstance(value, dict):
+        return f"an object of {len(value)} keys"
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
+        return f"a {len(str(value))}-digit number"
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
 class BoundgenError(Exception):
     """An error caused by input, configuration or files, explained by its message."""
 

@@ -8,7 +8,6 @@ references): kserve/http_messages.py.
 from __future__ import annotations
 
 import asyncio
-import json
 
 from aiohttp import web
 
@@ -16,7 +15,7 @@ from boundgen.errors import Cancelled, InvalidInput
 from boundgen.server import json_values
 from boundgen.server.config import ServerConfig
 from boundgen.server.inflation import Inflater, body_encoding
-from boundgen.server.json_worker import LARGE, JsonWorker
+from boundgen.server.json_worker import LARGE, JsonWorker, error_text, strict_loads
 from boundgen.server.status import ReadTimeout, answer_status
 
 
@@ -137,11 +136,11 @@ async def _read_within(request: web.Request, limit: int, count: json_values.Valu
 def parse_json(body: bytes, what: str):
     """`body` as JSON, or InvalidInput saying why not, naming `what`."""
     try:
-        return json.loads(body)
+        return strict_loads(body)
     except UnicodeDecodeError:
         raise InvalidInput(f"{what} is not valid UTF-8") from None
     except (ValueError, RecursionError) as exc:
-        raise InvalidInput(f"{what} is not valid JSON: {exc}") from None
+        raise InvalidInput(f"{what} is not valid JSON: {error_text(exc)}") from None
 
 
 async def loads(request: web.Request, body: bytes, what: str):

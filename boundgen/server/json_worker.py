@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import os
 import pickle
 import sys
@@ -122,6 +123,28 @@ class JsonWorker:
         self._proc = None
 
 
+def strict_loads(body: bytes):
+    """`json.loads`, refusing what RFC 8259 has not and Python's reader takes: NaN, Infinity, -Infinity,
+    and a number too large for a float (1e999, read as inf). ValueError names it."""
+    return json.loads(body, parse_constant=_no_constant, parse_float=_finite)
+
+
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not a JSON value")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):
+        raise ValueError(f"the number {text[:40]} is out of range")
+    return value
+
+
+def error_text(exc: BaseException) -> str:
+    """A JSON reader's error as a client reads it: Python's advice on its integer digit limit left out."""
+    return str(exc).split("; use sys.set_int_max_str_digits")[0]
+
+
 def serve(digits: int, stdin=None, stdout=None) -> None:
     """The worker: parse bodies from `stdin` until it closes (the server is gone), answer on `stdout`."""
     stdin, stdout = stdin or sys.stdin.buffer, stdout or sys.stdout.buffer
@@ -130,11 +153,11 @@ def serve(digits: int, stdin=None, stdout=None) -> None:
     while len(head := stdin.read(8)) == 8:
         body = stdin.read(int.from_bytes(head, "big"))
         try:
-            answer = ("ok", json.loads(body))
+            answer = ("ok", strict_loads(body))
         except UnicodeDecodeError:
             answer = ("utf8", "")
         except (ValueError, RecursionError) as exc:
-            answer = ("json", str(exc))
+            answer = ("json", error_text(exc))
         try:
             data = pickle.dumps(answer, protocol=pickle.HIGHEST_PROTOCOL)
         except (RecursionError, pickle.PicklingError):

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 from boundgen.artifact.tasks import task_named, task_of
-from boundgen.errors import ConfigError, InvalidInput
+from boundgen.errors import ConfigError, InvalidInput, shown
 from boundgen.runtime.engine import Engine
 from boundgen.runtime.results import BeamResult, ScoreResult
 from boundgen.server.config import ServerConfig
@@ -119,9 +119,9 @@ class ModelSet:
         model = self.models.get(name)
         if model is None:
             known = ", ".join(sorted(self.models)) or "none"
-            raise InvalidInput(f"unknown model {name!r}; this server serves: {known}")
+            raise InvalidInput(f"unknown model {shown(name)}; this server serves: {known}")
         if version not in ("", VERSION):
-            raise InvalidInput(f"model {name} has only version {VERSION}, not {version!r}")
+            raise InvalidInput(f"model {name} has only version {VERSION}, not {shown(version)}")
         return model
 
     def pick(self, requested: str | None, task: str, route: str) -> str:
@@ -135,9 +135,12 @@ class ModelSet:
             return requested
         if requested is None and len(of_task) == 1:
             return of_task[0]
+        if not of_task:
+            raise InvalidInput(f"{route} needs a {task} model, and this server holds none (its models: "
+                               f"{', '.join(sorted(self.models)) or 'none'})")
         if requested is None:
-            raise InvalidInput(f"name the model: this server holds {task} models {', '.join(of_task) or 'none'}")
-        raise InvalidInput(f"unknown model {requested!r}; {task} models here: {', '.join(of_task) or 'none'}")
+            raise InvalidInput(f"name the model: this server holds {task} models {', '.join(of_task)}")
+        raise InvalidInput(f"unknown model {shown(requested)}; {task} models here: {', '.join(of_task)}")
 
     def deadline(self, arrived: float, timeout_us: Any = None, remaining_s: float | None = None) -> float:
         """A request's deadline (monotonic seconds): the tightest of its `timeout` parameter

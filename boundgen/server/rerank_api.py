@@ -36,7 +36,7 @@ import uuid
 import numpy as np
 from aiohttp import web
 
-from boundgen.errors import InvalidInput
+from boundgen.errors import InvalidInput, shown
 from boundgen.server import json_values, score_api
 from boundgen.server.config import ServerConfig
 from boundgen.server.connections import arrived
@@ -73,10 +73,13 @@ def _model_name(obj: dict) -> str | None:
 
 def _texts(value, name: str) -> list[str]:
     """A text or a non-empty list of texts, as a list."""
-    value = [value] if isinstance(value, str) else value
+    one = isinstance(value, str)
+    value = [value] if one else value
     if not isinstance(value, list) or not value or not all(isinstance(v, str) for v in value):
         raise InvalidInput(f"{name} must be a text or a non-empty list of texts (pre-tokenized input is not "
                            "supported: send the texts)")
+    for i, text in enumerate(value):  # named here: once joined to its pair, a text's fault was its pair's
+        utf8(text, name if one else f"{name}[{i}]")
     return value
 
 
@@ -86,6 +89,7 @@ def parse_rerank(obj) -> dict:
     query = obj.get("query")
     if not isinstance(query, str):
         raise InvalidInput("query must be a text")
+    utf8(query, "query")  # here: joined to each document, its fault was the document's
     documents = obj.get("documents")
     if not isinstance(documents, list) or not documents:
         raise InvalidInput('documents must be a non-empty list of texts or {"text": "..."} objects')
@@ -99,7 +103,7 @@ def parse_rerank(obj) -> dict:
         texts.append(doc)
     top_n = obj.get("top_n")
     if top_n is not None and (isinstance(top_n, bool) or not isinstance(top_n, int) or top_n < 1):
-        raise InvalidInput(f"top_n must be a positive integer, got {top_n!r}")
+        raise InvalidInput(f"top_n must be a positive integer, got {shown(top_n)}")
     return_documents = obj.get("return_documents", True)
     if not isinstance(return_documents, bool):
         raise InvalidInput("return_documents must be true or false")

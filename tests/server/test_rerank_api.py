@@ -85,10 +85,28 @@ LIMIT = SCORE_SPEC.program.max_samples
     ("/score", {"text_1": ["a", "b"], "text_2": ["x", "y", "z"]}, "text_1 has 2 texts and text_2 3"),
     ("/score", {"text_1": "q", "text_2": [[1, 2]]}, "pre-tokenized input is not supported"),
     ("/score", {"text_1": "q", "text_2": "x", "encoding_format": "float"}, "unknown fields 'encoding_format'"),
+    # a text's fault named where it is (once joined to its pair, it was said to be documents[i]'s)
+    ("/v1/rerank", {"query": "\ud800", "documents": ["a"]}, "query is not valid UTF-8"),
+    ("/score", {"text_1": "\ud800", "text_2": ["a", "b"]}, "text_1 is not valid UTF-8"),
+    ("/score", {"text_1": ["a", "b \udfff"], "text_2": ["a", "b"]}, "text_1[1] is not valid UTF-8"),
 ])
 def test_bad_requests_are_a_json_400_naming_the_problem(fake_server, route, body, message):
     answer = call(fake_server, "POST", route, body)
     assert answer.status_code == 400 and message in answer.json()["error"], answer.text
+
+
+@pytest.mark.parametrize("route,body", [
+    ("/v1/rerank", {"query": "q", "documents": ["a"], "model": "m" * 50_000}),
+    ("/v1/rerank", {"query": "q", "documents": ["a"], "top_n": "x" * 50_000}),
+    ("/score", {"text_1": "q", "text_2": "x", "model": "m" * 50_000}),
+    ("/v1/beam", {"prompt": "a", "model": "m" * 50_000}),
+    ("/v1/score", {"query": "q", "items": ["a"], "label_token_ids": [9693], "model": "m" * 50_000}),
+])
+def test_an_error_cuts_the_clients_value_short(fake_server, route, body):
+    """A long model name or top_n was echoed whole (200,000 characters: a 200-400 KB answer)."""
+    answer = call(fake_server, "POST", route, body)
+    assert answer.status_code == 400 and len(answer.content) < 2000, answer.text[:300]
+    assert "(50002 characters)" in answer.text, answer.text
 
 
 def test_too_many_documents_are_refused_before_the_engine_sees_them(fake_server, fake_dirs):
@@ -111,3 +129,14 @@ def test_the_api_key_applies(keyed_server, method, route, body):
     refused = call(keyed_server, method, route, body)
     assert refused.status_code == 401 and "API key" in refused.json()["error"]
     assert call(keyed_server, method, route, body, headers={"Authorization": "Bearer sekrit"}).status_code == 200
+
+
+def test_a_server_without_a_score_model_says_so(launch, fake_dirs):
+    """Before: "name the model: this server holds score models none", though no name could do."""
+    server = launch([fake_dirs["beam"]])
+    for route, body in [("/v1/rerank", {"query": "q", "documents": ["a"]}), ("/score", {"text_1": "q", "text_2": "a"}),
+                        ("/v1/score", {"query": "q", "items": ["a"], "label_token_ids": [9693]})]:
+        answer = call(server, "POST", route, body)
+        assert answer.status_code == 400, answer.text
+        assert f"{route} needs a score model, and this server holds none (its models: fbeam)" in answer.json()["error"]
+    assert server.stop() == 0
