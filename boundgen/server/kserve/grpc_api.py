@@ -341,13 +341,12 @@ class GrpcFrontend:
         await self._call(context, lambda: None)
         order: asyncio.Queue = asyncio.Queue()  # each request's task, in arrival order; None ends
         tasks: set[asyncio.Task] = set()
-        window = asyncio.Semaphore(STREAM_WINDOW)  # held from a request's read to its answer's write
+        window = asyncio.Semaphore(STREAM_WINDOW)  # a place per request read and not yet answered
 
         async def read() -> None:
             try:
                 count, previous = 0, None
                 async for request in requests:
-                    await window.acquire()  # a full window: the client's writes wait (gRPC's flow control)
                     count += 1
                     tag = request_ids.RequestTag(f"{stream.id}.{count}", stream.route, "grpc", stream.client,
                                                  stream.source)
@@ -356,6 +355,9 @@ class GrpcFrontend:
                     task.add_done_callback(tasks.discard)
                     order.put_nowait(task)
                     previous = task
+                    # Before the next read (each request read has its task, so it is answered and counted
+                    # whatever happens next): a full window stops reading, and the client's writes wait.
+                    await window.acquire()
             finally:
                 order.put_nowait(None)
 
