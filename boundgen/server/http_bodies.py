@@ -14,7 +14,7 @@ from aiohttp import web
 from boundgen.errors import Cancelled, InvalidInput
 from boundgen.server import json_values
 from boundgen.server.config import ServerConfig
-from boundgen.server.inflation import Inflater, body_encoding
+from boundgen.server.inflation import Inflater, body_encoding, header_shown
 from boundgen.server.json_worker import LARGE, JsonWorker, error_text, strict_loads
 from boundgen.server.status import ReadTimeout, answer_status
 
@@ -90,9 +90,8 @@ def _check_transfer_coding(header: str | None) -> None:
         return
     codings = [coding.strip().lower() for coding in header.split(",")]
     if codings != ["chunked"]:
-        shown = header if header.isascii() and header.isprintable() else ascii(header)
-        raise InvalidInput(f"Transfer-Encoding {shown[:80]} is not supported here; send the body chunked or with "
-                           "a Content-Length, compressed (if at all) as its Content-Encoding")
+        raise InvalidInput(f"Transfer-Encoding {header_shown(header)} is not supported here; send the body "
+                           "chunked or with a Content-Length, compressed (if at all) as its Content-Encoding")
 
 
 def _inflater(request: web.Request) -> Inflater | None:

@@ -38,9 +38,13 @@ def body_encoding(header: str | None) -> str | None:
         return None
     if encoding in ENCODINGS:
         return encoding
-    shown = header if header.isascii() and header.isprintable() else ascii(header)
-    raise InvalidInput(f"Content-Encoding {shown[:80]} is not supported here; send one coding of gzip, "
-                       "deflate or br, or none")
+    raise InvalidInput(f"Content-Encoding {header_shown(header)} is not supported here; send one coding of "
+                       "gzip, deflate or br, or none")
+
+
+def header_shown(header: str) -> str:
+    """A client's header value in a message: as sent when printable ASCII, escaped otherwise, cut short."""
+    return (header if header.isascii() and header.isprintable() else ascii(header))[:80]
 
 
 class Inflater:
