@@ -20,7 +20,10 @@ JSON routes build their EngineCall here from texts (`Signature.call`).
               (the item ids this request may return)
 
 Checks here are the ones that need no tokenizer (names, datatypes, shapes, sample count,
-UTF-8); token limits are the engine's, which raises `InvalidInput` naming sample and limit.
+UTF-8, a text with content); token limits are the engine's, which raises `InvalidInput` naming
+sample and limit. They run before admission, so a request whose fault they find is answered 400
+under any load (an empty prompt met a full queue first, and got 429 or 504 rather than its 400);
+one whose only fault is its token count is admitted first, since counting needs the tokenizer.
 
 One token check needs no tokenizer, and runs here, on the event loop, before admission: a text
 of B bytes is at least ceil(B / MAX_TOKEN_BYTES) tokens, because every token of a byte-level
@@ -50,6 +53,7 @@ from boundgen.artifact.tasks import REBUILD, task_named, task_of  # noqa: F401 (
 from boundgen.errors import ConfigError, InvalidInput
 from boundgen.runtime.engine import Engine, EngineSpec
 from boundgen.runtime.results import BeamResult, ScoreResult
+from boundgen.text.checks import check_texts
 
 MAX_TOKEN_BYTES = 128  # the Qwen vocabulary's longest token, in bytes (see the docstring)
 
@@ -142,6 +146,9 @@ class Signature:
                 texts.append(item.decode("utf-8"))
             except UnicodeDecodeError as exc:
                 raise InvalidInput(f"TEXT[{i}] is not valid UTF-8 (byte {item[exc.start]:#04x} at offset {exc.start})") from None
+        # The tokenizer's own content check, with its names: the message is the one the engine gave
+        names = ["the prompt"] if self.task.one_prompt else [f"sample {i}" for i in range(len(texts))]
+        check_texts(texts, names)
         return EngineCall(self.spec.task, tuple(texts))
 
     def _check_byte_lengths(self, items: Sequence[bytes]) -> None:

@@ -32,6 +32,7 @@ from tokenizers import Tokenizer as HFTokenizer
 
 from boundgen.errors import ConfigError, InvalidInput
 from boundgen.text.byte_decoder import ByteDecoder, byte_decoder
+from boundgen.text.checks import check_texts
 from boundgen.text.fast_bpe import FastEncoder, fast_encoder, vocab_bytes
 from boundgen.text.template import Template
 from boundgen.text.utf8 import utf8
@@ -182,16 +183,7 @@ class Tokenizer:
             raise InvalidInput(f"request has {total} tokens in all; at most {out.max_tokens} are accepted")
         return pack_arrays(tokens, lengths, out)
 
-    @staticmethod
-    def check_texts(texts: Sequence, names: Sequence[str]) -> None:
-        """Each text a string with content (`names` say which sample in an error)."""
-        for name, text in zip(names, texts):
-            if not isinstance(text, str):
-                raise InvalidInput(f"{name} must be a string, got {type(text).__name__}")
-            if not text or text.isspace():  # what `not text.strip()` says, without copying the text
-                raise InvalidInput(f"{name} is empty or whitespace only; every text needs content")
-            if not text.isascii():  # (a flag of the string: free) only then can it hold a lone surrogate
-                utf8(text, name)
+    check_texts = staticmethod(check_texts)  # each text a string with content (text/checks.py)
 
     def token_array(self, texts: list[str]) -> tuple[np.ndarray, list[int]]:
         """Texts' ids back to back and each text's count: (tokens [T] int64, lengths [B]); no

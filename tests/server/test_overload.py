@@ -102,3 +102,39 @@ def test_open_loop_burst(slow_server, protocol):
     tensor = thttp.InferInput("TEXT", [1], "BYTES")
     tensor.set_data_from_numpy(np.array([b"after the burst"], dtype=object))
     assert client.infer("fscore", [tensor]).as_numpy("SCORES").shape == (1, 2)
+
+
+def test_an_empty_text_is_refused_400_under_a_full_queue(launch, tmp_path):
+    """The content check needs no tokenizer, so it comes before admission: an empty text meeting a
+    full queue is answered 400 (it was 429, its fault unseen until a slot was free)."""
+    server = launch([write_fake_artifact(tmp_path / "fscore", SCORE_SPEC, sleep_s=0.5)],
+                    args=["--max-inflight", "1", "--max-queue", "1"])
+
+    async def run():
+        client = thttp_aio.InferenceServerClient(server.http_url, conn_limit=8)
+
+        async def send(text):
+            tensor = thttp_aio.InferInput("TEXT", [1], "BYTES")
+            tensor.set_data_from_numpy(np.array([text.encode()], dtype=object))
+            try:
+                await client.infer("fscore", [tensor])
+                return "200", ""
+            except InferenceServerException as exc:
+                return exc.status(), exc.message() or ""
+
+        try:
+            busy = [asyncio.ensure_future(send(f"busy {i}")) for i in range(2)]  # the slot and the queue's place
+            await asyncio.to_thread(wait_metric, server, 'boundgen_queue_depth{model="fscore"}', 1.0)
+            answers = [await send(text) for text in ("", "  \n", "one more")]
+            await asyncio.gather(*busy)
+            return answers
+        finally:
+            await client.close()
+
+    try:
+        empty, blank, good = asyncio.run(run())
+        assert empty[0] == "400" and "sample 0 is empty or whitespace only" in empty[1], empty
+        assert blank[0] == "400" and "sample 0 is empty or whitespace only" in blank[1], blank
+        assert good[0] == "429", good  # the queue is full for a request without a fault
+    finally:
+        assert server.stop() == 0
