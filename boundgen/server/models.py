@@ -118,8 +118,7 @@ class ModelSet:
             raise Unavailable("the server is still loading its models")
         model = self.models.get(name)
         if model is None:
-            known = ", ".join(sorted(self.models)) or "none"
-            raise InvalidInput(f"unknown model {shown(name)}; this server serves: {known}")
+            raise InvalidInput(f"unknown model {shown(name)}; this server serves: {self._names()}")
         if version not in ("", VERSION):
             raise InvalidInput(f"model {name} has only version {VERSION}, not {shown(version)}")
         return model
@@ -137,10 +136,14 @@ class ModelSet:
             return of_task[0]
         if not of_task:
             raise InvalidInput(f"{route} needs a {task} model, and this server holds none (its models: "
-                               f"{', '.join(sorted(self.models)) or 'none'})")
+                               f"{self._names()})")
         if requested is None:
             raise InvalidInput(f"name the model: this server holds {task} models {', '.join(of_task)}")
         raise InvalidInput(f"unknown model {shown(requested)}; {task} models here: {', '.join(of_task)}")
+
+    def _names(self) -> str:
+        """The models this server holds, for a message: "a, b", or "none"."""
+        return ", ".join(sorted(self.models)) or "none"
 
     def deadline(self, arrived: float, timeout_us: Any = None, remaining_s: float | None = None) -> float:
         """A request's deadline (monotonic seconds): the tightest of its `timeout` parameter
