@@ -265,6 +265,8 @@ class Catalogue:
                               "build one with `boundgen catalogue build`)") from None
         except (ValueError, UnicodeDecodeError) as exc:
             raise ConfigError(f"{path / META_FILE} is not valid JSON: {exc}") from None
+        except OSError as exc:  # a directory, a symlink loop, a name too long, no permission
+            raise ConfigError(f"{path / META_FILE} cannot be read: {exc.strerror or exc}") from None
         if not isinstance(meta, dict):
             raise ConfigError(f"{path / META_FILE} is not a catalogue's: a JSON object was expected")
         if meta.get("format") != "boundgen-catalogue" or meta.get("format_version") != FORMAT_VERSION:
@@ -285,13 +287,41 @@ class Catalogue:
                     cat.subsets = {name: arrays[name] for name in subsets}
             except _DAMAGED as exc:
                 raise ConfigError(f"{path / SUBSETS_FILE} is missing or damaged: {exc}") from None
-        nodes = len(cat.node_item)
-        if (len(cat.row_ptr) != nodes + 1 or len(cat.child_token) != nodes - 1 or cat.row_ptr[-1] != nodes - 1
-                or cat.level_ptr[-1] != nodes or nodes != meta.get("nodes")):
+        if any(a.ndim != 1 or a.dtype.kind not in "iu" for a in [*(getattr(cat, n) for n in ARRAYS),
+                                                                 *cat.subsets.values()]):
+            raise ConfigError(f"{cat_dir}: the trie's arrays are not lists of integers (damaged catalogue)")
+        if len(cat.node_item) != meta.get("nodes"):
             raise ConfigError(f"{cat_dir}: the trie's arrays do not fit together (damaged catalogue)")
         if verify and cat.content_sha256() != meta.get("sha256"):
             raise ConfigError(f"{cat_dir}: the trie's content does not match the sha256 in {META_FILE}")
+        check_trie(cat, str(cat_dir))
         return cat
+
+
+def check_trie(cat: Catalogue, where: str) -> None:
+    """The trie as `from_sequences` builds it (module docstring), or a ConfigError: a catalogue whose
+    sha256 fits its content may still not be one (written by other code, or edited with its hash),
+    and the server indexes the device's arrays with these numbers. O(nodes), numpy."""
+    damaged = f"{where}: the trie's arrays do not fit together (damaged catalogue)"
+    row_ptr, tokens, node_item, level_ptr = cat.row_ptr, cat.child_token, cat.node_item, cat.level_ptr
+    nodes = len(node_item)
+    if (nodes < 1 or len(row_ptr) != nodes + 1 or len(tokens) != nodes - 1 or len(level_ptr) < 2
+            or row_ptr[0] != 0 or row_ptr[-1] != nodes - 1 or (np.diff(row_ptr) < 0).any()
+            or level_ptr[0] != 0 or level_ptr[1] != 1 or level_ptr[-1] != nodes or (np.diff(level_ptr) < 0).any()):
+        raise ConfigError(damaged)
+    # The children of the nodes of depth d are the nodes of depth d + 1 (edge e leads to node e + 1)
+    if (row_ptr[level_ptr[:-1]] + 1 != level_ptr[1:]).any():
+        raise ConfigError(damaged)
+    first = np.zeros(len(tokens), dtype=bool)  # each node's first edge
+    first[row_ptr[:-1][row_ptr[:-1] < len(tokens)]] = True
+    if len(tokens) and (tokens.min() < 0 or ((tokens[1:] <= tokens[:-1]) & ~first[1:]).any()):
+        raise ConfigError(f"{where}: the trie's tokens are not ids in ascending order under each node "
+                          "(damaged catalogue)")
+    items = node_item[node_item >= 0]
+    if not len(items):
+        raise ConfigError(f"{where}: the catalogue has no items")
+    if (node_item < -1).any() or len(np.unique(items)) != len(items):
+        raise ConfigError(f"{where}: the trie's item ids are not distinct ids in [0, 2^63) (damaged catalogue)")
 
 
 # What numpy raises on a missing, cut or edited .npz (a cut zip is BadZipFile, not an OSError).

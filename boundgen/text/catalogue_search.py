@@ -42,6 +42,9 @@ def check(cat: Catalogue, vocab: int, steps: int, stop_token_ids: Sequence[int] 
     if cat.depth > steps:
         raise ConfigError(f"the catalogue's longest token sequence has {cat.depth} tokens; "
                           f"this beam search generates {steps} (--steps)")
+    if int(cat.child_token.min(initial=0)) < 0:
+        raise ConfigError(f"the catalogue holds token id {int(cat.child_token.min())}, outside the model's "
+                          f"vocabulary [0, {vocab})")
     if int(cat.child_token.max(initial=0)) >= vocab:
         raise ConfigError(f"the catalogue holds token id {int(cat.child_token.max())}, outside the model's "
                           f"vocabulary [0, {vocab}): it was built for another model")

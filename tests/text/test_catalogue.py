@@ -206,6 +206,49 @@ def test_a_damaged_catalogue_directory_is_a_clear_error(tmp_path, damage, messag
         Catalogue.load(tmp_path / "cat")
 
 
+def _edited(**arrays):
+    """A good catalogue with some of its arrays replaced: saved by `save`, so its sha256 fits."""
+    def edit(cat):
+        for name, value in arrays.items():
+            setattr(cat, name, value(getattr(cat, name)) if callable(value) else value)
+    return edit
+
+
+def _set(values, at, value):
+    values = values.copy()
+    values[at] = value
+    return values
+
+
+@pytest.mark.parametrize("edit, message", [
+    (_edited(child_token=lambda t: _set(t, 1, -5)), "not ids in ascending order"),  # the server aborted on it
+    (_edited(child_token=lambda t: t[::-1].copy()), "not ids in ascending order"),
+    (_edited(row_ptr=lambda r: r.astype(np.float64)), "not lists of integers"),
+    (_edited(node_item=lambda n: n[None, :]), "not lists of integers"),
+    (_edited(row_ptr=lambda r: _set(r, 1, 3)), "do not fit together"),
+    (_edited(level_ptr=lambda lp: _set(lp, 1, 2)), "do not fit together"),
+    (_edited(node_item=lambda n: np.full_like(n, -1)), "the catalogue has no items"),
+    (_edited(node_item=lambda n: np.where(n >= 0, 7, n)), "not distinct ids"),
+    (_edited(node_item=lambda n: np.where(n == 1, -7, n)), "not distinct ids"),
+])
+def test_a_catalogue_that_is_no_trie_is_refused_though_its_sha256_fits(tmp_path, edit, message):
+    """The loader checked the arrays' lengths and their hash only: a negative token id loaded (and the
+    next request aborted the server), float or 2-D arrays were a TypeError (500), a catalogue without
+    items served nothing but -1s, repeated or negative item ids came back as items."""
+    cat = Catalogue.from_sequences(np.array([1, 2, 3]), [[5, 6], [5, 7], [8]], {"vocab_size": 100, "sha256": None})
+    edit(cat)
+    cat.save(tmp_path / "cat")
+    with pytest.raises(ConfigError, match=message):
+        Catalogue.load(tmp_path / "cat")
+
+
+def test_a_catalogue_json_that_cannot_be_read_is_a_clear_error(tmp_path):
+    """A directory where catalogue.json should be was an IsADirectoryError (500 on the load route)."""
+    (tmp_path / "cat" / "catalogue.json").mkdir(parents=True)
+    with pytest.raises(ConfigError, match="catalogue.json cannot be read"):
+        Catalogue.load(tmp_path / "cat")
+
+
 def test_an_allow_list_names_only_items(tmp_path):
     """-1 marks the trie's nodes where no item ends: it was taken for an item of the catalogue; an id past
     int64 was an OverflowError."""
