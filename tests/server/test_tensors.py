@@ -63,6 +63,9 @@ def test_json_nested_and_flat():
     ("BYTES", "a", "must be a JSON array"),
     ("INT64", 3, "must be a JSON array"),
     ("BYTES", {"a": 1}, "must be a JSON array"),
+    # numpy's cast cut a fraction off: an allow-list's 11.5 ran item 11
+    ("INT64", [11, 11.5], "element 1 is 11.5, not a value of datatype INT64"),
+    ("UINT32", [2.0], "element 0 is 2.0, not a value of datatype UINT32"),
 ])
 def test_bad_json(datatype, data, message):
     shape = (2,) if message == "has 2 elements" else (len(data),) if isinstance(data, list) else (1,)
@@ -89,3 +92,8 @@ def test_grpc_typed_contents():
     assert from_grpc_contents("X", "FP32", (3,), contents).data.tolist() == [0.5, 1.5, 2.5]
     with pytest.raises(InvalidInput, match="contents.bytes_contents has 1"):
         from_grpc_contents("T", "BYTES", (2,), pb.InferTensorContents(bytes_contents=[b"a"]))
+
+
+def test_json_fractions_are_fine_where_the_datatype_takes_them():
+    assert from_json("T", "FP32", (2,), [1.5, 2]).data.tolist() == [1.5, 2.0]
+    assert from_json("T", "INT64", (2,), [11, -3]).data.tolist() == [11, -3]

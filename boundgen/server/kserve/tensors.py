@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from boundgen.errors import InvalidInput
+from boundgen.errors import InvalidInput, shown
 
 # KServe datatype -> numpy dtype (little-endian); BYTES is a list of `bytes` instead.
 NUMPY_DTYPES = {
@@ -84,8 +84,8 @@ def check_header(name: Any, datatype: Any, shape: Any, max_elements: int | None 
     if datatype not in DATATYPES:
         raise InvalidInput(f"tensor {name}: unknown datatype {datatype!r}; expected one of {', '.join(DATATYPES)}")
     if not isinstance(shape, (list, tuple)) or not all(isinstance(d, int) and not isinstance(d, bool) for d in shape):
-        shown = _shown(shape) if isinstance(shape, (list, tuple)) else repr(shape)[:80]
-        raise InvalidInput(f"tensor {name}: 'shape' must be a list of integers, got {shown}")
+        given = _shown(shape) if isinstance(shape, (list, tuple)) else repr(shape)[:80]
+        raise InvalidInput(f"tensor {name}: 'shape' must be a list of integers, got {given}")
     if any(d < 0 for d in shape):
         raise InvalidInput(f"tensor {name}: shape {_shown(shape)} has a negative dimension")
     if any(d > MAX_DIM for d in shape):
@@ -190,10 +190,12 @@ def from_json(name: str, datatype: str, shape: tuple[int, ...], data: Any) -> Te
             except UnicodeEncodeError:
                 raise InvalidInput(f"tensor {name}: element {i} is not valid UTF-8 (it holds a lone surrogate)") from None
         return Tensor(name, datatype, shape, items)
-    want_bool = datatype == "BOOL"
+    want_bool, integer = datatype == "BOOL", datatype.startswith(("INT", "UINT"))
     for i, item in enumerate(flat):
-        if isinstance(item, bool) != want_bool or not isinstance(item, (int, float)):
-            raise InvalidInput(f"tensor {name}: element {i} is {item!r}, not a {datatype} value")
+        # A number with a fraction or an exponent is no integer value: numpy's cast would cut 11.5 to 11
+        if (isinstance(item, bool) != want_bool or not isinstance(item, (int, float))
+                or integer and isinstance(item, float)):
+            raise InvalidInput(f"tensor {name}: element {i} is {shown(item)}, not a value of datatype {datatype}")
     try:
         array = np.asarray(flat, dtype=NUMPY_DTYPES[datatype])
     except (OverflowError, ValueError) as exc:
