@@ -54,6 +54,7 @@ from boundgen.errors import ConfigError, InvalidInput
 from boundgen.runtime.engine import Engine, EngineSpec
 from boundgen.runtime.results import BeamResult, ScoreResult
 from boundgen.text.checks import check_texts
+from boundgen.text.utf8 import utf8
 
 MAX_TOKEN_BYTES = 128  # the Qwen vocabulary's longest token, in bytes (see the docstring)
 
@@ -128,6 +129,7 @@ class Signature:
         if subset is not None:
             if not isinstance(subset, str) or not subset:
                 raise InvalidInput("ALLOW_SUBSET must name a subset of the catalogue (a non-empty text)")
+            utf8(subset, "ALLOW_SUBSET")  # a lone surrogate names no subset, and cannot cross to an engine process
             call = replace(call, allow_subset=subset)
         return call
 

@@ -179,10 +179,12 @@ def test_serve_refuses_a_catalogue_for_an_unknown_model(constrained_build):
                    "--catalogue", f"cbeam={constrained_build['catalogue']}"], "no artifact is named other")
 
 
-def load(server, catalogue: str) -> tuple[int, str]:
-    """The repository load of cbeam with the parameter catalogue: (status, body; empty on success, as Triton's)."""
+def load(server, catalogue: str | None) -> tuple[int, str]:
+    """The repository load of cbeam with the parameter catalogue (None: of the model itself): (status, body;
+    empty on success, as Triton's)."""
+    body = {"parameters": {"catalogue": catalogue}} if catalogue is not None else {}
     request = urllib.request.Request(f"http://{server.http_url}/v2/repository/models/cbeam/load",
-                                     data=json.dumps({"parameters": {"catalogue": catalogue}}).encode(),
+                                     data=json.dumps(body).encode(),
                                      headers={"Content-Type": "application/json"})
     try:
         with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(request, timeout=120) as answer:
@@ -224,4 +226,10 @@ def test_catalogue_replacement_through_the_repository_load_is_atomic(launch, con
     assert set(infer("http", server).as_numpy("ITEM_IDS").tolist()) - {-1} <= set(new)
     status, answer = load(server, "none")
     assert status == 400 and "no directory 'none'" in answer, answer
+    # The model loaded again keeps the catalogue loaded last (it brought back --catalogue's)
+    (tmp_path / "cbeam").symlink_to(constrained_build["artifact"])
+    status, answer = load(server, None)
+    assert status == 200, answer
+    assert set(infer("http", server).as_numpy("ITEM_IDS").tolist()) - {-1} <= set(new)
     assert server.stop() == 0
+    assert any("the new cbeam keeps catalogue cat2" in line for line in server.output)

@@ -38,7 +38,10 @@ constrained beam model, with DIR/c (a catalogue directory, `boundgen catalogue b
 DIR/c`; the same naming policy), without reloading the model: it is read and checked on a loader
 thread while m keeps serving, then swapped in as one reference (runtime/catalogue.py), so each
 request runs on the old catalogue or the new one, whole, and none is dropped. A catalogue that
-does not fit m answers 400 and leaves the served one in place.
+does not fit m answers 400 and leaves the served one in place; while the server drains, 503. A later
+load(m) of the model keeps the catalogue loaded last (the engine factory would bring back the one
+given at start, `serve --catalogue`); if that catalogue does not fit the new artifact, the model
+serves its start catalogue and the log says so.
 """
 
 from __future__ import annotations
@@ -48,7 +51,7 @@ from pathlib import Path
 from typing import Any, Awaitable, Callable
 
 from boundgen.artifact.manifest import MANIFEST_FILE, MODEL_NAME
-from boundgen.errors import BoundgenError, InvalidInput
+from boundgen.errors import BoundgenError, InvalidInput, shown
 from boundgen.runtime.engine import Engine
 from boundgen.server.models import READY, ModelSet
 from boundgen.server.status import ServeError, Unavailable
@@ -68,6 +71,7 @@ class Repository:
         self.models, self.root, self.load_engine = models, Path(root), load_engine
         self.drain_timeout_s, self.say = drain_timeout_s, say
         self._lock = asyncio.Lock()
+        self.catalogues: dict[str, Path] = {}  # model -> the catalogue a load gave it last
 
     async def load(self, name: str) -> None:
         """Load DIR/name, replacing the served name (the module docstring's steps). The load runs to
@@ -91,6 +95,7 @@ class Repository:
                 engine.close()
                 raise InvalidInput(f"the artifact in the model repository's directory {name!r} is named "
                                    f"{engine.spec.name!r}; rebuild it with --name {name} or rename the directory")
+            await self._keep_catalogue(name, engine)
             if self.models.state != READY:  # SIGTERM came while it loaded: serve nothing new
                 engine.close()
                 raise Unavailable(f"cannot load {name} now: the server is {self.models.state}")
@@ -113,12 +118,29 @@ class Repository:
         if not hasattr(engine, "load_catalogue"):
             raise InvalidInput(f"model {name} takes no catalogue")
         async with self._lock:
+            if self.models.state != READY:  # draining: what is queued finishes on the catalogue it came to
+                raise Unavailable(f"cannot load a catalogue for {name} now: the server is {self.models.state}")
             self.say(f"boundgen serve: loading catalogue {catalogue} for {name}")
             try:
                 await asyncio.to_thread(engine.load_catalogue, path)
             except BoundgenError as exc:
                 raise InvalidInput(f"failed to load catalogue {catalogue} for model {name}: {exc}") from None
+            self.catalogues[name] = path
             self.say(f"boundgen serve: model {name} serves catalogue {catalogue}")
+
+    async def _keep_catalogue(self, name: str, engine: Engine) -> None:
+        """A model loaded again keeps the catalogue a load gave it, where that fits the new artifact."""
+        path = self.catalogues.get(name)
+        if path is None or not hasattr(engine, "load_catalogue"):
+            return
+        try:
+            await asyncio.to_thread(engine.load_catalogue, path)
+        except BoundgenError as exc:
+            del self.catalogues[name]
+            self.say(f"boundgen serve: catalogue {path.name} does not fit the new {name} ({exc}); it serves the "
+                     "catalogue it was started with")
+            return
+        self.say(f"boundgen serve: the new {name} keeps catalogue {path.name}")
 
     def loadable(self) -> list[str]:
         """The names a load may name: children of DIR that hold an artifact manifest (not read here:
@@ -132,12 +154,17 @@ class Repository:
     def artifact_dir(self, name: str, what: str | None = None) -> Path:
         """DIR/name, for a plain child name only (the policy above); `what` the directory should hold."""
         if not MODEL_NAME.fullmatch(name):
-            raise InvalidInput(f"model name {name!r} cannot name a directory of the model repository: use letters, "
+            raise InvalidInput(f"model name {shown(name)} cannot name a directory of the model repository: use letters, "
                                "digits, '.', '_' and '-', not starting with '.'")
         path = self.root / name
-        if not path.is_dir():
-            raise InvalidInput(f"the model repository has no directory {name!r} "
-                               f"({what or 'an artifact built with --name ' + name})")
+        try:
+            found = path.is_dir()
+        except OSError as exc:  # a name too long for the file system, no permission
+            raise InvalidInput(f"the model repository's directory {shown(name)} cannot be read: "
+                               f"{exc.strerror or exc}") from None
+        if not found:
+            raise InvalidInput(f"the model repository has no directory {shown(name)} "
+                               f"({what or 'an artifact built with --name ' + shown(name)})")
         return path
 
 
