@@ -2,7 +2,7 @@
 
 The tokenizer runs them before it encodes (text/tokenizer.py), and the server before it admits a
 request (server/signature.py), so that such a fault is a 400 under any load; this module imports
-neither torch nor a tokenizer (a front-end process holds neither).
+no torch, as none of the server's modules does (tests/server/test_endpoints.py).
 """
 
 from __future__ import annotations

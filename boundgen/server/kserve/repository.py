@@ -154,8 +154,8 @@ class Repository:
     def artifact_dir(self, name: str, what: str | None = None) -> Path:
         """DIR/name, for a plain child name only (the policy above); `what` the directory should hold."""
         if not MODEL_NAME.fullmatch(name):
-            raise InvalidInput(f"model name {shown(name)} cannot name a directory of the model repository: use letters, "
-                               "digits, '.', '_' and '-', not starting with '.'")
+            raise InvalidInput(f"model name {shown(name)} cannot name a directory of the model repository: use "
+                               "letters, digits, '.', '_' and '-', not starting with '.'")
         path = self.root / name
         try:
             found = path.is_dir()
