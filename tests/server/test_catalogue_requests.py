@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 from boundgen.artifact.program import BeamSpec
-from boundgen.errors import InvalidInput
+from boundgen.errors import ConfigError, InvalidInput
 from boundgen.runtime.engine import EngineSpec
 from boundgen.server.kserve.repository import Repository
 from boundgen.server.signature import Signature
@@ -46,3 +46,23 @@ def test_a_catalogue_load_while_draining_is_unavailable(tmp_path):
     (tmp_path / "c").mkdir()
     with pytest.raises(Unavailable, match="cannot load a catalogue for cbeam now: the server is draining"):
         asyncio.run(repository(tmp_path, "draining").load_catalogue("cbeam", "c"))
+
+
+def test_a_model_loaded_again_keeps_the_catalogue_loaded_last_where_it_fits(tmp_path):
+    """A plain load brought back `serve --catalogue`'s catalogue; where the one loaded last does not fit the
+    new artifact, the model keeps its start catalogue and the log says so."""
+    said, loaded = [], []
+    repo = Repository(SimpleNamespace(state="ready"), tmp_path, load_engine=None, drain_timeout_s=1.0,
+                      say=said.append)
+    repo.catalogues["cbeam"] = tmp_path / "c2"
+    asyncio.run(repo._keep_catalogue("cbeam", SimpleNamespace(load_catalogue=loaded.append)))
+    assert loaded == [tmp_path / "c2"] and said[-1] == "boundgen serve: the new cbeam keeps catalogue c2"
+
+    def misfit(path):
+        raise ConfigError("a node of the catalogue has 9 children; this artifact looks up at most 4")
+
+    asyncio.run(repo._keep_catalogue("cbeam", SimpleNamespace(load_catalogue=misfit)))
+    assert "catalogue c2 does not fit the new cbeam (a node of the catalogue has 9 children" in said[-1]
+    assert "it serves the catalogue it was started with" in said[-1] and "cbeam" not in repo.catalogues
+    asyncio.run(repo._keep_catalogue("cbeam", SimpleNamespace(load_catalogue=loaded.append)))  # nothing to keep
+    assert loaded == [tmp_path / "c2"]
