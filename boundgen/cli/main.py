@@ -59,6 +59,8 @@ def main(argv=None) -> int:
         return 2
     except KeyboardInterrupt:
         _say("interrupted")
+        if argv is None:  # a real process: leave now (below)
+            _exit_now(130)
         return 130
     except (FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError, FileExistsError) as exc:
         if exc.filename is None:  # not about a path the user gave: an internal error (below)
@@ -67,6 +69,19 @@ def main(argv=None) -> int:
         return 2
     except Exception as exc:
         return _internal(exc)
+
+
+def _exit_now(code: int) -> None:
+    """End the process without the interpreter's shutdown. Interrupted mid-call, an eager `score` or
+    `beam` still has worker threads inside torch, and finalising the interpreter under them aborted
+    the process ("terminate called without an active exception", SIGABRT, a core dump) where it
+    should exit 130; what a command must clean up (a build's temporary directory) it has by now."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
 
 
 def _internal(exc: BaseException) -> int:
