@@ -72,9 +72,12 @@ def _over(model_dir, spec, dtype: str, device: str, available: int | None, eager
     available = available_bytes() if available is None else available
     if available is None:
         return None
+    from boundgen.model.config import ModelConfig
     from boundgen.model.loader import read_json_object  # torch: only when the memory is checked
 
-    parts = estimate_bytes(read_json_object(Path(model_dir) / "config.json"), spec, dtype, eager=eager)
+    raw = read_json_object(Path(model_dir) / "config.json")
+    ModelConfig.from_hf_dict(raw)  # its values checked (ConfigError) before the arithmetic below uses them
+    parts = estimate_bytes(raw, spec, dtype, eager=eager)
     need = sum(parts.values())
     return (parts, need, available) if need > available else None
 

@@ -57,7 +57,7 @@ class ModelConfig:
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
                      "num_kv_heads", "head_dim", "max_position_embeddings"):
             value = getattr(self, name)
-            if not isinstance(value, int) or value <= 0:
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:  # JSON's true is no count
                 raise ConfigError(f"config {name} must be a positive integer, got {value!r}")
         if self.num_heads % self.num_kv_heads:
             raise ConfigError(

@@ -10,8 +10,9 @@ from boundgen.compile.memory import GIB, check_eager_fits, check_fits, estimate_
 from boundgen.errors import ConfigError
 from boundgen.artifact.program import BeamSpec, ScoreSpec
 
-QWEN3_06B = {"hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 28, "num_attention_heads": 16,
-             "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936, "tie_word_embeddings": True}
+QWEN3_06B = {"architectures": ["Qwen3ForCausalLM"], "hidden_size": 1024, "intermediate_size": 3072,
+             "num_hidden_layers": 28, "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128,
+             "vocab_size": 151936, "tie_word_embeddings": True}
 DEFAULT_SCORE = ScoreSpec(labels=(" yes", " no"), label_token_ids=(9693, 902))  # the defaults
 BIG_SCORE = ScoreSpec(labels=(" yes", " no"), label_token_ids=(9693, 902), max_samples=64, max_tokens_per_sample=512)
 HUGE_SCORE = ScoreSpec(labels=(" yes", " no"), label_token_ids=(9693, 902), max_samples=64,
@@ -58,6 +59,19 @@ def test_an_eager_run_that_cannot_fit_names_the_flag(tmp_path):
     default = ScoreSpec(labels=(" yes",), label_token_ids=(9693,), max_samples=2, max_tokens_per_sample=1024,
                         max_total_tokens=2048)
     check_eager_fits(tmp_path, default, "float32", "cpu", available=8 * GIB)
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"vocab_size": None}, "config.json is missing required keys: vocab_size"),  # a KeyError: "internal error"
+    ({"num_hidden_layers": "2"}, "num_layers must be a positive integer, got '2'"),  # a TypeError
+])
+def test_the_memory_check_reads_only_a_checked_config(tmp_path, change, message):
+    config = {k: v for k, v in {**QWEN3_06B, **change}.items() if v is not None}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    spec = ScoreSpec(labels=(" yes",), label_token_ids=(9693,), max_samples=2, max_tokens_per_sample=8,
+                     max_total_tokens=16)
+    with pytest.raises(ConfigError, match=message):
+        check_eager_fits(tmp_path, spec, "float32", "cpu", available=24 * GIB)
 
 
 # The build's own peak: VmHWM of its address space. Not ru_maxrss, which Linux carries across exec from

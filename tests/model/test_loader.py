@@ -45,6 +45,7 @@ def test_loads(ckpt):
     ({"rms_norm_eps": "x"}, "a value boundgen cannot use: could not convert"),  # was a ValueError
     ({"rms_norm_eps": 0}, "rms_norm_eps must be a positive number"),
     ({"hidden_size": "64"}, "a value boundgen cannot use"),  # was a TypeError
+    ({"num_hidden_layers": True}, "num_layers must be a positive integer, got True"),  # ran as one layer
 ])
 def test_config_errors(ckpt, changes, message):
     edit_config(ckpt, **changes)
