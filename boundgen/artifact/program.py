@@ -13,6 +13,7 @@ import math
 from dataclasses import MISSING, asdict, dataclass, field, fields
 
 from boundgen.errors import ConfigError
+from boundgen.text.template import Template
 
 MAX_WIDTH = 400
 MAX_STEPS = 5
@@ -180,8 +181,7 @@ def _positive(spec, *names):
 
 
 def _template(template: str) -> None:
-    if not isinstance(template, str) or "{text}" not in template:
-        raise ConfigError(f"template {template!r} has no {{text}} placeholder")
+    Template(template)  # its checks (ConfigError): a {text} placeholder, UTF-8 text
 
 
 def spec_to_dict(spec) -> dict:

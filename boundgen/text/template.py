@@ -21,6 +21,12 @@ class Template:
         if not isinstance(self.pattern, str) or PLACEHOLDER not in self.pattern:
             raise ConfigError(f"template {self.pattern!r} has no {PLACEHOLDER} placeholder; "
                               f"write where the sample goes, e.g. 'Query: {PLACEHOLDER}\\nRelevant:'")
+        if not self.pattern.isascii():  # a command line's bytes that were not UTF-8 (lone surrogates)
+            try:
+                self.pattern.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                raise ConfigError(f"template {self.pattern!r} is not valid UTF-8 text: it holds a lone surrogate "
+                                  f"at character {exc.start}") from None
 
     @property
     def is_identity(self) -> bool:

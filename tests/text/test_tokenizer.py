@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from boundgen.artifact.program import ScoreSpec
 from boundgen.errors import ConfigError, InvalidInput
 from boundgen.text.template import Template
 from boundgen.text.tokenizer import PackedBuffers, Tokenizer
@@ -132,6 +133,16 @@ def test_template_needs_placeholder():
         Template("Query: ")
     assert Template('{"q": "{text}"}').render("x") == '{"q": "x"}'  # other braces are literal
     assert Template().is_identity and Template().render("x") == "x"
+
+
+def test_a_template_that_is_not_utf8_is_refused_where_it_is_given():
+    """A command line's bytes that were not UTF-8 (`--template $'\\xff{text}'`): an internal error when the
+    first text was encoded, and a build compiled it without a word."""
+    with pytest.raises(ConfigError, match="is not valid UTF-8 text: it holds a lone surrogate at character 0"):
+        Template("\udcff{text}")
+    with pytest.raises(ConfigError, match="is not valid UTF-8 text"):
+        ScoreSpec(labels=(" yes",), label_token_ids=(9693,), template="\udcff{text}")
+    assert Template("«{text}»").render("x") == "«x»"
 
 
 def test_texts_encoded_on_threads_get_the_same_ids(tiny_qwen3_dir):
