@@ -87,7 +87,7 @@ def read_deploy_file(path: str | Path | None) -> tuple[dict, Path | None]:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"deploy file {path} {'is a directory' if path.is_dir() else 'not found'}")
-    raw = read_json_object(path, "deploy file")
+    raw = read_json_object(path, "deploy file", unique_keys=True)
     known = deploy_keys()
     unknown = sorted(set(raw) - known)
     if unknown:

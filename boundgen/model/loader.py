@@ -7,6 +7,7 @@ expected shape; an unexpected tensor is an error (it would mean a model we do no
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -28,12 +29,15 @@ def parse_dtype(name: str) -> torch.dtype:
     return DTYPES[name]
 
 
-def read_json_object(path: Path, what: str = "") -> dict:
+def read_json_object(path: Path, what: str = "", unique_keys: bool = False) -> dict:
     """A JSON file (config.json, generation_config.json, the shards' index, a deploy file) as one
-    object, else a ConfigError naming the file (after `what` it is, e.g. "deploy file") and what is wrong."""
+    object, else a ConfigError naming the file (after `what` it is, e.g. "deploy file") and what is wrong.
+    unique_keys: a key given twice in an object is an error (json.loads keeps the last silently; HF's
+    files are read as HF reads them, our own deploy file strictly)."""
     named = f"{what} {path}" if what else str(path)
+    hook = functools.partial(_unique_keys, named) if unique_keys else None
     try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
+        raw = json.loads(path.read_text(encoding="utf-8"), object_pairs_hook=hook)
     except UnicodeDecodeError:
         raise ConfigError(f"{named} is not UTF-8 text") from None
     except json.JSONDecodeError as exc:
@@ -41,6 +45,14 @@ def read_json_object(path: Path, what: str = "") -> dict:
     if not isinstance(raw, dict):
         raise ConfigError(f"{named} must hold one JSON object, got {type(raw).__name__}")
     return raw
+
+
+def _unique_keys(named: str, pairs: list) -> dict:
+    keys = [k for k, _ in pairs]
+    twice = sorted({k for k in keys if keys.count(k) > 1})
+    if twice:
+        raise ConfigError(f"{named} gives {', '.join(map(repr, twice))} twice; give each key once")
+    return dict(pairs)
 
 
 def default_stop_tokens(model_dir: str | Path) -> tuple[int, ...]:

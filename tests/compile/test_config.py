@@ -98,6 +98,9 @@ def test_deploy_file_errors(tmp_path):
     (tmp_path / "latin1.json").write_bytes(b'{"name": "caf\xe9"}')
     with pytest.raises(ConfigError, match="not UTF-8"):
         config.read_deploy_file(tmp_path / "latin1.json")
+    (tmp_path / "twice.json").write_text('{"max_samples": 2, "max_samples": 3}')  # the last one was taken
+    with pytest.raises(ConfigError, match="gives 'max_samples' twice; give each key once"):
+        config.read_deploy_file(tmp_path / "twice.json")
 
 
 def test_an_artifact_directory_that_is_no_model_name_asks_for_one(tiny_qwen3_dir, tmp_path):
