@@ -94,7 +94,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def parse_levels(text: str) -> tuple[int, ...]:
     try:
-        levels = tuple(int(t) for t in text.split(",") if t.strip())
+        levels = tuple(int(t) for t in text.split(","))  # an empty level ("1,,2") is an error, not skipped
     except ValueError:
         raise ConfigError(f"--concurrency must be a comma list of integers, got {text!r}") from None
     if not levels or any(c <= 0 for c in levels) or list(levels) != sorted(set(levels)):

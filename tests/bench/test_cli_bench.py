@@ -67,7 +67,8 @@ def test_bench_records_an_engine_that_cannot_start(tmp_path, tiny_qwen3_dir, mon
 
 def test_argument_checks(tmp_path, capsys):
     assert bench_cli.parse_levels("1,2,4") == (1, 2, 4)
-    for bad in ("4,2", "0,1", "a"):
+    assert bench_cli.parse_levels(" 1, 2") == (1, 2)
+    for bad in ("4,2", "0,1", "a", "1,,2", "1,2,", ""):  # an empty level was dropped without a word
         with pytest.raises(ConfigError):
             bench_cli.parse_levels(bad)
     assert main(["bench", "--workload", "W1,W2", "--grpc", "h:1", "--model", "m", "--model-dir", "x",
