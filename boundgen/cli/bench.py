@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from boundgen.artifact.manifest import RuntimeConfig
-from boundgen.cli.common import add_runtime_flags, runtime_overrides
+from boundgen.cli.common import DTYPES, add_runtime_flags, runtime_overrides
 from boundgen.errors import BoundgenError, ConfigError
 
 EPILOG = """examples:
@@ -183,6 +183,7 @@ def run(args) -> int:
     if args.client_procs is not None and args.client_procs < 1:
         raise ConfigError(f"--client-procs must be at least 1, got {args.client_procs}")
     procs = (args.client_procs or default_client_procs()) if remote else 1
+    _check_target(args, specs)
     filters = _filters(args, specs)
     cfg = runner.BenchConfig(concurrencies=parse_levels(args.concurrency), duration_s=args.duration,
                              warmup_s=args.warmup, max_requests=args.max_requests,
@@ -195,6 +196,25 @@ def run(args) -> int:
     plan = orchestrate.Plan(specs=tuple(specs), config=cfg, out=Path(args.out), tokenizer_dir=tok_dir,
                             client_procs=procs, peer_modes=tuple(modes), command=command, filters=filters)
     return orchestrate.run(args, plan, load_engine=_engine)
+
+
+def _check_target(args, specs) -> None:
+    """What the flags say of the engine, checked before anything loads: a device and dtype it can take,
+    an artifact of the workloads' task (each was found only once loaded, and recorded as a system that
+    failed: exit 1 and a results file saying "not measured")."""
+    from boundgen.artifact.manifest import read_manifest
+    from boundgen.artifact.tasks import task_of
+    from boundgen.cli.common import check_device, is_artifact
+
+    if args.device is not None:
+        check_device(args.device)
+    if args.dtype is not None and args.dtype not in DTYPES:
+        raise ConfigError(f"--dtype must be one of {', '.join(DTYPES)}, got {args.dtype!r}")
+    if args.artifact and is_artifact(args.artifact):
+        built = task_of(read_manifest(Path(args.artifact)).program)
+        if built is not task_of(specs[0]):
+            raise ConfigError(f"workload {specs[0].name} is a {specs[0].task} workload, and {args.artifact} is a "
+                              f"{built.name} artifact")
 
 
 def _check_numbers(args) -> None:

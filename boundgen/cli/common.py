@@ -10,8 +10,11 @@ from pathlib import Path
 from boundgen.errors import ConfigError
 
 
+DTYPES = ("float32", "bfloat16", "float16")  # the compute dtypes a command takes
+
+
 def add_precision_args(parser, default_dtype: str | None = None):
-    parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=default_dtype,
+    parser.add_argument("--dtype", choices=DTYPES, default=default_dtype,
                         help="compute dtype (default: float32 on cpu, bfloat16 on cuda)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
 
