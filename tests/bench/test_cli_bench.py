@@ -207,7 +207,8 @@ def test_an_artifacts_model_shape_comes_from_its_manifest(tmp_path):
 def test_flags_the_engine_cannot_take_are_refused_before_it_loads(tmp_path, tiny_qwen3_dir, capsys):
     """--dtype int8, --device tpu: each loaded the engine first, then was recorded as a system that failed
     (exit 1, a results file saying "not measured", torch's own words for the device)."""
-    for flags, words in ((["--dtype", "int8"], "--dtype must be one of"), (["--device", "tpu"], "--device must be cpu")):
+    for flags, words in ((["--dtype", "int8"], "--dtype must be one of"),
+                         (["--device", "tpu"], "--device must be cpu")):
         assert main(["bench", "--workload", "W1", "--artifact", str(tiny_qwen3_dir), *flags,
                      "--out", str(tmp_path)]) == 2
         assert words in capsys.readouterr().err
@@ -216,6 +217,7 @@ def test_flags_the_engine_cannot_take_are_refused_before_it_loads(tmp_path, tiny
 
 @pytest.mark.slow
 def test_an_artifact_of_another_task_is_refused_before_it_loads(tmp_path, constrained_build, capsys):
-    assert main(["bench", "--workload", "W1", "--artifact", str(constrained_build["artifact"]), "--out", str(tmp_path)]) == 2
+    art = str(constrained_build["artifact"])
+    assert main(["bench", "--workload", "W1", "--artifact", art, "--out", str(tmp_path)]) == 2
     assert "workload W1 is a score workload, and " in capsys.readouterr().err
     assert not list(tmp_path.iterdir())
