@@ -66,10 +66,12 @@ def named_dims(spec: ScoreSpec | BeamSpec) -> dict[str, "torch.export.Dim | None
     """The export Dim of each name in `dim_bounds` (None where the bound makes it static)."""
     dims = {}
     for name, (lo, hi) in dim_bounds(spec).items():
-        if name == "R":
-            # Export assumes a dynamic size is >= 2 (0/1 specialisation), so R in [1, 2] would be
-            # pinned to 2; a range up to 3 keeps it symbolic. Calls never hold more than max_requests.
-            hi = max(hi, 3) if hi > lo else hi
+        if hi > lo:
+            # Export assumes a dynamic size is >= 2 (0/1 specialisation), so a dim in [1, 2] (R of
+            # max_requests 2; B of max_samples 1, whose calls add a filler sequence) would be pinned
+            # to 2, and the build failed; a range up to 3 keeps it symbolic. Calls never hold more
+            # than the spec's bounds (the runtime's checks).
+            hi = max(hi, 3)
         dims[name] = torch.export.Dim(name, min=lo, max=hi) if hi > lo else None
     return dims
 

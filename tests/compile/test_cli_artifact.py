@@ -103,3 +103,15 @@ def test_a_build_stopped_midway_leaves_no_half_built_folder(tiny_qwen3_dir, tmp_
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130 and err.rstrip().endswith("interrupted"), err[-2000:]
     assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_a_score_artifact_of_one_sample_a_request_builds_and_scores(tiny_qwen3_dir, tmp_path):
+    """--max-samples 1 passed the flag's check, then export failed ("Constraints violated (B + 1)!"): its
+    sequence dim (the sample and a filler for CUDA graphs) spans [1, 2], which export pins to 2."""
+    art = tmp_path / "one"
+    cli("build", tiny_qwen3_dir, "--task", "score", "--labels", " yes", " no", "--max-samples", "1",
+        "--max-tokens-per-sample", "8", "--out", art)
+    assert len(cli("score", art, "--text", "hello")["scores"]) == 1
+    proc = subprocess.run([sys.executable, "-m", "boundgen", "score", str(art), "--text", "one", "--text", "two"],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and "this model accepts at most 1" in proc.stderr, proc.stderr[-2000:]
