@@ -68,9 +68,12 @@ def print_json(obj) -> None:
 
 
 def parse_id_list(text: str) -> tuple[int, ...]:
-    """'151645,151643' -> (151645, 151643); 'none' or '' -> ()."""
-    if text.strip().lower() in ("", "none"):
+    """'151645,151643' -> (151645, 151643); 'none' -> (). An empty text is an error, not (): an unset
+    shell variable (`--stop-token-ids "$STOPS"`) would otherwise drop the stop tokens without a word."""
+    if text.strip().lower() == "none":
         return ()
+    if not text.strip():
+        raise ConfigError("expected a comma-separated list of token ids, or none, got an empty text")
     try:
         return tuple(int(t) for t in text.split(","))
     except ValueError:
