@@ -204,8 +204,10 @@ def _check_target(args, specs) -> None:
     failed: exit 1 and a results file saying "not measured")."""
     from boundgen.artifact.manifest import read_manifest
     from boundgen.artifact.tasks import task_of
-    from boundgen.cli.common import check_device, is_artifact
+    from boundgen.cli.common import check_device, check_model_path, is_artifact
 
+    if args.artifact:
+        check_model_path(args.artifact)  # "has no tokenizer.json" said of a path that does not exist
     if args.device is not None:
         check_device(args.device)
     if args.dtype is not None and args.dtype not in DTYPES:

@@ -213,6 +213,8 @@ def test_flags_the_engine_cannot_take_are_refused_before_it_loads(tmp_path, tiny
                      "--out", str(tmp_path)]) == 2
         assert words in capsys.readouterr().err
     assert not list(tmp_path.iterdir())  # nothing written
+    assert main(["bench", "--workload", "W1", "--artifact", str(tmp_path / "nope"), "--out", str(tmp_path)]) == 2
+    assert "nope is not a directory" in capsys.readouterr().err
 
 
 @pytest.mark.slow
