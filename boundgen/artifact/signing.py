@@ -30,6 +30,8 @@ from boundgen.errors import ArtifactError, ConfigError
 
 def generate_key(out: str | Path) -> tuple[Path, Path]:
     """Write a new private key to `out` (0600) and its public key to `out`.pub; both paths."""
+    if not str(out).strip():  # Path("") is ".": "'.' exists" named no file the user gave
+        raise ConfigError("the key's path is empty; name the file to write the private key to")
     private_path, public_path = Path(out), Path(f"{out}.pub")
     for path in (private_path, public_path):
         if path.exists():

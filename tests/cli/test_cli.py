@@ -122,6 +122,11 @@ def test_a_path_that_cannot_be_used_is_an_error_line_not_an_internal_error(argv,
     assert err.startswith("error: /") and "internal error" not in err, err
 
 
+def test_keygen_to_an_empty_path_is_an_error_naming_it(capsys):
+    assert main(["keygen", ""]) == 2  # it said "'.' exists; refusing to overwrite a key"
+    assert "the key's path is empty" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("name,content,message", [
     ("config.json", "{not json", "config.json is not valid JSON"),
     ("config.json", "[1, 2]", "config.json must hold one JSON object, got list"),
