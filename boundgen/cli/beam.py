@@ -82,6 +82,8 @@ def _eager(args, allow):
     if args.width is None or args.steps is None:
         raise ConfigError("pass --width W and --steps N")
     check_device(args.device)
+    if args.max_tokens < 1:  # the spec's own words name its field, max_prompt_tokens
+        raise ConfigError(f"--max-tokens must be positive, got {args.max_tokens}")
     stops = default_stop_tokens(args.model) if args.stop_token_ids is None else parse_id_list(args.stop_token_ids)
     spec = BeamSpec(width=args.width, steps=args.steps, stop_token_ids=stops, length_penalty=args.length_penalty,
                     min_new_tokens=args.min_new_tokens, max_prompt_tokens=args.max_tokens, template=args.template)

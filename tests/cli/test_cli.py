@@ -76,6 +76,7 @@ def test_beam_matches_hf(model_dir):
     (["beam", "{m}", "--width", "4", "--steps", "2", "--text", "x", "--length-penalty", "1100"], "must be a number in"),
     (["beam", "{m}", "--width", "4", "--steps", "2", "--text", "x", "--stop-token-ids", "99999999"],
      "outside the model's vocabulary"),
+    (["beam", "{m}", "--width", "4", "--steps", "2", "--text", "x", "--max-tokens", "0"], "--max-tokens must be"),
     (["beam", "{m}", "--width", "4", "--steps", "2", "--text", "x", "--stop-token-ids", ""],
      "or none, got an empty text"),  # an unset shell variable dropped the stop tokens without a word
     (["score", "{m}", "--labels", " yes", "--text", "x", "--template", "\udcff{text}"], "is not valid UTF-8 text"),
