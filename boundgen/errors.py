@@ -7,6 +7,13 @@ reaches no client: the server raises it only for a request whose client has gone
 """
 
 
+def repeated_keys(pairs: list) -> list[str]:
+    """The keys a JSON object's members give more than once, sorted (json.loads keeps the last one
+    silently): what the readers of our own JSON refuse, through their object_pairs_hook."""
+    keys = [k for k, _ in pairs]
+    return sorted({k for k in keys if keys.count(k) > 1})
+
+
 def shown(value, limit: int = 80) -> str:
     """A client's value in an error message, cut short (a model name of 200,000 characters made a
     200 KB answer): its repr to `limit` characters, a list or an object by its kind alone."""

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 from safetensors import SafetensorError, safe_open
 
-from boundgen.errors import ConfigError
+from boundgen.errors import ConfigError, repeated_keys
 from boundgen.model.config import ModelConfig
 from boundgen.model.qwen import QwenModel
 from boundgen.ops import rope as rope_op
@@ -48,8 +48,7 @@ def read_json_object(path: Path, what: str = "", unique_keys: bool = False) -> d
 
 
 def _unique_keys(named: str, pairs: list) -> dict:
-    keys = [k for k, _ in pairs]
-    twice = sorted({k for k in keys if keys.count(k) > 1})
+    twice = repeated_keys(pairs)
     if twice:
         raise ConfigError(f"{named} gives {', '.join(map(repr, twice))} twice; give each key once")
     return dict(pairs)

@@ -22,7 +22,7 @@ from typing import Callable
 
 import numpy as np
 
-from boundgen.errors import ConfigError, InvalidInput
+from boundgen.errors import ConfigError, InvalidInput, repeated_keys
 from boundgen.text.catalogue import Catalogue, check_subset_name, tokenizer_sha256
 from boundgen.text.utf8 import utf8
 
@@ -131,8 +131,7 @@ def _parse(line: str, line_no: int, vocab: int, max_depth: int | None):
 
 def _unique(pairs: list, line_no: int) -> dict:
     """A JSON object's members, refusing a key given twice (json.loads would keep the last silently)."""
-    keys = [k for k, _ in pairs]
-    twice = sorted({k for k in keys if keys.count(k) > 1})
+    twice = repeated_keys(pairs)
     if twice:
         raise ItemsError(f"line {line_no}: field {twice[0]!r} is given twice")
     return dict(pairs)
