@@ -6,6 +6,7 @@ where loading AOTInductor packages would otherwise crash (runtime/libstdcxx.py).
 """
 
 import argparse
+import atexit
 import importlib
 import os
 import sys
@@ -75,7 +76,9 @@ def _exit_now(code: int) -> None:
     """End the process without the interpreter's shutdown. Interrupted mid-call, an eager `score` or
     `beam` still has worker threads inside torch, and finalising the interpreter under them aborted
     the process ("terminate called without an active exception", SIGABRT, a core dump) where it
-    should exit 130; what a command must clean up (a build's temporary directory) it has by now."""
+    should exit 130; what a command must clean up (a build's temporary directory) it has by now, and
+    the functions registered with `atexit` (the server's log writers' last flush) still run."""
+    atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()

@@ -117,9 +117,9 @@ class GrpcFrontend:
         them to Python one a turn of the event loop: a burst on one connection waits there) reach their
         handlers and are answered UNAVAILABLE while the server drains. gRPC's stop cancelled them:
         CANCELLED, which a client's retry policy takes for its own cancel, and which the server never logged
-        or counted. The turns as well as the time: on a starved host (2 cores, a test suite beside it) a
-        turn can take longer than `quiet_s`, and a quiet measured in time alone ended with 299 of 300 calls
-        of a burst still waiting."""
+        or counted. The turns as well as the time: on a starved host (2 cores, a test suite beside it) one
+        turn can take longer than `quiet_s`; a test run there had 299 of a 300-call burst cancelled with a
+        quiet measured in time alone (not reproduced since, so not proven to be this)."""
         end = time.monotonic() + bound_s
         seen, since, turns = self.looked_up, time.monotonic(), 0
         while time.monotonic() < end and (turns < quiet_turns or time.monotonic() - since < quiet_s):
