@@ -13,7 +13,6 @@ import math
 from dataclasses import MISSING, asdict, dataclass, field, fields
 
 from boundgen.errors import ConfigError
-from boundgen.text.template import Template
 
 MAX_WIDTH = 400
 MAX_STEPS = 5
@@ -181,7 +180,15 @@ def _positive(spec, *names):
 
 
 def _template(template: str) -> None:
-    Template(template)  # its checks (ConfigError): a {text} placeholder, UTF-8 text
+    """text/template.py's checks (artifact/ and text/ are leaves: neither imports the other)."""
+    if not isinstance(template, str) or "{text}" not in template:
+        raise ConfigError(f"template {template!r} has no {{text}} placeholder")
+    if not template.isascii():  # a command line's bytes that were not UTF-8 (lone surrogates)
+        try:
+            template.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise ConfigError(f"template {template!r} is not valid UTF-8 text: it holds a lone surrogate "
+                              f"at character {exc.start}") from None
 
 
 def spec_to_dict(spec) -> dict:
